@@ -1,0 +1,29 @@
+// pinstage: the command-line front end. `pinstage --help` lists the subcommands.
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+#include "pinstage/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"pinstage: stage a large model's arguments onto an accelerator at link speed"};
+  app.require_subcommand(1);
+  pinstage::cli::add_info_command(app);
+  pinstage::cli::add_demo_command(app);
+  pinstage::cli::add_fixture_command(app);
+  pinstage::cli::add_bench_command(app);
+  pinstage::cli::add_scene_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const pinstage::Error& e) {
+    std::fprintf(stderr, "pinstage: error [%s]: %s\n", pinstage::error_code_name(e.code()),
+                 e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pinstage: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,19 @@
+# pinstage_add_backend(NAME SOURCES ...): one backend plugin, built as a MODULE named
+# libpinstage_backend_<NAME>.so next to libpinstage, exporting only its entry symbol.
+function(pinstage_add_backend name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBRARIES" ${ARGN})
+  set(target pinstage_backend_${name})
+  add_library(${target} MODULE ${ARG_SOURCES})
+  target_link_libraries(${target} PRIVATE pinstage ${ARG_LIBRARIES})
+  target_compile_definitions(${target} PRIVATE PINSTAGE_BUILDING_LIBRARY)
+  set_target_properties(${target} PROPERTIES PREFIX "lib" BUILD_RPATH "$ORIGIN")
+endfunction()
+
+# pinstage_add_gtest(NAME SOURCES ... [LABELS ...]): one GoogleTest binary whose tests are
+# registered with ctest (labels let CI pick the concurrency set for TSan).
+function(pinstage_add_gtest name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LABELS;LIBRARIES" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE pinstage pinstage_internal GTest::gtest_main ${ARG_LIBRARIES})
+  gtest_discover_tests(${name} PROPERTIES LABELS "${ARG_LABELS}" DISCOVERY_TIMEOUT 60)
+endfunction()

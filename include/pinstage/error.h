@@ -1,0 +1,54 @@
+// Errors: pinstage::Error carries a code and a message that says what to do.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "pinstage/export.h"
+
+namespace pinstage {
+
+// Why an operation failed. Backend status codes map onto the first group one to one.
+enum class ErrorCode {
+  invalid_argument,  // bad input from the caller (sizes, names, parameters)
+  out_of_memory,     // device capacity or host memory exhausted
+  unknown_pointer,   // free of a pointer nobody handed out
+  no_device,         // no such device or no driver
+  unsupported,       // the backend lacks the operation
+  copy_failed,       // a host/device copy failed
+  injected_fault,    // a failure requested through the fault hook
+  not_found,         // no callable, backend or tensor of that name
+  backend,           // any other backend failure
+  internal,          // a broken invariant inside pinstage
+  not_initialized,   // Worker used before init()
+  finalized,         // Worker used after finalize()
+  plugin_load,       // a backend plugin could not be loaded
+  io,                // a file could not be read or written, or is malformed
+  mismatch,          // a run's result differs from its golden
+};
+
+// Stable name of a code ("out_of_memory").
+PINSTAGE_API const char* error_code_name(ErrorCode code);
+
+class PINSTAGE_API Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message);
+  ErrorCode code() const noexcept { return code_; }
+
+ private:
+  ErrorCode code_;
+};
+
+// ErrorCode of a platform ABI status (ps_status); PS_OK is not an error.
+PINSTAGE_API ErrorCode error_code_from_status(int status);
+
+}  // namespace pinstage
+
+// Internal invariant: a failure is a pinstage bug, reported as ErrorCode::internal.
+#define PINSTAGE_ASSERT(cond)                                                                      \
+  do {                                                                                             \
+    if (!(cond))                                                                                   \
+      throw ::pinstage::Error(::pinstage::ErrorCode::internal,                                     \
+                              std::string("internal invariant failed: " #cond " at ") + __FILE__ + \
+                                  ":" + std::to_string(__LINE__));                                 \
+  } while (0)

@@ -1,0 +1,26 @@
+// A process-wide pool of worker threads for data-parallel loops (generation, copies,
+// golden). Deterministic work splitting is the caller's job: results must not depend on
+// how ranges are divided.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+#include "pinstage/export.h"
+
+namespace pinstage {
+
+// Threads used by parallel_for: PINSTAGE_NUM_THREADS if set, else all online cores.
+PINSTAGE_API int default_thread_count();
+
+// Calls fn(begin, end) over [0, n) split into contiguous chunks of at least `grain`
+// items, on up to `threads` threads (0 = default_thread_count()). Runs inline when one
+// chunk suffices. The first exception thrown by fn is rethrown after all chunks finish.
+PINSTAGE_API void parallel_for(size_t n, size_t grain,
+                               const std::function<void(size_t, size_t)>& fn, int threads = 0);
+
+// memcpy split across threads for large sizes (the sim backend's copy, the baseline of
+// the bind benchmark).
+PINSTAGE_API void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads = 0);
+
+}  // namespace pinstage

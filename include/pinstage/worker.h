@@ -1,0 +1,215 @@
+// pinstage::Worker: owns one device through a platform backend plugin, and the pinned
+// host memory and device memory it hands out. See docs/worker.md for the user guide and
+// docs/design/plugin-abi.md for the lifecycle (Note [Pinned memory lifecycle]).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "pinstage/error.h"
+#include "pinstage/export.h"
+
+namespace pinstage {
+
+// What a worker owns. `chip` owns exactly one device; a node level owning several chip
+// workers is planned.
+enum class WorkerLevel { chip };
+
+PINSTAGE_API const char* worker_level_name(WorkerLevel level);
+// "chip" -> WorkerLevel::chip; anything else throws Error(invalid_argument).
+PINSTAGE_API WorkerLevel parse_worker_level(std::string_view name);
+
+struct WorkerOptions {
+  // Device memory the worker may commit; 0 = the backend's default (sim: the
+  // PINSTAGE_SIM_DEVICE_CAPACITY environment variable, else 80% of physical memory).
+  uint64_t device_capacity_bytes = 0;
+  // Plugin file to load; empty = libpinstage_backend_<name>.so next to libpinstage.
+  std::string plugin_path;
+  // Backend-specific "key=value;key=value" settings, passed through unchanged.
+  std::string config;
+};
+
+// The loaded plugin.
+struct BackendInfo {
+  std::string name;
+  std::string path;
+  uint32_t api_version = 0;
+};
+
+struct Capabilities {
+  bool pinned_is_page_locked = false;  // pinned host memory is really locked in RAM
+  bool async_copy = false;             // copies can overlap with host work
+  bool host_register = false;          // existing host memory can be registered
+  bool execute = false;                // the backend runs callables
+};
+
+struct WorkerStats {
+  uint64_t pinned_bytes = 0;            // outstanding pinned host bytes (as requested)
+  uint64_t pinned_count = 0;            // outstanding pinned host allocations
+  uint64_t device_bytes = 0;            // outstanding device bytes handed out by this worker
+  uint64_t device_count = 0;            // outstanding device allocations
+  uint64_t device_committed_bytes = 0;  // what the backend reports committed
+  uint64_t device_capacity_bytes = 0;   // what the backend may commit
+};
+
+// Backend operations the fault hook can fail (mirrors ps_fault_kind).
+enum class FaultKind {
+  device_malloc,
+  device_free,
+  host_alloc,
+  host_free,
+  copy_h2d,
+  copy_d2h,
+  execute
+};
+
+namespace detail {
+struct WorkerState;
+}
+
+enum class MemoryKind { pinned_host, device };
+
+// Move-only owner of one allocation made by a Worker: (pointer, size, owner token).
+// Destruction releases it through the worker. A buffer that outlives its worker
+// (finalized or destroyed first) is harmless: the worker already reclaimed the memory,
+// so the release is a no-op. A failed release is logged, never thrown.
+template <MemoryKind Kind>
+class PINSTAGE_API Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  // For pinned_host a host pointer; for device an address in the device's space. Null
+  // once the buffer is empty. After the worker is finalized the memory is gone: using
+  // data() then is the caller's error.
+  void* data() const noexcept { return data_; }
+  size_t size() const noexcept { return size_; }
+  explicit operator bool() const noexcept { return data_ != nullptr; }
+  // True while the owning worker is alive and initialized (the memory is valid).
+  bool valid() const noexcept;
+  // Releases now; the buffer becomes empty. Safe to call repeatedly.
+  void reset() noexcept;
+
+ private:
+  friend class Worker;
+  Buffer(std::shared_ptr<detail::WorkerState> owner, void* data, size_t size) noexcept;
+
+  std::shared_ptr<detail::WorkerState> owner_;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+using PinnedHostBuffer = Buffer<MemoryKind::pinned_host>;
+using DeviceBuffer = Buffer<MemoryKind::device>;
+
+// A copy queue on the worker's device. Copies on one stream complete in order.
+class PINSTAGE_API Stream {
+ public:
+  Stream() = default;
+  Stream(Stream&& other) noexcept;
+  Stream& operator=(Stream&& other) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream();
+
+ private:
+  friend class Worker;
+  std::shared_ptr<detail::WorkerState> owner_;
+  void* handle_ = nullptr;  // ps_stream*, null when the backend has no async copies
+};
+
+// Marks a point on a stream; waiting on it waits for the copies queued before it.
+class PINSTAGE_API Event {
+ public:
+  Event() = default;
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&& other) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event();
+
+ private:
+  friend class Worker;
+  std::shared_ptr<detail::WorkerState> owner_;
+  void* handle_ = nullptr;  // ps_event*, null when the backend has no async copies
+};
+
+// One bound argument handed to a backend callable.
+struct ExecArg {
+  std::string name;
+  void* device_ptr = nullptr;
+  uint64_t bytes = 0;
+};
+
+class PINSTAGE_API Worker {
+ public:
+  explicit Worker(WorkerLevel level = WorkerLevel::chip);
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+  ~Worker();  // finalize(); never throws
+
+  // Loads the backend plugin (once), checks its api_version, creates the device context.
+  // Throws Error(plugin_load) naming the backend, the path tried and the reason.
+  void init(const std::string& backend = "sim", int device_id = 0,
+            const WorkerOptions& options = {});
+  // Terminal and idempotent: reclaims every outstanding pinned and device allocation
+  // (logging the count), destroys the device context, unloads the plugin.
+  void finalize() noexcept;
+
+  bool initialized() const noexcept;  // init() succeeded and finalize() has not run
+  bool finalized() const noexcept;
+  WorkerLevel level() const noexcept { return level_; }
+  int device_id() const;
+  const BackendInfo& backend() const;
+  Capabilities capabilities() const;
+  WorkerStats stats() const;
+
+  // Pinned host memory; bytes must be in [1, physical memory].
+  PinnedHostBuffer alloc_pinned_host(size_t bytes);
+  // Device memory; bytes must be > 0. Error(out_of_memory) past the capacity.
+  DeviceBuffer alloc_device(size_t bytes);
+
+  // Synchronous copies; [offset, offset+bytes) must lie inside the device buffer.
+  void copy_to_device(const DeviceBuffer& dst, size_t dst_offset, const void* src, size_t bytes);
+  void copy_to_host(void* dst, const DeviceBuffer& src, size_t src_offset, size_t bytes);
+
+  // Async copies. Where the backend has no async slots they run synchronously and the
+  // stream/event calls are no-ops, so callers need one code path.
+  Stream create_stream();
+  Event create_event();
+  void copy_to_device_async(const DeviceBuffer& dst, size_t dst_offset, const void* src,
+                            size_t bytes, Stream& stream);
+  void copy_to_host_async(void* dst, const DeviceBuffer& src, size_t src_offset, size_t bytes,
+                          Stream& stream);
+  void record(Event& event, Stream& stream);
+  void wait(Event& event);
+  void synchronize(Stream& stream);
+
+  // Runs a backend callable on bound device memory. Error(not_found) when the backend
+  // has no callable of that name, Error(unsupported) when it runs none at all.
+  void execute(const std::string& callable, std::span<const ExecArg> args);
+
+  // Tests: make the nth (1-based) next backend call of `kind` fail; nth = 0 clears it.
+  void inject_fault(FaultKind kind, uint64_t nth);
+
+ private:
+  const detail::WorkerState& state() const;  // throws unless initialized
+
+  WorkerLevel level_;
+  std::shared_ptr<detail::WorkerState> state_;
+};
+
+// Throws Error(invalid_argument) unless `worker` is an initialized chip-level worker.
+// The one guard every place that needs a device-owning worker shares; `who` names the
+// caller in the message.
+PINSTAGE_API void require_chip_worker(const Worker& worker, std::string_view who);
+
+}  // namespace pinstage

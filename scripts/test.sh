@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Every test: install, build, then the C++ suite (ctest) and the Python suite (pytest).
+# GPU tests carry the ctest label requires_gpu and report as skipped without a GPU.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/setup.sh"
+"$root/scripts/build.sh" "$root/build"
+(cd "$root/build" && ctest --output-on-failure -j2 --timeout 900)
+if [ -d "$root/tests/python" ] && ls "$root"/tests/python/test_*.py >/dev/null 2>&1; then
+  PINSTAGE_BUILD_DIR="$root/build" /usr/bin/python3 -m pytest -q "$root/tests/python"
+fi

@@ -1,0 +1,117 @@
+#include "runtime/plugin.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "pinstage/error.h"
+#include "pinstage/log.h"
+
+namespace pinstage::detail {
+
+void DlCloser::operator()(void* handle) const noexcept {
+  if (handle != nullptr && dlclose(handle) != 0) {
+    const char* why = dlerror();
+    log(LogLevel::error, std::string("dlclose failed: ") + (why ? why : "unknown reason"));
+  }
+}
+
+std::string library_dir() {
+  Dl_info info{};
+  // Any function defined in libpinstage locates the library file itself.
+  if (dladdr(reinterpret_cast<void*>(&library_dir), &info) == 0 || info.dli_fname == nullptr)
+    throw Error(ErrorCode::plugin_load, "cannot locate libpinstage (dladdr failed)");
+  return std::filesystem::path(info.dli_fname).parent_path().string();
+}
+
+std::string default_plugin_path(const std::string& backend) {
+  return (std::filesystem::path(library_dir()) / ("libpinstage_backend_" + backend + ".so"))
+      .string();
+}
+
+namespace {
+
+[[noreturn]] void fail(const std::string& backend, const std::string& path,
+                       const std::string& why) {
+  throw Error(ErrorCode::plugin_load,
+              "cannot load backend '" + backend + "' from " + path + ": " + why);
+}
+
+// Slots a plugin must provide; the rest are optional and defaulted by the Worker.
+void check_required_slots(const ps_platform_api& api, const std::string& backend,
+                          const std::string& path) {
+  const std::pair<const void*, const char*> slots[] = {
+      {reinterpret_cast<const void*>(api.last_error), "last_error"},
+      {reinterpret_cast<const void*>(api.create_context), "create_context"},
+      {reinterpret_cast<const void*>(api.destroy_context), "destroy_context"},
+      {reinterpret_cast<const void*>(api.device_malloc), "device_malloc"},
+      {reinterpret_cast<const void*>(api.device_free), "device_free"},
+      {reinterpret_cast<const void*>(api.copy_h2d), "copy_h2d"},
+      {reinterpret_cast<const void*>(api.copy_d2h), "copy_d2h"},
+      {reinterpret_cast<const void*>(api.host_alloc_pinned), "host_alloc_pinned"},
+      {reinterpret_cast<const void*>(api.host_free_pinned), "host_free_pinned"},
+      {reinterpret_cast<const void*>(api.mem_info), "mem_info"},
+      {reinterpret_cast<const void*>(api.get_capabilities), "get_capabilities"},
+  };
+  for (const auto& [slot, name] : slots)
+    if (slot == nullptr) fail(backend, path, std::string("required slot '") + name + "' is NULL");
+  // The async slots come as a set: a partial set would mix queues and sync copies.
+  const void* async[] = {reinterpret_cast<const void*>(api.stream_create),
+                         reinterpret_cast<const void*>(api.stream_destroy),
+                         reinterpret_cast<const void*>(api.stream_sync),
+                         reinterpret_cast<const void*>(api.copy_h2d_async),
+                         reinterpret_cast<const void*>(api.copy_d2h_async),
+                         reinterpret_cast<const void*>(api.event_create),
+                         reinterpret_cast<const void*>(api.event_destroy),
+                         reinterpret_cast<const void*>(api.event_record),
+                         reinterpret_cast<const void*>(api.event_sync)};
+  const auto present =
+      std::count_if(std::begin(async), std::end(async), [](const void* p) { return p != nullptr; });
+  if (present != 0 && present != static_cast<long>(std::size(async)))
+    fail(backend, path, "async slots must be all present or all NULL");
+}
+
+}  // namespace
+
+Plugin load_plugin(const std::string& backend, const std::string& path) {
+  if (!std::filesystem::exists(path)) fail(backend, path, "no such file");
+  dlerror();
+  DlHandle handle(dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL));
+  if (!handle) {
+    const char* why = dlerror();
+    fail(backend, path, std::string("dlopen failed: ") + (why ? why : "unknown reason"));
+  }
+  auto entry =
+      reinterpret_cast<ps_platform_entry_fn>(dlsym(handle.get(), PINSTAGE_PLATFORM_ENTRY_SYMBOL));
+  if (entry == nullptr)
+    fail(backend, path,
+         std::string("no entry symbol '") + PINSTAGE_PLATFORM_ENTRY_SYMBOL +
+             "' (is this a pinstage backend plugin?)");
+  const ps_platform_api* api = entry();
+  if (api == nullptr) fail(backend, path, "entry symbol returned NULL");
+  if (api->api_version != PINSTAGE_PLATFORM_API_VERSION)
+    fail(backend, path,
+         "plugin built for platform API version " + std::to_string(api->api_version) +
+             ", this pinstage needs version " + std::to_string(PINSTAGE_PLATFORM_API_VERSION) +
+             ": rebuild the plugin");
+  check_required_slots(*api, backend, path);
+  Plugin plugin;
+  plugin.info = BackendInfo{api->name ? api->name : backend, path, api->api_version};
+  plugin.api = api;
+  plugin.handle = std::move(handle);
+  return plugin;
+}
+
+std::vector<std::string> discover_plugins() {
+  std::vector<std::string> found;
+  for (const auto& entry : std::filesystem::directory_iterator(library_dir())) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("libpinstage_backend_") && name.ends_with(".so"))
+      found.push_back(entry.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+}  // namespace pinstage::detail

@@ -1,0 +1,29 @@
+# Tests of the runtime core: worker, registry, sim backend, plugin loading, thread pool.
+
+# Broken plugins for the loader's error paths; built into a folder of their own so
+# `pinstage info` never lists them.
+foreach(broken bad_version no_entry missing_slot)
+  add_library(broken_plugin_${broken} MODULE ${CMAKE_CURRENT_LIST_DIR}/plugins/${broken}.cpp)
+  target_include_directories(broken_plugin_${broken} PRIVATE ${PROJECT_SOURCE_DIR}/include)
+  set_target_properties(broken_plugin_${broken} PROPERTIES
+    LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/test_plugins
+    OUTPUT_NAME ${broken} PREFIX "lib")
+  target_compile_definitions(broken_plugin_${broken} PRIVATE PINSTAGE_BUILDING_LIBRARY)
+endforeach()
+
+pinstage_add_gtest(test_runtime
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_worker.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_sim_backend.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_plugin_load.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_parallel.cpp
+  LIBRARIES ${CMAKE_DL_LIBS})
+target_compile_definitions(test_runtime PRIVATE
+  PINSTAGE_TEST_PLUGIN_DIR="${CMAKE_BINARY_DIR}/test_plugins")
+add_dependencies(test_runtime pinstage_backend_sim broken_plugin_bad_version
+                 broken_plugin_no_entry broken_plugin_missing_slot)
+
+# Concurrency tests: also run under TSan in CI (label concurrency).
+pinstage_add_gtest(test_runtime_concurrency
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_worker_concurrency.cpp
+  LABELS concurrency)
+add_dependencies(test_runtime_concurrency pinstage_backend_sim)

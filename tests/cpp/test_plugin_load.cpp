@@ -1,0 +1,82 @@
+// Plugin loading: every failure names the backend, the path and the reason.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "pinstage/worker.h"
+#include "runtime/plugin.h"
+
+namespace pinstage {
+namespace {
+
+std::string init_error(const std::string& backend, const std::string& path) {
+  Worker worker;
+  WorkerOptions options;
+  options.plugin_path = path;
+  try {
+    worker.init(backend, 0, options);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::plugin_load) << e.what();
+    EXPECT_FALSE(worker.initialized());
+    return e.what();
+  }
+  ADD_FAILURE() << "init succeeded with " << path;
+  return {};
+}
+
+const std::string kDir = PINSTAGE_TEST_PLUGIN_DIR;
+
+TEST(PluginLoad, MissingFile) {
+  const std::string msg = init_error("ghost", kDir + "/libghost.so");
+  EXPECT_NE(msg.find("'ghost'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(kDir + "/libghost.so"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no such file"), std::string::npos) << msg;
+}
+
+TEST(PluginLoad, UnknownBackendNameLooksNextToTheLibrary) {
+  Worker worker;
+  try {
+    worker.init("nosuch");
+    FAIL() << "init succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::plugin_load);
+    EXPECT_NE(std::string(e.what()).find(detail::default_plugin_path("nosuch")), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PluginLoad, MissingEntrySymbol) {
+  const std::string msg = init_error("no_entry", kDir + "/libno_entry.so");
+  EXPECT_NE(msg.find("no entry symbol 'pinstage_platform_entry'"), std::string::npos) << msg;
+}
+
+TEST(PluginLoad, WrongApiVersion) {
+  const std::string msg = init_error("bad_version", kDir + "/libbad_version.so");
+  EXPECT_NE(msg.find("API version " + std::to_string(PINSTAGE_PLATFORM_API_VERSION + 98)),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("rebuild the plugin"), std::string::npos) << msg;
+}
+
+TEST(PluginLoad, MissingRequiredSlot) {
+  const std::string msg = init_error("missing_slot", kDir + "/libmissing_slot.so");
+  EXPECT_NE(msg.find("required slot 'create_context' is NULL"), std::string::npos) << msg;
+}
+
+TEST(PluginLoad, NotASharedObject) {
+  const std::string msg = init_error("text", std::string(__FILE__));
+  EXPECT_NE(msg.find("dlopen failed"), std::string::npos) << msg;
+}
+
+TEST(PluginLoad, SimIsFoundAndReportsItsVersion) {
+  Worker worker;
+  worker.init("sim");
+  EXPECT_EQ(worker.backend().name, "sim");
+  EXPECT_EQ(worker.backend().api_version, PINSTAGE_PLATFORM_API_VERSION);
+  EXPECT_EQ(worker.backend().path, detail::default_plugin_path("sim"));
+  const auto found = detail::discover_plugins();
+  EXPECT_NE(std::find(found.begin(), found.end(), detail::default_plugin_path("sim")), found.end());
+}
+
+}  // namespace
+}  // namespace pinstage

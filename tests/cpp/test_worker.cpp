@@ -1,0 +1,351 @@
+// Worker lifecycle, pinned and device buffers, copies and error paths on the sim backend.
+#include <gtest/gtest.h>
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "pinstage/log.h"
+#include "pinstage/worker.h"
+
+namespace pinstage {
+namespace {
+
+// Runs `fn` and returns the Error it throws; fails the test if it throws nothing.
+template <typename F>
+Error error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected pinstage::Error";
+  return Error(ErrorCode::internal, "no error thrown");
+}
+
+std::vector<unsigned char> pattern(size_t n, unsigned seed) {
+  std::vector<unsigned char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 2654435761u + seed) >> 7);
+  return v;
+}
+
+class WorkerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { worker.init("sim"); }
+  Worker worker;
+};
+
+TEST_F(WorkerTest, PinnedAllocationIsTrackedAndReleased) {
+  {
+    PinnedHostBuffer a = worker.alloc_pinned_host(1 << 20);
+    PinnedHostBuffer b = worker.alloc_pinned_host(12345);
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(a.size(), 1u << 20);
+    EXPECT_EQ(b.size(), 12345u);
+    std::memset(a.data(), 0xab, a.size());
+    std::memset(b.data(), 0xcd, b.size());
+    EXPECT_EQ(static_cast<unsigned char*>(a.data())[a.size() - 1], 0xab);
+    WorkerStats s = worker.stats();
+    EXPECT_EQ(s.pinned_count, 2u);
+    EXPECT_EQ(s.pinned_bytes, (1u << 20) + 12345u);
+    b.reset();
+    EXPECT_FALSE(b);
+    EXPECT_EQ(worker.stats().pinned_count, 1u);
+    // A moved-from buffer owns nothing; the moved-to one releases exactly once.
+    PinnedHostBuffer c = std::move(a);
+    EXPECT_FALSE(a);
+    EXPECT_TRUE(c.valid());
+  }
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
+  EXPECT_EQ(worker.stats().pinned_bytes, 0u);
+}
+
+TEST_F(WorkerTest, PinnedMemoryIsPageLockedAsRoot) {
+  PinnedHostBuffer a = worker.alloc_pinned_host(1 << 20);
+  // Locking is refused only without CAP_IPC_LOCK and with a low RLIMIT_MEMLOCK.
+  rlimit limit{};
+  getrlimit(RLIMIT_MEMLOCK, &limit);
+  if (geteuid() == 0 || limit.rlim_cur == RLIM_INFINITY) {
+    EXPECT_TRUE(worker.capabilities().pinned_is_page_locked);
+  } else {
+    GTEST_SKIP() << "not root: locking depends on RLIMIT_MEMLOCK";
+  }
+}
+
+TEST_F(WorkerTest, RoundTripIsBitExactForOddSizesAndOffsets) {
+  for (size_t size : {size_t{1}, size_t{4095}, size_t{65537}, (size_t{9} << 20) + 3}) {
+    const auto src = pattern(size, static_cast<unsigned>(size));
+    PinnedHostBuffer host = worker.alloc_pinned_host(size);
+    std::memcpy(host.data(), src.data(), size);
+    DeviceBuffer dev = worker.alloc_device(size + 17);
+    worker.copy_to_device(dev, 17, host.data(), size);
+    std::vector<unsigned char> back(size);
+    worker.copy_to_host(back.data(), dev, 17, size);
+    EXPECT_EQ(back, src) << "size " << size;
+  }
+}
+
+TEST_F(WorkerTest, CopyOutsideTheDeviceBufferIsRefused) {
+  DeviceBuffer dev = worker.alloc_device(100);
+  std::vector<char> host(200);
+  Error e = error_of([&] { worker.copy_to_device(dev, 50, host.data(), 51); });
+  EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+  EXPECT_NE(std::string(e.what()).find("outside the device buffer"), std::string::npos);
+  EXPECT_EQ(error_of([&] { worker.copy_to_host(host.data(), dev, 101, 0); }).code(),
+            ErrorCode::invalid_argument);
+  EXPECT_EQ(error_of([&] { worker.copy_to_device(dev, 0, nullptr, 10); }).code(),
+            ErrorCode::invalid_argument);
+}
+
+TEST_F(WorkerTest, AsyncCopiesCompleteInOrderAtEvents) {
+  const size_t size = (size_t{3} << 20) + 5;
+  const auto src = pattern(size, 3);
+  DeviceBuffer dev = worker.alloc_device(size);
+  Stream stream = worker.create_stream();
+  Event done = worker.create_event();
+  worker.copy_to_device_async(dev, 0, src.data(), size, stream);
+  std::vector<unsigned char> back(size);
+  worker.copy_to_host_async(back.data(), dev, 0, size, stream);
+  worker.record(done, stream);
+  worker.wait(done);
+  EXPECT_EQ(back, src);
+  worker.synchronize(stream);
+}
+
+TEST_F(WorkerTest, AsyncCopyFailureSurfacesAtSynchronize) {
+  DeviceBuffer dev = worker.alloc_device(4096);
+  std::vector<char> host(4096);
+  Stream stream = worker.create_stream();
+  worker.inject_fault(FaultKind::copy_h2d, 1);
+  worker.copy_to_device_async(dev, 0, host.data(), host.size(), stream);
+  Error e = error_of([&] { worker.synchronize(stream); });
+  EXPECT_EQ(e.code(), ErrorCode::injected_fault);
+  worker.copy_to_device_async(dev, 0, host.data(), host.size(), stream);
+  EXPECT_NO_THROW(worker.synchronize(stream));  // the failure was reported once
+}
+
+TEST(WorkerLifetime, BufferDestroyedAfterFinalizeIsHarmless) {
+  Worker worker;
+  worker.init("sim");
+  PinnedHostBuffer host = worker.alloc_pinned_host(1 << 16);
+  DeviceBuffer dev = worker.alloc_device(1 << 16);
+  Stream stream = worker.create_stream();
+  worker.finalize();
+  EXPECT_FALSE(host.valid());
+  EXPECT_FALSE(dev.valid());
+  host.reset();  // no-op: the worker already reclaimed it (ASan would flag a double free)
+  EXPECT_FALSE(host);
+}
+
+TEST(WorkerLifetime, WorkerDestroyedBeforeBuffer) {
+  PinnedHostBuffer host;
+  DeviceBuffer dev;
+  {
+    Worker worker;
+    worker.init("sim");
+    host = worker.alloc_pinned_host(1 << 16);
+    dev = worker.alloc_device(1 << 16);
+    EXPECT_TRUE(host.valid());
+  }
+  EXPECT_FALSE(host.valid());
+  EXPECT_FALSE(dev.valid());
+}  // buffers die here, after their worker
+
+TEST(WorkerLifetime, FinalizeReclaimsAndReportsOutstandingAllocations) {
+  Worker worker;
+  worker.init("sim");
+  std::vector<PinnedHostBuffer> pinned;
+  for (int i = 0; i < 3; ++i) pinned.push_back(worker.alloc_pinned_host(1000 + i));
+  DeviceBuffer dev1 = worker.alloc_device(1 << 20);
+  DeviceBuffer dev2 = worker.alloc_device(1 << 20);
+  EXPECT_EQ(worker.stats().device_count, 2u);
+  const LogLevel before = log_level();
+  set_log_level(LogLevel::info);
+  testing::internal::CaptureStderr();
+  worker.finalize();
+  const std::string log_text = testing::internal::GetCapturedStderr();
+  set_log_level(before);
+  EXPECT_NE(log_text.find("reclaimed 3 outstanding pinned host allocation(s), 3003 bytes"),
+            std::string::npos)
+      << log_text;
+  EXPECT_NE(log_text.find("reclaimed 2 outstanding device allocation(s)"), std::string::npos)
+      << log_text;
+}
+
+TEST(WorkerLifetime, DoubleFinalizeIsANoOp) {
+  Worker worker;
+  worker.init("sim");
+  worker.finalize();
+  EXPECT_NO_THROW(worker.finalize());
+  EXPECT_TRUE(worker.finalized());
+  EXPECT_FALSE(worker.initialized());
+}
+
+TEST(WorkerLifetime, UseBeforeInitAndAfterFinalizeThrow) {
+  Worker worker;
+  EXPECT_FALSE(worker.finalized());
+  Error before = error_of([&] { worker.alloc_pinned_host(10); });
+  EXPECT_EQ(before.code(), ErrorCode::not_initialized);
+  EXPECT_NE(std::string(before.what()).find("call init"), std::string::npos);
+  EXPECT_EQ(error_of([&] { worker.stats(); }).code(), ErrorCode::not_initialized);
+  worker.init("sim");
+  EXPECT_EQ(error_of([&] { worker.init("sim"); }).code(), ErrorCode::invalid_argument);
+  worker.finalize();
+  Error after = error_of([&] { worker.alloc_device(10); });
+  EXPECT_EQ(after.code(), ErrorCode::finalized);
+  EXPECT_NE(std::string(after.what()).find("new Worker"), std::string::npos);
+  EXPECT_EQ(error_of([&] { worker.init("sim"); }).code(), ErrorCode::finalized);
+  EXPECT_EQ(error_of([&] { worker.create_stream(); }).code(), ErrorCode::finalized);
+}
+
+TEST_F(WorkerTest, ZeroAndAbsurdSizesAreRefused) {
+  Error zero = error_of([&] { worker.alloc_pinned_host(0); });
+  EXPECT_EQ(zero.code(), ErrorCode::invalid_argument);
+  EXPECT_NE(std::string(zero.what()).find("0 bytes"), std::string::npos);
+  Error huge = error_of([&] { worker.alloc_pinned_host(size_t{1} << 62); });
+  EXPECT_EQ(huge.code(), ErrorCode::invalid_argument);
+  EXPECT_NE(std::string(huge.what()).find("physical memory"), std::string::npos);
+  EXPECT_EQ(error_of([&] { worker.alloc_device(0); }).code(), ErrorCode::invalid_argument);
+  EXPECT_EQ(error_of([&] { worker.alloc_device(size_t{1} << 62); }).code(),
+            ErrorCode::out_of_memory);
+  EXPECT_EQ(worker.stats().pinned_count + worker.stats().device_count, 0u);
+}
+
+TEST(WorkerCapacity, DeviceCapacityExhaustionIsOutOfMemory) {
+  Worker worker;
+  WorkerOptions options;
+  options.device_capacity_bytes = 8 << 20;
+  worker.init("sim", 0, options);
+  EXPECT_EQ(worker.stats().device_capacity_bytes, 8u << 20);
+  DeviceBuffer a = worker.alloc_device(6 << 20);
+  Error e = error_of([&] { worker.alloc_device(4 << 20); });
+  EXPECT_EQ(e.code(), ErrorCode::out_of_memory);
+  EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos);
+  EXPECT_EQ(worker.stats().device_committed_bytes, 6u << 20);
+  a.reset();
+  EXPECT_EQ(worker.stats().device_committed_bytes, 0u);
+  EXPECT_NO_THROW(worker.alloc_device(4 << 20));
+}
+
+TEST(WorkerCapacity, EnvironmentSetsTheSimCapacity) {
+  setenv("PINSTAGE_SIM_DEVICE_CAPACITY", "16M", 1);
+  Worker worker;
+  worker.init("sim");
+  EXPECT_EQ(worker.stats().device_capacity_bytes, 16u << 20);
+  setenv("PINSTAGE_SIM_DEVICE_CAPACITY", "lots", 1);
+  Worker bad;
+  Error e = error_of([&] { bad.init("sim"); });
+  unsetenv("PINSTAGE_SIM_DEVICE_CAPACITY");
+  EXPECT_NE(std::string(e.what()).find("PINSTAGE_SIM_DEVICE_CAPACITY='lots'"), std::string::npos);
+  EXPECT_FALSE(bad.initialized());
+}
+
+TEST_F(WorkerTest, InjectedFailureMidSequenceLeavesNothingLeaked) {
+  worker.inject_fault(FaultKind::host_alloc, 3);
+  std::vector<PinnedHostBuffer> got;
+  int failures = 0;
+  for (int i = 0; i < 5; ++i) {
+    try {
+      got.push_back(worker.alloc_pinned_host(4096 * (i + 1)));
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::injected_fault);
+      EXPECT_EQ(i, 2);
+      ++failures;
+    }
+  }
+  EXPECT_EQ(failures, 1);
+  EXPECT_EQ(worker.stats().pinned_count, 4u);
+  got.clear();
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
+
+  worker.inject_fault(FaultKind::device_malloc, 2);
+  DeviceBuffer first = worker.alloc_device(1 << 20);
+  EXPECT_EQ(error_of([&] { worker.alloc_device(1 << 20); }).code(), ErrorCode::injected_fault);
+  first.reset();
+  const WorkerStats s = worker.stats();
+  EXPECT_EQ(s.device_count, 0u);
+  EXPECT_EQ(s.device_committed_bytes, 0u);
+}
+
+TEST_F(WorkerTest, FailedReleaseIsReportedNotSwallowed) {
+  PinnedHostBuffer host = worker.alloc_pinned_host(4096);
+  worker.inject_fault(FaultKind::host_free, 1);
+  testing::internal::CaptureStderr();
+  host.reset();
+  const std::string log_text = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log_text.find("releasing a buffer failed"), std::string::npos) << log_text;
+  EXPECT_NE(log_text.find("injected fault on host_free"), std::string::npos) << log_text;
+}
+
+TEST_F(WorkerTest, ExecuteRunsNamedCallablesAndRefusesUnknownOnes) {
+  DeviceBuffer a = worker.alloc_device(300);
+  DeviceBuffer b = worker.alloc_device(10);
+  const ExecArg args[] = {{"a", a.data(), 300}, {"b", b.data(), 10}};
+  worker.execute("sim.fill_index", args);
+  std::vector<unsigned char> back(300);
+  worker.copy_to_host(back.data(), a, 0, 300);
+  for (size_t j = 0; j < 300; ++j) ASSERT_EQ(back[j], j & 0xff);
+  worker.copy_to_host(back.data(), b, 0, 10);
+  for (size_t j = 0; j < 10; ++j) ASSERT_EQ(back[j], (j + 7) & 0xff);
+  Error e = error_of([&] { worker.execute("no_such_kernel", args); });
+  EXPECT_EQ(e.code(), ErrorCode::not_found);
+  EXPECT_NE(std::string(e.what()).find("no_such_kernel"), std::string::npos);
+  std::vector<char> host(16);
+  const ExecArg not_device[] = {{"host", host.data(), host.size()}};
+  EXPECT_EQ(error_of([&] { worker.execute("sim.fill_index", not_device); }).code(),
+            ErrorCode::invalid_argument);
+}
+
+TEST(WorkerInit, BadParametersAreRefusedClearly) {
+  Worker worker;
+  EXPECT_EQ(error_of([&] { worker.init("sim", 1); }).code(), ErrorCode::no_device);
+  Worker w2;
+  EXPECT_EQ(error_of([&] { w2.init("sim", -1); }).code(), ErrorCode::invalid_argument);
+  Worker w3;
+  EXPECT_EQ(error_of([&] { w3.init("../etc"); }).code(), ErrorCode::invalid_argument);
+  EXPECT_EQ(error_of([] { parse_worker_level("node"); }).code(), ErrorCode::invalid_argument);
+  EXPECT_EQ(parse_worker_level("chip"), WorkerLevel::chip);
+}
+
+TEST(WorkerInit, ChipGuardRejectsAnUninitializedWorker) {
+  Worker worker;
+  Error e = error_of([&] { require_chip_worker(worker, "PinnedAllocator"); });
+  EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+  EXPECT_NE(std::string(e.what()).find("PinnedAllocator needs an initialized chip-level worker"),
+            std::string::npos);
+  worker.init("sim");
+  EXPECT_NO_THROW(require_chip_worker(worker, "PinnedAllocator"));
+}
+
+// Drops CAP_IPC_LOCK and lowers RLIMIT_MEMLOCK (in a child process), so mlock is refused;
+// pinned memory must still work, unlocked, and say so. Exits 0 when it does.
+[[noreturn]] void allocate_without_lock_rights() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct caps[2]{};
+  syscall(SYS_capget, &header, caps);
+  caps[0].effective &= ~(1u << CAP_IPC_LOCK);
+  caps[0].permitted &= ~(1u << CAP_IPC_LOCK);
+  syscall(SYS_capset, &header, caps);
+  rlimit limit{64 << 10, 64 << 10};
+  setrlimit(RLIMIT_MEMLOCK, &limit);
+  Worker worker;
+  worker.init("sim");
+  PinnedHostBuffer host = worker.alloc_pinned_host(4 << 20);
+  std::memset(host.data(), 1, host.size());
+  const bool locked = worker.capabilities().pinned_is_page_locked;
+  std::exit(locked ? 1 : 0);
+}
+
+TEST(WorkerDeathTest, PinnedMemoryWorksUnlockedWhenLockingIsRefused) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(allocate_without_lock_rights(), ::testing::ExitedWithCode(0), "mlock refused");
+}
+
+}  // namespace
+}  // namespace pinstage
