@@ -1,5 +1,6 @@
 # pinstage_add_backend(NAME SOURCES ...): one backend plugin, built as a MODULE named
-# libpinstage_backend_<NAME>.so next to libpinstage, exporting only its entry symbol.
+# libpinstage_backend_<NAME>.so next to libpinstage; hidden visibility, so it exports
+# only what it marks (its entry symbol, plus any documented extras).
 function(pinstage_add_backend name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBRARIES" ${ARGN})
   set(target pinstage_backend_${name})

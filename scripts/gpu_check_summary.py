@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Summary of scripts/gpu-check.sh: reads the probe's and the bench's JSON, checks the
+issue-7 targets, prints a table and writes summary.json. Standard library only.
+
+Usage: gpu_check_summary.py --out DIR [--probe probe.json] [--bench bench.json]
+                            [--tests TEXT] [--note TEXT ...]
+Every target is reported as pass, FAIL or n/a (its inputs are missing); nothing is
+guessed.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+
+# Issue 7's targets.
+PINNED_VS_LINK = 0.95  # pinned arm >= 0.95 x the measured link limit
+PINNED_SPREAD = 0.03  # pinned min-max spread across groups <= 3 %
+STAGED_VS_PINNED = 0.90  # staged arm >= 0.9 x pinned ...
+STAGING_MAX_BYTES = 64 << 20  # ... with at most 64 MiB of staging
+REGISTER_SPEEDUP = 3.0  # register-mode pinning >= 3x faster than cudaHostAlloc (8 GiB)
+
+
+def load(path):
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"summary: cannot read {path}: {e}", file=sys.stderr)
+        return None
+
+
+def arm_group_gbps(bench, arm, key="gbps"):
+    """Per-group GB/s of one arm (effective: staged bytes / whole bind), in group order."""
+    out = []
+    for g in bench.get("groups", []):
+        for a in g.get("arms", []):
+            if a.get("arm") == arm and key in a.get("stats", {}):
+                out.append(a["stats"][key])
+    return out
+
+
+def target(name, value, limit, ok, detail):
+    return {"target": name, "value": value, "limit": limit,
+            "status": "n/a" if ok is None else ("pass" if ok else "FAIL"), "detail": detail}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--probe")
+    ap.add_argument("--bench")
+    ap.add_argument("--tests", default="not run")
+    ap.add_argument("--note", action="append", default=[])
+    args = ap.parse_args()
+
+    probe = load(args.probe)
+    bench = load(args.bench)
+    link = None
+    if probe:
+        link = probe.get("link", {}).get("pinned_h2d", {}).get("best_gbps")
+
+    arms = {}
+    if bench:
+        for arm in bench.get("config", {}).get("arms", []):
+            per_group = arm_group_gbps(bench, arm)
+            upload = arm_group_gbps(bench, arm, "upload_gbps")
+            if per_group:
+                arms[arm] = {"group_gbps": per_group, "min_gbps": min(per_group),
+                             "max_gbps": max(per_group),
+                             "median_gbps": statistics.median(per_group),
+                             "upload_group_gbps": upload}
+
+    targets = []
+    pinned = arms.get("pinned")
+    staged = arms.get("staged")
+
+    ok = None
+    value = None
+    if pinned and link:
+        value = pinned["min_gbps"] / link
+        ok = value >= PINNED_VS_LINK
+    detail = "needs bench and probe"
+    if pinned and link:
+        detail = (f"pinned {pinned['min_gbps']:.2f}-{pinned['max_gbps']:.2f} GB/s (whole bind), "
+                  f"link {link:.2f} GB/s")
+        if pinned["upload_group_gbps"]:
+            detail += (f"; upload phase alone {min(pinned['upload_group_gbps']):.2f}-"
+                       f"{max(pinned['upload_group_gbps']):.2f} GB/s = "
+                       f"{min(pinned['upload_group_gbps']) / link:.3f} of the link")
+    targets.append(target("pinned arm / link limit (worst group)", value, PINNED_VS_LINK, ok,
+                          detail))
+
+    ok = value = None
+    if pinned:
+        value = (pinned["max_gbps"] - pinned["min_gbps"]) / pinned["max_gbps"]
+        ok = value <= PINNED_SPREAD
+    targets.append(target("pinned min-max spread across groups", value, PINNED_SPREAD, ok,
+                          "(max - min) / max of the per-group GB/s" if pinned else "needs bench"))
+
+    ok = value = None
+    staging = None
+    if bench:
+        cfg = bench.get("config", {})
+        staging = cfg.get("staging_buffers", 0) * cfg.get("staging_buffer_bytes", 0)
+    if pinned and staged:
+        value = staged["median_gbps"] / pinned["median_gbps"]
+        ok = value >= STAGED_VS_PINNED and staging is not None and staging <= STAGING_MAX_BYTES
+    targets.append(target("staged arm / pinned arm (group medians)", value, STAGED_VS_PINNED, ok,
+                          f"staging ring {staging / 2**20:.0f} MiB (limit 64 MiB)"
+                          if staging is not None and staged else "needs bench with staged arm"))
+
+    ok = value = None
+    if probe and "register_speedup" in probe:  # default register mode vs cudaHostAlloc
+        value = probe["register_speedup"]
+        ok = value >= REGISTER_SPEEDUP
+    pin_detail = "needs probe"
+    if probe and probe.get("pinning"):
+        pin_detail = "; ".join(f"{p['config']}: {p['pin_seconds']:.2f} s" for p in probe["pinning"])
+    if probe and not probe.get("complete", True):
+        args.note.append("the probe did not finish: its JSON holds the sections it completed")
+    targets.append(target("register-mode pinning speed-up vs cudaHostAlloc", value,
+                          REGISTER_SPEEDUP, ok, pin_detail))
+
+    summary = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": probe.get("device") if probe else None,
+        "host": probe.get("host") if probe else None,
+        "tests": args.tests,
+        "link": probe.get("link") if probe else None,
+        "pinning": probe.get("pinning") if probe else None,
+        "bench_config": bench.get("config") if bench else None,
+        "arms": arms,
+        "targets": targets,
+        "notes": args.note,
+    }
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+
+    print("==== pinstage GPU check summary ====")
+    if probe:
+        d = probe["device"]
+        print(f"device: {d['name']} ({d['total_bytes'] / 2**30:.1f} GiB, bus {d['pci_bus_id']}, "
+              f"driver {d['driver_version']}, runtime {d['runtime_version']})")
+        lk = probe["link"]
+        print(f"link limit (1 GiB cudaMemcpy, best of {lk['reps']}): pinned H2D "
+              f"{lk['pinned_h2d']['best_gbps']:.2f} GB/s, D2H {lk['pinned_d2h']['best_gbps']:.2f}"
+              f" GB/s, pageable H2D {lk['pageable_h2d']['best_gbps']:.2f} GB/s")
+        for p in probe.get("pinning", []):
+            extra = ""
+            if p["mode"] == "register":
+                extra = (f" (pre-fault {p['prefault_seconds']:.2f} s on {p['prefault_threads']}"
+                         f" threads, cudaHostRegister {p['register_seconds']:.2f} s)")
+            print(f"pin {p['bytes'] / 2**30:.0f} GiB [{p['config']}]: {p['pin_seconds']:.2f} s "
+                  f"= {p['pin_gib_per_s']:.2f} GiB/s{extra}; free {p['free_seconds']:.2f} s; "
+                  f"copy from it {p['copy_h2d_wall']['best_gbps']:.2f} GB/s")
+    else:
+        print("probe: no result")
+    for arm, a in arms.items():
+        print(f"bench arm {arm}: {a['min_gbps']:.2f}-{a['max_gbps']:.2f} GB/s across groups "
+              f"(median {a['median_gbps']:.2f})")
+    if not bench:
+        print("bench: no result")
+    print(f"tests: {args.tests}")
+    for t in targets:
+        v = "-" if t["value"] is None else f"{t['value']:.3f}"
+        print(f"[{t['status']:>4}] {t['target']}: {v} (limit {t['limit']}) {t['detail']}")
+    for n in args.note:
+        print(f"note: {n}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+# Tests of the cuda area (only when the cuda backend is built, see src/backends/cuda).
+#  test_cuda_plugin (label cuda): no GPU needed; GPUs are hidden from it.
+#  test_cuda_gpu (label requires_gpu): skipped, never passed, where no GPU is present.
+#  fake_cuda.* (label cuda): test_cuda_gpu again, on the fake CUDA runtime of
+#    test_cuda_fake_runtime.cpp, so the plugin's logic is exercised without a GPU. It
+#    checks bookkeeping, ordering and device selection, not the hardware.
+if(TARGET pinstage_backend_cuda)
+  pinstage_add_gtest(test_cuda_plugin
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_plugin.cpp
+    LABELS cuda
+    LIBRARIES pinstage_cuda_support ${CMAKE_DL_LIBS})
+  target_compile_definitions(test_cuda_plugin PRIVATE
+    PINSTAGE_CUDA_PLUGIN_PATH="$<TARGET_FILE:pinstage_backend_cuda>")
+  add_dependencies(test_cuda_plugin pinstage_backend_cuda)
+
+  pinstage_add_gtest(test_cuda_gpu
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_gpu.cpp
+    LABELS requires_gpu
+    LIBRARIES pinstage_cuda_support ${CMAKE_DL_LIBS})
+  target_compile_definitions(test_cuda_gpu PRIVATE
+    PINSTAGE_CUDA_PLUGIN_PATH="$<TARGET_FILE:pinstage_backend_cuda>")
+  add_dependencies(test_cuda_gpu pinstage_backend_cuda)
+
+  # The fake runtime: libcudart.so.13 in a folder of its own, found first through
+  # LD_LIBRARY_PATH (the plugin and the test use RUNPATH, which that overrides).
+  set(_fake_dir ${CMAKE_BINARY_DIR}/fake_cuda)
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/fake_cudart.map
+       "libcudart.so.13 { global: cuda*; pinstage_fake_cuda_*; local: *; };\n")
+  add_library(pinstage_fake_cudart SHARED ${CMAKE_CURRENT_LIST_DIR}/test_cuda_fake_runtime.cpp)
+  target_link_libraries(pinstage_fake_cudart PRIVATE CUDA::toolkit Threads::Threads)
+  target_link_options(pinstage_fake_cudart PRIVATE
+    -Wl,--version-script=${CMAKE_CURRENT_BINARY_DIR}/fake_cudart.map)
+  set_target_properties(pinstage_fake_cudart PROPERTIES
+    OUTPUT_NAME cudart VERSION 13 SOVERSION 13
+    LIBRARY_OUTPUT_DIRECTORY ${_fake_dir}
+    CXX_VISIBILITY_PRESET default)
+  add_dependencies(test_cuda_gpu pinstage_fake_cudart)
+  gtest_discover_tests(test_cuda_gpu
+    TEST_PREFIX "fake_cuda."
+    PROPERTIES LABELS cuda ENVIRONMENT "LD_LIBRARY_PATH=${_fake_dir}"
+    DISCOVERY_TIMEOUT 60)
+endif()
