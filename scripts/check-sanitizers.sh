@@ -2,7 +2,7 @@
 # The C++ suite under ASan+UBSan, and the concurrency tests under TSan.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINSTAGE_BUILD_BENCH=OFF -DPINSTAGE_BUILD_PYTHON=OFF -DPINSTAGE_CUDA=OFF)
+common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINSTAGE_BUILD_BENCH=OFF -DPINSTAGE_BUILD_PYTHON=OFF)
 
 "$root/scripts/build.sh" "$root/build-asan" "${common[@]}" -DPINSTAGE_SANITIZE=address,undefined
 (cd "$root/build-asan" &&

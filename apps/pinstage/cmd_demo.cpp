@@ -51,6 +51,7 @@ void run_demo(const std::string& backend, size_t mib) {
   // Finalize with the buffers still alive: the worker reclaims them, and their later
   // destruction is a harmless no-op.
   if (log_level() > LogLevel::info) set_log_level(LogLevel::info);
+  std::fflush(stdout);  // keep the finalize log after the lines above
   worker.finalize();
   std::printf("finalized; buffers released afterwards are no-ops (valid: %s)\n",
               host.valid() ? "yes" : "no");

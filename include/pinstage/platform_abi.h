@@ -99,7 +99,10 @@ typedef enum ps_fault_kind {
   PS_FAULT_COPY_H2D = 4,
   PS_FAULT_COPY_D2H = 5,
   PS_FAULT_EXECUTE = 6,
-  PS_FAULT_KIND_COUNT = 7
+  /* Not a failure: the nth host-to-device copy succeeds, then flips one byte of its
+   * destination (the middle one), to prove that checks catch a corrupted upload. */
+  PS_FAULT_CORRUPT_H2D = 7,
+  PS_FAULT_KIND_COUNT = 8
 } ps_fault_kind;
 
 /* One bound argument handed to a callable. */

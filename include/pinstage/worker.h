@@ -64,7 +64,8 @@ enum class FaultKind {
   host_free,
   copy_h2d,
   copy_d2h,
-  execute
+  execute,
+  corrupt_h2d  // not a failure: the nth upload flips one byte of its destination
 };
 
 namespace detail {

@@ -22,7 +22,7 @@ std::string library_dir() {
   // Any function defined in libpinstage locates the library file itself.
   if (dladdr(reinterpret_cast<void*>(&library_dir), &info) == 0 || info.dli_fname == nullptr)
     throw Error(ErrorCode::plugin_load, "cannot locate libpinstage (dladdr failed)");
-  return std::filesystem::path(info.dli_fname).parent_path().string();
+  return std::filesystem::weakly_canonical(info.dli_fname).parent_path().string();
 }
 
 std::string default_plugin_path(const std::string& backend) {

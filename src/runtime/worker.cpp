@@ -102,7 +102,11 @@ void* WorkerState::alloc(MemoryKind kind, size_t bytes) {
     inserted = (kind == MemoryKind::pinned_host ? pinned : device).insert(ptr, bytes);
   }
   if (!inserted) {
-    // The backend returned an address it already handed out: refuse rather than alias.
+    // The backend returned an address it already handed out: give it back, refuse to alias.
+    if (kind == MemoryKind::pinned_host)
+      api().host_free_pinned(ctx, ptr);
+    else
+      api().device_free(ctx, ptr);
     throw Error(ErrorCode::internal, plugin.info.name + " returned an address already in use");
   }
   return ptr;
@@ -303,7 +307,7 @@ void Worker::init(const std::string& backend, int device_id, const WorkerOptions
   const int status = state->api().create_context(device_id, &ctx_options, &ctx);
   if (status != PS_OK) {
     const char* detail = state->api().last_error();
-    throw Error(status == PS_ERR_NO_DEVICE ? ErrorCode::no_device : ErrorCode::plugin_load,
+    throw Error(error_code_from_status(status),
                 "backend '" + backend + "' (" + path + ") could not create a context for device " +
                     std::to_string(device_id) + ": " + ps_status_str(status) +
                     (detail && *detail ? std::string(" (") + detail + ")" : std::string()));

@@ -99,3 +99,25 @@ TEST_F(SimAbiTest, RegisterLocksExistingMemoryAndUnregisterUndoesIt) {
 
 }  // namespace
 }  // namespace pinstage
+
+namespace pinstage {
+namespace {
+
+TEST_F(SimAbiTest, CorruptFaultFlipsOneByteOfTheNthUpload) {
+  void* dev = nullptr;
+  ASSERT_EQ(api->device_malloc(ctx, 64, &dev), PS_OK);
+  std::vector<unsigned char> host(64, 0x11), back(64);
+  ASSERT_EQ(api->inject_fault(ctx, PS_FAULT_CORRUPT_H2D, 2), PS_OK);
+  ASSERT_EQ(api->copy_h2d(ctx, dev, host.data(), 64), PS_OK);
+  ASSERT_EQ(api->copy_d2h(ctx, back.data(), dev, 64), PS_OK);
+  EXPECT_EQ(back, host);  // the first upload is intact
+  ASSERT_EQ(api->copy_h2d(ctx, dev, host.data(), 64), PS_OK);
+  ASSERT_EQ(api->copy_d2h(ctx, back.data(), dev, 64), PS_OK);
+  EXPECT_EQ(back[32], 0x11 ^ 0x40);
+  back[32] = 0x11;
+  EXPECT_EQ(back, host);  // exactly one byte differs
+  EXPECT_EQ(api->device_free(ctx, dev), PS_OK);
+}
+
+}  // namespace
+}  // namespace pinstage

@@ -58,8 +58,9 @@ uint64_t parse_bytes(const std::string& text) {
   return value * scale;
 }
 
-const char* const kFaultNames[PS_FAULT_KIND_COUNT] = {
-    "device_malloc", "device_free", "host_alloc", "host_free", "copy_h2d", "copy_d2h", "execute"};
+const char* const kFaultNames[PS_FAULT_KIND_COUNT] = {"device_malloc", "device_free", "host_alloc",
+                                                      "host_free",     "copy_h2d",    "copy_d2h",
+                                                      "execute",       "corrupt_h2d"};
 
 // Runs `body`, turning any exception into PS_ERR_INTERNAL: nothing unwinds through C.
 template <typename F>
@@ -209,7 +210,7 @@ int create_context(int device_id, const ps_context_options* options, ps_device_c
           return fail(PS_ERR_INVALID_ARGUMENT,
                       "sim: PINSTAGE_SIM_FAULT item '" + item +
                           "' is not kind:nth (kinds: device_malloc, device_free, host_alloc, "
-                          "host_free, copy_h2d, copy_d2h, execute)");
+                          "host_free, copy_h2d, copy_d2h, execute, corrupt_h2d)");
         ctx->faults[kind].store(nth);
         start = end + 1;
       }
@@ -234,6 +235,16 @@ int destroy_context(ps_device_ctx* raw) {
   });
 }
 
+// Faults every page in from all cores: the kernel work of pinning scales with threads,
+// while mlock alone would populate the range on one.
+void prefault(void* ptr, size_t bytes) {
+  auto* base = static_cast<volatile char*>(ptr);
+  const size_t pages = bytes / page_size();
+  parallel_for(pages, 1024, [&](size_t begin, size_t end) {
+    for (size_t p = begin; p < end; ++p) base[p * page_size()] = 0;
+  });
+}
+
 int device_malloc(ps_device_ctx* raw, size_t bytes, void** out) {
   return guarded([&]() -> int {
     SIM_REQUIRE(raw != nullptr && out != nullptr, "device_malloc: NULL argument");
@@ -253,12 +264,16 @@ int device_malloc(ps_device_ctx* raw, size_t bytes, void** out) {
     }
     void* ptr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    std::lock_guard lock(ctx->mu);
     if (ptr == MAP_FAILED) {
+      std::lock_guard lock(ctx->mu);
       ctx->committed -= mapped;
       return fail(PS_ERR_OUT_OF_MEMORY,
                   std::string("sim: mmap of device memory failed: ") + std::strerror(errno));
     }
+    // A device allocation is backed when it returns (as cudaMalloc's is), so uploads
+    // measure copies, not page faults.
+    prefault(ptr, mapped);
+    std::lock_guard lock(ctx->mu);
     ctx->device.emplace(reinterpret_cast<uintptr_t>(ptr), mapped);
     *out = ptr;
     return PS_OK;
@@ -294,6 +309,8 @@ int copy(Context* ctx, ps_fault_kind kind, void* dst, const void* src, size_t by
                                              ": the device range of " + std::to_string(bytes) +
                                              " bytes is not inside one device allocation");
   parallel_memcpy(dst, src, bytes);
+  if (kind == PS_FAULT_COPY_H2D && bytes > 0 && ctx->should_fail(PS_FAULT_CORRUPT_H2D))
+    static_cast<unsigned char*>(dst)[bytes / 2] ^= 0x40;  // an exponent bit of a bf16/f32
   return PS_OK;
 }
 
@@ -437,16 +454,6 @@ int event_sync(ps_device_ctx* raw, ps_event* event) {
     if (e == nullptr) return fail(PS_ERR_UNKNOWN_POINTER, "sim: event_sync of an unknown event");
     e->wait();
     return PS_OK;
-  });
-}
-
-// Faults every page in from all cores: the kernel work of pinning scales with threads,
-// while mlock alone would populate the range on one.
-void prefault(void* ptr, size_t bytes) {
-  auto* base = static_cast<volatile char*>(ptr);
-  const size_t pages = bytes / page_size();
-  parallel_for(pages, 1024, [&](size_t begin, size_t end) {
-    for (size_t p = begin; p < end; ++p) base[p * page_size()] = 0;
   });
 }
 
