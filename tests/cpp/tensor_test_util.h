@@ -1,0 +1,60 @@
+// Test helpers of the tensor area: an allocator that counts what it hands out and can be
+// told to fail, and a helper that returns the pinstage::Error a call throws.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+
+#include "pinstage/error.h"
+#include "pinstage/tensor.h"
+
+namespace pinstage::test {
+
+// Pageable memory whose storages are counted while alive; allocation number
+// `fail_at` (1-based; 0 = never) throws Error(out_of_memory).
+class CountingAllocator final : public HostAllocator {
+ public:
+  std::shared_ptr<Storage> allocate(size_t bytes) override {
+    const int n = ++calls_;
+    if (fail_at_ != 0 && n == fail_at_)
+      throw Error(ErrorCode::out_of_memory,
+                  "CountingAllocator: allocation " + std::to_string(n) + " fails");
+    auto inner = base_.allocate(bytes);
+    ++*live_;
+    auto counter = live_;
+    // The owner keeps the real storage alive and counts its release.
+    std::shared_ptr<void> owner(new std::shared_ptr<Storage>(inner), [counter](void* p) {
+      delete static_cast<std::shared_ptr<Storage>*>(p);
+      --*counter;
+    });
+    return std::make_shared<Storage>(inner->data(), bytes, false, std::move(owner));
+  }
+  bool pinned() const override { return false; }
+  std::string name() const override { return "counting"; }
+
+  int calls() const { return calls_; }
+  int live() const { return *live_; }
+  void fail_at(int n) { fail_at_ = n; }
+
+ private:
+  PageableAllocator base_;
+  int calls_ = 0;
+  int fail_at_ = 0;
+  std::shared_ptr<std::atomic<int>> live_ = std::make_shared<std::atomic<int>>(0);
+};
+
+// The Error `fn` throws; fails the test when it throws none.
+template <typename F>
+Error error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected a pinstage::Error";
+  return Error(ErrorCode::internal, "no error thrown");
+}
+
+}  // namespace pinstage::test
