@@ -1,0 +1,153 @@
+// The bind phase: put a task's arguments on the device, optionally run a callable, read
+// the results back and release the device memory, timing every step. See docs/bind.md.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pinstage/error.h"
+#include "pinstage/export.h"
+#include "pinstage/tensor.h"
+#include "pinstage/worker.h"
+
+namespace pinstage {
+
+// How device memory is taken for a task. One arena is one allocation (one backend call,
+// one free); per_tensor mirrors frameworks that allocate each argument on its own.
+enum class DeviceLayout { arena, per_tensor };
+
+// How a pageable IN/INOUT tensor reaches the device. Pinned tensors always go direct.
+//  direct: the tensor's host memory is handed to the backend's copy as it is.
+//  staged: copied through a small ring of pinned staging buffers, filling buffer k+1
+//          while buffer k's device copy is in flight.
+enum class UploadPath { direct, staged };
+
+PINSTAGE_API const char* device_layout_name(DeviceLayout layout);  // "arena", "per_tensor"
+PINSTAGE_API const char* upload_path_name(UploadPath path);        // "direct", "staged"
+// Parses the names above; throws Error(invalid_argument) listing the valid names.
+PINSTAGE_API DeviceLayout parse_device_layout(std::string_view name);
+PINSTAGE_API UploadPath parse_upload_path(std::string_view name);
+
+struct BindOptions {
+  DeviceLayout layout = DeviceLayout::arena;
+  UploadPath upload = UploadPath::direct;
+  // The staging ring (used only by UploadPath::staged): count buffers of buffer_bytes
+  // pinned host memory each, taken from the worker on the first staged upload and kept
+  // for the Binder's life. Defaults: 4 x 8 MiB.
+  size_t staging_buffers = 4;
+  size_t staging_buffer_bytes = size_t{8} << 20;
+  // Direct copies and downloads are handed to the backend in pieces of at most this many
+  // bytes (bounded calls; a 7 GB weight is not one call). Large on purpose: on sim a copy
+  // is a memcpy across cores, and small pieces cost up to half its speed (docs/bind.md).
+  size_t chunk_bytes = size_t{1} << 30;
+  // Arena offsets are rounded up to this (a power of two), like a device allocator's
+  // alignment.
+  size_t arena_alignment = 256;
+  // Backend callable run between upload and download; empty = no execute step.
+  std::string execute_callable;
+  // After the upload, read every uploaded tensor back through the staging ring and
+  // compare it with its host bytes: a corrupted upload fails the bind (ErrorCode::mismatch)
+  // naming the tensor and the first differing byte. Costs one device-to-host pass.
+  bool verify_upload = false;
+  // Threads for the staged path's host copies; 0 = all cores.
+  int copy_threads = 0;
+};
+
+// Throws Error(invalid_argument) naming the bad option and its valid range.
+PINSTAGE_API void validate(const BindOptions& options);
+
+// The steps of one bind, in order.
+enum class BindPhase { device_alloc, upload, verify, execute, download, release };
+inline constexpr size_t kBindPhaseCount = 6;
+PINSTAGE_API const char* bind_phase_name(BindPhase phase);  // "device_alloc", ...
+
+// One tensor's part in a bind.
+struct PINSTAGE_API TensorBindReport {
+  std::string name;
+  Direction direction = Direction::in;
+  bool pinned = false;                   // its host storage is the worker's pinned memory
+  UploadPath path = UploadPath::direct;  // how it was uploaded (direct when not uploaded)
+  uint64_t bytes = 0;
+  uint64_t device_offset = 0;     // offset in the arena (0 with per_tensor)
+  double upload_seconds = 0.0;    // 0 when not uploaded (OUT)
+  double download_seconds = 0.0;  // 0 when not read back (IN)
+
+  bool uploaded() const noexcept { return direction != Direction::out; }
+  bool downloaded() const noexcept { return direction != Direction::in; }
+  double upload_gbps() const noexcept;  // bytes / upload_seconds / 1e9; 0 if not timed
+  double download_gbps() const noexcept;
+};
+
+// What one Binder::run did and how long each part took.
+struct PINSTAGE_API BindReport {
+  std::array<double, kBindPhaseCount> phase_seconds{};  // indexed by BindPhase
+  double total_seconds = 0.0;                           // wall time of run()
+  std::vector<TensorBindReport> tensors;                // in argument order
+  DeviceLayout layout = DeviceLayout::arena;
+  uint64_t device_bytes = 0;      // device memory taken (arena padding included)
+  size_t device_allocations = 0;  // backend allocations made
+  size_t uploaded_count = 0;      // IN + INOUT tensors
+  uint64_t uploaded_bytes = 0;
+  size_t downloaded_count = 0;  // INOUT + OUT tensors
+  uint64_t downloaded_bytes = 0;
+  size_t ring_count = 0;  // tensors that went through the staging ring
+  uint64_t ring_bytes = 0;
+  bool executed = false;
+
+  double phase(BindPhase p) const noexcept { return phase_seconds[static_cast<size_t>(p)]; }
+  double upload_gbps() const noexcept;  // uploaded_bytes / upload phase / 1e9
+  double download_gbps() const noexcept;
+  // "19 of 20 tensors staged, 40,859,999,040 bytes": tensors uploaded and their bytes.
+  std::string summary() const;
+  // A multi-line readable report: the summary, the phases and one row per tensor.
+  std::string to_string() const;
+};
+
+// A bind that failed: which step and which tensor (empty when the step concerns no one
+// tensor, e.g. the arena allocation or the execute step). code() is the cause's code.
+class PINSTAGE_API BindError : public Error {
+ public:
+  BindError(ErrorCode code, BindPhase phase, std::string tensor, const std::string& message);
+  BindPhase phase() const noexcept { return phase_; }
+  const std::string& tensor() const noexcept { return tensor_; }
+
+ private:
+  BindPhase phase_;
+  std::string tensor_;
+};
+
+// Binds TaskArgs on one chip-level Worker. Reusable: the staging ring, stream and events
+// are made once and kept, so repeated runs (the A/B benchmark's rounds) pay only for the
+// bind itself. Not for concurrent use from several threads.
+class PINSTAGE_API Binder {
+ public:
+  // require_chip_worker() guard; validate(options). The worker must outlive the Binder.
+  explicit Binder(Worker& worker, BindOptions options = {});
+  Binder(const Binder&) = delete;
+  Binder& operator=(const Binder&) = delete;
+  ~Binder();
+
+  // One bind: allocate device memory for every tensor, upload IN and INOUT, execute
+  // (when a callable is set), download INOUT and OUT into their host tensors, release.
+  // On failure everything the run took is released and BindError names the step and
+  // the tensor. Host tensors are only read until the download step; a failed download
+  // may leave the tensor it failed on partly written (earlier ones hold their results).
+  BindReport run(const TaskArgs& args);
+
+  const BindOptions& options() const noexcept { return options_; }
+  // Pinned bytes the staging ring holds now (0 until the first staged upload or verify).
+  uint64_t staging_bytes() const noexcept;
+
+ private:
+  struct State;
+  Worker* worker_;
+  BindOptions options_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace pinstage

@@ -1,0 +1,237 @@
+// The A/B benchmark's readable table and its JSON document.
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "pinstage/ab_bench.h"
+
+namespace pinstage::ab {
+
+namespace {
+
+// The upload target: a direct bind's upload reaches this fraction of a plain memcpy.
+constexpr double kUploadTarget = 0.9;
+
+std::string fmt(const char* format, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, value);
+  return buf;
+}
+
+std::string pct(double fraction) { return fmt("%+.1f%%", fraction * 100.0); }
+
+std::string cell(std::string s, size_t width, bool left = false) {
+  if (s.size() >= width) return s + " ";
+  return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
+}
+
+bool is_direct(Arm arm) { return arm != Arm::staged; }
+
+}  // namespace
+
+std::string format_table(const BenchResult& r) {
+  const Stats& s = r.stats;
+  const auto& arms = r.config.arms;
+  const std::string ref = arm_name(arms[s.reference]);
+  const bool baseline = r.config.baseline;
+  std::string out;
+  if (r.plan.layers > 0) {
+    out += "pinstage bench qwen3-decode: backend " + r.backend + ", " +
+           std::to_string(r.plan.layers) + " layer" + (r.plan.layers == 1 ? "" : "s") +
+           ", seq_len " + std::to_string(r.config.seq_len);
+  } else {
+    out += "A/B bind benchmark: backend " + r.backend;
+  }
+  out += ", " + std::to_string(r.threads) + " copy thread" + (r.threads == 1 ? "" : "s") + "\n";
+  if (!r.plan.reason.empty()) out += r.plan.reason + "\n";
+  out +=
+      "args: " + std::to_string(r.sizes.tensors) + " tensors, " +
+      std::to_string(r.sizes.staged_tensors) + " staged, " +
+      format_thousands(r.sizes.staged_bytes) + " bytes per bind; " +
+      std::to_string(r.config.groups) + " groups x " + std::to_string(r.config.rounds) +
+      " rounds per arm, " +
+      (r.config.keep_cold ? "cold round kept"
+                          : "cold round dropped (" + std::to_string(s.rounds_used) + " measured)") +
+      "\n";
+  if (baseline)
+    out +=
+        "memcpy baseline: a plain all-cores memcpy of the same bytes from the arm's host "
+        "args into " +
+        r.baseline_kind + "\n";
+  out += "\n";
+
+  out += cell("group", 6) + "  " + cell("arm", 9, true) + cell("min ms", 10) + cell("GB/s", 8) +
+         cell("vs " + ref, 13) + cell("upload GB/s", 13);
+  if (baseline) out += cell("memcpy GB/s", 13) + cell("up/memcpy", 11);
+  out += "\n";
+  for (size_t g = 0; g < s.groups.size(); ++g) {
+    for (size_t a = 0; a < arms.size(); ++a) {
+      const GroupArmStats& ga = s.groups[g][a];
+      out += cell(std::to_string(g + 1), 6) + "  " + cell(arm_name(arms[a]), 9, true) +
+             cell(fmt("%.2f", ga.min_seconds * 1e3), 10) + cell(fmt("%.2f", ga.gbps), 8) +
+             cell(a == s.reference ? "-" : pct(ga.reduction), 13) +
+             cell(fmt("%.2f", ga.upload_gbps), 13);
+      if (baseline)
+        out += cell(fmt("%.2f", ga.memcpy_gbps), 13) + cell(fmt("%.3fx", ga.upload_vs_memcpy), 11);
+      out += "\n";
+    }
+  }
+
+  out += "\nacross " + std::to_string(s.groups.size()) +
+         " groups (range of the per-group minimum; reduction = lower bind latency than " + ref +
+         "):\n";
+  out += cell("arm", 9, true) + cell("min-max ms", 20) + cell("GB/s", 16) +
+         cell("median red.", 13) + cell("conservative", 14) + cell("direction", 14);
+  if (baseline) out += cell("up/memcpy med", 15) + cell("worst", 8);
+  out += "\n";
+  for (size_t a = 0; a < arms.size(); ++a) {
+    const ArmSummary& as = s.arms[a];
+    const bool is_ref = a == s.reference;
+    out += cell(as.arm, 9, true) +
+           cell(fmt("%.2f", as.min_seconds * 1e3) + "-" + fmt("%.2f", as.max_seconds * 1e3), 20) +
+           cell(fmt("%.2f", as.min_gbps) + "-" + fmt("%.2f", as.max_gbps), 16) +
+           cell(is_ref ? "(reference)" : pct(as.median_reduction), 13) +
+           cell(is_ref ? "-" : pct(as.conservative_reduction), 14) +
+           cell(is_ref ? "-"
+                       : std::to_string(as.groups_agreeing) + " of " +
+                             std::to_string(s.groups.size()) + " agree",
+                14);
+    if (baseline)
+      out += cell(fmt("%.3fx", as.median_upload_vs_memcpy), 15) +
+             cell(fmt("%.3fx", as.worst_upload_vs_memcpy), 8);
+    out += "\n";
+  }
+
+  out += "\nsummary:\n";
+  for (size_t a = 0; a < arms.size(); ++a) {
+    if (a == s.reference) continue;
+    const ArmSummary& as = s.arms[a];
+    const bool faster = as.median_reduction >= 0.0;
+    out += "  " + as.arm + " vs " + ref + ": median " +
+           fmt("%.1f%%", std::abs(as.median_reduction) * 100) + (faster ? " lower" : " higher") +
+           " bind latency (paired over " + std::to_string(s.groups.size()) +
+           " groups), most conservative " + pct(as.conservative_reduction) + ", " +
+           (as.direction_agrees
+                ? "every group agrees in direction"
+                : std::to_string(as.groups_agreeing) + " of " + std::to_string(s.groups.size()) +
+                      " groups agree in direction (not conclusive)") +
+           "\n";
+  }
+  if (baseline) {
+    double worst_direct = -1.0;
+    std::string line = "  upload vs a plain memcpy of the same bytes (median over groups):";
+    for (size_t a = 0; a < arms.size(); ++a) {
+      line += std::string(" ") + arm_name(arms[a]) + " " +
+              fmt("%.3fx", s.arms[a].median_upload_vs_memcpy) +
+              (is_direct(arms[a]) ? "" : " (two copies on sim)") + (a + 1 < arms.size() ? "," : "");
+      if (is_direct(arms[a]) &&
+          (worst_direct < 0.0 || s.arms[a].median_upload_vs_memcpy < worst_direct))
+        worst_direct = s.arms[a].median_upload_vs_memcpy;
+    }
+    out += line + "\n";
+    if (worst_direct >= 0.0)
+      out += "  upload target (direct uploads >= " + fmt("%.2fx", kUploadTarget) +
+             " memcpy): " + (worst_direct >= kUploadTarget ? "met" : "NOT met") + " (" +
+             fmt("%.3fx", worst_direct) + ")\n";
+  }
+  if (r.backend == "sim")
+    out +=
+        "  note: on sim, device memory is host memory, so the pinned/pageable gap (a "
+        "device-link effect) is expected to be small here.\n";
+  return out;
+}
+
+std::string to_json(const BenchResult& r) {
+  using nlohmann::json;
+  const Stats& s = r.stats;
+  json doc;
+  doc["benchmark"] = "pinstage bench qwen3-decode";
+  json arms = json::array();
+  for (Arm a : r.config.arms) arms.push_back(arm_name(a));
+  doc["config"] = {
+      {"backend", r.backend},
+      {"layers", r.plan.layers},
+      {"layers_automatic", r.plan.automatic},
+      {"layers_reason", r.plan.reason},
+      {"seq_len", r.config.seq_len},
+      {"seed", r.config.seed},
+      {"arms", arms},
+      {"reference_arm", arm_name(r.config.arms[s.reference])},
+      {"groups", r.config.groups},
+      {"rounds", r.config.rounds},
+      {"keep_cold", r.config.keep_cold},
+      {"baseline", r.config.baseline},
+      {"baseline_kind", r.baseline_kind},
+      {"staging_buffers", r.config.staging_buffers},
+      {"staging_buffer_bytes", r.config.staging_buffer_bytes},
+      {"threads", r.threads},
+  };
+  doc["memory"] = {{"host_budget_bytes", r.plan.host_budget},
+                   {"host_args_bytes", r.plan.need.host_args},
+                   {"device_bytes", r.plan.need.device},
+                   {"staging_bytes", r.plan.need.staging},
+                   {"host_total_bytes", r.plan.need.host_total}};
+  doc["sizes"] = {{"tensors", r.sizes.tensors},
+                  {"staged_tensors", r.sizes.staged_tensors},
+                  {"total_bytes", r.sizes.total_bytes},
+                  {"staged_bytes", r.sizes.staged_bytes}};
+
+  json groups = json::array();
+  for (size_t g = 0; g < r.groups.size(); ++g) {
+    json garms = json::array();
+    for (size_t a = 0; a < r.groups[g].size(); ++a) {
+      const ArmRun& run = r.groups[g][a];
+      json binds = json::array();
+      for (size_t i = 0; i < run.binds.size(); ++i) {
+        const RoundRecord& rec = run.binds[i];
+        json phases;
+        for (size_t p = 0; p < kBindPhaseCount; ++p)
+          phases[bind_phase_name(static_cast<BindPhase>(p))] = rec.phase_seconds[p];
+        binds.push_back({{"round", i + 1},
+                         {"cold", rec.cold},
+                         {"dropped", rec.cold && !r.config.keep_cold},
+                         {"seconds", rec.seconds},
+                         {"phases", phases}});
+      }
+      const GroupArmStats& ga = s.groups[g][a];
+      garms.push_back({{"arm", arm_name(run.arm)},
+                       {"generate_seconds", run.generate_seconds},
+                       {"bind_summary", run.bind_summary},
+                       {"binds", binds},
+                       {"memcpy_seconds", run.memcpy_seconds},
+                       {"stats",
+                        {{"min_seconds", ga.min_seconds},
+                         {"gbps", ga.gbps},
+                         {"reduction", ga.reduction},
+                         {"upload_min_seconds", ga.upload_min_seconds},
+                         {"upload_gbps", ga.upload_gbps},
+                         {"memcpy_min_seconds", ga.memcpy_min_seconds},
+                         {"memcpy_gbps", ga.memcpy_gbps},
+                         {"upload_vs_memcpy", ga.upload_vs_memcpy}}}});
+    }
+    groups.push_back({{"group", g + 1}, {"arms", garms}});
+  }
+  doc["groups"] = groups;
+
+  json summary = json::array();
+  for (const ArmSummary& as : s.arms)
+    summary.push_back({{"arm", as.arm},
+                       {"min_seconds", as.min_seconds},
+                       {"max_seconds", as.max_seconds},
+                       {"min_gbps", as.min_gbps},
+                       {"max_gbps", as.max_gbps},
+                       {"median_reduction", as.median_reduction},
+                       {"worst_reduction", as.worst_reduction},
+                       {"conservative_reduction", as.conservative_reduction},
+                       {"groups_agreeing", as.groups_agreeing},
+                       {"direction_agrees", as.direction_agrees},
+                       {"median_upload_vs_memcpy", as.median_upload_vs_memcpy},
+                       {"worst_upload_vs_memcpy", as.worst_upload_vs_memcpy}});
+  doc["summary"] = {
+      {"rounds_used", s.rounds_used}, {"upload_target", kUploadTarget}, {"arms", summary}};
+  return doc.dump(2) + "\n";
+}
+
+}  // namespace pinstage::ab

@@ -1,0 +1,234 @@
+// A/B benchmark configuration: arm names, validation, and the automatic layer count.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "pinstage/ab_bench.h"
+
+namespace pinstage::ab {
+
+namespace {
+
+constexpr uint64_t kPage = 4096;  // PageableAllocator rounds each storage to a page
+
+std::string gb(uint64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(bytes) / 1e9);
+  return buf;
+}
+
+bool has_arm(const BenchConfig& config, Arm arm) {
+  for (Arm a : config.arms)
+    if (a == arm) return true;
+  return false;
+}
+
+// "host args 5.14 GB + device memory 5.14 GB (host memory on sim) + staging 0.03 GB"
+std::string describe_need(const MemoryNeed& need, const MemoryBudget& budget) {
+  std::string s = "host args " + gb(need.host_args);
+  if (budget.device_is_host) s += " + device memory " + gb(need.device) + " (host memory here)";
+  if (need.host_total > need.host_args + need.staging + (budget.device_is_host ? need.device : 0))
+    s += " + memcpy baseline buffer " + gb(need.host_total - need.host_args - need.staging -
+                                           (budget.device_is_host ? need.device : 0));
+  if (need.staging > 0) s += " + staging ring " + gb(need.staging);
+  return s;
+}
+
+bool fits(const MemoryNeed& need, const MemoryBudget& budget, uint64_t host_budget) {
+  if (need.host_total > host_budget) return false;
+  if (budget.device_capacity > 0 && need.device > budget.device_capacity) return false;
+  return true;
+}
+
+}  // namespace
+
+const char* arm_name(Arm arm) {
+  switch (arm) {
+    case Arm::pageable:
+      return "pageable";
+    case Arm::pinned:
+      return "pinned";
+    case Arm::staged:
+      return "staged";
+  }
+  return "unknown";
+}
+
+std::vector<Arm> parse_arms(std::string_view list) {
+  std::vector<Arm> arms;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = list.find(',', pos);
+    const std::string_view item =
+        list.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
+    Arm arm;
+    if (item == "pageable")
+      arm = Arm::pageable;
+    else if (item == "pinned")
+      arm = Arm::pinned;
+    else if (item == "staged")
+      arm = Arm::staged;
+    else if (item.empty())
+      throw Error(ErrorCode::invalid_argument,
+                  "--arms '" + std::string(list) +
+                      "' has an empty entry; give a comma-separated list such as "
+                      "pageable,pinned,staged");
+    else
+      throw Error(ErrorCode::invalid_argument,
+                  "--arms: unknown arm '" + std::string(item) +
+                      "'; the arms are pageable, pinned and staged (e.g. --arms pageable,pinned)");
+    for (Arm a : arms)
+      if (a == arm)
+        throw Error(ErrorCode::invalid_argument,
+                    "--arms lists '" + std::string(item) + "' twice; name each arm once");
+    arms.push_back(arm);
+    if (comma == std::string_view::npos) break;
+    pos = comma + 1;
+  }
+  return arms;
+}
+
+void validate(const BenchConfig& config) {
+  if (config.arms.empty())
+    throw Error(ErrorCode::invalid_argument,
+                "--arms is empty; name at least one of pageable, pinned, staged");
+  for (size_t i = 0; i < config.arms.size(); ++i)
+    for (size_t j = i + 1; j < config.arms.size(); ++j)
+      if (config.arms[i] == config.arms[j])
+        throw Error(ErrorCode::invalid_argument, std::string("--arms lists '") +
+                                                     arm_name(config.arms[i]) +
+                                                     "' twice; name each arm once");
+  if (config.groups < 1)
+    throw Error(ErrorCode::invalid_argument,
+                "--groups is " + std::to_string(config.groups) +
+                    "; it must be at least 1 (each group runs every arm once; default 5)");
+  if (config.rounds < 1)
+    throw Error(ErrorCode::invalid_argument,
+                "--rounds is " + std::to_string(config.rounds) +
+                    "; it must be at least 1 (binds per arm per group; default 6)");
+  if (config.rounds < 2 && !config.keep_cold)
+    throw Error(ErrorCode::invalid_argument,
+                "--rounds " + std::to_string(config.rounds) +
+                    " leaves no round to measure: the first, cold bind of every arm is "
+                    "dropped; use --rounds 2 or more, or --keep-cold");
+  if (config.layers < 0)
+    throw Error(ErrorCode::invalid_argument,
+                "--layers is " + std::to_string(config.layers) +
+                    "; it must be at least 1 (or omitted for the automatic size)");
+  if (config.seq_len < 1 || config.seq_len > qwen3::kMaxSeq)
+    throw Error(ErrorCode::invalid_argument, "--seq-len is " + std::to_string(config.seq_len) +
+                                                 "; it must be in [1, " +
+                                                 std::to_string(qwen3::kMaxSeq) + "]");
+  BindOptions bind;
+  bind.staging_buffers = config.staging_buffers;
+  bind.staging_buffer_bytes = config.staging_buffer_bytes;
+  validate(bind);
+}
+
+uint64_t read_mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (in && std::getline(in, line)) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    std::istringstream fields(line.substr(13));
+    uint64_t kb = 0;
+    std::string unit;
+    if (fields >> kb >> unit && unit == "kB") return kb * 1024;
+    break;
+  }
+  throw Error(ErrorCode::io,
+              "cannot read MemAvailable from /proc/meminfo; pass --layers to choose the size");
+}
+
+bool device_memory_is_host(const Worker& worker) { return worker.backend().name == "sim"; }
+
+MemoryNeed memory_need(const BenchConfig& config, int layers, const MemoryBudget& budget) {
+  qwen3::Config qc;
+  qc.n_layers = layers;
+  qc.seq_len = config.seq_len;
+  qc.seed = config.seed;
+  const qwen3::Sizes sizes = qwen3::sizes(qc);
+  BindOptions bind;
+  MemoryNeed need;
+  need.host_args = sizes.total_bytes + sizes.tensors * kPage;
+  need.device = sizes.total_bytes + sizes.tensors * bind.arena_alignment;
+  if (has_arm(config, Arm::staged))
+    need.staging = static_cast<uint64_t>(config.staging_buffers) * config.staging_buffer_bytes;
+  need.host_total = need.host_args + need.staging;
+  if (budget.device_is_host)
+    need.host_total += need.device;  // the baseline reuses device memory after the bind
+  else if (config.baseline)
+    need.host_total += sizes.staged_bytes;  // the baseline copies into a host buffer
+  return need;
+}
+
+LayerPlan plan_layers(const BenchConfig& config, const MemoryBudget& budget) {
+  validate(config);
+  LayerPlan plan;
+  const uint64_t half = budget.host_available / 2;
+
+  // The largest count fitting in half of MemAvailable, up to the model's 40 layers.
+  int best = 0;
+  for (int layers = 1; layers <= qwen3::kDefaultLayers; ++layers) {
+    if (!fits(memory_need(config, layers, budget), budget, half)) break;
+    best = layers;
+  }
+
+  if (config.layers > 0) {
+    plan.layers = config.layers;
+    plan.automatic = false;
+    plan.need = memory_need(config, config.layers, budget);
+    plan.host_budget = budget.host_available;
+    const bool host_ok = plan.need.host_total <= budget.host_available;
+    const bool device_ok =
+        budget.device_capacity == 0 || plan.need.device <= budget.device_capacity;
+    if (!host_ok || !device_ok) {
+      std::string msg = "--layers " + std::to_string(config.layers) + " needs ";
+      if (!host_ok)
+        msg += gb(plan.need.host_total) + " of host memory (" + describe_need(plan.need, budget) +
+               ") but MemAvailable is " + gb(budget.host_available);
+      else
+        msg += gb(plan.need.device) + " of device memory but the device holds " +
+               gb(budget.device_capacity);
+      msg += best > 0 ? "; use --layers " + std::to_string(best) +
+                            " or fewer, or omit --layers to choose the largest size that fits "
+                            "in half of MemAvailable"
+                      : "; even 1 layer does not fit in half of MemAvailable on this machine";
+      throw Error(ErrorCode::out_of_memory, msg);
+    }
+    plan.reason = "--layers " + std::to_string(config.layers) + ": needs " +
+                  describe_need(plan.need, budget) + " = " + gb(plan.need.host_total) + " of " +
+                  gb(budget.host_available) + " available";
+    return plan;
+  }
+
+  if (best == 0) {
+    const MemoryNeed one = memory_need(config, 1, budget);
+    throw Error(
+        ErrorCode::out_of_memory,
+        "even 1 layer needs " + gb(one.host_total) + " of host memory (" +
+            describe_need(one, budget) + ")" +
+            (budget.device_capacity > 0 ? " and " + gb(one.device) + " of device memory"
+                                        : std::string()) +
+            ", more than half of MemAvailable (" + gb(budget.host_available) + ")" +
+            (budget.device_capacity > 0 ? " or the device (" + gb(budget.device_capacity) + ")"
+                                        : std::string()) +
+            "; free memory or pass --layers 1 explicitly to use all of MemAvailable");
+  }
+  plan.layers = best;
+  plan.automatic = true;
+  plan.need = memory_need(config, best, budget);
+  plan.host_budget = half;
+  plan.reason =
+      "automatic size: " + std::to_string(best) + " layer" + (best == 1 ? "" : "s") +
+      (best == qwen3::kDefaultLayers ? " (the whole model)" : " (the largest that fits)") + ": " +
+      describe_need(plan.need, budget) + " = " + gb(plan.need.host_total) +
+      " within half of MemAvailable (" + gb(half) + ")";
+  if (budget.device_capacity > 0)
+    plan.reason += ", device memory " + gb(plan.need.device) + " of " + gb(budget.device_capacity);
+  return plan;
+}
+
+}  // namespace pinstage::ab

@@ -1,0 +1,157 @@
+// The A/B statistics: per-group minima, paired reductions, ranges and agreement.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "pinstage/ab_bench.h"
+
+namespace pinstage::ab {
+
+namespace {
+
+using Series = std::vector<std::vector<std::vector<double>>>;
+
+double gbps(uint64_t bytes, double seconds) {
+  return seconds > 0.0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
+}
+
+// Checks that `series` is [groups][arms][rounds] with rounds > skip everywhere; returns
+// the round count. `what` names the series in errors.
+size_t check_shape(const Series& series, size_t groups, size_t arms, size_t skip,
+                   const char* what) {
+  if (series.size() != groups)
+    throw Error(ErrorCode::invalid_argument, std::string("A/B timings: ") + what + " has " +
+                                                 std::to_string(series.size()) +
+                                                 " groups, expected " + std::to_string(groups));
+  size_t rounds = 0;
+  for (size_t g = 0; g < groups; ++g) {
+    if (series[g].size() != arms)
+      throw Error(ErrorCode::invalid_argument, std::string("A/B timings: ") + what + " group " +
+                                                   std::to_string(g + 1) + " has " +
+                                                   std::to_string(series[g].size()) +
+                                                   " arms, expected " + std::to_string(arms));
+    for (size_t a = 0; a < arms; ++a) {
+      const size_t r = series[g][a].size();
+      if (g == 0 && a == 0) rounds = r;
+      if (r != rounds)
+        throw Error(ErrorCode::invalid_argument, std::string("A/B timings: ") + what +
+                                                     " has ragged rounds (" + std::to_string(r) +
+                                                     " vs " + std::to_string(rounds) + ")");
+    }
+  }
+  if (rounds <= skip)
+    throw Error(ErrorCode::invalid_argument,
+                std::string("A/B timings: ") + what + " has " + std::to_string(rounds) +
+                    " round(s) per arm and the cold round is dropped, which leaves none; " +
+                    "run at least 2 rounds or keep the cold round");
+  return rounds;
+}
+
+double min_after(const std::vector<double>& rounds, size_t skip) {
+  return min_of(
+      std::vector<double>(rounds.begin() + static_cast<std::ptrdiff_t>(skip), rounds.end()));
+}
+
+}  // namespace
+
+double min_of(const std::vector<double>& values) {
+  if (values.empty())
+    throw Error(ErrorCode::invalid_argument, "min_of: no values (every round was dropped?)");
+  return *std::min_element(values.begin(), values.end());
+}
+
+double median_of(std::vector<double> values) {
+  if (values.empty())
+    throw Error(ErrorCode::invalid_argument, "median_of: no values (every round was dropped?)");
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+double reduction(double reference_seconds, double seconds) {
+  return reference_seconds > 0.0 ? 1.0 - seconds / reference_seconds : 0.0;
+}
+
+Stats compute_stats(const Timings& t) {
+  const size_t groups = t.latency.size();
+  const size_t arms = t.arms.size();
+  if (groups == 0 || arms == 0)
+    throw Error(ErrorCode::invalid_argument, "A/B timings: no groups or no arms");
+  if (t.reference >= arms)
+    throw Error(ErrorCode::invalid_argument, "A/B timings: reference arm index out of range");
+  const size_t skip = t.keep_cold ? 0 : 1;
+  const size_t rounds = check_shape(t.latency, groups, arms, skip, "latency");
+  const bool have_upload = !t.upload.empty();
+  const bool have_baseline = !t.baseline.empty();
+  if (have_upload) check_shape(t.upload, groups, arms, skip, "upload");
+  if (have_baseline) check_shape(t.baseline, groups, arms, skip, "baseline");
+
+  Stats s;
+  s.reference = t.reference;
+  s.rounds_used = rounds - skip;
+  s.groups.assign(groups, std::vector<GroupArmStats>(arms));
+  for (size_t g = 0; g < groups; ++g) {
+    for (size_t a = 0; a < arms; ++a) {
+      GroupArmStats& ga = s.groups[g][a];
+      ga.rounds_used = rounds - skip;
+      ga.min_seconds = min_after(t.latency[g][a], skip);
+      ga.gbps = gbps(t.staged_bytes, ga.min_seconds);
+      if (have_upload) {
+        ga.upload_min_seconds = min_after(t.upload[g][a], skip);
+        ga.upload_gbps = gbps(t.staged_bytes, ga.upload_min_seconds);
+      }
+      if (have_baseline) {
+        ga.memcpy_min_seconds = min_after(t.baseline[g][a], skip);
+        ga.memcpy_gbps = gbps(t.staged_bytes, ga.memcpy_min_seconds);
+      }
+      if (have_upload && have_baseline && ga.memcpy_gbps > 0.0)
+        ga.upload_vs_memcpy = ga.upload_gbps / ga.memcpy_gbps;
+    }
+    const double ref = s.groups[g][t.reference].min_seconds;
+    for (size_t a = 0; a < arms; ++a)
+      s.groups[g][a].reduction = reduction(ref, s.groups[g][a].min_seconds);
+  }
+
+  s.arms.resize(arms);
+  for (size_t a = 0; a < arms; ++a) {
+    ArmSummary& sum = s.arms[a];
+    sum.arm = t.arms[a];
+    std::vector<double> mins, reductions, ratios;
+    for (size_t g = 0; g < groups; ++g) {
+      mins.push_back(s.groups[g][a].min_seconds);
+      reductions.push_back(s.groups[g][a].reduction);
+      ratios.push_back(s.groups[g][a].upload_vs_memcpy);
+    }
+    sum.min_seconds = *std::min_element(mins.begin(), mins.end());
+    sum.max_seconds = *std::max_element(mins.begin(), mins.end());
+    sum.min_gbps = gbps(t.staged_bytes, sum.max_seconds);
+    sum.max_gbps = gbps(t.staged_bytes, sum.min_seconds);
+    sum.median_reduction = median_of(reductions);
+    const bool faster = sum.median_reduction >= 0.0;
+    sum.worst_reduction = faster ? *std::min_element(reductions.begin(), reductions.end())
+                                 : *std::max_element(reductions.begin(), reductions.end());
+    for (double r : reductions) {
+      const bool agrees = sum.median_reduction > 0.0   ? r > 0.0
+                          : sum.median_reduction < 0.0 ? r < 0.0
+                                                       : r == 0.0;
+      if (agrees) ++sum.groups_agreeing;
+    }
+    sum.direction_agrees = sum.groups_agreeing == groups;
+    if (have_upload && have_baseline) {
+      sum.median_upload_vs_memcpy = median_of(ratios);
+      sum.worst_upload_vs_memcpy = *std::min_element(ratios.begin(), ratios.end());
+    }
+  }
+  // The conservative pairing needs the reference's range, known only now.
+  const ArmSummary& ref = s.arms[t.reference];
+  for (size_t a = 0; a < arms; ++a) {
+    ArmSummary& sum = s.arms[a];
+    if (a == t.reference) continue;  // against itself it says nothing
+    sum.conservative_reduction = sum.median_reduction >= 0.0
+                                     ? reduction(ref.min_seconds, sum.max_seconds)
+                                     : reduction(ref.max_seconds, sum.min_seconds);
+  }
+  return s;
+}
+
+}  // namespace pinstage::ab

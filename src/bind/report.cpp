@@ -1,0 +1,126 @@
+// BindReport formatting and the bind enums' names.
+#include <cstdio>
+#include <string>
+
+#include "pinstage/bind.h"
+
+namespace pinstage {
+
+namespace {
+
+double gbps(uint64_t bytes, double seconds) {
+  return seconds > 0.0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
+}
+
+std::string fixed(double value, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
+  return buf;
+}
+
+std::string pad(std::string s, size_t width, bool left = true) {
+  if (s.size() >= width) return s;
+  return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
+}
+
+}  // namespace
+
+const char* device_layout_name(DeviceLayout layout) {
+  switch (layout) {
+    case DeviceLayout::arena:
+      return "arena";
+    case DeviceLayout::per_tensor:
+      return "per_tensor";
+  }
+  return "unknown";
+}
+
+const char* upload_path_name(UploadPath path) {
+  switch (path) {
+    case UploadPath::direct:
+      return "direct";
+    case UploadPath::staged:
+      return "staged";
+  }
+  return "unknown";
+}
+
+DeviceLayout parse_device_layout(std::string_view name) {
+  if (name == "arena") return DeviceLayout::arena;
+  if (name == "per_tensor" || name == "per-tensor") return DeviceLayout::per_tensor;
+  throw Error(ErrorCode::invalid_argument,
+              "unknown device layout '" + std::string(name) + "'; use arena or per_tensor");
+}
+
+UploadPath parse_upload_path(std::string_view name) {
+  if (name == "direct") return UploadPath::direct;
+  if (name == "staged") return UploadPath::staged;
+  throw Error(ErrorCode::invalid_argument,
+              "unknown upload path '" + std::string(name) + "'; use direct or staged");
+}
+
+const char* bind_phase_name(BindPhase phase) {
+  switch (phase) {
+    case BindPhase::device_alloc:
+      return "device_alloc";
+    case BindPhase::upload:
+      return "upload";
+    case BindPhase::verify:
+      return "verify";
+    case BindPhase::execute:
+      return "execute";
+    case BindPhase::download:
+      return "download";
+    case BindPhase::release:
+      return "release";
+  }
+  return "unknown";
+}
+
+double TensorBindReport::upload_gbps() const noexcept { return gbps(bytes, upload_seconds); }
+double TensorBindReport::download_gbps() const noexcept { return gbps(bytes, download_seconds); }
+
+double BindReport::upload_gbps() const noexcept {
+  return gbps(uploaded_bytes, phase(BindPhase::upload));
+}
+double BindReport::download_gbps() const noexcept {
+  return gbps(downloaded_bytes, phase(BindPhase::download));
+}
+
+std::string BindReport::summary() const {
+  return std::to_string(uploaded_count) + " of " + std::to_string(tensors.size()) +
+         " tensors staged, " + format_thousands(uploaded_bytes) + " bytes";
+}
+
+std::string BindReport::to_string() const {
+  std::string out = summary();
+  if (ring_count > 0)
+    out += " (" + std::to_string(ring_count) + " through the staging ring, " +
+           format_thousands(ring_bytes) + " bytes)";
+  out += "; device memory " + format_thousands(device_bytes) + " bytes in " +
+         std::to_string(device_allocations) + " allocation" + (device_allocations == 1 ? "" : "s") +
+         " (" + device_layout_name(layout) + ")\n";
+  out += "phases:";
+  for (size_t p = 0; p < kBindPhaseCount; ++p)
+    out += std::string(" ") + bind_phase_name(static_cast<BindPhase>(p)) + " " +
+           fixed(phase_seconds[p] * 1e3, 3) + " ms";
+  out += "; total " + fixed(total_seconds * 1e3, 3) + " ms\n";
+  out += "upload " + fixed(upload_gbps(), 2) + " GB/s, download " + fixed(download_gbps(), 2) +
+         " GB/s" + (executed ? "" : ", execute skipped") + "\n";
+  out += pad("tensor", 18) + pad("dir", 6) + pad("host", 9) + pad("path", 7) +
+         pad("bytes", 18, false) + pad("up ms", 11, false) + pad("up GB/s", 9, false) +
+         pad("down ms", 11, false) + pad("down GB/s", 10, false) + "\n";
+  for (const auto& t : tensors) {
+    out += pad(t.name, 18) + pad(direction_name(t.direction), 6) +
+           pad(t.pinned ? "pinned" : "pageable", 9) +
+           pad(t.uploaded() ? upload_path_name(t.path) : "-", 7) +
+           pad(format_thousands(t.bytes), 18, false) +
+           pad(t.uploaded() ? fixed(t.upload_seconds * 1e3, 3) : "-", 11, false) +
+           pad(t.uploaded() ? fixed(t.upload_gbps(), 2) : "-", 9, false) +
+           pad(t.downloaded() ? fixed(t.download_seconds * 1e3, 3) : "-", 11, false) +
+           pad(t.downloaded() ? fixed(t.download_gbps(), 2) : "-", 10, false) + "\n";
+  }
+  return out;
+}
+
+}  // namespace pinstage

@@ -1,0 +1,17 @@
+# Tests of the bind area: the Binder, the A/B harness and `pinstage bench`.
+pinstage_add_gtest(test_bind
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_bind.cpp
+  LABELS bind concurrency)
+add_dependencies(test_bind pinstage_backend_sim)
+
+pinstage_add_gtest(test_ab_bench
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ab_bench.cpp
+  LABELS bind)
+add_dependencies(test_ab_bench pinstage_backend_sim)
+
+pinstage_add_gtest(test_ab_bench_cli
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_ab_bench_cli.cpp
+  LABELS bind)
+target_compile_definitions(test_ab_bench_cli PRIVATE
+  PINSTAGE_CLI_PATH="$<TARGET_FILE:pinstage_cli>")
+add_dependencies(test_ab_bench_cli pinstage_cli pinstage_backend_sim)

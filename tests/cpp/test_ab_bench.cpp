@@ -1,0 +1,357 @@
+// The A/B harness: statistics on synthetic timings, arm parsing, validation, the
+// automatic layer count, and a small real run checked end to end.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "pinstage/ab_bench.h"
+
+namespace pinstage::ab {
+namespace {
+
+template <typename F>
+void expect_error(F&& f, ErrorCode code, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning " << needle;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(AbStats, MinMedianReduction) {
+  EXPECT_EQ(min_of({3.0, 1.5, 2.0}), 1.5);
+  EXPECT_EQ(median_of({5.0, 1.0, 3.0}), 3.0);
+  EXPECT_EQ(median_of({4.0, 1.0, 3.0, 2.0}), 2.5);
+  EXPECT_EQ(median_of({7.0}), 7.0);
+  EXPECT_THROW(min_of({}), Error);
+  EXPECT_THROW(median_of({}), Error);
+  EXPECT_DOUBLE_EQ(reduction(2.0, 1.5), 0.25);
+  EXPECT_DOUBLE_EQ(reduction(2.0, 2.5), -0.25);
+  EXPECT_EQ(reduction(0.0, 1.0), 0.0);
+}
+
+// Three groups, arms pageable (reference) and pinned, three rounds each; round 0 is a
+// slow cold round that must not count unless kept.
+Timings synthetic() {
+  Timings t;
+  t.arms = {"pageable", "pinned"};
+  t.reference = 0;
+  t.staged_bytes = 1'000'000'000;
+  t.latency = {
+      {{9.0, 2.0, 2.2}, {9.0, 1.6, 1.5}},  // pinned 25% faster
+      {{9.0, 2.5, 2.0}, {9.0, 1.9, 1.8}},  // 10% faster
+      {{9.0, 1.0, 1.1}, {9.0, 1.2, 1.3}},  // 20% slower
+  };
+  t.upload = {
+      {{9.0, 1.0, 1.0}, {9.0, 0.5, 0.6}},
+      {{9.0, 1.0, 1.0}, {9.0, 0.5, 0.6}},
+      {{9.0, 1.0, 1.0}, {9.0, 0.5, 0.6}},
+  };
+  t.baseline = {
+      {{9.0, 0.9, 0.95}, {9.0, 0.5, 0.55}},
+      {{9.0, 0.9, 0.95}, {9.0, 0.5, 0.55}},
+      {{9.0, 0.8, 0.95}, {9.0, 0.4, 0.55}},
+  };
+  return t;
+}
+
+TEST(AbStats, PerGroupMinimaAndPairedReductions) {
+  const Stats s = compute_stats(synthetic());
+  ASSERT_EQ(s.groups.size(), 3u);
+  EXPECT_EQ(s.rounds_used, 2u);
+  EXPECT_DOUBLE_EQ(s.groups[0][0].min_seconds, 2.0);
+  EXPECT_DOUBLE_EQ(s.groups[0][1].min_seconds, 1.5);
+  EXPECT_DOUBLE_EQ(s.groups[0][1].gbps, 1e9 / 1.5 / 1e9);
+  EXPECT_DOUBLE_EQ(s.groups[0][1].reduction, 0.25);
+  EXPECT_DOUBLE_EQ(s.groups[1][1].reduction, 0.1);
+  EXPECT_DOUBLE_EQ(s.groups[2][1].reduction, -0.2);
+  EXPECT_EQ(s.groups[0][0].reduction, 0.0);
+
+  const ArmSummary& pinned = s.arms[1];
+  EXPECT_EQ(pinned.arm, "pinned");
+  EXPECT_DOUBLE_EQ(pinned.min_seconds, 1.2);
+  EXPECT_DOUBLE_EQ(pinned.max_seconds, 1.8);
+  EXPECT_DOUBLE_EQ(pinned.min_gbps, 1.0 / 1.8);
+  EXPECT_DOUBLE_EQ(pinned.max_gbps, 1.0 / 1.2);
+  EXPECT_DOUBLE_EQ(pinned.median_reduction, 0.1);
+  EXPECT_DOUBLE_EQ(pinned.worst_reduction, -0.2);
+  EXPECT_EQ(pinned.groups_agreeing, 2u);
+  EXPECT_FALSE(pinned.direction_agrees);
+  // Worst pinned group min (1.8) against the best pageable group min (1.0).
+  EXPECT_DOUBLE_EQ(pinned.conservative_reduction, 1.0 - 1.8 / 1.0);
+
+  // upload / memcpy: 1.0 vs 0.9 (pageable), 0.5 vs 0.5 (pinned); group 3 memcpy faster.
+  EXPECT_NEAR(s.groups[0][0].upload_vs_memcpy, 0.9, 1e-12);
+  EXPECT_NEAR(s.groups[0][1].upload_vs_memcpy, 1.0, 1e-12);
+  EXPECT_NEAR(s.groups[2][1].upload_vs_memcpy, 0.8, 1e-12);
+  EXPECT_NEAR(s.arms[1].median_upload_vs_memcpy, 1.0, 1e-12);
+  EXPECT_NEAR(s.arms[1].worst_upload_vs_memcpy, 0.8, 1e-12);
+}
+
+TEST(AbStats, DirectionAgreementWhenEveryGroupAgrees) {
+  Timings t = synthetic();
+  t.latency[2] = {{9.0, 1.0, 1.1}, {9.0, 0.95, 0.9}};  // now 10% faster
+  const Stats s = compute_stats(t);
+  EXPECT_EQ(s.arms[1].groups_agreeing, 3u);
+  EXPECT_TRUE(s.arms[1].direction_agrees);
+  EXPECT_NEAR(s.arms[1].worst_reduction, 0.1, 1e-12);
+  EXPECT_NEAR(s.arms[1].median_reduction, 0.1, 1e-12);
+
+  // A slower arm agrees in the other direction; its conservative pairing flips.
+  Timings slow = synthetic();
+  slow.latency = {{{9.0, 1.0}, {9.0, 1.5}}, {{9.0, 2.0}, {9.0, 2.2}}};
+  slow.upload.clear();
+  slow.baseline.clear();
+  const Stats ss = compute_stats(slow);
+  EXPECT_NEAR(ss.arms[1].median_reduction, 0.5 * (-0.5 + -0.1), 1e-12);
+  EXPECT_TRUE(ss.arms[1].direction_agrees);
+  EXPECT_NEAR(ss.arms[1].worst_reduction, -0.1, 1e-12);
+  EXPECT_DOUBLE_EQ(ss.arms[1].conservative_reduction, 1.0 - 1.5 / 2.0);
+  EXPECT_EQ(ss.arms[1].median_upload_vs_memcpy, 0.0);  // not measured
+}
+
+TEST(AbStats, KeepColdCountsTheFirstRound) {
+  Timings t = synthetic();
+  t.latency[0][1][0] = 0.5;  // a cold round that happens to be fastest
+  EXPECT_DOUBLE_EQ(compute_stats(t).groups[0][1].min_seconds, 1.5);
+  t.keep_cold = true;
+  EXPECT_DOUBLE_EQ(compute_stats(t).groups[0][1].min_seconds, 0.5);
+  EXPECT_EQ(compute_stats(t).rounds_used, 3u);
+}
+
+TEST(AbStats, BadShapesAreRejected) {
+  Timings one = synthetic();
+  for (auto& g : one.latency)
+    for (auto& a : g) a.resize(1);
+  one.upload.clear();
+  one.baseline.clear();
+  expect_error([&] { compute_stats(one); }, ErrorCode::invalid_argument, "leaves none");
+  one.keep_cold = true;
+  EXPECT_NO_THROW(compute_stats(one));
+
+  Timings ragged = synthetic();
+  ragged.latency[1][0].pop_back();
+  expect_error([&] { compute_stats(ragged); }, ErrorCode::invalid_argument, "ragged");
+  Timings arms = synthetic();
+  arms.latency[2].pop_back();
+  expect_error([&] { compute_stats(arms); }, ErrorCode::invalid_argument, "arms");
+  Timings ref = synthetic();
+  ref.reference = 2;
+  EXPECT_THROW(compute_stats(ref), Error);
+  EXPECT_THROW(compute_stats(Timings{}), Error);
+}
+
+TEST(AbConfig, ParseArms) {
+  EXPECT_EQ(parse_arms("pageable,pinned"), (std::vector<Arm>{Arm::pageable, Arm::pinned}));
+  EXPECT_EQ(parse_arms("staged,pageable,pinned"),
+            (std::vector<Arm>{Arm::staged, Arm::pageable, Arm::pinned}));
+  expect_error([] { parse_arms("pageable,mmap"); }, ErrorCode::invalid_argument, "'mmap'");
+  expect_error([] { parse_arms("pinned,pinned"); }, ErrorCode::invalid_argument, "twice");
+  expect_error([] { parse_arms(""); }, ErrorCode::invalid_argument, "empty");
+  expect_error([] { parse_arms("pinned,"); }, ErrorCode::invalid_argument, "empty");
+}
+
+TEST(AbConfig, Validate) {
+  BenchConfig c;
+  EXPECT_NO_THROW(validate(c));
+  c.groups = 0;
+  expect_error([&] { validate(c); }, ErrorCode::invalid_argument, "--groups");
+  c = BenchConfig{};
+  c.rounds = 1;
+  expect_error([&] { validate(c); }, ErrorCode::invalid_argument, "--keep-cold");
+  c.keep_cold = true;
+  EXPECT_NO_THROW(validate(c));
+  c.rounds = 0;
+  expect_error([&] { validate(c); }, ErrorCode::invalid_argument, "--rounds");
+  c = BenchConfig{};
+  c.seq_len = 0;
+  expect_error([&] { validate(c); }, ErrorCode::invalid_argument, "--seq-len");
+  c = BenchConfig{};
+  c.arms.clear();
+  expect_error([&] { validate(c); }, ErrorCode::invalid_argument, "--arms");
+  c = BenchConfig{};
+  c.staging_buffers = 0;
+  EXPECT_THROW(validate(c), Error);
+}
+
+TEST(AbPlan, AutomaticLayerCountFitsInHalfOfAvailableMemory) {
+  BenchConfig c;
+  MemoryBudget b;
+  b.device_is_host = true;
+  const uint64_t per_layer = memory_need(c, 2, b).host_total - memory_need(c, 1, b).host_total;
+  EXPECT_GT(per_layer, 2'000'000'000u);  // args + device copy of ~1 GB each
+  // Exactly enough for 5 layers in half of MemAvailable.
+  b.host_available = 2 * memory_need(c, 5, b).host_total;
+  LayerPlan p = plan_layers(c, b);
+  EXPECT_TRUE(p.automatic);
+  EXPECT_EQ(p.layers, 5);
+  EXPECT_EQ(p.host_budget, b.host_available / 2);
+  EXPECT_NE(p.reason.find("5 layers"), std::string::npos) << p.reason;
+  b.host_available -= 2;  // one byte short of 5 in the half
+  EXPECT_EQ(plan_layers(c, b).layers, 4);
+
+  // A device that is not host memory: the host holds the args, plus the baseline's
+  // host destination when the baseline runs.
+  MemoryBudget dev = b;
+  dev.device_is_host = false;
+  BenchConfig no_baseline = c;
+  no_baseline.baseline = false;
+  EXPECT_EQ(memory_need(no_baseline, 3, dev).host_total, memory_need(c, 3, dev).host_args);
+  EXPECT_GT(plan_layers(no_baseline, dev).layers, 5);
+  dev.device_capacity = memory_need(no_baseline, 3, dev).device;
+  EXPECT_EQ(plan_layers(no_baseline, dev).layers, 3);
+
+  // Never more than the model's 40 layers.
+  b.host_available = uint64_t{1} << 50;
+  EXPECT_EQ(plan_layers(c, b).layers, qwen3::kDefaultLayers);
+
+  // A staged arm adds its ring.
+  BenchConfig staged = c;
+  staged.arms = {Arm::pageable, Arm::staged};
+  EXPECT_EQ(memory_need(staged, 1, b).staging, 4u * (8u << 20));
+  EXPECT_EQ(memory_need(c, 1, b).staging, 0u);
+
+  b.host_available = 1'000'000'000;  // not even one layer in half
+  expect_error([&] { plan_layers(c, b); }, ErrorCode::out_of_memory, "even 1 layer");
+}
+
+TEST(AbPlan, ExplicitLayersMustFitBeforeAnythingIsAllocated) {
+  BenchConfig c;
+  c.layers = 40;
+  MemoryBudget b;
+  b.device_is_host = true;
+  b.host_available = 24ull << 30;
+  expect_error([&] { plan_layers(c, b); }, ErrorCode::out_of_memory, "--layers 40 needs");
+  try {
+    plan_layers(c, b);
+  } catch (const Error& e) {
+    const int best = [&] {
+      BenchConfig a;
+      return plan_layers(a, b).layers;
+    }();
+    EXPECT_NE(std::string(e.what()).find("--layers " + std::to_string(best) + " or fewer"),
+              std::string::npos)
+        << e.what();
+  }
+  c.layers = 8;  // more than the automatic 5, but within all of MemAvailable
+  const LayerPlan p = plan_layers(c, b);
+  EXPECT_FALSE(p.automatic);
+  EXPECT_EQ(p.layers, 8);
+  b.device_capacity = 1ull << 30;
+  expect_error([&] { plan_layers(c, b); }, ErrorCode::out_of_memory, "device memory");
+}
+
+TEST(AbPlan, ReadsMemAvailable) { EXPECT_GT(read_mem_available(), 0u); }
+
+// A small task (a few MB) so the full harness runs in well under a second.
+TaskArgs small_task(HostAllocator& alloc) {
+  TaskArgs args;
+  args.add(Tensor::empty("w", DType::bf16, {3 << 20}, Direction::in, alloc));
+  args.add(Tensor::empty("cache", DType::f32, {300'000}, Direction::inout, alloc));
+  args.add(Tensor::empty("out", DType::bf16, {4096}, Direction::out, alloc));
+  for (const Tensor& t : args) std::memset(t.data(), 0x5a, t.nbytes());
+  return args;
+}
+
+// Every arm, raw timings in the JSON, a table that says what it measured.
+TEST(AbRun, SmallRunProducesTableAndJson) {
+  Worker worker;
+  worker.init("sim");
+  BenchConfig c;
+  c.groups = 2;
+  c.rounds = 2;
+  c.arms = {Arm::pageable, Arm::staged, Arm::pinned};
+  c.staging_buffer_bytes = 1 << 20;
+  size_t calls = 0, last_done = 0, total = 0;
+  const BenchResult r = run_ab(worker, c, small_task, [&](const Progress& p) {
+    ++calls;
+    EXPECT_EQ(p.done, last_done + 1);
+    last_done = p.done;
+    total = p.total;
+  });
+  EXPECT_EQ(calls, total);
+  EXPECT_EQ(total, 2u * 3u * (1u + 2u + 2u));
+  EXPECT_EQ(worker.stats().device_count, 0u);
+  EXPECT_EQ(worker.stats().pinned_count, 0u);  // every arm freed its args and ring
+
+  const uint64_t staged = (uint64_t{3} << 20) * 2 + 300'000 * 4;
+  EXPECT_EQ(r.sizes.tensors, 3u);
+  EXPECT_EQ(r.sizes.staged_tensors, 2u);
+  EXPECT_EQ(r.sizes.staged_bytes, staged);
+  ASSERT_EQ(r.groups.size(), 2u);
+  for (const auto& g : r.groups) {
+    ASSERT_EQ(g.size(), 3u);
+    EXPECT_EQ(g[0].arm, Arm::pageable);
+    EXPECT_EQ(g[1].arm, Arm::staged);
+    EXPECT_EQ(g[2].arm, Arm::pinned);
+    for (const auto& run : g) {
+      EXPECT_EQ(run.binds.size(), 2u);
+      EXPECT_TRUE(run.binds[0].cold);
+      EXPECT_FALSE(run.binds[1].cold);
+      EXPECT_EQ(run.memcpy_seconds.size(), 2u);
+      EXPECT_EQ(run.bind_summary, "2 of 3 tensors staged, " + format_thousands(staged) + " bytes");
+    }
+  }
+  EXPECT_EQ(r.stats.reference, 0u);
+  // The statistics are the ones of the raw timings.
+  EXPECT_EQ(r.stats.groups[0][1].min_seconds, r.groups[0][1].binds[1].seconds);
+  const Stats again = compute_stats(r.timings());
+  EXPECT_EQ(again.groups[1][2].min_seconds, r.stats.groups[1][2].min_seconds);
+  EXPECT_EQ(again.groups[1][2].upload_min_seconds,
+            r.groups[1][2].binds[1].phase_seconds[static_cast<size_t>(BindPhase::upload)]);
+
+  const std::string table = format_table(r);
+  for (const char* needle : {"group", "pageable", "pinned", "staged", "median", "summary", "memcpy",
+                             "upload target", "2 staged"})
+    EXPECT_NE(table.find(needle), std::string::npos) << needle << "\n" << table;
+
+  const auto doc = nlohmann::json::parse(to_json(r));
+  EXPECT_EQ(doc["config"]["arms"].size(), 3u);
+  EXPECT_EQ(doc["sizes"]["staged_bytes"], staged);
+  ASSERT_EQ(doc["groups"].size(), 2u);
+  for (size_t g = 0; g < 2; ++g)
+    for (size_t a = 0; a < 3; ++a) {
+      const auto& arm = doc["groups"][g]["arms"][a];
+      ASSERT_EQ(arm["binds"].size(), 2u);
+      EXPECT_EQ(arm["binds"][0]["cold"], true);
+      EXPECT_EQ(arm["binds"][0]["dropped"], true);
+      EXPECT_EQ(arm["binds"][1]["seconds"].get<double>(), r.groups[g][a].binds[1].seconds);
+      EXPECT_TRUE(arm["binds"][1]["phases"].contains("upload"));
+      EXPECT_EQ(arm["memcpy_seconds"].size(), 2u);
+      EXPECT_EQ(arm["memcpy_seconds"][1].get<double>(), r.groups[g][a].memcpy_seconds[1]);
+    }
+  EXPECT_EQ(doc["summary"]["arms"].size(), 3u);
+}
+
+TEST(AbRun, RejectsBadInputBeforeRunning) {
+  Worker worker;
+  worker.init("sim");
+  BenchConfig c;
+  c.rounds = 1;
+  expect_error([&] { run_ab(worker, c, small_task); }, ErrorCode::invalid_argument, "--rounds");
+  c.keep_cold = true;
+  expect_error([&] { run_ab(worker, c, {}); }, ErrorCode::invalid_argument, "factory");
+  expect_error([&] { run_bench(worker, c, LayerPlan{}); }, ErrorCode::invalid_argument,
+               "plan_layers");
+  // A factory that builds a different task for the second arm.
+  int calls = 0;
+  auto shifting = [&](HostAllocator& alloc) {
+    TaskArgs args;
+    args.add(Tensor::empty("x", DType::f32, {++calls * 16}, Direction::in, alloc));
+    return args;
+  };
+  expect_error([&] { run_ab(worker, c, shifting); }, ErrorCode::invalid_argument, "same task");
+  Worker idle;
+  EXPECT_THROW(run_ab(idle, c, small_task), Error);
+  EXPECT_EQ(worker.stats().device_count, 0u);
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
+}
+
+}  // namespace
+}  // namespace pinstage::ab
