@@ -1,0 +1,3 @@
+# Tests of the scene run (bind + execute + compare on sim).
+pinstage_add_gtest(test_scene SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_scene.cpp)
+add_dependencies(test_scene pinstage_backend_sim)
