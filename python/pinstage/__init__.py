@@ -1,0 +1,61 @@
+"""pinstage: stage a model's arguments through a device worker's pinned host memory.
+
+The API reference is docs/python.md. Quick start:
+
+    import torch, pinstage
+    worker = pinstage.Worker(backend="sim")
+    alloc = pinstage.PinnedTorchAllocator(worker)
+    x = alloc.zeros((16, 5120), torch.bfloat16)   # a torch tensor in pinned memory
+"""
+import sys as _sys
+
+from ._pinstage import (  # noqa: F401
+    Binder,
+    BindError,
+    BindReport,
+    Capabilities,
+    Error,
+    InvalidArgumentError,
+    PinnedHostBuffer,
+    TaskArgs,
+    TensorBindReport,
+    Worker,
+    WorkerStats,
+    error_code_names,
+    qwen3,
+    require_chip_worker,
+)
+
+# `import pinstage.qwen3` works like any submodule.
+_sys.modules[__name__ + ".qwen3"] = qwen3
+
+from . import scene  # noqa: E402,F401
+
+__version__ = "0.1.0"
+
+# torch is imported only when a torch-facing name is first used, so `import pinstage`
+# stays cheap and works without torch.
+_LAZY = {
+    "PinnedTorchAllocator": ("torch_alloc", "PinnedTorchAllocator"),
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        module_name, attr = _LAZY[name]
+        import importlib
+        value = getattr(importlib.import_module(f".{module_name}", __name__), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pinstage' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
+
+
+__all__ = [
+    "Binder", "BindError", "BindReport", "Capabilities", "Error", "InvalidArgumentError",
+    "PinnedHostBuffer", "PinnedTorchAllocator", "TaskArgs", "TensorBindReport", "Worker",
+    "WorkerStats", "error_code_names", "qwen3", "require_chip_worker", "scene",
+]

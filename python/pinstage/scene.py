@@ -1,0 +1,204 @@
+"""Scene tests: generate a scene's arguments (optionally straight into a worker's pinned
+memory), compute the golden, bind them on a worker and compare. See docs/python.md.
+
+A case overrides ``generate_args(params)``; a case that wants its inputs in the worker's
+pinned memory also overrides ``generate_args_for_worker(worker, params)``, whose default
+calls ``generate_args``, so cases written before the hook existed keep working. Both hooks
+receive the same parsed ``SceneParams``: parameters are parsed once, in ``parse_params``.
+"""
+import dataclasses
+from collections.abc import Mapping
+
+from . import _pinstage
+from ._pinstage import Binder, InvalidArgumentError
+
+qwen3 = _pinstage.qwen3
+
+_PARAM_NAMES = ("seed", "seq_len", "layers")
+
+
+@dataclasses.dataclass(frozen=True)
+class SceneParams:
+    """The parameters every scene takes. Ranges are the case's to check
+    (SceneTestCase.validate_params)."""
+
+    seed: int = qwen3.DEFAULT_SEED
+    seq_len: int = qwen3.DEFAULT_SEQ_LEN
+    layers: int = qwen3.DEFAULT_LAYERS
+
+    @classmethod
+    def parse(cls, params=None, base=None, **overrides):
+        """SceneParams from None (the defaults), a SceneParams, a mapping or a
+        "seed=1,seq_len=64,layers=1" string, then keyword overrides; fields not given keep
+        `base`'s values (default SceneParams()). Values are ints or decimal strings;
+        anything else, or an unknown name, is InvalidArgumentError."""
+        values = dataclasses.asdict(base if base is not None else cls())
+        if params is None:
+            given = {}
+        elif isinstance(params, SceneParams):
+            given = dataclasses.asdict(params)
+        elif isinstance(params, str):
+            given = _parse_pairs(params)
+        elif isinstance(params, Mapping):
+            given = dict(params)
+        else:
+            raise InvalidArgumentError(
+                "scene params must be None, a SceneParams, a mapping or a 'name=value,...' "
+                f"string, got {type(params).__name__}")
+        given.update(overrides)
+        for name, value in given.items():
+            if name not in _PARAM_NAMES:
+                raise InvalidArgumentError(
+                    f"unknown scene parameter '{name}' (valid: {', '.join(_PARAM_NAMES)})")
+            values[name] = _to_int(name, value)
+        return cls(**values)
+
+
+def _parse_pairs(text):
+    pairs = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidArgumentError(
+                f"scene parameter '{item}' is not of the form name=value")
+        pairs[name.strip()] = value.strip()
+    return pairs
+
+
+def _to_int(name, value):
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"scene parameter {name} must be an int, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value, 10)
+        except ValueError:
+            pass
+    raise InvalidArgumentError(f"scene parameter {name} must be an int, got {value!r}")
+
+
+@dataclasses.dataclass
+class SceneResult:
+    """What SceneTestCase.run did: the args (holding the run's outputs), the golden, the
+    bind report and the comparison."""
+
+    case: str
+    params: SceneParams
+    args: object
+    golden: object
+    report: object
+    comparison: object
+
+    @property
+    def ok(self):
+        """True when every compared output is within the scene's tolerance."""
+        return bool(self.comparison.ok)
+
+    @property
+    def pinned(self):
+        """True when every uploaded tensor came from pinned memory."""
+        uploaded = [t for t in self.report.tensors if t.direction != "OUT"]
+        return bool(uploaded) and all(t.pinned for t in uploaded)
+
+
+class SceneTestCase:
+    """Base class of scene test cases. Subclasses set `name` and override the hooks."""
+
+    name = "scene"
+    default_params = SceneParams()
+
+    # ---- parameters: parsed once, shared by every hook ----
+
+    def parse_params(self, params=None, **overrides):
+        """SceneParams.parse over `default_params`, then validate_params()."""
+        parsed = SceneParams.parse(params, base=self.default_params, **overrides)
+        self.validate_params(parsed)
+        return parsed
+
+    def validate_params(self, params):
+        """Raises InvalidArgumentError for parameters the case cannot run with."""
+
+    # ---- hooks ----
+
+    def generate_args(self, params):
+        """The case's TaskArgs for `params` (a SceneParams), in pageable memory."""
+        raise NotImplementedError(f"{type(self).__name__} must override generate_args")
+
+    def generate_args_for_worker(self, worker, params):
+        """The case's TaskArgs for running on `worker`. Default: generate_args(params).
+        Override to place inputs straight into the worker's pinned memory."""
+        return self.generate_args(params)
+
+    def compute_golden(self, args, params):
+        """The expected result for `args` (read before the run changes them)."""
+        raise NotImplementedError(f"{type(self).__name__} must override compute_golden")
+
+    def compare(self, result, golden):
+        """Compares the run's outputs (held in `result`, the args after the bind) against
+        the golden; returns an object with .ok and .message()."""
+        raise NotImplementedError(f"{type(self).__name__} must override compare")
+
+    def bind_options(self, params):
+        """Keyword options for pinstage.Binder (e.g. execute="<callable>")."""
+        return {}
+
+    # ---- driving ----
+
+    def make_args(self, params=None, worker=None):
+        """Parses `params` and calls the worker-aware hook when a worker is given, else
+        generate_args."""
+        parsed = self.parse_params(params)
+        if worker is not None:
+            return self.generate_args_for_worker(worker, parsed)
+        return self.generate_args(parsed)
+
+    def run(self, worker, params=None, *, use_worker_hook=True, **bind_options):
+        """Generates the args (through generate_args_for_worker, or generate_args when
+        use_worker_hook is False), computes the golden, binds the args on `worker` (with
+        bind_options() updated by `bind_options`) and compares. Returns a SceneResult."""
+        parsed = self.parse_params(params)
+        if use_worker_hook:
+            args = self.generate_args_for_worker(worker, parsed)
+        else:
+            args = self.generate_args(parsed)
+        golden = self.compute_golden(args, parsed)
+        options = dict(self.bind_options(parsed))
+        options.update(bind_options)
+        report = Binder(worker, **options).run(args)
+        comparison = self.compare(args, golden)
+        return SceneResult(self.name, parsed, args, golden, report, comparison)
+
+    def assert_passes(self, worker, params=None, **kwargs):
+        """run(), raising AssertionError with the comparison's message when it fails."""
+        result = self.run(worker, params, **kwargs)
+        if not result.ok:
+            raise AssertionError(f"{self.name} {result.params}: {result.comparison.message()}")
+        return result
+
+
+class Qwen3DecodeCase(SceneTestCase):
+    """The Qwen3-14B decode scene (docs/golden.md). The worker-aware hook generates the
+    twenty arguments with the C++ fixture directly in the worker's pinned memory; they
+    surface as zero-copy torch tensors (args.wq, args["k_cache"], ...)."""
+
+    name = "qwen3-decode"
+
+    def validate_params(self, params):
+        qwen3.validate(layers=params.layers, seq_len=params.seq_len, seed=params.seed)
+
+    def generate_args(self, params):
+        return qwen3.make_args(layers=params.layers, seq_len=params.seq_len, seed=params.seed)
+
+    def generate_args_for_worker(self, worker, params):
+        return qwen3.make_args(layers=params.layers, seq_len=params.seq_len, seed=params.seed,
+                               worker=worker)
+
+    def compute_golden(self, args, params):
+        return qwen3.compute_golden(args, params.layers)
+
+    def compare(self, result, golden):
+        return qwen3.compare(result, golden)
+
+    def bind_options(self, params):
+        return {"execute": "qwen3_decode"}
