@@ -400,8 +400,7 @@ TEST_F(BindTest, VerifyCatchesACorruptedUploadAndNamesTheTensor) {
       } catch (const BindError& e) {
         EXPECT_EQ(e.tensor(), "a");
         // Piece 3 covers bytes 8,192 .. 9,999; its middle byte is 8,192 + 904.
-        EXPECT_NE(std::string(e.what()).find("at byte 9,096 of"), std::string::npos)
-            << e.what();
+        EXPECT_NE(std::string(e.what()).find("at byte 9,096 of"), std::string::npos) << e.what();
       }
     }
     EXPECT_EQ(worker.stats().pinned_count, pinned_before);
