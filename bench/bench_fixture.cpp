@@ -55,6 +55,7 @@ void BM_FirstTouch(benchmark::State& state) {
   uint64_t bytes = 0;
   for (auto _ : state) {
     std::vector<std::shared_ptr<Storage>> storages;
+    storages.reserve(specs.size());
     for (const auto& s : specs) storages.push_back(alloc.allocate(s.nbytes));
     for (const auto& s : storages) {
       if (s->bytes() == 0) continue;

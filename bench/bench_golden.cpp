@@ -70,7 +70,7 @@ void BM_Gemm16Gate(benchmark::State& state) {
   for (size_t i = 0; i < xT.size(); ++i) xT[i] = bf16_round(0.001f * static_cast<float>(i % 997));
   std::vector<float> y(static_cast<size_t>(D::kLanes) * kIntermediate);
   const int tiles = kIntermediate / D::kTile;
-  constexpr int kPanel = 16;
+  constexpr int kPanel = 128;  // as the decode uses
   std::vector<float> acc(static_cast<size_t>(kPanel) * D::kLanes * D::kTile);
   for (auto _ : state) {
     for (int t = 0; t < tiles; t += kPanel)

@@ -59,6 +59,7 @@ double population_floor(HostAllocator& allocator, const std::vector<qwen3::Tenso
                         int threads, bool populate) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::shared_ptr<Storage>> storages;
+  storages.reserve(specs.size());
   for (const auto& spec : specs) storages.push_back(allocator.allocate(spec.nbytes));
   for (const auto& s : storages) {
     if (s->bytes() == 0) continue;

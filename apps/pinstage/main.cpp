@@ -5,7 +5,9 @@
 #include "commands.h"
 #include "pinstage/error.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   CLI::App app{"pinstage: stage a large model's arguments onto an accelerator at link speed"};
   app.require_subcommand(1);
   pinstage::cli::add_info_command(app);
@@ -26,4 +28,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (...) {  // building the CLI itself failed (out of memory): still no escape
+    std::fprintf(stderr, "pinstage: fatal error\n");
+    return 1;
+  }
 }

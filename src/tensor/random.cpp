@@ -20,6 +20,7 @@
 #include "pinstage/log.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define PINSTAGE_GEN_X86 1
 #else
@@ -99,13 +100,18 @@ struct AesTables {
   uint32_t te[4][256];
 };
 
+// The multiplicative inverse in GF(2^8) is v^254 (0 for 0).
+constexpr uint8_t gf_inverse(uint8_t v) {
+  uint8_t result = 1, power = v;
+  for (int e = 254; e > 0; e >>= 1, power = gf_mul(power, power))
+    if (e & 1) result = gf_mul(result, power);
+  return result;
+}
+
 constexpr AesTables make_aes_tables() {
   AesTables t{};
   for (int v = 0; v < 256; ++v) {
-    uint8_t inv = 0;  // multiplicative inverse in GF(2^8); 0 for 0
-    for (int w = 1; w < 256 && v != 0; ++w)
-      if (gf_mul(static_cast<uint8_t>(v), static_cast<uint8_t>(w)) == 1)
-        inv = static_cast<uint8_t>(w);
+    const uint8_t inv = gf_inverse(static_cast<uint8_t>(v));
     const uint8_t sb = static_cast<uint8_t>(inv ^ rotl8(inv, 1) ^ rotl8(inv, 2) ^ rotl8(inv, 3) ^
                                             rotl8(inv, 4) ^ 0x63);
     const uint32_t s1 = sb, s2 = gf_mul2(sb), s3 = s2 ^ sb;
@@ -456,15 +462,41 @@ BlockFn block_fn(GenIsa isa, bool bf16, bool bias) {
   return bf16 ? generic_blocks<true> : generic_blocks<false>;
 }
 
+#if PINSTAGE_GEN_X86
+// The CPU features the paths need, from CPUID, with the OS's consent (XCR0) to use the
+// AVX and AVX-512 register state.
+struct CpuFeatures {
+  bool avx2 = false, aes = false, avx512 = false, vaes = false, avx512bf16 = false;
+};
+
+CpuFeatures cpu_features() {
+  CpuFeatures f;
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
+  f.aes = (c >> 25) & 1;
+  if (!osxsave || !avx) return f;
+  unsigned lo, hi;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));  // XCR0 (no xsave target needed)
+  const unsigned long long xcr0 = (static_cast<unsigned long long>(hi) << 32) | lo;
+  const bool ymm_state = (xcr0 & 0x6) == 0x6;
+  const bool zmm_state = (xcr0 & 0xe6) == 0xe6;
+  if (!ymm_state || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
+  f.avx2 = (b >> 5) & 1;
+  f.avx512 = zmm_state && ((b >> 16) & 1) && ((b >> 17) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);
+  f.vaes = (c >> 9) & 1;
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512bf16 = (a >> 5) & 1;
+  return f;
+}
+#endif
+
 GenIsa best_isa() {
 #if PINSTAGE_GEN_X86
-  __builtin_cpu_init();
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                      __builtin_cpu_supports("vaes") && __builtin_cpu_supports("aes");
-  if (avx512 && __builtin_cpu_supports("avx512bf16")) return GenIsa::avx512bf16;
+  const CpuFeatures f = cpu_features();
+  const bool avx512 = f.avx512 && f.vaes && f.aes;  // F, DQ, BW, VL
+  if (avx512 && f.avx512bf16) return GenIsa::avx512bf16;
   if (avx512) return GenIsa::avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("aes")) return GenIsa::avx2;
+  if (f.avx2 && f.aes) return GenIsa::avx2;
 #endif
   return GenIsa::generic;
 }

@@ -43,9 +43,10 @@ constexpr int64_t kH = kHidden;
 constexpr int64_t kKv = kKvHidden;
 constexpr int64_t kI = kIntermediate;
 constexpr int kRowsPerLayer = kBatch * kNumKvHeads;  // K/V rows one layer writes
-// Tiles (of kTile columns) per gemm16 call: bounds the accumulator scratch (32 KiB) while
-// keeping each weight row's segment long enough for hardware prefetch.
-constexpr int kPanel = 16;
+// Tiles (of kTile columns) per gemm16 call: 4 KiB of each weight row per pass, 256 KiB of
+// accumulators (in L2). Measured at seq_len 3500 on 2 cores (docs/benchmarks.md, "Golden"):
+// 64 to 1024 tiles are alike, 16 tiles cost 40 % more per layer, 8 tiles more still.
+constexpr int kPanel = 128;
 // Fewest tiles worth handing to a thread.
 constexpr size_t kMinTilesPerThread = 8;
 
