@@ -22,7 +22,7 @@ std::string fmt(const char* format, double value) {
 
 std::string pct(double fraction) { return fmt("%+.1f%%", fraction * 100.0); }
 
-std::string cell(std::string s, size_t width, bool left = false) {
+std::string cell(const std::string& s, size_t width, bool left = false) {
   if (s.size() >= width) return s + " ";
   return left ? s + std::string(width - s.size(), ' ') : std::string(width - s.size(), ' ') + s;
 }

@@ -69,7 +69,7 @@ class Baseline {
 
 Timings BenchResult::timings() const {
   Timings t;
-  for (Arm arm : config.arms) t.arms.push_back(arm_name(arm));
+  for (Arm arm : config.arms) t.arms.emplace_back(arm_name(arm));
   t.reference = 0;
   for (size_t a = 0; a < config.arms.size(); ++a)
     if (config.arms[a] == Arm::pageable) t.reference = a;

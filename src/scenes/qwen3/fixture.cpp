@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -256,7 +255,7 @@ TaskArgs make_args(HostAllocator& allocator, const Config& config) {
         fill_small(spec, t, config.seq_len);
     }
     // Replication: layers 1..L-1 get copies of this piece of layer 0.
-    if (spec.layers > 1 && !std::getenv("AB_TWO_PASS")) {
+    if (spec.layers > 1) {
       const uint64_t slice_bytes = t.nbytes() / static_cast<uint64_t>(spec.layers);
       for (int64_t l = 1; l < spec.layers; ++l) {
         unsigned char* copy = dst + static_cast<uint64_t>(l) * slice_bytes;
@@ -266,24 +265,6 @@ TaskArgs make_args(HostAllocator& allocator, const Config& config) {
     }
   });
 
-  if (std::getenv("AB_TWO_PASS")) {
-    struct Copy { uint32_t t; uint64_t layer, begin, bytes; };
-    std::vector<Copy> copies;
-    for (uint32_t t = 0; t < specs.size(); ++t) {
-      if (specs[t].layers <= 1) continue;
-      const uint64_t slice = tensors[t].nbytes() / static_cast<uint64_t>(specs[t].layers);
-      for (uint64_t l = 1; l < static_cast<uint64_t>(specs[t].layers); ++l)
-        for (uint64_t b = 0; b < slice; b += kItemBytes) copies.push_back({t, l, b, std::min(kItemBytes, slice - b)});
-    }
-    run_items(copies.size(), config.threads, [&](size_t i) {
-      const Copy& c = copies[i];
-      auto* base = static_cast<unsigned char*>(tensors[c.t].data());
-      const uint64_t slice = tensors[c.t].nbytes() / static_cast<uint64_t>(specs[c.t].layers);
-      unsigned char* dst = base + c.layer * slice + c.begin;
-      if (populate && c.bytes >= kPopulateMin) detail::populate_for_write(dst, c.bytes);
-      std::memcpy(dst, base + c.begin, c.bytes);
-    });
-  }
   TaskArgs args;
   for (Tensor& t : tensors) args.add(std::move(t));
   return args;

@@ -34,7 +34,7 @@ Tensor make(const std::string& name, DType dtype, std::vector<int64_t> shape,
 
 template <typename T>
 std::vector<T> take(const TaskArgs& args, const std::string& path, const std::string& name,
-                    DType dtype, std::vector<int64_t> shape) {
+                    DType dtype, const std::vector<int64_t>& shape) {
   const Tensor* t = args.find(name);
   if (t == nullptr)
     throw Error(ErrorCode::io, "load_golden: " + path + " has no tensor '" + name +

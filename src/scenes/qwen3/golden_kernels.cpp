@@ -13,7 +13,8 @@
 // rows of a [16][N] array with a power-of-two-ish stride would.
 //
 // attend: per row, the 128 bf16 K values widen the same way (even/odd), so q is permuted
-// to match once and each score is 8 FMAs and one horizontal sum per query head. The V pass
+// to match once and each score is 8 FMAs per query head into one vector; the horizontal sums
+// are done 16 rows at a time by one transpose-and-add (row_sums). The V pass
 // runs twice over the rows, once per half of the head dim, so 5 heads x 4 accumulators fit
 // in registers.
 #include "scenes/qwen3/golden_kernels.h"
@@ -262,6 +263,27 @@ PINSTAGE_AVX512 void gemm_avx512(const float* xT, int K, const uint16_t* w, int6
   }
 }
 
+// Sums each of 16 vectors: lane r of the result is the sum of a[r]'s 16 lanes. Pairs of
+// rows are interleaved and added (unpack ps, then pd), then the 128-bit lanes are folded.
+PINSTAGE_AVX512 inline __m512 row_sums(const float (*a)[16]) {
+  __m512 t[8], u[4];
+  for (int k = 0; k < 8; ++k) {
+    const __m512 x = _mm512_load_ps(a[2 * k]), y = _mm512_load_ps(a[2 * k + 1]);
+    t[k] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512d x = _mm512_castps_pd(t[2 * k]), y = _mm512_castps_pd(t[2 * k + 1]);
+    u[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // u[k]: each 128-bit lane holds partial sums of rows 4k..4k+3.
+  const __m512 w0 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xdd));
+  const __m512 w1 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xdd));
+}
+
 PINSTAGE_AVX512 void attend_avx512(const float* q, const uint16_t* const* krow,
                                    const uint16_t* const* vrow, int S, float* scores, float* out) {
   const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
@@ -275,25 +297,38 @@ PINSTAGE_AVX512 void attend_avx512(const float* q, const uint16_t* const* krow,
         qp[j][g * 32 + i] = q[j * kHeadDim + g * 32 + 2 * i];
         qp[j][g * 32 + 16 + i] = q[j * kHeadDim + g * 32 + 2 * i + 1];
       }
-  for (int i = 0; i < S; ++i) {
-    if (i + kAhead < S) {
-      const char* p = reinterpret_cast<const char*>(krow[i + kAhead]);
-      for (int c = 0; c < kHeadDim * 2; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
-    }
-    __m512 kv[2 * kGroups];
-    for (int g = 0; g < kGroups; ++g)
-      widen(_mm512_loadu_si512(krow[i] + g * 32), hi_mask, kv[2 * g], kv[2 * g + 1]);
-#pragma GCC unroll 5
-    for (int j = 0; j < kHeads; ++j) {
-      __m512 s0 = _mm512_mul_ps(kv[0], _mm512_load_ps(qp[j]));
-      __m512 s1 = _mm512_mul_ps(kv[1], _mm512_load_ps(qp[j] + 16));
-#pragma GCC unroll 8
-      for (int r = 2; r < 2 * kGroups; r += 2) {
-        s0 = _mm512_fmadd_ps(kv[r], _mm512_load_ps(qp[j] + r * 16), s0);
-        s1 = _mm512_fmadd_ps(kv[r + 1], _mm512_load_ps(qp[j] + r * 16 + 16), s1);
+  // Scores 16 rows at a time: each row leaves one partial-sum vector per head in `part`,
+  // then one transpose-and-add per head turns 16 vectors into the 16 rows' scores.
+  alignas(64) float part[kHeads][16][16];
+  const __m512 scale = _mm512_set1_ps(kAttnScale);
+  for (int i0 = 0; i0 < S; i0 += 16) {
+    const int n = std::min(16, S - i0);
+    for (int r = 0; r < n; ++r) {
+      const int i = i0 + r;
+      if (i + kAhead < S) {
+        const char* p = reinterpret_cast<const char*>(krow[i + kAhead]);
+        for (int c = 0; c < kHeadDim * 2; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);
       }
-      scores[static_cast<size_t>(j) * S + i] =
-          _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * kAttnScale;
+      __m512 kv[2 * kGroups];
+      for (int g = 0; g < kGroups; ++g)
+        widen(_mm512_loadu_si512(krow[i] + g * 32), hi_mask, kv[2 * g], kv[2 * g + 1]);
+#pragma GCC unroll 5
+      for (int j = 0; j < kHeads; ++j) {
+        __m512 s0 = _mm512_mul_ps(kv[0], _mm512_load_ps(qp[j]));
+        __m512 s1 = _mm512_mul_ps(kv[1], _mm512_load_ps(qp[j] + 16));
+#pragma GCC unroll 8
+        for (int r2 = 2; r2 < 2 * kGroups; r2 += 2) {
+          s0 = _mm512_fmadd_ps(kv[r2], _mm512_load_ps(qp[j] + r2 * 16), s0);
+          s1 = _mm512_fmadd_ps(kv[r2 + 1], _mm512_load_ps(qp[j] + r2 * 16 + 16), s1);
+        }
+        _mm512_store_ps(part[j][r], _mm512_add_ps(s0, s1));
+      }
+    }
+    const __mmask16 mask = n == 16 ? 0xffff : static_cast<__mmask16>((1u << n) - 1);
+    for (int j = 0; j < kHeads; ++j) {
+      for (int r = n; r < 16; ++r) _mm512_store_ps(part[j][r], _mm512_setzero_ps());
+      _mm512_mask_storeu_ps(scores + static_cast<size_t>(j) * S + i0, mask,
+                            _mm512_mul_ps(row_sums(part[j]), scale));
     }
   }
   softmax_rows_avx512(scores, S);

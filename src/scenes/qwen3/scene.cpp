@@ -130,8 +130,10 @@ std::vector<std::string> CacheRestorer::restore() const {
   scatter_rows(*k_cache_, rows_, k_initial_.data());
   scatter_rows(*v_cache_, rows_, v_initial_.data());
   std::vector<std::string> changed;
-  if (content_hash(k_cache_->data(), k_cache_->nbytes()) != k_hash_) changed.emplace_back("k_cache");
-  if (content_hash(v_cache_->data(), v_cache_->nbytes()) != v_hash_) changed.emplace_back("v_cache");
+  if (content_hash(k_cache_->data(), k_cache_->nbytes()) != k_hash_)
+    changed.emplace_back("k_cache");
+  if (content_hash(v_cache_->data(), v_cache_->nbytes()) != v_hash_)
+    changed.emplace_back("v_cache");
   return changed;
 }
 
