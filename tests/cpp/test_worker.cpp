@@ -13,21 +13,12 @@
 
 #include "pinstage/log.h"
 #include "pinstage/worker.h"
+#include "tensor_test_util.h"
 
 namespace pinstage {
 namespace {
 
-// Runs `fn` and returns the Error it throws; fails the test if it throws nothing.
-template <typename F>
-Error error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected pinstage::Error";
-  return Error(ErrorCode::internal, "no error thrown");
-}
+using test::error_of;
 
 std::vector<unsigned char> pattern(size_t n, unsigned seed) {
   std::vector<unsigned char> v(n);
