@@ -45,7 +45,7 @@ constexpr int64_t kI = kIntermediate;
 constexpr int kRowsPerLayer = kBatch * kNumKvHeads;  // K/V rows one layer writes
 // Tiles (of kTile columns) per gemm16 call: 4 KiB of each weight row per pass, 256 KiB of
 // accumulators (in L2). Measured at seq_len 3500 on 2 cores (docs/benchmarks.md, "Golden"):
-// 64 to 1024 tiles are alike, 16 tiles cost 40 % more per layer, 8 tiles more still.
+// 64 to 1024 tiles are alike; 16 tiles cost about a third more CPU time per layer.
 constexpr int kPanel = 128;
 // Fewest tiles worth handing to a thread.
 constexpr size_t kMinTilesPerThread = 8;
