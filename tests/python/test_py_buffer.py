@@ -11,15 +11,6 @@ import torch
 import pinstage
 
 
-@pytest.fixture
-def worker():
-    w = pinstage.Worker()
-    yield w
-    gc.collect()
-    if w.initialized:
-        w.finalize()
-
-
 def test_views_share_memory_with_the_buffer(worker):
     b = worker.alloc_pinned_host(4096)
     assert b.nbytes == len(b) == 4096 and not b.closed and b.worker is worker

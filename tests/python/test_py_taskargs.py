@@ -5,21 +5,7 @@ import pytest
 import torch
 
 import pinstage
-from pinstage import Binder, PinnedTorchAllocator, TaskArgs
-
-
-@pytest.fixture
-def worker():
-    w = pinstage.Worker()
-    yield w
-    gc.collect()
-    if w.initialized:
-        w.finalize()
-
-
-@pytest.fixture
-def alloc(worker):
-    return PinnedTorchAllocator(worker)
+from pinstage import Binder, TaskArgs
 
 
 def fill_index_pattern(nbytes, k):

@@ -9,20 +9,6 @@ import pinstage
 from pinstage import PinnedTorchAllocator
 
 
-@pytest.fixture
-def worker():
-    w = pinstage.Worker()
-    yield w
-    gc.collect()
-    if w.initialized:
-        w.finalize()
-
-
-@pytest.fixture
-def alloc(worker):
-    return PinnedTorchAllocator(worker)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int32,
                                    torch.int64, torch.uint8, torch.bool, torch.float64,
                                    torch.complex64])
