@@ -5,17 +5,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINSTAGE_BUILD_BENCH=OFF -DPINSTAGE_BUILD_PYTHON=OFF)
 
 "$root/scripts/build.sh" "$root/build-asan" "${common[@]}" -DPINSTAGE_SANITIZE=address,undefined
-asan_ctest() {
-  (cd "$root/build-asan" &&
-    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    ctest --output-on-failure -j2 --timeout 1800 "$@")
-}
-# LeakSanitizer's own tracer can crash at exit after a test passed (see
-# lsan_tracer_crashes.py): only such failures are rerun, once; any other fails here.
-if ! asan_ctest --output-junit "$root/build-asan/asan-junit.xml"; then
-  /usr/bin/python3 "$root/scripts/lsan_tracer_crashes.py" "$root/build-asan/asan-junit.xml"
-  asan_ctest --rerun-failed
-fi
+(cd "$root/build-asan" &&
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  ctest --output-on-failure -j2 --timeout 1800)
 
 # TSan runs the concurrency tests only, so it builds only what they need.
 cmake -S "$root" -B "$root/build-tsan" -G Ninja -DPython_EXECUTABLE=/usr/bin/python3 \
