@@ -5,8 +5,15 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINSTAGE_BUILD_BENCH=OFF -DPINSTAGE_BUILD_PYTHON=OFF)
 
 "$root/scripts/build.sh" "$root/build-asan" "${common[@]}" -DPINSTAGE_SANITIZE=address,undefined
+# intercept_tls_get_addr=0: GCC 12's sanitizer runtime takes a dynamic TLS block (the
+# plugins' thread_locals) that malloc placed 16 bytes into a page for a pre-2.25 glibc
+# block with a header, records the garbage range before it, and LeakSanitizer's tracer
+# then segfaults at exit ("Tracer caught signal 11"; google/sanitizers#1322). Which test
+# hits it depends on the heap layout, so it is deterministic but moves. Leaks are still
+# found; only dynamic TLS is not scanned for roots.
 (cd "$root/build-asan" &&
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:intercept_tls_get_addr=0 \
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   ctest --output-on-failure -j2 --timeout 1800)
 
 # TSan runs the concurrency tests only, so it builds only what they need.
