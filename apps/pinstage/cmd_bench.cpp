@@ -69,7 +69,7 @@ void run_bench_command(const BenchArgs& a) {
   worker.init(config.backend);
   ab::MemoryBudget budget;
   budget.host_available = ab::read_mem_available();
-  budget.device_is_host = ab::device_memory_is_host(worker);
+  budget.device_is_host = worker.capabilities().device_memory_is_host;
   budget.device_capacity = worker.stats().device_capacity_bytes;
   // Fails here, before any argument is allocated, when the size does not fit.
   const ab::LayerPlan plan = ab::plan_layers(config, budget);

@@ -71,6 +71,7 @@ void run_info() {
   std::printf("  async copies: %s, host register: %s, callables: %s\n",
               caps.async_copy ? "yes" : "no", caps.host_register ? "yes" : "no",
               caps.execute ? "yes" : "no");
+  std::printf("  device memory is host RAM: %s\n", caps.device_memory_is_host ? "yes" : "no");
 }
 
 }  // namespace

@@ -118,14 +118,12 @@ PINSTAGE_API void validate(const BenchConfig& config);
 // What the machine offers.
 struct MemoryBudget {
   uint64_t host_available = 0;   // MemAvailable
-  bool device_is_host = false;   // device memory comes out of host memory (sim)
+  bool device_is_host = false;   // Capabilities::device_memory_is_host of the backend
   uint64_t device_capacity = 0;  // what the device may commit (0 = unknown)
 };
 
 // MemAvailable from /proc/meminfo in bytes; Error(io) when it cannot be read.
 PINSTAGE_API uint64_t read_mem_available();
-// True for backends whose device memory is host memory (sim).
-PINSTAGE_API bool device_memory_is_host(const Worker& worker);
 
 // Memory one arm needs at `layers` (only one arm's args exist at a time).
 struct MemoryNeed {

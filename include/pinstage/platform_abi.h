@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change to the table's layout or to a slot's meaning. */
-#define PINSTAGE_PLATFORM_API_VERSION 1u
+#define PINSTAGE_PLATFORM_API_VERSION 2u
 #define PINSTAGE_PLATFORM_ENTRY_SYMBOL "pinstage_platform_entry"
 
 typedef enum ps_status {
@@ -88,6 +88,9 @@ typedef struct ps_capabilities {
   int async_copy;            /* 1 when async copies overlap with host work */
   int host_register;         /* 1 when host_register/unregister are supported */
   int execute;               /* 1 when the backend can run callables (execute slot) */
+  /* 1 when device memory is ordinary host RAM (sim): sizing must count it against the
+   * host's memory, and a host-to-"device" copy is a memcpy (added in version 2). */
+  int device_memory_is_host;
 } ps_capabilities;
 
 /* The operation kinds the fault hook can fail. */

@@ -45,6 +45,7 @@ struct Capabilities {
   bool async_copy = false;             // copies can overlap with host work
   bool host_register = false;          // existing host memory can be registered
   bool execute = false;                // the backend runs callables
+  bool device_memory_is_host = false;  // device memory is host RAM (sim): count it there
 };
 
 struct WorkerStats {

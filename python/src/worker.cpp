@@ -269,12 +269,14 @@ void bind_worker(py::module_& m) {
       .def_readonly("pinned_is_page_locked", &Capabilities::pinned_is_page_locked)
       .def_readonly("async_copy", &Capabilities::async_copy)
       .def_readonly("host_register", &Capabilities::host_register)
+      .def_readonly("device_memory_is_host", &Capabilities::device_memory_is_host)
       .def_readonly("execute", &Capabilities::execute)
       .def("__repr__", [](const Capabilities& c) {
         auto b = [](bool v) { return v ? "True" : "False"; };
         return std::string("Capabilities(pinned_is_page_locked=") + b(c.pinned_is_page_locked) +
                ", async_copy=" + b(c.async_copy) + ", host_register=" + b(c.host_register) +
-               ", execute=" + b(c.execute) + ")";
+               ", execute=" + b(c.execute) +
+               ", device_memory_is_host=" + b(c.device_memory_is_host) + ")";
       });
 
   py::class_<WorkerStats>(m, "WorkerStats", "Outstanding allocations of a worker.")

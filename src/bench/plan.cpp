@@ -142,8 +142,6 @@ uint64_t read_mem_available() {
               "cannot read MemAvailable from /proc/meminfo; pass --layers to choose the size");
 }
 
-bool device_memory_is_host(const Worker& worker) { return worker.backend().name == "sim"; }
-
 MemoryNeed memory_need(const BenchConfig& config, int layers, const MemoryBudget& budget) {
   qwen3::Config qc;
   qc.n_layers = layers;

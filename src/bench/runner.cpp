@@ -103,7 +103,7 @@ BenchResult run_ab(Worker& worker, const BenchConfig& config, const ArgsFactory&
   result.config = config;
   result.backend = worker.backend().name;
   result.threads = default_thread_count();
-  const bool device_is_host = device_memory_is_host(worker);
+  const bool device_is_host = worker.capabilities().device_memory_is_host;
   result.baseline_kind =
       device_is_host ? "device memory, which is host memory on " + result.backend
                      : std::string("a pageable host buffer (a host-to-host reference; ") +

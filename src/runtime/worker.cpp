@@ -352,7 +352,7 @@ Capabilities Worker::capabilities() const {
   ps_capabilities caps{};
   state_->check(state_->api().get_capabilities(state_->ctx, &caps), "capability query");
   return Capabilities{caps.pinned_is_page_locked != 0, caps.async_copy != 0,
-                      caps.host_register != 0, caps.execute != 0};
+                      caps.host_register != 0, caps.execute != 0, caps.device_memory_is_host != 0};
 }
 
 WorkerStats Worker::stats() const {

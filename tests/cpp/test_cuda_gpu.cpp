@@ -148,6 +148,7 @@ TEST_F(CudaGpu, PinnedAllocBothModesAndRelease) {
     Worker worker;
     worker.init("cuda", 0, with_config(config));
     EXPECT_TRUE(worker.capabilities().pinned_is_page_locked);
+    EXPECT_FALSE(worker.capabilities().device_memory_is_host);
     std::vector<std::pair<void*, size_t>> seen;
     {
       std::vector<pinstage::PinnedHostBuffer> buffers;

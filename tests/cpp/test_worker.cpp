@@ -69,6 +69,14 @@ TEST_F(WorkerTest, PinnedMemoryIsPageLockedAsRoot) {
   }
 }
 
+TEST_F(WorkerTest, SimReportsItsCapabilities) {
+  const Capabilities caps = worker.capabilities();
+  EXPECT_TRUE(caps.async_copy);
+  EXPECT_TRUE(caps.host_register);
+  EXPECT_TRUE(caps.execute);
+  EXPECT_TRUE(caps.device_memory_is_host);  // the benchmark sizes by this
+}
+
 TEST_F(WorkerTest, RoundTripIsBitExactForOddSizesAndOffsets) {
   for (size_t size : {size_t{1}, size_t{4095}, size_t{65537}, (size_t{9} << 20) + 3}) {
     const auto src = pattern(size, static_cast<unsigned>(size));

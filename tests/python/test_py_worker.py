@@ -12,7 +12,8 @@ def test_worker_defaults_initialize_a_sim_chip_worker():
         assert w.initialized and not w.finalized
         assert (w.level, w.backend, w.device_id) == ("chip", "sim", 0)
         assert w.backend_path.endswith("libpinstage_backend_sim.so")
-        assert w.capabilities.execute
+        assert w.capabilities.execute and w.capabilities.device_memory_is_host
+        assert "device_memory_is_host=True" in repr(w.capabilities)
         stats = w.stats()
         assert stats.pinned_count == 0 and stats.pinned_bytes == 0
         assert "initialized" in repr(w)

@@ -739,7 +739,7 @@ int cuda_get_capabilities(ps_device_ctx* ctx, ps_capabilities* out) {
   return guarded([&] {
     require_ctx(ctx);
     require(out != nullptr, "get_capabilities: output pointer is NULL");
-    *out = ps_capabilities{1, 1, 1, 0};
+    *out = ps_capabilities{1, 1, 1, 0, 0};
   });
 }
 

@@ -567,6 +567,7 @@ int get_capabilities(ps_device_ctx* raw, ps_capabilities* out) {
     out->async_copy = 1;
     out->host_register = 1;
     out->execute = 1;
+    out->device_memory_is_host = 1;
     return PS_OK;
   });
 }
