@@ -373,6 +373,7 @@ void bind_qwen3(py::module_& parent) {
       .def_readonly("tensor", &qwen3::TensorComparison::tensor)
       .def_readonly("checked", &qwen3::TensorComparison::checked)
       .def_readonly("mismatches", &qwen3::TensorComparison::mismatches)
+      .def_readonly("differing", &qwen3::TensorComparison::differing)
       .def_readonly("worst_index", &qwen3::TensorComparison::worst_index)
       .def_readonly("worst_actual", &qwen3::TensorComparison::worst_actual)
       .def_readonly("worst_expected", &qwen3::TensorComparison::worst_expected)

@@ -116,6 +116,8 @@ def test_qwen3_case_passes_end_to_end(qwen3_runs, hook):
     assert result.ok, result.comparison.message()
     assert [t.tensor for t in result.comparison.tensors] == ["out", "k_cache", "v_cache"]
     assert all(t.checked > 0 for t in result.comparison.tensors)
+    # sim's callable runs the golden's own code, so not a single bit may differ.
+    assert all(t.differing == 0 for t in result.comparison.tensors)
     assert result.report.executed and result.report.uploaded_count == 19
     assert result.pinned == (hook == "pinned")
     assert (result.args.worker is w) == (hook == "pinned")
