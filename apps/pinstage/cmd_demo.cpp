@@ -25,8 +25,9 @@ void run_demo(const std::string& backend, size_t mib) {
 
   auto t0 = std::chrono::steady_clock::now();
   PinnedHostBuffer host = worker.alloc_pinned_host(bytes);
+  const double pin_seconds = seconds_since(t0);
   std::printf("pinned %s bytes in %.3f s (page-locked: %s)\n", format_thousands(bytes).c_str(),
-              seconds_since(t0), worker.capabilities().pinned_is_page_locked ? "yes" : "no");
+              pin_seconds, worker.capabilities().pinned_is_page_locked ? "yes" : "no");
   auto* data = static_cast<unsigned char*>(host.data());
   for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<unsigned char>(i * 131 + 7);
 

@@ -77,12 +77,9 @@ void print_table(const std::vector<qwen3::TensorSpec>& specs) {
   std::printf("%-3s %-17s %-5s %-6s %-20s %18s\n", "#", "name", "dtype", "dir", "shape", "bytes");
   int i = 1;
   for (const auto& spec : specs) {
-    std::string shape = "[";
-    for (size_t d = 0; d < spec.shape.size(); ++d)
-      shape += (d ? ", " : "") + std::to_string(spec.shape[d]);
-    shape += "]";
     std::printf("%-3d %-17s %-5s %-6s %-20s %18s\n", i++, spec.name.c_str(), dtype_name(spec.dtype),
-                direction_name(spec.dir), shape.c_str(), format_thousands(spec.nbytes).c_str());
+                direction_name(spec.dir), format_shape(spec.shape).c_str(),
+                format_thousands(spec.nbytes).c_str());
   }
 }
 

@@ -154,5 +154,7 @@ class PINSTAGE_API TaskArgs {
 
 // 40859999040 -> "40,859,999,040".
 PINSTAGE_API std::string format_thousands(uint64_t value);
+// {16, 5120} -> "[16, 5120]".
+PINSTAGE_API std::string format_shape(const std::vector<int64_t>& shape);
 
 }  // namespace pinstage

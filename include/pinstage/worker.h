@@ -71,7 +71,8 @@ enum class FaultKind {
 
 namespace detail {
 struct WorkerState;
-}
+class CallGuard;
+}  // namespace detail
 
 enum class MemoryKind { pinned_host, device };
 
@@ -204,6 +205,8 @@ class PINSTAGE_API Worker {
 
  private:
   const detail::WorkerState& state() const;  // throws unless initialized
+  // Throws unless initialized and not finalized; holds off finalize until destroyed.
+  detail::CallGuard enter() const;
 
   WorkerLevel level_;
   std::shared_ptr<detail::WorkerState> state_;

@@ -95,15 +95,6 @@ std::optional<DType> dtype_from_torch(const std::string& name) {
   return std::nullopt;
 }
 
-Direction parse_direction(std::string name) {
-  for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (name == "in") return Direction::in;
-  if (name == "inout") return Direction::inout;
-  if (name == "out") return Direction::out;
-  throw Error(ErrorCode::invalid_argument,
-              "unknown direction '" + name + "' (valid: 'in', 'inout', 'out')");
-}
-
 py::object torch_module() { return py::module_::import("torch"); }
 
 // The Worker behind `obj`, or TypeError naming the caller.
@@ -116,7 +107,10 @@ PyWorker& as_worker(const py::object& obj, const char* who) {
 
 void add_tensor(PyArgs& a, const std::string& name, const py::object& tensor,
                 const std::string& direction) {
-  const Direction dir = parse_direction(direction);
+  const std::optional<Direction> dir = parse_direction(direction);
+  if (!dir)
+    throw Error(ErrorCode::invalid_argument,
+                "unknown direction '" + direction + "' (valid: 'in', 'inout', 'out')");
   py::object torch = torch_module();
   if (!py::isinstance(tensor, torch.attr("Tensor")))
     throw py::type_error("TaskArgs.add: '" + name + "' must be a torch.Tensor, got " +
@@ -145,7 +139,7 @@ void add_tensor(PyArgs& a, const std::string& name, const py::object& tensor,
   // The storage holds the tensor itself: a pinned tensor's DLPack view stays counted (its
   // worker's finalize() refuses) for as long as these args hold it.
   auto storage = std::make_shared<Storage>(data, nbytes, pinned, python_owner(tensor));
-  a.args.add(Tensor(name, *dtype, std::move(shape), dir, std::move(storage)));
+  a.args.add(Tensor(name, *dtype, std::move(shape), *dir, std::move(storage)));
 }
 
 py::object tensor_view(py::object self, const std::string& name) {

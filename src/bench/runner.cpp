@@ -26,13 +26,13 @@ double seconds_since(Clock::time_point start) {
 class Baseline {
  public:
   Baseline(Worker& worker, const TaskArgs& args, bool device_is_host) : args_(args) {
-    constexpr size_t kAlign = 256;
+    const size_t align = BindOptions{}.arena_alignment;  // the bind's arena layout
     offsets_.assign(args.size(), 0);
     size_t size = 0;
     for (size_t i = 0; i < args.size(); ++i) {
       const Tensor& t = args.at(i);
       if (t.direction() == Direction::out || t.nbytes() == 0) continue;
-      size = (size + kAlign - 1) & ~(kAlign - 1);
+      size = (size + align - 1) & ~(align - 1);
       offsets_[i] = size;
       size += t.nbytes();
     }

@@ -39,6 +39,13 @@ WorkerLevel parse_worker_level(std::string_view name) {
               "unknown worker level '" + std::string(name) + "' (supported: chip)");
 }
 
+namespace {
+constexpr const char* kNotInitializedMessage =
+    "worker is not initialized: call init(backend, device_id) first";
+constexpr const char* kFinalizedMessage =
+    "worker is finalized: create and init a new Worker to use the device again";
+}  // namespace
+
 namespace detail {
 
 namespace {
@@ -66,10 +73,11 @@ CallGuard::~CallGuard() {
   if (--state_.in_flight == 0) state_.idle.notify_all();
 }
 
+CallGuard::CallGuard(CallGuard&& other) noexcept
+    : state_(other.state_), entered_(std::exchange(other.entered_, false)) {}
+
 void CallGuard::require() const {
-  if (!entered_)
-    throw Error(ErrorCode::finalized,
-                "worker is finalized: create and init a new Worker to use the device again");
+  if (!entered_) throw Error(ErrorCode::finalized, kFinalizedMessage);
 }
 
 void WorkerState::check(int status, const char* what) const {
@@ -112,9 +120,9 @@ void* WorkerState::alloc(MemoryKind kind, size_t bytes) {
   return ptr;
 }
 
-bool WorkerState::free(MemoryKind kind, void* ptr) {
+void WorkerState::free(MemoryKind kind, void* ptr) {
   CallGuard guard(*this);
-  if (!guard.entered()) return false;  // reclaimed by finalize already
+  if (!guard.entered()) return;  // reclaimed by finalize already
   {
     std::lock_guard lock(mu);
     if (!(kind == MemoryKind::pinned_host ? pinned : device).erase(ptr))
@@ -125,7 +133,6 @@ bool WorkerState::free(MemoryKind kind, void* ptr) {
     check(api().host_free_pinned(ctx, ptr), "pinned host free");
   else
     check(api().device_free(ctx, ptr), "device free");
-  return true;
 }
 
 void WorkerState::shutdown() noexcept {
@@ -331,14 +338,17 @@ bool Worker::initialized() const noexcept {
 bool Worker::finalized() const noexcept { return state_ && !initialized(); }
 
 const detail::WorkerState& Worker::state() const {
-  if (!state_)
-    throw Error(ErrorCode::not_initialized,
-                "worker is not initialized: call init(backend, device_id) first");
+  if (!state_) throw Error(ErrorCode::not_initialized, kNotInitializedMessage);
   std::lock_guard lock(state_->mu);
-  if (!state_->live)
-    throw Error(ErrorCode::finalized,
-                "worker is finalized: create and init a new Worker to use the device again");
+  if (!state_->live) throw Error(ErrorCode::finalized, kFinalizedMessage);
   return *state_;
+}
+
+detail::CallGuard Worker::enter() const {
+  if (!state_) throw Error(ErrorCode::not_initialized, kNotInitializedMessage);
+  detail::CallGuard guard(*state_);
+  guard.require();
+  return guard;
 }
 
 int Worker::device_id() const { return state().device_id; }
@@ -346,9 +356,7 @@ int Worker::device_id() const { return state().device_id; }
 const BackendInfo& Worker::backend() const { return state().plugin.info; }
 
 Capabilities Worker::capabilities() const {
-  state();
-  detail::CallGuard guard(*state_);
-  guard.require();
+  const detail::CallGuard guard = enter();
   ps_capabilities caps{};
   state_->check(state_->api().get_capabilities(state_->ctx, &caps), "capability query");
   return Capabilities{caps.pinned_is_page_locked != 0, caps.async_copy != 0,
@@ -356,9 +364,7 @@ Capabilities Worker::capabilities() const {
 }
 
 WorkerStats Worker::stats() const {
-  state();
-  detail::CallGuard guard(*state_);
-  guard.require();
+  const detail::CallGuard guard = enter();
   WorkerStats stats;
   state_->check(state_->api().mem_info(state_->ctx, &stats.device_capacity_bytes,
                                        &stats.device_committed_bytes),
@@ -407,29 +413,23 @@ void require_host(const void* ptr, size_t bytes, const char* what) {
 
 void Worker::copy_to_device(const DeviceBuffer& dst, size_t dst_offset, const void* src,
                             size_t bytes) {
-  state();
+  const detail::CallGuard guard = enter();
   void* d = device_range(dst, dst_offset, bytes, "copy_to_device");
   require_host(src, bytes, "copy_to_device");
   if (bytes == 0) return;
-  detail::CallGuard guard(*state_);
-  guard.require();
   state_->check(state_->api().copy_h2d(state_->ctx, d, src, bytes), "copy host-to-device");
 }
 
 void Worker::copy_to_host(void* dst, const DeviceBuffer& src, size_t src_offset, size_t bytes) {
-  state();
+  const detail::CallGuard guard = enter();
   const void* s = device_range(src, src_offset, bytes, "copy_to_host");
   require_host(dst, bytes, "copy_to_host");
   if (bytes == 0) return;
-  detail::CallGuard guard(*state_);
-  guard.require();
   state_->check(state_->api().copy_d2h(state_->ctx, dst, s, bytes), "copy device-to-host");
 }
 
 Stream Worker::create_stream() {
-  state();
-  detail::CallGuard guard(*state_);
-  guard.require();
+  const detail::CallGuard guard = enter();
   Stream stream;
   if (state_->api().stream_create != nullptr) {
     ps_stream* handle = nullptr;
@@ -443,9 +443,7 @@ Stream Worker::create_stream() {
 }
 
 Event Worker::create_event() {
-  state();
-  detail::CallGuard guard(*state_);
-  guard.require();
+  const detail::CallGuard guard = enter();
   Event event;
   if (state_->api().event_create != nullptr) {
     ps_event* handle = nullptr;
@@ -460,15 +458,13 @@ Event Worker::create_event() {
 
 void Worker::copy_to_device_async(const DeviceBuffer& dst, size_t dst_offset, const void* src,
                                   size_t bytes, Stream& stream) {
-  state();
+  const detail::CallGuard guard = enter();
   if (stream.owner_ != state_)
     throw Error(ErrorCode::invalid_argument, "stream was not created by this worker");
   if (stream.handle_ == nullptr) return copy_to_device(dst, dst_offset, src, bytes);
   void* d = device_range(dst, dst_offset, bytes, "copy_to_device_async");
   require_host(src, bytes, "copy_to_device_async");
   if (bytes == 0) return;
-  detail::CallGuard guard(*state_);
-  guard.require();
   state_->check(state_->api().copy_h2d_async(state_->ctx, d, src, bytes,
                                              static_cast<ps_stream*>(stream.handle_)),
                 "async copy host-to-device");
@@ -476,78 +472,70 @@ void Worker::copy_to_device_async(const DeviceBuffer& dst, size_t dst_offset, co
 
 void Worker::copy_to_host_async(void* dst, const DeviceBuffer& src, size_t src_offset, size_t bytes,
                                 Stream& stream) {
-  state();
+  const detail::CallGuard guard = enter();
   if (stream.owner_ != state_)
     throw Error(ErrorCode::invalid_argument, "stream was not created by this worker");
   if (stream.handle_ == nullptr) return copy_to_host(dst, src, src_offset, bytes);
   const void* s = device_range(src, src_offset, bytes, "copy_to_host_async");
   require_host(dst, bytes, "copy_to_host_async");
   if (bytes == 0) return;
-  detail::CallGuard guard(*state_);
-  guard.require();
   state_->check(state_->api().copy_d2h_async(state_->ctx, dst, s, bytes,
                                              static_cast<ps_stream*>(stream.handle_)),
                 "async copy device-to-host");
 }
 
 void Worker::record(Event& event, Stream& stream) {
-  state();
+  const detail::CallGuard guard = enter();
   if (event.owner_ != state_ || stream.owner_ != state_)
     throw Error(ErrorCode::invalid_argument, "event or stream was not created by this worker");
   if (event.handle_ == nullptr) return;
-  detail::CallGuard guard(*state_);
-  guard.require();
   state_->check(state_->api().event_record(state_->ctx, static_cast<ps_event*>(event.handle_),
                                            static_cast<ps_stream*>(stream.handle_)),
                 "event record");
 }
 
 void Worker::wait(Event& event) {
-  state();
+  const detail::CallGuard guard = enter();
   if (event.owner_ != state_)
     throw Error(ErrorCode::invalid_argument, "event was not created by this worker");
   if (event.handle_ == nullptr) return;
-  detail::CallGuard guard(*state_);
-  guard.require();
   state_->check(state_->api().event_sync(state_->ctx, static_cast<ps_event*>(event.handle_)),
                 "event wait");
 }
 
 void Worker::synchronize(Stream& stream) {
-  state();
+  const detail::CallGuard guard = enter();
   if (stream.owner_ != state_)
     throw Error(ErrorCode::invalid_argument, "stream was not created by this worker");
   if (stream.handle_ == nullptr) return;
-  detail::CallGuard guard(*state_);
-  guard.require();
   state_->check(state_->api().stream_sync(state_->ctx, static_cast<ps_stream*>(stream.handle_)),
                 "stream synchronize");
 }
 
 void Worker::execute(const std::string& callable, std::span<const ExecArg> args) {
-  state();
+  const detail::CallGuard guard = enter();
   if (state_->api().execute == nullptr)
     throw Error(ErrorCode::unsupported, "backend '" + state_->plugin.info.name +
                                             "' runs no callables (asked for '" + callable + "')");
   std::vector<ps_exec_arg> raw;
   raw.reserve(args.size());
   for (const auto& arg : args) raw.push_back({arg.name.c_str(), arg.device_ptr, arg.bytes});
-  detail::CallGuard guard(*state_);
-  guard.require();
-  const int status = state_->api().execute(state_->ctx, callable.c_str(), raw.data(), raw.size());
-  if (status == PS_ERR_NOT_FOUND)
-    throw Error(ErrorCode::not_found, "backend '" + state_->plugin.info.name +
-                                          "' has no callable named '" + callable + "'");
-  state_->check(status, ("execute '" + callable + "'").c_str());
+  state_->check(state_->api().execute(state_->ctx, callable.c_str(), raw.data(), raw.size()),
+                ("execute '" + callable + "'").c_str());
 }
 
+// FaultKind is passed to the plugin as its ps_fault_kind value.
+static_assert(static_cast<int>(FaultKind::device_malloc) == PS_FAULT_DEVICE_MALLOC &&
+              static_cast<int>(FaultKind::copy_d2h) == PS_FAULT_COPY_D2H &&
+              static_cast<int>(FaultKind::execute) == PS_FAULT_EXECUTE &&
+              static_cast<int>(FaultKind::corrupt_h2d) == PS_FAULT_CORRUPT_H2D &&
+              static_cast<int>(FaultKind::corrupt_h2d) + 1 == PS_FAULT_KIND_COUNT);
+
 void Worker::inject_fault(FaultKind kind, uint64_t nth) {
-  state();
+  const detail::CallGuard guard = enter();
   if (state_->api().inject_fault == nullptr)
     throw Error(ErrorCode::unsupported,
                 "backend '" + state_->plugin.info.name + "' has no fault hook");
-  detail::CallGuard guard(*state_);
-  guard.require();
   state_->check(state_->api().inject_fault(state_->ctx, static_cast<int>(kind), nth),
                 "inject_fault");
 }

@@ -36,10 +36,10 @@ struct PINSTAGE_API WorkerState {
 
   // Raw alloc/free: internal only; the public surface is the buffer types.
   void* alloc(MemoryKind kind, size_t bytes);
-  // Releases a tracked pointer. Returns false (and logs) when the worker is no longer live
-  // (already reclaimed: a no-op) ; throws Error(unknown_pointer) for an untracked pointer
-  // and Error(<backend code>) when the backend refuses.
-  bool free(MemoryKind kind, void* ptr);
+  // Releases a tracked pointer; a no-op once the worker is no longer live (finalize
+  // reclaimed it already). Throws Error(unknown_pointer) for an untracked pointer and
+  // Error(<backend code>) when the backend refuses.
+  void free(MemoryKind kind, void* ptr);
 
   // Frees everything, destroys the context and unloads the plugin. Idempotent.
   void shutdown() noexcept;
@@ -51,6 +51,7 @@ class PINSTAGE_API CallGuard {
  public:
   explicit CallGuard(WorkerState& state) noexcept;
   ~CallGuard();
+  CallGuard(CallGuard&& other) noexcept;  // so Worker::enter can return one
   CallGuard(const CallGuard&) = delete;
   CallGuard& operator=(const CallGuard&) = delete;
   bool entered() const noexcept { return entered_; }

@@ -39,12 +39,6 @@ struct Fd {
 
 std::string sys_reason(int err) { return std::strerror(err); }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 void write_all(int fd, const void* data, uint64_t bytes, const std::string& path) {
   const auto* p = static_cast<const unsigned char*>(data);
   while (bytes > 0) {
@@ -190,7 +184,7 @@ Header parse_header(int fd, const std::string& path, const SafetensorsLoadOption
                          std::to_string(data_size) +
                          " bytes): the file is truncated or the offsets are wrong");
     if (end - begin != nbytes)
-      io_error(path, where + " is " + dtype_text + " " + shape_text(shape) + ", which is " +
+      io_error(path, where + " is " + dtype_text + " " + format_shape(shape) + ", which is " +
                          std::to_string(nbytes) + " bytes, but its data_offsets span " +
                          std::to_string(end - begin));
     out.entries.push_back({name, *dtype, std::move(shape), options.default_direction, begin, end});

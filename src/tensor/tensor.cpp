@@ -37,15 +37,6 @@ Storage::Storage(void* data, size_t bytes, bool pinned, std::shared_ptr<void> ow
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) text += ", ";
-    text += std::to_string(shape[i]);
-  }
-  return text + "]";
-}
-
 constexpr uint64_t kMaxCount = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 
 }  // namespace
@@ -54,7 +45,7 @@ uint64_t checked_numel(const std::vector<int64_t>& shape) {
   uint64_t numel = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0)
-      throw Error(ErrorCode::invalid_argument, "shape " + shape_text(shape) + ": dimension " +
+      throw Error(ErrorCode::invalid_argument, "shape " + format_shape(shape) + ": dimension " +
                                                    std::to_string(i) +
                                                    " is negative; dimensions must be >= 0");
   }
@@ -65,7 +56,7 @@ uint64_t checked_numel(const std::vector<int64_t>& shape) {
     uint64_t next;
     if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dim), &next) || next > kMaxCount)
       throw Error(ErrorCode::invalid_argument,
-                  "shape " + shape_text(shape) +
+                  "shape " + format_shape(shape) +
                       ": the element count overflows a 64-bit size; use smaller dimensions");
     numel = next;
   }
@@ -77,7 +68,7 @@ uint64_t checked_nbytes(const std::vector<int64_t>& shape, DType dtype) {
   uint64_t bytes;
   if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(dtype)), &bytes) ||
       bytes > kMaxCount)
-    throw Error(ErrorCode::invalid_argument, "shape " + shape_text(shape) + " of " +
+    throw Error(ErrorCode::invalid_argument, "shape " + format_shape(shape) + " of " +
                                                  dtype_name(dtype) +
                                                  ": the byte size overflows a 64-bit size; use "
                                                  "smaller dimensions");
@@ -98,7 +89,7 @@ Tensor::Tensor(std::string name, DType dtype, std::vector<int64_t> shape, Direct
     throw Error(ErrorCode::invalid_argument, "Tensor '" + name_ + "': no storage given");
   if (storage_->bytes() < nbytes_)
     throw Error(ErrorCode::invalid_argument,
-                "Tensor '" + name_ + "': " + dtype_name(dtype_) + " " + shape_text(shape_) +
+                "Tensor '" + name_ + "': " + dtype_name(dtype_) + " " + format_shape(shape_) +
                     " needs " + std::to_string(nbytes_) + " bytes but its storage has " +
                     std::to_string(storage_->bytes()));
 }
@@ -113,7 +104,7 @@ Tensor Tensor::empty(std::string name, DType dtype, std::vector<int64_t> shape, 
   return Tensor(std::move(name), dtype, std::move(shape), dir, std::move(storage));
 }
 
-std::string Tensor::shape_string() const { return shape_text(shape_); }
+std::string Tensor::shape_string() const { return format_shape(shape_); }
 
 void TaskArgs::add(Tensor tensor) {
   if (find(tensor.name()) != nullptr)
@@ -165,6 +156,12 @@ size_t TaskArgs::staged_count() const noexcept {
 std::string TaskArgs::summary() const {
   return std::to_string(size()) + (size() == 1 ? " tensor, " : " tensors, ") +
          std::to_string(staged_count()) + " staged, " + format_thousands(staged_bytes()) + " bytes";
+}
+
+std::string format_shape(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
 }
 
 std::string format_thousands(uint64_t value) {

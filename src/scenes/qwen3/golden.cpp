@@ -313,12 +313,6 @@ void run_decode(const DecodeBuffers& buffers, int n_layers, bool write_cache, Go
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 std::vector<TensorSpec> specs_for(int n_layers, const char* who) {
   if (n_layers < 1)
     throw Error(ErrorCode::invalid_argument, std::string(who) + ": n_layers is " +
@@ -347,7 +341,7 @@ DecodeBuffers decode_buffers(const TaskArgs& args, int n_layers) {
       throw Error(ErrorCode::invalid_argument,
                   "decode_buffers: tensor '" + spec.name + "' is " + dtype_name(t->dtype()) + " " +
                       t->shape_string() + "; " + std::to_string(n_layers) + " layer(s) need " +
-                      dtype_name(spec.dtype) + " " + shape_text(spec.shape));
+                      dtype_name(spec.dtype) + " " + format_shape(spec.shape));
     }
     buf.ptr[i] = t->data();
   }
