@@ -10,8 +10,10 @@
 
 namespace pinstage {
 
+// Element types of tensors (docs/tensors.md).
 enum class DType { bf16, f16, f32, i32, i64 };
 
+// Bytes per element: 2, 2, 4, 4, 8.
 PINSTAGE_API size_t dtype_size(DType dtype);
 // Lower-case name: "bf16", "f16", "f32", "i32", "i64".
 PINSTAGE_API const char* dtype_name(DType dtype);

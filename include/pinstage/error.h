@@ -30,6 +30,8 @@ enum class ErrorCode {
 // Stable name of a code ("out_of_memory").
 PINSTAGE_API const char* error_code_name(ErrorCode code);
 
+// What every pinstage failure throws: a code to branch on and a message that says what
+// to do.
 class PINSTAGE_API Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message);

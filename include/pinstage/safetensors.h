@@ -23,6 +23,7 @@ struct SafetensorsEntry {
   uint64_t end;
 };
 
+// How load_safetensors reads a file.
 struct SafetensorsLoadOptions {
   // Direction of a tensor the metadata does not name (files written elsewhere).
   Direction default_direction = Direction::in;
@@ -43,8 +44,9 @@ PINSTAGE_API std::vector<SafetensorsEntry> read_safetensors_header(
     const std::string& path, const SafetensorsLoadOptions& options = {});
 
 // Validates the header (as above), allocates every tensor from `allocator`, then reads
-// the data straight into that storage in parallel. Tensors come back in data order. Any
-// failure throws Error(io) and leaves nothing allocated.
+// the data straight into that storage in parallel. Tensors come back in data order. A bad
+// file or read throws Error(io), a failed allocation the allocator's error (such as
+// out_of_memory), threads < 0 Error(invalid_argument); none leaves anything allocated.
 PINSTAGE_API TaskArgs load_safetensors(const std::string& path, HostAllocator& allocator,
                                        const SafetensorsLoadOptions& options = {});
 

@@ -19,6 +19,7 @@ namespace pinstage {
 // workers is planned.
 enum class WorkerLevel { chip };
 
+// WorkerLevel::chip -> "chip".
 PINSTAGE_API const char* worker_level_name(WorkerLevel level);
 // "chip" -> WorkerLevel::chip; anything else throws Error(invalid_argument).
 PINSTAGE_API WorkerLevel parse_worker_level(std::string_view name);
@@ -40,6 +41,7 @@ struct BackendInfo {
   uint32_t api_version = 0;
 };
 
+// What the backend can do; Worker::capabilities() asks the plugin each time.
 struct Capabilities {
   bool pinned_is_page_locked = false;  // pinned host memory is really locked in RAM
   bool async_copy = false;             // copies can overlap with host work
@@ -48,6 +50,7 @@ struct Capabilities {
   bool device_memory_is_host = false;  // device memory is host RAM (sim): count it there
 };
 
+// A snapshot of what the worker holds; Worker::stats().
 struct WorkerStats {
   uint64_t pinned_bytes = 0;            // outstanding pinned host bytes (as requested)
   uint64_t pinned_count = 0;            // outstanding pinned host allocations
@@ -74,6 +77,7 @@ struct WorkerState;
 class CallGuard;
 }  // namespace detail
 
+// Which memory a Buffer owns: the worker's pinned host memory or device memory.
 enum class MemoryKind { pinned_host, device };
 
 // Move-only owner of one allocation made by a Worker: (pointer, size, owner token).
@@ -152,6 +156,8 @@ struct ExecArg {
   uint64_t bytes = 0;
 };
 
+// Owns one device through a backend plugin (docs/worker.md): its pinned host and device
+// memory, streams and events. Methods are thread-safe; finalize waits for calls in flight.
 class PINSTAGE_API Worker {
  public:
   explicit Worker(WorkerLevel level = WorkerLevel::chip);

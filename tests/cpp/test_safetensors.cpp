@@ -276,5 +276,17 @@ TEST_F(Safetensors, FailedAllocationDuringLoadLeavesNothing) {
   EXPECT_EQ(alloc.live(), 0);
 }
 
+TEST_F(Safetensors, NegativeReaderThreadsAreRefusedBeforeAllocating) {
+  PageableAllocator pageable;
+  save_safetensors(sample_args(pageable), path("t.safetensors"));
+  CountingAllocator alloc;
+  SafetensorsLoadOptions options;
+  options.threads = -1;
+  const Error e = error_of([&] { load_safetensors(path("t.safetensors"), alloc, options); });
+  EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+  EXPECT_NE(std::string(e.what()).find("threads must be >= 0"), std::string::npos);
+  EXPECT_EQ(alloc.live(), 0);
+}
+
 }  // namespace
 }  // namespace pinstage
