@@ -44,6 +44,14 @@ void expect_rejected(const std::string& args, const std::string& needle) {
 
 TEST(BenchCli, GroupsZero) { expect_rejected("--groups 0", "--groups is 0"); }
 
+TEST(BenchCli, RoundsZero) { expect_rejected("--rounds 0", "--rounds is 0"); }
+
+TEST(BenchCli, StagingSizesOutOfRange) {
+  expect_rejected("--staging-buffers 0", "staging_buffers is 0");
+  expect_rejected("--staging-buffer-mib 0", "--staging-buffer-mib is 0");
+  expect_rejected("--staging-buffer-mib 2048", "--staging-buffer-mib is 2048");
+}
+
 TEST(BenchCli, OneRoundWithTheColdRoundDroppedLeavesNothing) {
   expect_rejected("--rounds 1", "--keep-cold");
 }

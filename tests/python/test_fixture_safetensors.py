@@ -288,3 +288,18 @@ def test_bad_parameters_are_refused(cli, args, word):
     done = run_cli(cli, "fixture", "qwen3-decode", *args)
     assert done.returncode != 0
     assert word in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--storage", "paged"], "unknown storage 'paged'"),
+    (["--upload", "x"], "unknown upload path 'x'"),
+    (["--rounds", "0"], "rounds must be >= 1"),
+    (["--skip-golden", "--save-golden", "g.safetensors"], "--save-golden needs the golden"),
+    (["--layers", "0"], "n_layers is 0"),
+])
+def test_scene_refuses_bad_parameters_before_generating(cli, tmp_path, args, words):
+    done = subprocess.run([str(cli), "scene", "qwen3-decode", *args], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 1
+    assert words in done.stderr, done.stderr
+    assert "generated" not in done.stdout and not any(tmp_path.iterdir())
