@@ -237,12 +237,18 @@ TEST(WorkerCapacity, EnvironmentSetsTheSimCapacity) {
   Worker worker;
   worker.init("sim");
   EXPECT_EQ(worker.stats().device_capacity_bytes, 16u << 20);
-  setenv("PINSTAGE_SIM_DEVICE_CAPACITY", "lots", 1);
-  Worker bad;
-  Error e = error_of([&] { bad.init("sim"); });
+  for (const char* value : {"lots", "-1", " 16M", "99999999999G"}) {
+    SCOPED_TRACE(value);
+    setenv("PINSTAGE_SIM_DEVICE_CAPACITY", value, 1);
+    Worker bad;
+    Error e = error_of([&] { bad.init("sim"); });
+    EXPECT_NE(
+        std::string(e.what()).find(std::string("PINSTAGE_SIM_DEVICE_CAPACITY='") + value + "'"),
+        std::string::npos)
+        << e.what();
+    EXPECT_FALSE(bad.initialized());
+  }
   unsetenv("PINSTAGE_SIM_DEVICE_CAPACITY");
-  EXPECT_NE(std::string(e.what()).find("PINSTAGE_SIM_DEVICE_CAPACITY='lots'"), std::string::npos);
-  EXPECT_FALSE(bad.initialized());
 }
 
 TEST_F(WorkerTest, InjectedFailureMidSequenceLeavesNothingLeaked) {

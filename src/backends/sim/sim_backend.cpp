@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -38,9 +39,10 @@ size_t page_size() {
 
 size_t round_to_page(size_t bytes) { return (bytes + page_size() - 1) / page_size() * page_size(); }
 
-// "12G", "512M", "4096" -> bytes; 0 on a malformed value.
+// "12G", "512M", "4096" -> bytes; 0 on a malformed value (strtoull would take "-1" as
+// 2^64 - 1, and value * scale could wrap).
 uint64_t parse_bytes(const std::string& text) {
-  if (text.empty()) return 0;
+  if (text.empty() || text[0] < '0' || text[0] > '9') return 0;
   char* end = nullptr;
   errno = 0;
   const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
@@ -55,6 +57,7 @@ uint64_t parse_bytes(const std::string& text) {
     scale = 1ull << 30;
   else if (!suffix.empty())
     return 0;
+  if (value > UINT64_MAX / scale) return 0;
   return value * scale;
 }
 
