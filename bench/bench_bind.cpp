@@ -6,13 +6,13 @@
 // the same arguments is what the Binder adds (report, bookkeeping, checks).
 #include <benchmark/benchmark.h>
 
-#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "pinstage/bind.h"
+#include "pinstage/clock.h"
 #include "pinstage/parallel.h"
 #include "pinstage/tensor.h"
 #include "pinstage/worker.h"
@@ -112,10 +112,9 @@ void BM_LargeUpload(benchmark::State& state) {
       state.SetIterationTime(binder->run(args).phase(BindPhase::upload));
     } else {
       DeviceBuffer dst = worker.alloc_device(kBytes);  // untimed, like device_alloc
-      const auto start = std::chrono::steady_clock::now();
+      const Stopwatch clock;
       parallel_memcpy(dst.data(), args.at(0).data(), kBytes);
-      state.SetIterationTime(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      state.SetIterationTime(clock.seconds());
     }
   }
   state.SetBytesProcessed(state.iterations() * kBytes);

@@ -10,10 +10,10 @@
 #include <optional>
 #include <vector>
 
+#include "pinstage/pages.h"
 #include "pinstage/parallel.h"
-#include "pinstage/qwen3_decode.h"
+#include "pinstage/qwen3/decode.h"
 #include "pinstage/worker.h"
-#include "tensor/memory.h"
 #include "tensor/random.h"
 
 namespace {
@@ -60,9 +60,9 @@ void BM_FirstTouch(benchmark::State& state) {
     for (const auto& s : storages) {
       if (s->bytes() == 0) continue;
       if (populate)
-        detail::populate_all(s->data(), s->bytes(), 0);
+        prefault(s->data(), s->bytes(), 0);
       else
-        detail::first_touch(s->data(), s->bytes(), 0);
+        first_touch(s->data(), s->bytes(), 0);
     }
     state.PauseTiming();
     for (const auto& s : storages) bytes += s->bytes();

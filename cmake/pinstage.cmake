@@ -1,12 +1,12 @@
 # pinstage_add_backend(NAME SOURCES ...): one backend plugin, built as a MODULE named
-# libpinstage_backend_<NAME>.so next to libpinstage; hidden visibility, so it exports
-# only what it marks (its entry symbol, plus any documented extras).
+# libpinstage_backend_<NAME>.so next to libpinstage. It links base only (no tensor, bind,
+# bench or scene code: tests/conformance checks the symbols) and exports only its entry.
 function(pinstage_add_backend name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBRARIES" ${ARGN})
   set(target pinstage_backend_${name})
   add_library(${target} MODULE ${ARG_SOURCES})
-  target_link_libraries(${target} PRIVATE pinstage ${ARG_LIBRARIES})
-  target_compile_definitions(${target} PRIVATE PINSTAGE_BUILDING_LIBRARY)
+  target_link_libraries(${target} PRIVATE pinstage_base ${ARG_LIBRARIES})
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/src)
   set_target_properties(${target} PROPERTIES PREFIX "lib" BUILD_RPATH "$ORIGIN")
 endfunction()
 

@@ -7,7 +7,7 @@ mapfile -t sources < <(git ls-files '*.h' '*.cpp' '*.cc' '*.cu')
 clang-format --dry-run -Werror "${sources[@]}"
 echo "clang-format: ${#sources[@]} files clean"
 build=${1:-$root/build}
-mapfile -t tidy_sources < <(git ls-files 'src/*.cpp' 'apps/*.cpp')
+mapfile -t tidy_sources < <(git ls-files 'src/*.cpp' 'apps/*.cpp' 'scenes/*.cpp' 'tools/*.cpp')
 status=0
 clang-tidy -p "$build" --quiet "${tidy_sources[@]}" >"$build.tidy.log" 2>&1 || status=$?
 grep -v "warnings generated" "$build.tidy.log" || true

@@ -1,25 +1,26 @@
-// pinstage bench qwen3-decode: the pageable-vs-pinned A/B benchmark of the bind phase.
+// pinstage bench <task>: the pageable-vs-pinned A/B benchmark of the bind phase, for every
+// registered scene and for the synthetic task (K tensors of N bytes).
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "commands.h"
 #include "pinstage/ab_bench.h"
 #include "pinstage/error.h"
+#include "pinstage/settings.h"
 #include "pinstage/worker.h"
 
 namespace pinstage::cli {
 
 namespace {
 
+// The options every task shares.
 struct BenchArgs {
   std::string backend = "sim";
-  int layers = 0;
-  int seq_len = qwen3::kDefaultSeqLen;
-  uint64_t seed = qwen3::kDefaultSeed;
   std::string arms = "pageable,pinned";
   int groups = 5;
   int rounds = 6;
@@ -45,12 +46,10 @@ void draw_progress(const ab::Progress& p, int groups) {
   std::fflush(stderr);
 }
 
-void run_bench_command(const BenchArgs& a) {
+ab::BenchConfig make_config(const BenchArgs& a, int64_t size) {
   ab::BenchConfig config;
   config.backend = a.backend;
-  config.layers = a.layers;
-  config.seq_len = a.seq_len;
-  config.seed = a.seed;
+  config.size = size;
   config.arms = ab::parse_arms(a.arms);
   config.groups = a.groups;
   config.rounds = a.rounds;
@@ -62,17 +61,34 @@ void run_bench_command(const BenchArgs& a) {
                                                  std::to_string(a.staging_buffer_mib) +
                                                  "; it must be in [1, 1024]");
   config.staging_buffer_bytes = a.staging_buffer_mib << 20;
-  // Everything that needs no machine figures is checked before the worker starts.
   ab::validate(config);
+  return config;
+}
 
+ab::ProgressFn start_progress(const BenchArgs& a, const ab::BenchConfig& config) {
+  if (a.no_progress || isatty(STDERR_FILENO) != 1) return {};
+  ab::Progress start;  // the first step (generating the args) takes a while: show it
+  start.total = 1;
+  start.arm = config.arms.front();
+  start.step = "generate";
+  draw_progress(start, config.groups);
+  const int groups = config.groups;
+  return [groups](const ab::Progress& p) { draw_progress(p, groups); };
+}
+
+// Everything that needs no machine figures is checked (by make_task and make_config)
+// before the worker starts; the size is planned before any argument is allocated.
+void run_bench_command(const BenchArgs& a, const std::function<ab::BenchTask()>& make_task,
+                       int64_t size) {
+  const ab::BenchTask task = make_task();
+  const ab::BenchConfig config = make_config(a, size);
   Worker worker;
   worker.init(config.backend);
   ab::MemoryBudget budget;
   budget.host_available = ab::read_mem_available();
   budget.device_is_host = worker.capabilities().device_memory_is_host;
   budget.device_capacity = worker.stats().device_capacity_bytes;
-  // Fails here, before any argument is allocated, when the size does not fit.
-  const ab::LayerPlan plan = ab::plan_layers(config, budget);
+  const ab::SizePlan plan = ab::plan_size(config, task, budget);
   std::fprintf(stderr, "pinstage bench: %s\n", plan.reason.c_str());
 
   // Opened before the run so a bad path fails now, not after minutes of binds.
@@ -83,19 +99,8 @@ void run_bench_command(const BenchArgs& a) {
       throw Error(ErrorCode::io, "--json: cannot open '" + a.json_path +
                                      "' for writing; check that its directory exists");
   }
-
-  const bool tty = !a.no_progress && isatty(STDERR_FILENO) == 1;
-  ab::ProgressFn progress;
-  if (tty) {
-    progress = [&](const ab::Progress& p) { draw_progress(p, config.groups); };
-    ab::Progress start;  // the first step (generating the args) takes a while: show it
-    start.total = 1;
-    start.arm = config.arms.front();
-    start.step = "generate";
-    draw_progress(start, config.groups);
-  }
-  const ab::BenchResult result = ab::run_bench(worker, config, plan, progress);
-
+  const ab::BenchResult result =
+      ab::run_bench(worker, config, task, plan, start_progress(a, config));
   std::fputs(ab::format_table(result).c_str(), stdout);
   if (json) {
     *json << ab::to_json(result);
@@ -105,39 +110,72 @@ void run_bench_command(const BenchArgs& a) {
   }
 }
 
+void add_common_options(CLI::App& q, BenchArgs& args) {
+  q.add_option("--backend", args.backend, "Backend plugin (sim, cuda)")->capture_default_str();
+  q.add_option("--arms", args.arms, "Comma-separated arms in run order: pageable,pinned,staged")
+      ->capture_default_str();
+  q.add_option("--groups", args.groups, "Groups; each runs every arm once")->capture_default_str();
+  q.add_option("--rounds", args.rounds, "Binds per arm per group")->capture_default_str();
+  q.add_flag("--keep-cold", args.keep_cold,
+             "Keep the first (cold) bind of every arm in the statistics");
+  q.add_flag("--no-baseline", args.no_baseline, "Skip the plain memcpy baseline rounds");
+  q.add_option("--staging-buffers", args.staging_buffers, "Staging ring buffers (staged arm)")
+      ->capture_default_str();
+  q.add_option("--staging-buffer-mib", args.staging_buffer_mib,
+               "Size of each staging buffer in MiB (staged arm)")
+      ->capture_default_str();
+  q.add_option("--json", args.json_path, "Write the config, stats and every raw timing here");
+  q.add_flag("--no-progress", args.no_progress, "No progress bar even on a terminal");
+}
+
+void add_scene_bench(CLI::App& bench, const std::shared_ptr<const Scene>& scene) {
+  struct Args {
+    BenchArgs common;
+    SceneValues values;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* q = bench.add_subcommand(
+      scene->name(), "A/B benchmark: bind the " + scene->name() +
+                         " arguments from pageable vs pinned (vs staged) host memory, in "
+                         "interleaved groups, next to a plain memcpy of the same bytes");
+  add_common_options(*q, args->common);
+  add_scene_options(*q, *scene, args->values, SizeDefault::automatic);
+  q->callback([scene, args] {
+    const auto knob = size_param(*scene);
+    const int64_t size = knob ? args->values[knob->name] : 0;
+    run_bench_command(
+        args->common, [&] { return ab::scene_task(*scene, args->values); }, size);
+  });
+}
+
+void add_synthetic_bench(CLI::App& bench) {
+  struct Args {
+    BenchArgs common;
+    int64_t tensors = 4;
+    std::string bytes = "64M";
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* q = bench.add_subcommand(
+      "synthetic", "A/B benchmark of a synthetic task: --tensors IN tensors of --bytes each");
+  add_common_options(*q, args->common);
+  q->add_option("--tensors", args->tensors, "IN tensors, [1, 65536]")->capture_default_str();
+  q->add_option("--bytes", args->bytes, "Bytes per tensor, a multiple of 4 (64M, 1G, 4096)")
+      ->capture_default_str();
+  q->callback([args] {
+    run_bench_command(
+        args->common,
+        [&] { return ab::synthetic_task(args->tensors, parse_byte_count(args->bytes, "--bytes")); },
+        0);
+  });
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks of the bind phase");
   bench->require_subcommand(1);
-  auto args = std::make_shared<BenchArgs>();
-  CLI::App* q = bench->add_subcommand(
-      "qwen3-decode",
-      "A/B benchmark: bind the Qwen3-14B decode arguments from pageable vs pinned (vs staged) "
-      "host memory, in interleaved groups, next to a plain memcpy of the same bytes");
-  q->add_option("--backend", args->backend, "Backend plugin (sim, cuda)")->capture_default_str();
-  q->add_option("--layers", args->layers,
-                "Decoder layers (1 GB each); default: the largest that fits in half of "
-                "MemAvailable");
-  q->add_option("--seq-len", args->seq_len, "Tokens in the KV cache per lane")
-      ->capture_default_str();
-  q->add_option("--seed", args->seed, "Fixture seed")->capture_default_str();
-  q->add_option("--arms", args->arms, "Comma-separated arms in run order: pageable,pinned,staged")
-      ->capture_default_str();
-  q->add_option("--groups", args->groups, "Groups; each runs every arm once")
-      ->capture_default_str();
-  q->add_option("--rounds", args->rounds, "Binds per arm per group")->capture_default_str();
-  q->add_flag("--keep-cold", args->keep_cold,
-              "Keep the first (cold) bind of every arm in the statistics");
-  q->add_flag("--no-baseline", args->no_baseline, "Skip the plain memcpy baseline rounds");
-  q->add_option("--staging-buffers", args->staging_buffers, "Staging ring buffers (staged arm)")
-      ->capture_default_str();
-  q->add_option("--staging-buffer-mib", args->staging_buffer_mib,
-                "Size of each staging buffer in MiB (staged arm)")
-      ->capture_default_str();
-  q->add_option("--json", args->json_path, "Write the config, stats and every raw timing here");
-  q->add_flag("--no-progress", args->no_progress, "No progress bar even on a terminal");
-  q->callback([args] { run_bench_command(*args); });
+  for (const auto& scene : registered_scenes()) add_scene_bench(*bench, scene);
+  add_synthetic_bench(*bench);
 }
 
 }  // namespace pinstage::cli

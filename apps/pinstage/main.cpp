@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "pinstage/error.h"
+#include "pinstage/settings.h"
 
 namespace {
 
@@ -16,6 +17,7 @@ int run(int argc, char** argv) {
   pinstage::cli::add_bench_command(app);
   pinstage::cli::add_scene_command(app);
   try {
+    pinstage::check_settings();  // a bad PINSTAGE_* variable is reported before any work
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -1,6 +1,7 @@
-// The pageable-vs-pinned A/B benchmark of the bind phase (`pinstage bench qwen3-decode`):
-// arms, groups, rounds, the statistics, the automatic layer count, the runner and its
-// table and JSON output. See docs/bind.md ("The A/B methodology").
+// The pageable-vs-pinned A/B benchmark of the bind phase for any task that builds its
+// arguments (`pinstage bench <scene>`, `pinstage bench synthetic`): arms, groups, rounds,
+// the statistics, the automatic size, the runner and its table and JSON output. See
+// docs/bind.md ("The A/B methodology").
 #pragma once
 
 #include <array>
@@ -13,7 +14,7 @@
 
 #include "pinstage/bind.h"
 #include "pinstage/export.h"
-#include "pinstage/qwen3_decode.h"
+#include "pinstage/scene.h"
 #include "pinstage/worker.h"
 
 namespace pinstage::ab {
@@ -95,13 +96,35 @@ struct Stats {
 PINSTAGE_API Stats compute_stats(const Timings& timings);
 
 // ---------------------------------------------------------------------------------------
-// Configuration and the automatic layer count.
+// The task, the configuration and the automatic size.
+
+// What the bench binds: a task that builds its arguments in any allocator and says
+// beforehand how big they are. `size` is the value of the task's size knob (ignored when
+// it has none).
+struct BenchTask {
+  std::string name;  // "qwen3-decode", "synthetic"
+  // The size knob the automatic size chooses (name, unit, size_max); an empty name means
+  // the size is fixed by the other parameters.
+  SceneParam size;
+  std::function<TaskSizes(int64_t size)> sizes;  // size only: allocates nothing
+  std::function<TaskArgs(HostAllocator& allocator, int64_t size)> make_args;
+  std::function<std::string(int64_t size)> describe;  // "2 layers, seq_len 3500, seed 1234"
+  SceneValues params;  // the other parameters, for the JSON configuration
+};
+
+// A registered scene as a bench task. `values` are the scene's parameters; the size
+// knob's value there is ignored (the plan chooses it). Validates `values` (with the knob
+// at 1) before anything is allocated.
+PINSTAGE_API BenchTask scene_task(const Scene& scene, const SceneValues& values);
+
+// The synthetic task: `tensors` IN tensors of `bytes` bytes each (i32, so `bytes` must be
+// a multiple of 4), filled with a fixed pattern. Error(invalid_argument) naming --tensors or
+// --bytes when out of range.
+PINSTAGE_API BenchTask synthetic_task(int64_t tensors, uint64_t bytes);
 
 struct BenchConfig {
   std::string backend = "sim";
-  int layers = 0;  // 0 = automatic
-  int seq_len = qwen3::kDefaultSeqLen;
-  uint64_t seed = qwen3::kDefaultSeed;
+  int64_t size = 0;  // the task's size knob (--layers for qwen3-decode); 0 = automatic
   std::vector<Arm> arms = {Arm::pageable, Arm::pinned};
   int groups = 5;
   int rounds = 6;
@@ -112,7 +135,7 @@ struct BenchConfig {
 };
 
 // Checks everything that needs no memory figures; throws Error(invalid_argument) naming
-// the option (--groups, --rounds, --arms, --layers, --seq-len) and what to use instead.
+// the option (--groups, --rounds, --arms, the size knob) and what to use instead.
 PINSTAGE_API void validate(const BenchConfig& config);
 
 // What the machine offers.
@@ -125,29 +148,31 @@ struct MemoryBudget {
 // MemAvailable from /proc/meminfo in bytes; Error(io) when it cannot be read.
 PINSTAGE_API uint64_t read_mem_available();
 
-// Memory one arm needs at `layers` (only one arm's args exist at a time).
+// Memory one arm needs at `size` (only one arm's args exist at a time).
 struct MemoryNeed {
-  uint64_t host_args = 0;   // the 20 tensors in host memory
+  uint64_t host_args = 0;   // the task's tensors in host memory
   uint64_t device = 0;      // the device arena
   uint64_t staging = 0;     // the staging ring (when a staged arm runs)
   uint64_t host_total = 0;  // host_args + staging (+ device when device_is_host)
 };
-PINSTAGE_API MemoryNeed memory_need(const BenchConfig& config, int layers,
+PINSTAGE_API MemoryNeed memory_need(const BenchConfig& config, const BenchTask& task, int64_t size,
                                     const MemoryBudget& budget);
 
-struct LayerPlan {
-  int layers = 0;
+struct SizePlan {
+  int64_t size = 0;  // the size knob's value (1 for a task without one)
   bool automatic = false;
   MemoryNeed need;
   uint64_t host_budget = 0;  // half of MemAvailable when automatic, all of it otherwise
   std::string reason;        // one line saying what was chosen and why
 };
 
-// The layer count to run: config.layers when it fits (all of MemAvailable, and device
-// capacity), else the largest count whose need fits in half of MemAvailable (and the
-// device capacity). Throws Error(out_of_memory) before anything is allocated when even
-// the requested (or one) layer does not fit, saying how much is needed and available.
-PINSTAGE_API LayerPlan plan_layers(const BenchConfig& config, const MemoryBudget& budget);
+// The size to run: config.size when it fits (all of MemAvailable, and device capacity),
+// else the largest value up to task.size.size_max whose need fits in half of MemAvailable
+// (and the device capacity). A task without a size knob must fit in all of MemAvailable.
+// Throws Error(out_of_memory) before anything is allocated when even the requested (or
+// the smallest) size does not fit, saying how much is needed and available.
+PINSTAGE_API SizePlan plan_size(const BenchConfig& config, const BenchTask& task,
+                                const MemoryBudget& budget);
 
 // ---------------------------------------------------------------------------------------
 // The runner.
@@ -170,11 +195,15 @@ struct ArmRun {
 
 struct PINSTAGE_API BenchResult {
   BenchConfig config;
-  LayerPlan plan;
+  SizePlan plan;
+  std::string task;           // the task's name; empty for run_ab
+  std::string description;    // BenchTask::describe at the planned size
+  std::string size_name;      // the task's size knob ("layers"); empty when it has none
+  SceneValues params;         // the task's other parameters
   std::string backend;        // the loaded backend's name
   std::string baseline_kind;  // what the memcpy baseline copies into
   int threads = 0;            // copy threads (all cores)
-  qwen3::Sizes sizes;         // of the task's arguments (measured from the built args)
+  TaskSizes sizes;            // of the task's arguments (measured from the built args)
   std::vector<std::vector<ArmRun>> groups;  // [group][arm]
   Stats stats;
 
@@ -197,13 +226,13 @@ using ArgsFactory = std::function<TaskArgs(HostAllocator& allocator)>;
 
 // Runs the A/B benchmark of any task on an initialized chip worker: for each group, each
 // arm in order builds its args, binds them config.rounds times, runs as many memcpy
-// baseline rounds, and frees them before the next arm starts. config.layers is not used.
+// baseline rounds, and frees them before the next arm starts. config.size is not used.
 PINSTAGE_API BenchResult run_ab(Worker& worker, const BenchConfig& config,
                                 const ArgsFactory& make_args, const ProgressFn& progress = {});
 
-// The Qwen3 decode benchmark: run_ab with qwen3::make_args at plan.layers layers.
-PINSTAGE_API BenchResult run_bench(Worker& worker, const BenchConfig& config, const LayerPlan& plan,
-                                   const ProgressFn& progress = {});
+// run_ab on `task` at plan.size (a plan from plan_size).
+PINSTAGE_API BenchResult run_bench(Worker& worker, const BenchConfig& config, const BenchTask& task,
+                                   const SizePlan& plan, const ProgressFn& progress = {});
 
 // The readable group table and the summary lines.
 PINSTAGE_API std::string format_table(const BenchResult& result);

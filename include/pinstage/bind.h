@@ -21,10 +21,11 @@ namespace pinstage {
 // one free); per_tensor mirrors frameworks that allocate each argument on its own.
 enum class DeviceLayout { arena, per_tensor };
 
-// How a pageable IN/INOUT tensor reaches the device. Pinned tensors always go direct.
+// How a pageable input (IN/INOUT tensor) reaches the device. Pinned ones always go direct.
 //  direct: the tensor's host memory is handed to the backend's copy as it is.
-//  staged: copied through a small ring of pinned staging buffers, filling buffer k+1
-//          while buffer k's device copy is in flight.
+//  staged: sent through the staging ring (StagingRing, staging_ring.h): a few pinned
+//          buffers, filling buffer k+1 while buffer k's device copy is in flight. In
+//          bind, "staged" means this and nothing else.
 enum class UploadPath { direct, staged };
 
 PINSTAGE_API const char* device_layout_name(DeviceLayout layout);  // "arena", "per_tensor"
@@ -33,29 +34,37 @@ PINSTAGE_API const char* upload_path_name(UploadPath path);        // "direct", 
 PINSTAGE_API DeviceLayout parse_device_layout(std::string_view name);
 PINSTAGE_API UploadPath parse_upload_path(std::string_view name);
 
+// The BindOptions fields, listed once: X(type, name, default, doc). BindOptions is built
+// from it, and so are the Python bindings (python/src/bind_options.h), so a field added
+// here reaches every front end; docs/bind.md has the table. Python calls
+// execute_callable `execute`.
+#define PINSTAGE_BIND_OPTION_FIELDS(X)                                                          \
+  X(DeviceLayout, layout, DeviceLayout::arena,                                                  \
+    "how device memory is taken: arena (one allocation, tensors at aligned offsets) or "        \
+    "per_tensor")                                                                               \
+  X(UploadPath, upload, UploadPath::direct,                                                     \
+    "how pageable inputs reach the device: direct or staged (through the staging ring)")        \
+  X(size_t, staging_buffers, 4,                                                                 \
+    "staging ring buffers, 1..64, taken from the worker on the first staged upload or verify "  \
+    "and kept for the Binder's life")                                                           \
+  X(size_t, staging_buffer_bytes, size_t{8} << 20,                                              \
+    "bytes of each staging ring buffer, 1 byte..1 GiB")                                         \
+  X(size_t, chunk_bytes, size_t{1} << 30,                                                       \
+    "direct uploads and all downloads go to the backend in pieces of at most this many bytes "  \
+    "(large on purpose: on sim small pieces cost up to half the copy speed)")                   \
+  X(size_t, arena_alignment, 256, "arena offsets are rounded up to this power of two, 1..4096") \
+  X(std::string, execute_callable, std::string{},                                               \
+    "backend callable run between upload and download; empty = no execute step")                \
+  X(bool, verify_upload, false,                                                                 \
+    "read every input back through the staging ring after the upload and compare it with "      \
+    "its host bytes; a difference fails the bind (ErrorCode::mismatch)")                        \
+  X(int, copy_threads, 0, "threads for the staging ring's host copies; 0 = all cores")
+
+// How one bind is done; every field, its default and meaning is in the list above.
 struct BindOptions {
-  DeviceLayout layout = DeviceLayout::arena;
-  UploadPath upload = UploadPath::direct;
-  // The staging ring (used only by UploadPath::staged): count buffers of buffer_bytes
-  // pinned host memory each, taken from the worker on the first staged upload and kept
-  // for the Binder's life. Defaults: 4 x 8 MiB.
-  size_t staging_buffers = 4;
-  size_t staging_buffer_bytes = size_t{8} << 20;
-  // Direct copies and downloads are handed to the backend in pieces of at most this many
-  // bytes (bounded calls; a 7 GB weight is not one call). Large on purpose: on sim a copy
-  // is a memcpy across cores, and small pieces cost up to half its speed (docs/bind.md).
-  size_t chunk_bytes = size_t{1} << 30;
-  // Arena offsets are rounded up to this (a power of two), like a device allocator's
-  // alignment.
-  size_t arena_alignment = 256;
-  // Backend callable run between upload and download; empty = no execute step.
-  std::string execute_callable;
-  // After the upload, read every uploaded tensor back through the staging ring and
-  // compare it with its host bytes: a corrupted upload fails the bind (ErrorCode::mismatch)
-  // naming the tensor and the first differing byte. Costs one device-to-host pass.
-  bool verify_upload = false;
-  // Threads for the staged path's host copies; 0 = all cores.
-  int copy_threads = 0;
+#define PINSTAGE_BIND_OPTION_MEMBER_(type, name, value, doc) type name = value;
+  PINSTAGE_BIND_OPTION_FIELDS(PINSTAGE_BIND_OPTION_MEMBER_)
+#undef PINSTAGE_BIND_OPTION_MEMBER_
 };
 
 // Throws Error(invalid_argument) naming the bad option and its valid range.
@@ -91,7 +100,7 @@ struct PINSTAGE_API BindReport {
   DeviceLayout layout = DeviceLayout::arena;
   uint64_t device_bytes = 0;      // device memory taken (arena padding included)
   size_t device_allocations = 0;  // backend allocations made
-  size_t uploaded_count = 0;      // IN + INOUT tensors
+  size_t uploaded_count = 0;      // inputs: IN + INOUT tensors
   uint64_t uploaded_bytes = 0;
   size_t downloaded_count = 0;  // INOUT + OUT tensors
   uint64_t downloaded_bytes = 0;
@@ -102,7 +111,8 @@ struct PINSTAGE_API BindReport {
   double phase(BindPhase p) const noexcept { return phase_seconds[static_cast<size_t>(p)]; }
   double upload_gbps() const noexcept;  // uploaded_bytes / upload phase / 1e9
   double download_gbps() const noexcept;
-  // "19 of 20 tensors staged, 40,859,999,040 bytes": tensors uploaded and their bytes.
+  // "19 of 20 tensors uploaded (inputs), 40,859,999,040 bytes": the inputs (IN + INOUT)
+  // of all tensors, and their bytes.
   std::string summary() const;
   // A multi-line readable report: the summary, the phases and one row per tensor.
   std::string to_string() const;
@@ -132,7 +142,7 @@ class PINSTAGE_API Binder {
   Binder& operator=(const Binder&) = delete;
   ~Binder();
 
-  // One bind: allocate device memory for every tensor, upload IN and INOUT, execute
+  // One bind: allocate device memory for every tensor, upload the inputs, execute
   // (when a callable is set), download INOUT and OUT into their host tensors, release.
   // On failure everything the run took is released and BindError names the step and
   // the tensor. Host tensors are only read until the download step; a failed download

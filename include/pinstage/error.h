@@ -43,6 +43,9 @@ class PINSTAGE_API Error : public std::runtime_error {
 
 // ErrorCode of a platform ABI status (ps_status); PS_OK is not an error.
 PINSTAGE_API ErrorCode error_code_from_status(int status);
+// The ps_status a plugin returns for an Error it caught (PS_ERR_INTERNAL for the codes
+// that have no status of their own).
+PINSTAGE_API int status_from_error_code(ErrorCode code);
 
 }  // namespace pinstage
 

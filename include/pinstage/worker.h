@@ -10,6 +10,11 @@
 #include <string>
 #include <string_view>
 
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "pinstage/backend/platform_abi.h"
 #include "pinstage/error.h"
 #include "pinstage/export.h"
 
@@ -24,15 +29,31 @@ PINSTAGE_API const char* worker_level_name(WorkerLevel level);
 // "chip" -> WorkerLevel::chip; anything else throws Error(invalid_argument).
 PINSTAGE_API WorkerLevel parse_worker_level(std::string_view name);
 
+// Backend-specific settings as key/value pairs ({"pinned_mode", "register"}), in order.
+// A repeated key is Error(invalid_argument); the backend refuses keys it does not know.
+using BackendConfig = std::vector<std::pair<std::string, std::string>>;
+
+// "k=v" -> {"k", "v"}, appended to `config`: the one parser the CLI and tools share.
+// Error(invalid_argument) for a missing '=', an empty key or a repeated key.
+PINSTAGE_API void add_backend_option(BackendConfig& config, std::string_view key_equals_value);
+
 struct WorkerOptions {
   // Device memory the worker may commit; 0 = the backend's default (sim: the
   // PINSTAGE_SIM_DEVICE_CAPACITY environment variable, else 80% of physical memory).
   uint64_t device_capacity_bytes = 0;
   // Plugin file to load; empty = libpinstage_backend_<name>.so next to libpinstage.
   std::string plugin_path;
-  // Backend-specific "key=value;key=value" settings, passed through unchanged.
-  std::string config;
+  // Backend-specific settings, handed to the backend as key/value entries.
+  BackendConfig config;
 };
+
+// Folder holding libpinstage and the backend plugins built or installed beside it.
+PINSTAGE_API std::string library_dir();
+// Where `backend` is looked for when WorkerOptions::plugin_path is empty:
+// <library_dir>/libpinstage_backend_<backend>.so.
+PINSTAGE_API std::string default_backend_path(const std::string& backend);
+// Every libpinstage_backend_*.so in library_dir(), sorted by path.
+PINSTAGE_API std::vector<std::string> discover_backends();
 
 // The loaded plugin.
 struct BackendInfo {
@@ -41,12 +62,16 @@ struct BackendInfo {
   uint32_t api_version = 0;
 };
 
+// Loads and checks the plugin for `backend` (from `path`, or default_backend_path) once
+// per process, without creating a context. Error(plugin_load) naming the backend, the
+// path and the reason when it is missing, not a plugin, or built for another ABI.
+PINSTAGE_API BackendInfo load_backend(const std::string& backend, const std::string& path = "");
+
 // What the backend can do; Worker::capabilities() asks the plugin each time.
 struct Capabilities {
   bool pinned_is_page_locked = false;  // pinned host memory is really locked in RAM
   bool async_copy = false;             // copies can overlap with host work
-  bool host_register = false;          // existing host memory can be registered
-  bool execute = false;                // the backend runs callables
+  bool execute = false;                // the backend runs host callables (Worker::execute)
   bool device_memory_is_host = false;  // device memory is host RAM (sim): count it there
 };
 
@@ -60,22 +85,20 @@ struct WorkerStats {
   uint64_t device_capacity_bytes = 0;   // what the backend may commit
 };
 
-// Backend operations the fault hook can fail (mirrors ps_fault_kind).
+// Backend operations the fault hook can fail: the ABI's one list (PS_FAULT_KIND_LIST),
+// value for value. corrupt_h2d is not a failure: the nth upload flips one byte.
 enum class FaultKind {
-  device_malloc,
-  device_free,
-  host_alloc,
-  host_free,
-  copy_h2d,
-  copy_d2h,
-  execute,
-  corrupt_h2d  // not a failure: the nth upload flips one byte of its destination
+#define PINSTAGE_FAULT_KIND_(E, n) n,
+  PS_FAULT_KIND_LIST(PINSTAGE_FAULT_KIND_)
+#undef PINSTAGE_FAULT_KIND_
 };
+// FaultKind::copy_h2d -> "copy_h2d".
+PINSTAGE_API const char* fault_kind_name(FaultKind kind);
 
-namespace detail {
+namespace runtime {
 struct WorkerState;
 class CallGuard;
-}  // namespace detail
+}  // namespace runtime
 
 // Which memory a Buffer owns: the worker's pinned host memory or device memory.
 enum class MemoryKind { pinned_host, device };
@@ -107,9 +130,9 @@ class PINSTAGE_API Buffer {
 
  private:
   friend class Worker;
-  Buffer(std::shared_ptr<detail::WorkerState> owner, void* data, size_t size) noexcept;
+  Buffer(std::shared_ptr<runtime::WorkerState> owner, void* data, size_t size) noexcept;
 
-  std::shared_ptr<detail::WorkerState> owner_;
+  std::shared_ptr<runtime::WorkerState> owner_;
   void* data_ = nullptr;
   size_t size_ = 0;
 };
@@ -129,7 +152,7 @@ class PINSTAGE_API Stream {
 
  private:
   friend class Worker;
-  std::shared_ptr<detail::WorkerState> owner_;
+  std::shared_ptr<runtime::WorkerState> owner_;
   void* handle_ = nullptr;  // ps_stream*, null when the backend has no async copies
 };
 
@@ -145,7 +168,7 @@ class PINSTAGE_API Event {
 
  private:
   friend class Worker;
-  std::shared_ptr<detail::WorkerState> owner_;
+  std::shared_ptr<runtime::WorkerState> owner_;
   void* handle_ = nullptr;  // ps_event*, null when the backend has no async copies
 };
 
@@ -155,6 +178,16 @@ struct ExecArg {
   void* device_ptr = nullptr;
   uint64_t bytes = 0;
 };
+
+// A function the runtime runs on device pointers for backends whose device memory is
+// host memory (sim): a scene's execute step without the plugin linking the scene. See
+// Note [Host callables] in src/runtime/host_callables.cpp.
+using HostCallable = std::function<void(std::span<const ExecArg> args)>;
+// Registers `fn` under `name` for every worker in the process. Error(invalid_argument)
+// when the name is empty or already taken.
+PINSTAGE_API void register_host_callable(const std::string& name, HostCallable fn);
+// The registered names, sorted.
+PINSTAGE_API std::vector<std::string> host_callable_names();
 
 // Owns one device through a backend plugin (docs/worker.md): its pinned host and device
 // memory, streams and events. Methods are thread-safe; finalize waits for calls in flight.
@@ -202,20 +235,28 @@ class PINSTAGE_API Worker {
   void wait(Event& event);
   void synchronize(Stream& stream);
 
-  // Runs a backend callable on bound device memory. Error(not_found) when the backend
-  // has no callable of that name, Error(unsupported) when it runs none at all.
+  // Runs a registered host callable on bound device memory through the backend's
+  // host_execute slot. Every argument must lie inside one device allocation of this
+  // worker. Error(not_found) for an unknown name, Error(unsupported) when the backend
+  // runs no host callables (its device memory is not host memory).
   void execute(const std::string& callable, std::span<const ExecArg> args);
+
+  // Plugin SDK escape hatch for tools: the backend's extension function `name` (its
+  // get_proc_address slot; nullptr when it has none) and the native ps_device_ctx that
+  // such a function takes. The extension's header documents the signature.
+  void* backend_extension(const std::string& name) const;
+  ps_device_ctx* native_context() const;
 
   // Tests: make the nth (1-based) next backend call of `kind` fail; nth = 0 clears it.
   void inject_fault(FaultKind kind, uint64_t nth);
 
  private:
-  const detail::WorkerState& state() const;  // throws unless initialized
+  const runtime::WorkerState& state() const;  // throws unless initialized
   // Throws unless initialized and not finalized; holds off finalize until destroyed.
-  detail::CallGuard enter() const;
+  runtime::CallGuard enter() const;
 
   WorkerLevel level_;
-  std::shared_ptr<detail::WorkerState> state_;
+  std::shared_ptr<runtime::WorkerState> state_;
 };
 
 // Throws Error(invalid_argument) unless `worker` is an initialized chip-level worker.

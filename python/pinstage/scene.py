@@ -1,6 +1,9 @@
 """Scene tests: generate a scene's arguments (optionally straight into a worker's pinned
 memory), compute the golden, bind them on a worker and compare. See docs/python.md.
 
+Every scene registered in C++ (docs/scenes.md) is a case here without Python code:
+``scene_cases()`` gives one ``RegisteredSceneCase`` per registered scene.
+
 A case overrides ``generate_args(params)``; a case that wants its inputs in the worker's
 pinned memory also overrides ``generate_args_for_worker(worker, params)``, whose default
 calls ``generate_args``, so cases written before the hook existed keep working. Both hooks
@@ -177,28 +180,54 @@ class SceneTestCase:
         return result
 
 
-class Qwen3DecodeCase(SceneTestCase):
-    """The Qwen3-14B decode scene (docs/golden.md). The worker-aware hook generates the
-    twenty arguments with the C++ fixture directly in the worker's pinned memory; they
+class RegisteredSceneCase(SceneTestCase):
+    """A scene from the C++ registry (pinstage.scene_names()): arguments, golden,
+    comparison and execute callable all come from the scene's registration. The
+    worker-aware hook generates the arguments straight into the worker's pinned memory."""
+
+    def __init__(self, name=None):
+        if name is not None:
+            self.name = name
+        if self.name not in _pinstage.scene_names():
+            raise InvalidArgumentError(
+                f"no scene named '{self.name}' (registered: "
+                f"{', '.join(_pinstage.scene_names())})")
+        self._names = [p["name"] for p in _pinstage.scene_params(self.name)]
+        defaults = {p["name"]: p["default"] for p in _pinstage.scene_params(self.name)
+                    if p["name"] in _PARAM_NAMES}
+        self.default_params = SceneParams.parse(defaults)
+
+    def _values(self, params):
+        """The SceneParams fields this scene takes, as the C++ registry wants them."""
+        return {k: v for k, v in dataclasses.asdict(params).items() if k in self._names}
+
+    def validate_params(self, params):
+        _pinstage.scene_describe(self.name, self._values(params))
+
+    def generate_args(self, params):
+        return _pinstage.scene_make_args(self.name, self._values(params))
+
+    def generate_args_for_worker(self, worker, params):
+        return _pinstage.scene_make_args(self.name, self._values(params), worker=worker)
+
+    def compute_golden(self, args, params):
+        return _pinstage.scene_compute_golden(self.name, args, self._values(params))
+
+    def compare(self, result, golden):
+        return _pinstage.scene_compare(result, golden)
+
+    def bind_options(self, params):
+        return {"execute": _pinstage.scene_callable(self.name)}
+
+
+def scene_cases():
+    """One RegisteredSceneCase per scene in the C++ registry, by name."""
+    return [RegisteredSceneCase(name) for name in _pinstage.scene_names()]
+
+
+class Qwen3DecodeCase(RegisteredSceneCase):
+    """The Qwen3-14B decode scene (docs/golden.md), from the registry. Its worker-aware
+    hook generates the twenty arguments directly in the worker's pinned memory; they
     surface as zero-copy torch tensors (args.wq, args["k_cache"], ...)."""
 
     name = "qwen3-decode"
-
-    def validate_params(self, params):
-        qwen3.validate(layers=params.layers, seq_len=params.seq_len, seed=params.seed)
-
-    def generate_args(self, params):
-        return qwen3.make_args(layers=params.layers, seq_len=params.seq_len, seed=params.seed)
-
-    def generate_args_for_worker(self, worker, params):
-        return qwen3.make_args(layers=params.layers, seq_len=params.seq_len, seed=params.seed,
-                               worker=worker)
-
-    def compute_golden(self, args, params):
-        return qwen3.compute_golden(args, params.layers)
-
-    def compare(self, result, golden):
-        return qwen3.compare(result, golden)
-
-    def bind_options(self, params):
-        return {"execute": "qwen3_decode"}

@@ -20,9 +20,6 @@ namespace py = pybind11;
 namespace pinstage {
 class Binder;
 struct BindOptions;
-namespace qwen3 {
-struct Config;
-}
 }  // namespace pinstage
 
 namespace pinstage::python {
@@ -102,16 +99,8 @@ inline bool interpreter_usable() {
 void register_errors(py::module_& m);
 
 void bind_worker(py::module_& m);
-void bind_tensors(py::module_& m);  // TaskArgs, Binder and the qwen3 scene
+void bind_tensors(py::module_& m);  // TaskArgs and Binder; scenes via bind_scene_run
 
-void bind_scene_run(py::module_& qwen3_module);  // qwen3.run_scene
-
-// BindOptions from the Python Binder's keywords; InvalidArgumentError naming a bad one.
-BindOptions make_bind_options(const std::string& layout, const std::string& upload,
-                              const std::string& execute, int64_t staging_buffers,
-                              int64_t staging_buffer_bytes, int64_t chunk_bytes,
-                              int64_t arena_alignment, bool verify_upload, int64_t copy_threads);
-// A validated qwen3::Config from Python ints (InvalidArgumentError when out of range).
-qwen3::Config make_config(int64_t layers, int64_t seq_len, int64_t seed, int64_t threads);
+void bind_scene_run(py::module_& m);  // the scene registry's Python side (run_scene, ...)
 
 }  // namespace pinstage::python

@@ -1,9 +1,15 @@
-// pinstage.qwen3.run_scene: the C++ scene run (generate, golden once, rounds of bind,
-// execute, read back and compare) with the GIL released. See docs/python.md.
+// The scene registry for Python: pinstage.scene_names(), scene_params, scene_make_args,
+// scene_compute_golden, scene_compare, run_scene (the C++ scene run with the GIL released)
+// and the report types; then every registered scene's own submodule. See docs/python.md.
 #include <pybind11/stl.h>
 
+#include <cstdint>
+#include <vector>
+
+#include "args.h"
+#include "bind_options.h"
 #include "common.h"
-#include "pinstage/qwen3_scene.h"
+#include "pinstage/scene.h"
 
 namespace pinstage::python {
 
@@ -12,51 +18,68 @@ namespace {
 // The scene's BindOptions from a dict of the Binder's keywords (execute and verify_upload
 // are the run's own).
 BindOptions scene_bind_options(const py::object& bind) {
-  const BindOptions defaults;
-  std::string layout = device_layout_name(defaults.layout);
-  std::string upload = upload_path_name(defaults.upload);
-  auto staging_buffers = static_cast<int64_t>(defaults.staging_buffers);
-  auto staging_buffer_bytes = static_cast<int64_t>(defaults.staging_buffer_bytes);
-  auto chunk_bytes = static_cast<int64_t>(defaults.chunk_bytes);
-  auto arena_alignment = static_cast<int64_t>(defaults.arena_alignment);
-  auto copy_threads = static_cast<int64_t>(defaults.copy_threads);
-  if (!bind.is_none()) {
-    if (!py::isinstance<py::dict>(bind))
-      throw py::type_error("run_scene: bind must be a dict of Binder options or None");
-    for (auto item : bind.cast<py::dict>()) {
-      const auto key = item.first.cast<std::string>();
-      const py::handle value = item.second;
-      if (key == "layout")
-        layout = value.cast<std::string>();
-      else if (key == "upload")
-        upload = value.cast<std::string>();
-      else if (key == "staging_buffers")
-        staging_buffers = value.cast<int64_t>();
-      else if (key == "staging_buffer_bytes")
-        staging_buffer_bytes = value.cast<int64_t>();
-      else if (key == "chunk_bytes")
-        chunk_bytes = value.cast<int64_t>();
-      else if (key == "arena_alignment")
-        arena_alignment = value.cast<int64_t>();
-      else if (key == "copy_threads")
-        copy_threads = value.cast<int64_t>();
-      else
-        throw Error(ErrorCode::invalid_argument,
-                    "run_scene: unknown bind option '" + key +
-                        "' (layout, upload, staging_buffers, staging_buffer_bytes, chunk_bytes, "
-                        "arena_alignment, copy_threads)");
-    }
-  }
-  return make_bind_options(layout, upload, "", staging_buffers, staging_buffer_bytes, chunk_bytes,
-                           arena_alignment, false, copy_threads);
+  if (bind.is_none()) return BindOptions{};
+  if (!py::isinstance<py::dict>(bind))
+    throw py::type_error("run_scene: bind must be a dict of Binder options or None");
+  return bind_options_from(bind.cast<py::dict>(), "run_scene", UnknownBindOption::invalid_argument,
+                           {"execute", "verify_upload"});
 }
 
-}  // namespace
+std::vector<PythonSceneBinder>& python_scenes() {
+  static std::vector<PythonSceneBinder> binders;
+  return binders;
+}
 
-void bind_scene_run(py::module_& qwen3_module) {
-  using qwen3::SceneReport;
-  using qwen3::SceneRound;
-  py::class_<SceneRound>(qwen3_module, "SceneRound", "One round of a scene run.")
+// A dict of ints -> SceneValues (the scene checks names and ranges).
+SceneValues scene_values(const py::object& params) {
+  SceneValues values;
+  if (params.is_none()) return values;
+  if (!py::isinstance<py::dict>(params))
+    throw py::type_error("scene params must be a dict of name -> int or None");
+  for (auto item : params.cast<py::dict>()) {
+    const auto name = item.first.cast<std::string>();
+    if (!py::isinstance<py::int_>(item.second) || py::isinstance<py::bool_>(item.second))
+      throw Error(ErrorCode::invalid_argument, "scene parameter " + name + " must be an int, got " +
+                                                   py::repr(item.second).cast<std::string>());
+    values[name] = item.second.cast<int64_t>();
+  }
+  return values;
+}
+
+// A golden as Python holds it: opaque, tied to its scene.
+struct PyGolden {
+  std::shared_ptr<const Scene> scene;
+  std::shared_ptr<const SceneGolden> golden;
+};
+
+void bind_reports(py::module_& m) {
+  py::class_<TensorComparison>(m, "TensorComparison", "One tensor against the golden.")
+      .def_readonly("tensor", &TensorComparison::tensor)
+      .def_readonly("checked", &TensorComparison::checked)
+      .def_readonly("mismatches", &TensorComparison::mismatches)
+      .def_readonly("differing", &TensorComparison::differing)
+      .def_readonly("worst_index", &TensorComparison::worst_index)
+      .def_readonly("worst_actual", &TensorComparison::worst_actual)
+      .def_readonly("worst_expected", &TensorComparison::worst_expected)
+      .def_readonly("worst_diff", &TensorComparison::worst_diff)
+      .def_readonly("atol", &TensorComparison::atol)
+      .def_readonly("rtol", &TensorComparison::rtol)
+      .def_property_readonly("ok", &TensorComparison::ok)
+      .def("message", &TensorComparison::message)
+      .def("__repr__", &TensorComparison::message);
+  py::class_<Comparison>(m, "Comparison", "A run's outputs against the golden.")
+      .def_readonly("ok", &Comparison::ok)
+      .def_readonly("tensor", &Comparison::tensor)
+      .def_readonly("mismatches", &Comparison::mismatches)
+      .def_readonly("worst_index", &Comparison::worst_index)
+      .def_readonly("worst_actual", &Comparison::worst_actual)
+      .def_readonly("worst_expected", &Comparison::worst_expected)
+      .def_readonly("worst_diff", &Comparison::worst_diff)
+      .def_readonly("tensors", &Comparison::tensors)
+      .def("message", &Comparison::message)
+      .def("__bool__", [](const Comparison& c) { return c.ok; })
+      .def("__repr__", &Comparison::message);
+  py::class_<SceneRound>(m, "SceneRound", "One round of a scene run.")
       .def_readonly("index", &SceneRound::index)
       .def_readonly("bind", &SceneRound::bind)
       .def_readonly("comparison", &SceneRound::comparison)
@@ -65,11 +88,11 @@ void bind_scene_run(py::module_& qwen3_module) {
       .def_readonly("check_seconds", &SceneRound::check_seconds)
       .def_property_readonly("ok", &SceneRound::ok)
       .def("__repr__", [](const SceneRound& r) {
-        return "<pinstage.qwen3.SceneRound " + std::to_string(r.index) +
+        return "<pinstage.SceneRound " + std::to_string(r.index) +
                (r.ok() ? " ok>" : " failed: " + r.failure + ">");
       });
-
-  py::class_<SceneReport>(qwen3_module, "SceneReport", "What run_scene did.")
+  py::class_<SceneReport>(m, "SceneReport", "What run_scene did.")
+      .def_readonly("scene", &SceneReport::scene)
       .def_readonly("storage", &SceneReport::storage)
       .def_readonly("args_summary", &SceneReport::args_summary)
       .def_readonly("generate_seconds", &SceneReport::generate_seconds)
@@ -77,45 +100,130 @@ void bind_scene_run(py::module_& qwen3_module) {
       .def_readonly("rounds", &SceneReport::rounds)
       .def_property_readonly("ok", &SceneReport::ok)
       .def("__repr__", [](const SceneReport& r) {
-        return "<pinstage.qwen3.SceneReport " + r.storage + " " + std::to_string(r.rounds.size()) +
-               " round(s) " + (r.ok() ? "ok" : "failed") + ">";
+        return "<pinstage.SceneReport " + r.scene + " " + r.storage + " " +
+               std::to_string(r.rounds.size()) + " round(s) " + (r.ok() ? "ok" : "failed") + ">";
       });
+  py::class_<PyGolden>(m, "SceneGolden", "A scene's golden (opaque; pass it to scene_compare).")
+      .def("__repr__",
+           [](const PyGolden& g) { return "<pinstage.SceneGolden " + g.scene->name() + ">"; });
+}
 
-  qwen3_module.def(
-      "run_scene",
-      [](const py::object& worker_obj, int64_t layers, int64_t seq_len, int64_t seed,
-         int64_t threads, const std::string& storage, int64_t rounds, bool skip_golden,
-         const std::string& save_golden, const std::string& callable, const py::object& bind) {
-        if (!py::isinstance<PyWorker>(worker_obj))
-          throw py::type_error("run_scene needs a pinstage.Worker, got " +
-                               py::type::of(worker_obj).attr("__name__").cast<std::string>());
-        auto& w = worker_obj.cast<PyWorker&>();
-        qwen3::SceneOptions options;
-        options.config = make_config(layers, seq_len, seed, threads);
-        options.storage = qwen3::parse_host_storage(storage);
-        if (rounds < 1 || rounds > INT32_MAX)
-          throw Error(ErrorCode::invalid_argument,
-                      "run_scene: rounds must be >= 1, got " + std::to_string(rounds));
-        options.rounds = static_cast<int>(rounds);
-        options.skip_golden = skip_golden;
-        options.save_golden = save_golden;
-        options.callable = callable;
-        options.bind = scene_bind_options(bind);
-        qwen3::validate(options);
-        // The run's args live in the worker's pinned memory: finalize() must wait.
-        ++w.busy;
-        struct Done {
-          PyWorker& w;
-          ~Done() { --w.busy; }
-        } done{w};
-        py::gil_scoped_release nogil;
-        return qwen3::run_scene(w.worker, options);
+py::list params_of(const std::string& name) {
+  py::list out;
+  for (const SceneParam& p : find_scene(name)->params()) {
+    py::dict d;
+    d["name"] = p.name;
+    d["help"] = p.help;
+    d["default"] = p.default_value;
+    d["size"] = p.size;
+    out.append(d);
+  }
+  return out;
+}
+
+std::unique_ptr<PyArgs> make_args(const std::string& name, const py::object& params,
+                                  int64_t threads, const py::object& worker_obj) {
+  const auto scene = find_scene(name);
+  const SceneValues values = resolve_params(*scene, scene_values(params));
+  if (threads < 0 || threads > 4096)
+    throw Error(ErrorCode::invalid_argument,
+                "threads must be in [0, 4096] (0 = all cores), got " + std::to_string(threads));
+  std::unique_ptr<HostAllocator> allocator;
+  PyWorker* w = nullptr;
+  if (worker_obj.is_none()) {
+    allocator = std::make_unique<PageableAllocator>();
+  } else {
+    w = &as_worker(worker_obj, "make_args");
+    allocator = std::make_unique<PinnedAllocator>(w->worker);  // the chip-worker guard
+  }
+  TaskArgs args;
+  {
+    py::gil_scoped_release nogil;
+    args = scene->make_args(*allocator, values, static_cast<int>(threads));
+  }
+  return std::make_unique<PyArgs>(std::move(args), w ? worker_obj : py::none(), w);
+}
+
+PyGolden compute_golden(const std::string& name, const PyArgs& a, const py::object& params) {
+  const auto scene = find_scene(name);
+  const SceneValues values = resolve_params(*scene, scene_values(params));
+  a.require_usable("scene_compute_golden");
+  Busy busy(a.worker);
+  py::gil_scoped_release nogil;
+  return PyGolden{scene, scene->compute_golden(a.args, values)};
+}
+
+Comparison compare(const PyArgs& a, const PyGolden& golden) {
+  a.require_usable("scene_compare");
+  Busy busy(a.worker);
+  py::gil_scoped_release nogil;
+  return golden.scene->compare(a.args, *golden.golden);
+}
+
+SceneReport run(const py::object& worker_obj, const std::string& name, const py::object& params,
+                int64_t threads, const std::string& storage, int64_t rounds, bool skip_golden,
+                const std::string& save_golden, const std::string& callable,
+                const py::object& bind) {
+  auto& w = as_worker(worker_obj, "run_scene");
+  const auto scene = find_scene(name);
+  SceneRunOptions options;
+  options.values = scene_values(params);
+  if (threads < 0 || threads > 4096)
+    throw Error(ErrorCode::invalid_argument,
+                "threads must be in [0, 4096] (0 = all cores), got " + std::to_string(threads));
+  options.threads = static_cast<int>(threads);
+  options.storage = parse_host_storage(storage);
+  if (rounds < 1 || rounds > INT32_MAX)
+    throw Error(ErrorCode::invalid_argument,
+                "run_scene: rounds must be >= 1, got " + std::to_string(rounds));
+  options.rounds = static_cast<int>(rounds);
+  options.skip_golden = skip_golden;
+  options.save_golden = save_golden;
+  options.callable = callable;
+  options.bind = scene_bind_options(bind);
+  validate(*scene, options);
+  // The run's args live in the worker's pinned memory: finalize() must wait.
+  Busy busy(&w);
+  py::gil_scoped_release nogil;
+  return run_scene(w.worker, *scene, options);
+}
+
+}  // namespace
+
+void register_python_scene(PythonSceneBinder binder) { python_scenes().push_back(binder); }
+
+void bind_scene_run(py::module_& m) {
+  bind_reports(m);
+  m.def("scene_names", [] {
+    std::vector<std::string> names;
+    for (const auto& s : registered_scenes()) names.push_back(s->name());
+    return names;
+  });
+  m.def("scene_params", &params_of, py::arg("scene"));
+  m.def(
+      "scene_describe",
+      [](const std::string& name, const py::object& params) {
+        const auto scene = find_scene(name);
+        return scene->describe(resolve_params(*scene, scene_values(params)));
       },
-      py::arg("worker"), py::arg("layers") = qwen3::kDefaultLayers,
-      py::arg("seq_len") = qwen3::kDefaultSeqLen, py::arg("seed") = qwen3::kDefaultSeed,
-      py::arg("threads") = 0, py::arg("storage") = "pinned", py::arg("rounds") = 1,
-      py::arg("skip_golden") = false, py::arg("save_golden") = "",
-      py::arg("callable") = "qwen3_decode", py::arg("bind") = py::none());
+      py::arg("scene"), py::arg("params") = py::none());
+  m.def(
+      "scene_callable", [](const std::string& name) { return find_scene(name)->callable(); },
+      py::arg("scene"));
+  m.def("scene_make_args", &make_args, py::arg("scene"), py::arg("params") = py::none(),
+        py::arg("threads") = 0, py::arg("worker") = py::none());
+  m.def("scene_compute_golden", &compute_golden, py::arg("scene"), py::arg("args"),
+        py::arg("params") = py::none());
+  m.def("scene_compare", &compare, py::arg("result"), py::arg("golden"));
+  m.def("run_scene", &run, py::arg("worker"), py::arg("scene"), py::arg("params") = py::none(),
+        py::arg("threads") = 0, py::arg("storage") = "pinned", py::arg("rounds") = 1,
+        py::arg("skip_golden") = false, py::arg("save_golden") = "", py::arg("callable") = "",
+        py::arg("bind") = py::none());
+}
+
+void bind_scenes(py::module_& m) {
+  bind_scene_run(m);
+  for (PythonSceneBinder binder : python_scenes()) binder(m);
 }
 
 }  // namespace pinstage::python

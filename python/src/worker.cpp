@@ -165,37 +165,27 @@ void release_buffer(PyObject* self, Py_buffer*) {
 }
 
 FaultKind parse_fault_kind(const std::string& name) {
-  static const std::pair<const char*, FaultKind> kinds[] = {
-      {"device_malloc", FaultKind::device_malloc},
-      {"device_free", FaultKind::device_free},
-      {"host_alloc", FaultKind::host_alloc},
-      {"host_free", FaultKind::host_free},
-      {"copy_h2d", FaultKind::copy_h2d},
-      {"copy_d2h", FaultKind::copy_d2h},
-      {"execute", FaultKind::execute},
-      {"corrupt_h2d", FaultKind::corrupt_h2d}};
   std::string valid;
-  for (const auto& [kind_name, kind] : kinds) {
-    if (name == kind_name) return kind;
+  for (int k = 0; k < PS_FAULT_KIND_COUNT; ++k) {
+    if (name == ps_fault_kind_name(k)) return static_cast<FaultKind>(k);
     valid += valid.empty() ? "" : ", ";
-    valid += kind_name;
+    valid += ps_fault_kind_name(k);
   }
   throw Error(ErrorCode::invalid_argument,
               "unknown fault kind '" + name + "' (valid: " + valid + ")");
 }
 
-// "key=value;key=value" from a str or a dict of str -> str/int.
-std::string config_string(const py::handle& value) {
-  if (py::isinstance<py::str>(value)) return value.cast<std::string>();
+// A dict of str -> str/int as the backend's key/value settings.
+BackendConfig backend_config(const py::handle& value) {
   if (!py::isinstance<py::dict>(value))
     throw Error(ErrorCode::invalid_argument,
-                "option config must be a str ('key=value;key=value') or a dict");
-  std::string out;
-  for (auto item : value.cast<py::dict>()) {
-    out += out.empty() ? "" : ";";
-    out += py::str(item.first).cast<std::string>() + "=" + py::str(item.second).cast<std::string>();
-  }
-  return out;
+                "option config must be a dict of backend settings, e.g. "
+                "{'pinned_mode': 'register'}");
+  BackendConfig config;
+  for (auto item : value.cast<py::dict>())
+    config.emplace_back(py::str(item.first).cast<std::string>(),
+                        py::str(item.second).cast<std::string>());
+  return config;
 }
 
 // An int argument as int64: Error(invalid_argument) for a non-int (bool included) and for
@@ -230,7 +220,7 @@ WorkerOptions parse_options(const py::kwargs& kwargs) {
     else if (key == "plugin_path")
       options.plugin_path = item.second.cast<std::string>();
     else if (key == "config")
-      options.config = config_string(item.second);
+      options.config = backend_config(item.second);
     else
       throw py::type_error("Worker() got an unexpected option '" + key +
                            "' (options: device_capacity_bytes, plugin_path, config)");
@@ -268,14 +258,12 @@ void bind_worker(py::module_& m) {
   py::class_<Capabilities>(m, "Capabilities", "What the worker's backend can do.")
       .def_readonly("pinned_is_page_locked", &Capabilities::pinned_is_page_locked)
       .def_readonly("async_copy", &Capabilities::async_copy)
-      .def_readonly("host_register", &Capabilities::host_register)
       .def_readonly("device_memory_is_host", &Capabilities::device_memory_is_host)
       .def_readonly("execute", &Capabilities::execute)
       .def("__repr__", [](const Capabilities& c) {
         auto b = [](bool v) { return v ? "True" : "False"; };
         return std::string("Capabilities(pinned_is_page_locked=") + b(c.pinned_is_page_locked) +
-               ", async_copy=" + b(c.async_copy) + ", host_register=" + b(c.host_register) +
-               ", execute=" + b(c.execute) +
+               ", async_copy=" + b(c.async_copy) + ", execute=" + b(c.execute) +
                ", device_memory_is_host=" + b(c.device_memory_is_host) + ")";
       });
 
@@ -403,7 +391,7 @@ void bind_worker(py::module_& m) {
                 if (!dl_device.is_none()) {
                   const auto wanted = dl_device.cast<std::pair<int, int>>();
                   const bool cuda_host = wanted.first == kDLCUDAHost &&
-                                         b.worker->worker.backend().name == "cuda" &&
+                                         !b.worker->worker.capabilities().device_memory_is_host &&
                                          b.worker->worker.capabilities().pinned_is_page_locked;
                   if (wanted.first == kDLCUDAHost && cuda_host)
                     device = DLDevice{kDLCUDAHost, 0};

@@ -29,21 +29,15 @@ std::string cell(const std::string& s, size_t width, bool left = false) {
 
 bool is_direct(Arm arm) { return arm != Arm::staged; }
 
-}  // namespace
-
-std::string format_table(const BenchResult& r) {
+// The header: what ran, the plan's reason, the sizes and the methodology in brief.
+std::string header(const BenchResult& r) {
   const Stats& s = r.stats;
-  const auto& arms = r.config.arms;
-  const std::string ref = arm_name(arms[s.reference]);
-  const bool baseline = r.config.baseline;
   std::string out;
-  if (r.plan.layers > 0) {
-    out += "pinstage bench qwen3-decode: backend " + r.backend + ", " +
-           std::to_string(r.plan.layers) + " layer" + (r.plan.layers == 1 ? "" : "s") +
-           ", seq_len " + std::to_string(r.config.seq_len);
-  } else {
+  if (!r.task.empty())
+    out += "pinstage bench " + r.task + ": backend " + r.backend +
+           (r.description.empty() ? "" : ", " + r.description);
+  else
     out += "A/B bind benchmark: backend " + r.backend;
-  }
   out += ", " + std::to_string(r.threads) + " copy thread" + (r.threads == 1 ? "" : "s") + "\n";
   if (!r.plan.reason.empty()) out += r.plan.reason + "\n";
   out +=
@@ -55,15 +49,21 @@ std::string format_table(const BenchResult& r) {
       (r.config.keep_cold ? "cold round kept"
                           : "cold round dropped (" + std::to_string(s.rounds_used) + " measured)") +
       "\n";
-  if (baseline)
+  if (r.config.baseline)
     out +=
         "memcpy baseline: a plain all-cores memcpy of the same bytes from the arm's host "
         "args into " +
         r.baseline_kind + "\n";
-  out += "\n";
+  return out + "\n";
+}
 
-  out += cell("group", 6) + "  " + cell("arm", 9, true) + cell("min ms", 10) + cell("GB/s", 8) +
-         cell("vs " + ref, 13) + cell("upload GB/s", 13);
+// Per group and arm: min latency, GB/s, reduction, upload and memcpy GB/s.
+std::string group_table(const BenchResult& r, const std::string& ref) {
+  const Stats& s = r.stats;
+  const auto& arms = r.config.arms;
+  const bool baseline = r.config.baseline;
+  std::string out = cell("group", 6) + "  " + cell("arm", 9, true) + cell("min ms", 10) +
+                    cell("GB/s", 8) + cell("vs " + ref, 13) + cell("upload GB/s", 13);
   if (baseline) out += cell("memcpy GB/s", 13) + cell("up/memcpy", 11);
   out += "\n";
   for (size_t g = 0; g < s.groups.size(); ++g) {
@@ -78,10 +78,18 @@ std::string format_table(const BenchResult& r) {
       out += "\n";
     }
   }
+  return out;
+}
 
-  out += "\nacross " + std::to_string(s.groups.size()) +
-         " groups (range of the per-group minimum; reduction = lower bind latency than " + ref +
-         "):\n";
+// Across groups per arm: ranges, median and conservative reductions, agreement.
+std::string across_table(const BenchResult& r, const std::string& ref) {
+  const Stats& s = r.stats;
+  const auto& arms = r.config.arms;
+  const bool baseline = r.config.baseline;
+  std::string out = "\nacross " + std::to_string(s.groups.size()) +
+                    " groups (range of the per-group minimum; reduction = lower bind latency "
+                    "than " +
+                    ref + "):\n";
   out += cell("arm", 9, true) + cell("min-max ms", 20) + cell("GB/s", 16) +
          cell("median red.", 13) + cell("conservative", 14) + cell("direction", 14);
   if (baseline) out += cell("up/memcpy med", 15) + cell("worst", 8);
@@ -103,9 +111,36 @@ std::string format_table(const BenchResult& r) {
              cell(fmt("%.3fx", as.worst_upload_vs_memcpy), 8);
     out += "\n";
   }
+  return out;
+}
 
-  out += "\nsummary:\n";
+// The upload-vs-memcpy line and the upload target's verdict.
+std::string upload_lines(const BenchResult& r) {
+  const Stats& s = r.stats;
+  const auto& arms = r.config.arms;
+  double worst_direct = -1.0;
+  std::string line = "  upload vs a plain memcpy of the same bytes (median over groups):";
   for (size_t a = 0; a < arms.size(); ++a) {
+    line += std::string(" ") + arm_name(arms[a]) + " " +
+            fmt("%.3fx", s.arms[a].median_upload_vs_memcpy) +
+            (is_direct(arms[a]) ? "" : " (two copies on sim)") + (a + 1 < arms.size() ? "," : "");
+    if (is_direct(arms[a]) &&
+        (worst_direct < 0.0 || s.arms[a].median_upload_vs_memcpy < worst_direct))
+      worst_direct = s.arms[a].median_upload_vs_memcpy;
+  }
+  std::string out = line + "\n";
+  if (worst_direct >= 0.0)
+    out += "  upload target (direct uploads >= " + fmt("%.2fx", kUploadTarget) +
+           " memcpy): " + (worst_direct >= kUploadTarget ? "met" : "NOT met") + " (" +
+           fmt("%.3fx", worst_direct) + ")\n";
+  return out;
+}
+
+// The verdict per arm against the reference.
+std::string summary_lines(const BenchResult& r, const std::string& ref) {
+  const Stats& s = r.stats;
+  std::string out = "\nsummary:\n";
+  for (size_t a = 0; a < r.config.arms.size(); ++a) {
     if (a == s.reference) continue;
     const ArmSummary& as = s.arms[a];
     const bool faster = as.median_reduction >= 0.0;
@@ -119,23 +154,7 @@ std::string format_table(const BenchResult& r) {
                       " groups agree in direction (not conclusive)") +
            "\n";
   }
-  if (baseline) {
-    double worst_direct = -1.0;
-    std::string line = "  upload vs a plain memcpy of the same bytes (median over groups):";
-    for (size_t a = 0; a < arms.size(); ++a) {
-      line += std::string(" ") + arm_name(arms[a]) + " " +
-              fmt("%.3fx", s.arms[a].median_upload_vs_memcpy) +
-              (is_direct(arms[a]) ? "" : " (two copies on sim)") + (a + 1 < arms.size() ? "," : "");
-      if (is_direct(arms[a]) &&
-          (worst_direct < 0.0 || s.arms[a].median_upload_vs_memcpy < worst_direct))
-        worst_direct = s.arms[a].median_upload_vs_memcpy;
-    }
-    out += line + "\n";
-    if (worst_direct >= 0.0)
-      out += "  upload target (direct uploads >= " + fmt("%.2fx", kUploadTarget) +
-             " memcpy): " + (worst_direct >= kUploadTarget ? "met" : "NOT met") + " (" +
-             fmt("%.3fx", worst_direct) + ")\n";
-  }
+  if (r.config.baseline) out += upload_lines(r);
   if (r.backend == "sim")
     out +=
         "  note: on sim, device memory is host memory, so the pinned/pageable gap (a "
@@ -143,22 +162,25 @@ std::string format_table(const BenchResult& r) {
   return out;
 }
 
-std::string to_json(const BenchResult& r) {
-  using nlohmann::json;
-  const Stats& s = r.stats;
-  json doc;
-  doc["benchmark"] = "pinstage bench qwen3-decode";
+}  // namespace
+
+std::string format_table(const BenchResult& r) {
+  const std::string ref = arm_name(r.config.arms[r.stats.reference]);
+  return header(r) + group_table(r, ref) + across_table(r, ref) + summary_lines(r, ref);
+}
+
+namespace {
+
+using nlohmann::json;
+
+json config_json(const BenchResult& r) {
   json arms = json::array();
   for (Arm a : r.config.arms) arms.push_back(arm_name(a));
-  doc["config"] = {
+  json config = {
       {"backend", r.backend},
-      {"layers", r.plan.layers},
-      {"layers_automatic", r.plan.automatic},
-      {"layers_reason", r.plan.reason},
-      {"seq_len", r.config.seq_len},
-      {"seed", r.config.seed},
+      {"task", r.task},
       {"arms", arms},
-      {"reference_arm", arm_name(r.config.arms[s.reference])},
+      {"reference_arm", arm_name(r.config.arms[r.stats.reference])},
       {"groups", r.config.groups},
       {"rounds", r.config.rounds},
       {"keep_cold", r.config.keep_cold},
@@ -168,16 +190,17 @@ std::string to_json(const BenchResult& r) {
       {"staging_buffer_bytes", r.config.staging_buffer_bytes},
       {"threads", r.threads},
   };
-  doc["memory"] = {{"host_budget_bytes", r.plan.host_budget},
-                   {"host_args_bytes", r.plan.need.host_args},
-                   {"device_bytes", r.plan.need.device},
-                   {"staging_bytes", r.plan.need.staging},
-                   {"host_total_bytes", r.plan.need.host_total}};
-  doc["sizes"] = {{"tensors", r.sizes.tensors},
-                  {"staged_tensors", r.sizes.staged_tensors},
-                  {"total_bytes", r.sizes.total_bytes},
-                  {"staged_bytes", r.sizes.staged_bytes}};
+  for (const auto& [name, value] : r.params) config[name] = value;
+  // The size knob's value and how it was chosen ("layers", "layers_automatic", ...).
+  const std::string knob = r.size_name.empty() ? "size" : r.size_name;
+  if (!r.size_name.empty()) config[knob] = r.plan.size;
+  config[knob + "_automatic"] = r.plan.automatic;
+  config[knob + "_reason"] = r.plan.reason;
+  return config;
+}
 
+json groups_json(const BenchResult& r) {
+  const Stats& s = r.stats;
   json groups = json::array();
   for (size_t g = 0; g < r.groups.size(); ++g) {
     json garms = json::array();
@@ -213,8 +236,10 @@ std::string to_json(const BenchResult& r) {
     }
     groups.push_back({{"group", g + 1}, {"arms", garms}});
   }
-  doc["groups"] = groups;
+  return groups;
+}
 
+json summary_json(const Stats& s) {
   json summary = json::array();
   for (const ArmSummary& as : s.arms)
     summary.push_back({{"arm", as.arm},
@@ -229,8 +254,27 @@ std::string to_json(const BenchResult& r) {
                        {"direction_agrees", as.direction_agrees},
                        {"median_upload_vs_memcpy", as.median_upload_vs_memcpy},
                        {"worst_upload_vs_memcpy", as.worst_upload_vs_memcpy}});
-  doc["summary"] = {
-      {"rounds_used", s.rounds_used}, {"upload_target", kUploadTarget}, {"arms", summary}};
+  return {{"rounds_used", s.rounds_used}, {"upload_target", kUploadTarget}, {"arms", summary}};
+}
+
+}  // namespace
+
+std::string to_json(const BenchResult& r) {
+  json doc;
+  doc["benchmark"] =
+      r.task.empty() ? std::string("A/B bind benchmark") : "pinstage bench " + r.task;
+  doc["config"] = config_json(r);
+  doc["memory"] = {{"host_budget_bytes", r.plan.host_budget},
+                   {"host_args_bytes", r.plan.need.host_args},
+                   {"device_bytes", r.plan.need.device},
+                   {"staging_bytes", r.plan.need.staging},
+                   {"host_total_bytes", r.plan.need.host_total}};
+  doc["sizes"] = {{"tensors", r.sizes.tensors},
+                  {"staged_tensors", r.sizes.staged_tensors},
+                  {"total_bytes", r.sizes.total_bytes},
+                  {"staged_bytes", r.sizes.staged_bytes}};
+  doc["groups"] = groups_json(r);
+  doc["summary"] = summary_json(r.stats);
   return doc.dump(2) + "\n";
 }
 

@@ -1,4 +1,4 @@
-// A/B benchmark configuration: arm names, validation, and the automatic layer count.
+// A/B benchmark configuration: arm names, validation, and the automatic size.
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -40,6 +40,87 @@ bool fits(const MemoryNeed& need, const MemoryBudget& budget, uint64_t host_budg
   if (need.host_total > host_budget) return false;
   if (budget.device_capacity > 0 && need.device > budget.device_capacity) return false;
   return true;
+}
+
+// The task's size knob as the plan words it.
+struct Knob {
+  explicit Knob(const BenchTask& task)
+      : name(task.size.name),
+        flag(param_flag(task.size.name)),
+        unit(task.size.unit.empty() ? "step" : task.size.unit),
+        max(task.size.name.empty() ? 1 : task.size.size_max),
+        max_note(task.size.size_max_note.empty() ? "the maximum" : task.size.size_max_note) {}
+  bool fixed() const { return name.empty(); }
+  std::string count(int64_t n) const {
+    return std::to_string(n) + " " + unit + (n == 1 ? "" : "s");
+  }
+  std::string name, flag, unit;
+  int64_t max;
+  std::string max_note;
+};
+
+// `size` was asked for (or the task has no knob): it may use all of MemAvailable.
+SizePlan explicit_plan(const BenchConfig& config, const BenchTask& task, const MemoryBudget& budget,
+                       const Knob& knob, int64_t size, int64_t best) {
+  SizePlan plan;
+  plan.size = size;
+  plan.need = memory_need(config, task, size, budget);
+  plan.host_budget = budget.host_available;
+  const std::string asked = knob.fixed() ? task.name : knob.flag + " " + std::to_string(size);
+  const bool host_ok = plan.need.host_total <= budget.host_available;
+  const bool device_ok = budget.device_capacity == 0 || plan.need.device <= budget.device_capacity;
+  if (!host_ok || !device_ok) {
+    std::string msg = asked + " needs ";
+    if (!host_ok)
+      msg += gb(plan.need.host_total) + " of host memory (" + describe_need(plan.need, budget) +
+             ") but MemAvailable is " + gb(budget.host_available);
+    else
+      msg += gb(plan.need.device) + " of device memory but the device holds " +
+             gb(budget.device_capacity);
+    if (knob.fixed())
+      msg += "; choose smaller sizes";
+    else
+      msg += best > 0
+                 ? "; use " + knob.flag + " " + std::to_string(best) + " or fewer, or omit " +
+                       knob.flag + " to choose the largest size that fits in half of MemAvailable"
+                 : "; even 1 " + knob.unit +
+                       " does not fit in half of MemAvailable on this "
+                       "machine";
+    throw Error(ErrorCode::out_of_memory, msg);
+  }
+  plan.reason = asked + ": needs " + describe_need(plan.need, budget) + " = " +
+                gb(plan.need.host_total) + " of " + gb(budget.host_available) + " available";
+  return plan;
+}
+
+SizePlan automatic_plan(const BenchConfig& config, const BenchTask& task,
+                        const MemoryBudget& budget, const Knob& knob, int64_t best) {
+  const uint64_t half = budget.host_available / 2;
+  if (best == 0) {
+    const MemoryNeed one = memory_need(config, task, 1, budget);
+    throw Error(
+        ErrorCode::out_of_memory,
+        "even 1 " + knob.unit + " needs " + gb(one.host_total) + " of host memory (" +
+            describe_need(one, budget) + ")" +
+            (budget.device_capacity > 0 ? " and " + gb(one.device) + " of device memory"
+                                        : std::string()) +
+            ", more than half of MemAvailable (" + gb(budget.host_available) + ")" +
+            (budget.device_capacity > 0 ? " or the device (" + gb(budget.device_capacity) + ")"
+                                        : std::string()) +
+            "; free memory or pass " + knob.flag + " 1 explicitly to use all of MemAvailable");
+  }
+  SizePlan plan;
+  plan.size = best;
+  plan.automatic = true;
+  plan.need = memory_need(config, task, best, budget);
+  plan.host_budget = half;
+  plan.reason = "automatic size: " + knob.count(best) +
+                (best == knob.max ? " (" + knob.max_note + ")" : " (the largest that fits)") +
+                ": " + describe_need(plan.need, budget) + " = " + gb(plan.need.host_total) +
+                " within half of MemAvailable (" + gb(half) + ")";
+  if (budget.device_capacity > 0)
+    plan.reason += ", device memory " + gb(plan.need.device) + " of " + gb(budget.device_capacity);
+  return plan;
 }
 
 }  // namespace
@@ -113,14 +194,10 @@ void validate(const BenchConfig& config) {
                 "--rounds " + std::to_string(config.rounds) +
                     " leaves no round to measure: the first, cold bind of every arm is "
                     "dropped; use --rounds 2 or more, or --keep-cold");
-  if (config.layers < 0)
+  if (config.size < 0)
     throw Error(ErrorCode::invalid_argument,
-                "--layers is " + std::to_string(config.layers) +
+                "the size is " + std::to_string(config.size) +
                     "; it must be at least 1 (or omitted for the automatic size)");
-  if (config.seq_len < 1 || config.seq_len > qwen3::kMaxSeq)
-    throw Error(ErrorCode::invalid_argument, "--seq-len is " + std::to_string(config.seq_len) +
-                                                 "; it must be in [1, " +
-                                                 std::to_string(qwen3::kMaxSeq) + "]");
   BindOptions bind;
   bind.staging_buffers = config.staging_buffers;
   bind.staging_buffer_bytes = config.staging_buffer_bytes;
@@ -139,15 +216,13 @@ uint64_t read_mem_available() {
     break;
   }
   throw Error(ErrorCode::io,
-              "cannot read MemAvailable from /proc/meminfo; pass --layers to choose the size");
+              "cannot read MemAvailable from /proc/meminfo; pass the size explicitly");
 }
 
-MemoryNeed memory_need(const BenchConfig& config, int layers, const MemoryBudget& budget) {
-  qwen3::Config qc;
-  qc.n_layers = layers;
-  qc.seq_len = config.seq_len;
-  qc.seed = config.seed;
-  const qwen3::Sizes sizes = qwen3::sizes(qc);
+MemoryNeed memory_need(const BenchConfig& config, const BenchTask& task, int64_t size,
+                       const MemoryBudget& budget) {
+  if (!task.sizes) throw Error(ErrorCode::invalid_argument, "memory_need: the task has no sizes");
+  const TaskSizes sizes = task.sizes(size);
   BindOptions bind;
   MemoryNeed need;
   need.host_args = sizes.total_bytes + sizes.tensors * kPage;
@@ -162,71 +237,18 @@ MemoryNeed memory_need(const BenchConfig& config, int layers, const MemoryBudget
   return need;
 }
 
-LayerPlan plan_layers(const BenchConfig& config, const MemoryBudget& budget) {
+SizePlan plan_size(const BenchConfig& config, const BenchTask& task, const MemoryBudget& budget) {
   validate(config);
-  LayerPlan plan;
-  const uint64_t half = budget.host_available / 2;
-
-  // The largest count fitting in half of MemAvailable, up to the model's 40 layers.
-  int best = 0;
-  for (int layers = 1; layers <= qwen3::kDefaultLayers; ++layers) {
-    if (!fits(memory_need(config, layers, budget), budget, half)) break;
-    best = layers;
+  const Knob knob(task);
+  // The largest value fitting in half of MemAvailable, up to the knob's maximum.
+  int64_t best = 0;
+  for (int64_t size = 1; size <= knob.max; ++size) {
+    if (!fits(memory_need(config, task, size, budget), budget, budget.host_available / 2)) break;
+    best = size;
   }
-
-  if (config.layers > 0) {
-    plan.layers = config.layers;
-    plan.automatic = false;
-    plan.need = memory_need(config, config.layers, budget);
-    plan.host_budget = budget.host_available;
-    const bool host_ok = plan.need.host_total <= budget.host_available;
-    const bool device_ok =
-        budget.device_capacity == 0 || plan.need.device <= budget.device_capacity;
-    if (!host_ok || !device_ok) {
-      std::string msg = "--layers " + std::to_string(config.layers) + " needs ";
-      if (!host_ok)
-        msg += gb(plan.need.host_total) + " of host memory (" + describe_need(plan.need, budget) +
-               ") but MemAvailable is " + gb(budget.host_available);
-      else
-        msg += gb(plan.need.device) + " of device memory but the device holds " +
-               gb(budget.device_capacity);
-      msg += best > 0 ? "; use --layers " + std::to_string(best) +
-                            " or fewer, or omit --layers to choose the largest size that fits "
-                            "in half of MemAvailable"
-                      : "; even 1 layer does not fit in half of MemAvailable on this machine";
-      throw Error(ErrorCode::out_of_memory, msg);
-    }
-    plan.reason = "--layers " + std::to_string(config.layers) + ": needs " +
-                  describe_need(plan.need, budget) + " = " + gb(plan.need.host_total) + " of " +
-                  gb(budget.host_available) + " available";
-    return plan;
-  }
-
-  if (best == 0) {
-    const MemoryNeed one = memory_need(config, 1, budget);
-    throw Error(
-        ErrorCode::out_of_memory,
-        "even 1 layer needs " + gb(one.host_total) + " of host memory (" +
-            describe_need(one, budget) + ")" +
-            (budget.device_capacity > 0 ? " and " + gb(one.device) + " of device memory"
-                                        : std::string()) +
-            ", more than half of MemAvailable (" + gb(budget.host_available) + ")" +
-            (budget.device_capacity > 0 ? " or the device (" + gb(budget.device_capacity) + ")"
-                                        : std::string()) +
-            "; free memory or pass --layers 1 explicitly to use all of MemAvailable");
-  }
-  plan.layers = best;
-  plan.automatic = true;
-  plan.need = memory_need(config, best, budget);
-  plan.host_budget = half;
-  plan.reason =
-      "automatic size: " + std::to_string(best) + " layer" + (best == 1 ? "" : "s") +
-      (best == qwen3::kDefaultLayers ? " (the whole model)" : " (the largest that fits)") + ": " +
-      describe_need(plan.need, budget) + " = " + gb(plan.need.host_total) +
-      " within half of MemAvailable (" + gb(half) + ")";
-  if (budget.device_capacity > 0)
-    plan.reason += ", device memory " + gb(plan.need.device) + " of " + gb(budget.device_capacity);
-  return plan;
+  if (knob.fixed() || config.size > 0)
+    return explicit_plan(config, task, budget, knob, knob.fixed() ? 1 : config.size, best);
+  return automatic_plan(config, task, budget, knob, best);
 }
 
 }  // namespace pinstage::ab

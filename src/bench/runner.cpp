@@ -1,23 +1,17 @@
-// The A/B runner: groups x arms x rounds of binds on the Qwen3 decode fixture, with the
+// The A/B runner: groups x arms x rounds of binds of any task's arguments, with the
 // plain memcpy baseline measured next to every arm.
-#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "pinstage/ab_bench.h"
+#include "pinstage/clock.h"
 #include "pinstage/parallel.h"
 
 namespace pinstage::ab {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // The baseline: a plain all-cores memcpy of every uploaded tensor into destination
 // memory of the kind the bind writes to (device memory where it is host memory, else a
@@ -48,13 +42,13 @@ class Baseline {
 
   // One timed round.
   double round() {
-    const auto start = Clock::now();
+    const Stopwatch clock;
     for (size_t i = 0; i < args_.size(); ++i) {
       const Tensor& t = args_.at(i);
       if (t.direction() == Direction::out || t.nbytes() == 0) continue;
       parallel_memcpy(dst_ + offsets_[i], t.data(), t.nbytes());
     }
-    return seconds_since(start);
+    return clock.seconds();
   }
 
  private:
@@ -64,6 +58,80 @@ class Baseline {
   std::shared_ptr<Storage> host_;
   unsigned char* dst_ = nullptr;
 };
+
+// Counts the steps and reports each to the caller's progress function.
+class Steps {
+ public:
+  Steps(const BenchConfig& config, const ProgressFn& fn) : fn_(fn) {
+    const size_t rounds = static_cast<size_t>(config.rounds);
+    prog_.total = static_cast<size_t>(config.groups) * config.arms.size() *
+                  (1 + rounds + (config.baseline ? rounds : 0));
+  }
+  void done(int group, Arm arm, std::string step) {
+    ++prog_.done;
+    prog_.group = group;
+    prog_.arm = arm;
+    prog_.step = std::move(step);
+    if (fn_) fn_(prog_);
+  }
+
+ private:
+  const ProgressFn& fn_;
+  Progress prog_;
+};
+
+std::string step_name(const char* what, size_t r, size_t rounds) {
+  return std::string(what) + " " + std::to_string(r + 1) + "/" + std::to_string(rounds);
+}
+
+// One arm's turn in group g: build its args, bind them config.rounds times, then the
+// memcpy baseline; the args are freed on return, before the next arm starts.
+ArmRun run_arm(Worker& worker, const BenchConfig& config, const ArgsFactory& make_args, Arm arm,
+               int g, bool device_is_host, BenchResult& result, bool& have_sizes, Steps& steps) {
+  ArmRun run;
+  run.arm = arm;
+  std::optional<PinnedAllocator> pinned;
+  PageableAllocator pageable;
+  HostAllocator* allocator = &pageable;
+  if (arm == Arm::pinned) allocator = &pinned.emplace(worker);
+  const Stopwatch gen;
+  const TaskArgs args = make_args(*allocator);
+  run.generate_seconds = gen.seconds();
+  const TaskSizes sizes = task_sizes(args);
+  if (!have_sizes) {
+    result.sizes = sizes;
+    have_sizes = true;
+  } else if (sizes.total_bytes != result.sizes.total_bytes ||
+             sizes.staged_bytes != result.sizes.staged_bytes ||
+             sizes.tensors != result.sizes.tensors) {
+    throw Error(ErrorCode::invalid_argument,
+                std::string("run_ab: the argument factory built different tensors for arm ") +
+                    arm_name(arm) + "; every arm must bind the same task");
+  }
+  steps.done(g, arm, "generate");
+
+  BindOptions options;
+  options.upload = arm == Arm::staged ? UploadPath::staged : UploadPath::direct;
+  options.staging_buffers = config.staging_buffers;
+  options.staging_buffer_bytes = config.staging_buffer_bytes;
+  Binder binder(worker, options);
+  const size_t rounds = static_cast<size_t>(config.rounds);
+  for (size_t r = 0; r < rounds; ++r) {
+    const BindReport rep = binder.run(args);
+    run.binds.push_back({rep.total_seconds, rep.phase_seconds, r == 0});
+    if (r + 1 == rounds) run.bind_summary = rep.summary();
+    steps.done(g, arm, step_name("bind", r, rounds));
+  }
+  // After the binds, so its destination never coexists with the bind's arena.
+  if (config.baseline) {
+    Baseline baseline(worker, args, device_is_host);
+    for (size_t r = 0; r < rounds; ++r) {
+      run.memcpy_seconds.push_back(baseline.round());
+      steps.done(g, arm, step_name("memcpy", r, rounds));
+    }
+  }
+  return run;
+}
 
 }  // namespace
 
@@ -108,94 +176,33 @@ BenchResult run_ab(Worker& worker, const BenchConfig& config, const ArgsFactory&
       device_is_host ? "device memory, which is host memory on " + result.backend
                      : std::string("a pageable host buffer (a host-to-host reference; ") +
                            "device memory is not host-addressable on " + result.backend + ")";
-
-  const size_t arms = config.arms.size();
-  const size_t rounds = static_cast<size_t>(config.rounds);
-  Progress prog;
-  prog.total =
-      static_cast<size_t>(config.groups) * arms * (1 + rounds + (config.baseline ? rounds : 0));
-  auto report = [&](int group, Arm arm, std::string step) {
-    ++prog.done;
-    prog.group = group;
-    prog.arm = arm;
-    prog.step = std::move(step);
-    if (progress) progress(prog);
-  };
-
+  Steps steps(config, progress);
   bool have_sizes = false;
   result.groups.resize(static_cast<size_t>(config.groups));
-  for (int g = 0; g < config.groups; ++g) {
-    for (Arm arm : config.arms) {
-      ArmRun run;
-      run.arm = arm;
-      // Only this arm's args exist while it runs; they are freed before the next arm.
-      std::optional<PinnedAllocator> pinned;
-      PageableAllocator pageable;
-      HostAllocator* allocator = &pageable;
-      if (arm == Arm::pinned) allocator = &pinned.emplace(worker);
-      const auto gen_start = Clock::now();
-      const TaskArgs args = make_args(*allocator);
-      run.generate_seconds = seconds_since(gen_start);
-      qwen3::Sizes sizes;
-      sizes.tensors = args.size();
-      sizes.staged_tensors = args.staged_count();
-      sizes.total_bytes = args.total_bytes();
-      sizes.staged_bytes = args.staged_bytes();
-      if (!have_sizes) {
-        result.sizes = sizes;
-        have_sizes = true;
-      } else if (sizes.total_bytes != result.sizes.total_bytes ||
-                 sizes.staged_bytes != result.sizes.staged_bytes ||
-                 sizes.tensors != result.sizes.tensors) {
-        throw Error(ErrorCode::invalid_argument,
-                    std::string("run_ab: the argument factory built different tensors for arm ") +
-                        arm_name(arm) + "; every arm must bind the same task");
-      }
-      report(g, arm, "generate");
-
-      BindOptions options;
-      options.upload = arm == Arm::staged ? UploadPath::staged : UploadPath::direct;
-      options.staging_buffers = config.staging_buffers;
-      options.staging_buffer_bytes = config.staging_buffer_bytes;
-      Binder binder(worker, options);
-      for (size_t r = 0; r < rounds; ++r) {
-        const BindReport rep = binder.run(args);
-        RoundRecord rec;
-        rec.seconds = rep.total_seconds;
-        rec.phase_seconds = rep.phase_seconds;
-        rec.cold = r == 0;
-        run.binds.push_back(rec);
-        if (r + 1 == rounds) run.bind_summary = rep.summary();
-        report(g, arm, "bind " + std::to_string(r + 1) + "/" + std::to_string(rounds));
-      }
-      // After the binds, so its destination never coexists with the bind's arena.
-      if (config.baseline) {
-        Baseline baseline(worker, args, device_is_host);
-        for (size_t r = 0; r < rounds; ++r) {
-          run.memcpy_seconds.push_back(baseline.round());
-          report(g, arm, "memcpy " + std::to_string(r + 1) + "/" + std::to_string(rounds));
-        }
-      }
-      result.groups[static_cast<size_t>(g)].push_back(std::move(run));
-    }
-  }
+  for (int g = 0; g < config.groups; ++g)
+    for (Arm arm : config.arms)
+      result.groups[static_cast<size_t>(g)].push_back(
+          run_arm(worker, config, make_args, arm, g, device_is_host, result, have_sizes, steps));
   result.stats = compute_stats(result.timings());
   return result;
 }
 
-BenchResult run_bench(Worker& worker, const BenchConfig& config, const LayerPlan& plan,
-                      const ProgressFn& progress) {
-  if (plan.layers < 1)
+BenchResult run_bench(Worker& worker, const BenchConfig& config, const BenchTask& task,
+                      const SizePlan& plan, const ProgressFn& progress) {
+  if (plan.size < 1)
     throw Error(ErrorCode::invalid_argument,
-                "run_bench: the layer plan has no layers; make it with plan_layers()");
-  qwen3::Config qc;
-  qc.n_layers = plan.layers;
-  qc.seq_len = config.seq_len;
-  qc.seed = config.seed;
+                "run_bench: the size plan has no size; make it with plan_size()");
+  if (!task.make_args)
+    throw Error(ErrorCode::invalid_argument, "run_bench: the task builds no arguments");
+  const int64_t size = plan.size;
   BenchResult result = run_ab(
-      worker, config, [&](HostAllocator& allocator) { return qwen3::make_args(allocator, qc); },
+      worker, config, [&](HostAllocator& allocator) { return task.make_args(allocator, size); },
       progress);
   result.plan = plan;
+  result.task = task.name;
+  result.description = task.describe ? task.describe(size) : std::string();
+  result.size_name = task.size.name;
+  result.params = task.params;
   return result;
 }
 

@@ -52,6 +52,40 @@ double min_after(const std::vector<double>& rounds, size_t skip) {
       std::vector<double>(rounds.begin() + static_cast<std::ptrdiff_t>(skip), rounds.end()));
 }
 
+// One arm across the groups: ranges, the paired median and worst reductions, agreement.
+ArmSummary summarize_arm(const Stats& s, const std::string& name, size_t a, uint64_t staged_bytes,
+                         bool have_ratios) {
+  const size_t groups = s.groups.size();
+  ArmSummary sum;
+  sum.arm = name;
+  std::vector<double> mins, reductions, ratios;
+  for (size_t g = 0; g < groups; ++g) {
+    mins.push_back(s.groups[g][a].min_seconds);
+    reductions.push_back(s.groups[g][a].reduction);
+    ratios.push_back(s.groups[g][a].upload_vs_memcpy);
+  }
+  sum.min_seconds = *std::min_element(mins.begin(), mins.end());
+  sum.max_seconds = *std::max_element(mins.begin(), mins.end());
+  sum.min_gbps = gbps(staged_bytes, sum.max_seconds);
+  sum.max_gbps = gbps(staged_bytes, sum.min_seconds);
+  sum.median_reduction = median_of(reductions);
+  const bool faster = sum.median_reduction >= 0.0;
+  sum.worst_reduction = faster ? *std::min_element(reductions.begin(), reductions.end())
+                               : *std::max_element(reductions.begin(), reductions.end());
+  for (double r : reductions) {
+    const bool agrees = sum.median_reduction > 0.0   ? r > 0.0
+                        : sum.median_reduction < 0.0 ? r < 0.0
+                                                     : r == 0.0;
+    if (agrees) ++sum.groups_agreeing;
+  }
+  sum.direction_agrees = sum.groups_agreeing == groups;
+  if (have_ratios) {
+    sum.median_upload_vs_memcpy = median_of(ratios);
+    sum.worst_upload_vs_memcpy = *std::min_element(ratios.begin(), ratios.end());
+  }
+  return sum;
+}
+
 }  // namespace
 
 double min_of(const std::vector<double>& values) {
@@ -113,35 +147,8 @@ Stats compute_stats(const Timings& t) {
   }
 
   s.arms.resize(arms);
-  for (size_t a = 0; a < arms; ++a) {
-    ArmSummary& sum = s.arms[a];
-    sum.arm = t.arms[a];
-    std::vector<double> mins, reductions, ratios;
-    for (size_t g = 0; g < groups; ++g) {
-      mins.push_back(s.groups[g][a].min_seconds);
-      reductions.push_back(s.groups[g][a].reduction);
-      ratios.push_back(s.groups[g][a].upload_vs_memcpy);
-    }
-    sum.min_seconds = *std::min_element(mins.begin(), mins.end());
-    sum.max_seconds = *std::max_element(mins.begin(), mins.end());
-    sum.min_gbps = gbps(t.staged_bytes, sum.max_seconds);
-    sum.max_gbps = gbps(t.staged_bytes, sum.min_seconds);
-    sum.median_reduction = median_of(reductions);
-    const bool faster = sum.median_reduction >= 0.0;
-    sum.worst_reduction = faster ? *std::min_element(reductions.begin(), reductions.end())
-                                 : *std::max_element(reductions.begin(), reductions.end());
-    for (double r : reductions) {
-      const bool agrees = sum.median_reduction > 0.0   ? r > 0.0
-                          : sum.median_reduction < 0.0 ? r < 0.0
-                                                       : r == 0.0;
-      if (agrees) ++sum.groups_agreeing;
-    }
-    sum.direction_agrees = sum.groups_agreeing == groups;
-    if (have_upload && have_baseline) {
-      sum.median_upload_vs_memcpy = median_of(ratios);
-      sum.worst_upload_vs_memcpy = *std::min_element(ratios.begin(), ratios.end());
-    }
-  }
+  for (size_t a = 0; a < arms; ++a)
+    s.arms[a] = summarize_arm(s, t.arms[a], a, t.staged_bytes, have_upload && have_baseline);
   // The conservative pairing needs the reference's range, known only now.
   const ArmSummary& ref = s.arms[t.reference];
   for (size_t a = 0; a < arms; ++a) {

@@ -1,48 +1,38 @@
-// Binder: allocate, upload (direct or through the staging ring), execute, download,
-// release. See docs/bind.md for the pipeline and its failure rules.
-#include <algorithm>
+// Binder: allocate, upload (direct or through the staging ring), verify, execute,
+// download, release: one function per phase. See docs/bind.md for the pipeline and its
+// failure rules.
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "pinstage/bind.h"
+#include "pinstage/clock.h"
 #include "pinstage/log.h"
 #include "pinstage/parallel.h"
+#include "pinstage/staging_ring.h"
 
 namespace pinstage {
 
+namespace detail {
+// What a Binder keeps between runs: its copy stream and, once needed, the staging ring
+// (declared after the stream: it borrows it, so it goes first).
+struct BinderKept {
+  bool have_stream = false;
+  Stream stream;
+  std::unique_ptr<StagingRing> ring;
+};
+}  // namespace detail
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using detail::BinderKept;
 
 std::string describe_bytes(uint64_t bytes) { return format_thousands(bytes) + " bytes"; }
-
-// Host copy into a staging buffer. A ring piece is a few MiB, so it is split finer than
-// parallel_memcpy's grain: on a many-core host the copy into the ring must outrun the
-// device link, which takes more than the two threads a 4 MiB grain would give 8 MiB.
-void ring_copy(void* dst, const unsigned char* src, size_t bytes, int threads) {
-  constexpr size_t kGrain = size_t{512} << 10;
-  auto* d = static_cast<unsigned char*>(dst);
-  parallel_for(
-      bytes, kGrain,
-      [&](size_t begin, size_t end) { std::memcpy(d + begin, src + begin, end - begin); }, threads);
-}
-
-// Where one tensor lives on the device: a buffer and an offset in it (null buffer for a
-// tensor of zero bytes, which has no device memory).
-struct Placement {
-  const DeviceBuffer* buffer = nullptr;
-  size_t offset = 0;
-};
 
 // Index of the first byte where a and b differ, or `bytes` when they are equal.
 size_t first_difference(const unsigned char* a, const unsigned char* b, size_t bytes, int threads) {
@@ -64,21 +54,292 @@ size_t first_difference(const unsigned char* a, const unsigned char* b, size_t b
   return first.load();
 }
 
-}  // namespace
-
-// The reusable parts of a Binder: its copy stream and the staging ring.
-struct Binder::State {
-  struct Slot {
-    PinnedHostBuffer buffer;
-    Event done;         // recorded after the slot's device copy
-    bool busy = false;  // a copy from this slot may still be in flight
-  };
-
-  bool have_stream = false;
-  Stream stream;
-  std::vector<Slot> ring;
-  size_t next_slot = 0;
+// Where one tensor lives on the device: a buffer and an offset in it (null buffer for a
+// tensor of zero bytes, which has no device memory).
+struct Placement {
+  const DeviceBuffer* buffer = nullptr;
+  size_t offset = 0;
 };
+
+// One Binder::run: what it took, where it is, and one function per phase.
+class BindRun {
+ public:
+  BindRun(Worker& worker, const BindOptions& options, BinderKept& kept, const TaskArgs& args)
+      : worker_(worker), opt_(options), kept_(kept), args_(args), n_(args.size()), current_(n_) {}
+  BindReport run(const Stopwatch& total);
+
+ private:
+  using Step = void (BindRun::*)();
+  void plan();
+  void step(BindPhase phase, Step fn);
+  void device_alloc();
+  void place_in_arena();
+  void place_per_tensor();
+  void upload();
+  void verify();
+  void execute();
+  void download();
+  [[noreturn]] void fail(const std::exception& e);
+  // fn(i) for each non-empty tensor that `wanted` selects, with current_ set to it.
+  template <class Fn>
+  void each_tensor(bool (TensorBindReport::*wanted)() const noexcept, Fn&& fn);
+  unsigned char* device_ptr(size_t i) const;
+
+  Worker& worker_;
+  const BindOptions& opt_;
+  BinderKept& kept_;
+  const TaskArgs& args_;
+  const size_t n_;
+  BindReport report_;
+  bool need_ring_ = false;
+  // Everything this run takes; released on every exit path.
+  DeviceBuffer arena_;
+  std::vector<DeviceBuffer> per_tensor_;
+  std::vector<Placement> place_;
+  BindPhase phase_ = BindPhase::device_alloc;
+  size_t current_;  // index of the tensor being worked on; n_ = none
+  Stopwatch phase_clock_;
+};
+
+BindReport BindRun::run(const Stopwatch& total) {
+  plan();  // bad input throws here, before anything is taken
+  phase_clock_.restart();
+  try {
+    step(BindPhase::device_alloc, &BindRun::device_alloc);
+    step(BindPhase::upload, &BindRun::upload);
+    step(BindPhase::verify, &BindRun::verify);
+    step(BindPhase::execute, &BindRun::execute);
+    step(BindPhase::download, &BindRun::download);
+  } catch (const std::exception& e) {
+    fail(e);
+  }
+  arena_.reset();
+  per_tensor_.clear();
+  report_.phase_seconds[static_cast<size_t>(BindPhase::release)] = phase_clock_.restart();
+  report_.total_seconds = total.seconds();
+  return std::move(report_);
+}
+
+void BindRun::step(BindPhase phase, Step fn) {
+  phase_ = phase;
+  (this->*fn)();
+  current_ = n_;
+  report_.phase_seconds[static_cast<size_t>(phase)] = phase_clock_.restart();
+}
+
+template <class Fn>
+void BindRun::each_tensor(bool (TensorBindReport::*wanted)() const noexcept, Fn&& fn) {
+  for (size_t i = 0; i < n_; ++i) {
+    const TensorBindReport& tr = report_.tensors[i];
+    if (!(tr.*wanted)() || tr.bytes == 0) continue;
+    current_ = i;
+    fn(i);
+  }
+}
+
+unsigned char* BindRun::device_ptr(size_t i) const {
+  return static_cast<unsigned char*>(place_[i].buffer->data()) + place_[i].offset;
+}
+
+// Checks every tensor and fills the report's rows and totals.
+void BindRun::plan() {
+  report_.layout = opt_.layout;
+  report_.tensors.reserve(n_);
+  for (size_t i = 0; i < n_; ++i) {
+    const Tensor& t = args_.at(i);
+    const auto& storage = t.storage();
+    if (!storage || storage->bytes() < t.nbytes() || (t.nbytes() > 0 && t.data() == nullptr))
+      throw Error(ErrorCode::invalid_argument,
+                  "Binder::run: tensor '" + t.name() + "' (" + std::to_string(i + 1) + " of " +
+                      std::to_string(n_) + ") needs " + describe_bytes(t.nbytes()) +
+                      " of host storage but has " + describe_bytes(storage ? storage->bytes() : 0) +
+                      "; build it with Tensor::empty or a storage of the right size");
+    TensorBindReport tr;
+    tr.name = t.name();
+    tr.direction = t.direction();
+    tr.pinned = t.pinned();
+    tr.bytes = t.nbytes();
+    const bool input = tr.uploaded() && tr.bytes > 0;
+    if (input && !tr.pinned && opt_.upload == UploadPath::staged) tr.path = UploadPath::staged;
+    need_ring_ = need_ring_ || tr.path == UploadPath::staged || (input && opt_.verify_upload);
+    if (tr.uploaded()) {
+      ++report_.uploaded_count;
+      report_.uploaded_bytes += tr.bytes;
+    }
+    if (tr.downloaded()) {
+      ++report_.downloaded_count;
+      report_.downloaded_bytes += tr.bytes;
+    }
+    if (tr.path == UploadPath::staged) {
+      ++report_.ring_count;
+      report_.ring_bytes += tr.bytes;
+    }
+    report_.tensors.push_back(std::move(tr));
+  }
+  place_.resize(n_);
+}
+
+// The stream and ring on first use (kept by the Binder), then the task's device memory.
+void BindRun::device_alloc() {
+  if (!kept_.have_stream) {
+    kept_.stream = worker_.create_stream();
+    kept_.have_stream = true;
+  }
+  if (need_ring_ && !kept_.ring)
+    kept_.ring = std::make_unique<StagingRing>(worker_, kept_.stream, opt_.staging_buffers,
+                                               opt_.staging_buffer_bytes, opt_.copy_threads);
+  if (opt_.layout == DeviceLayout::arena)
+    place_in_arena();
+  else
+    place_per_tensor();
+}
+
+void BindRun::place_in_arena() {
+  const size_t align = opt_.arena_alignment;
+  size_t size = 0;
+  for (size_t i = 0; i < n_; ++i) {
+    const uint64_t bytes = report_.tensors[i].bytes;
+    if (bytes == 0) continue;
+    if (size > std::numeric_limits<size_t>::max() - bytes - align)
+      throw Error(ErrorCode::invalid_argument,
+                  "the task's tensors add up to more bytes than an address space holds");
+    size = (size + align - 1) & ~(align - 1);
+    place_[i].offset = size;
+    report_.tensors[i].device_offset = size;
+    size += bytes;
+  }
+  if (size == 0) return;
+  arena_ = worker_.alloc_device(size);
+  report_.device_bytes = size;
+  report_.device_allocations = 1;
+  for (size_t i = 0; i < n_; ++i)
+    if (report_.tensors[i].bytes > 0) place_[i].buffer = &arena_;
+}
+
+void BindRun::place_per_tensor() {
+  per_tensor_.reserve(n_);  // no reallocation: place_ points into it
+  for (size_t i = 0; i < n_; ++i) {
+    const uint64_t bytes = report_.tensors[i].bytes;
+    if (bytes == 0) continue;
+    current_ = i;
+    per_tensor_.push_back(worker_.alloc_device(bytes));
+    place_[i].buffer = &per_tensor_.back();
+    report_.device_bytes += bytes;
+    ++report_.device_allocations;
+  }
+}
+
+// Inputs host to device, in argument order. After each tensor the stream is drained:
+// that times the tensor and surfaces a failed copy at the tensor it belongs to (an Event
+// only says "reached", a stream sync also says whether the copies worked).
+void BindRun::upload() {
+  each_tensor(&TensorBindReport::uploaded, [&](size_t i) {
+    TensorBindReport& tr = report_.tensors[i];
+    const Stopwatch clock;
+    const auto* src = static_cast<const unsigned char*>(args_.at(i).data());
+    const DeviceBuffer& dst = *place_[i].buffer;
+    const size_t base = place_[i].offset;
+    if (tr.path == UploadPath::staged) {
+      kept_.ring->upload(src, tr.bytes, dst, base);
+      kept_.ring->drain();
+    } else {
+      for_each_chunk(tr.bytes, opt_.chunk_bytes, [&](size_t off, size_t len) {
+        worker_.copy_to_device_async(dst, base + off, src + off, len, kept_.stream);
+      });
+      worker_.synchronize(kept_.stream);
+    }
+    tr.upload_seconds = clock.seconds();
+  });
+}
+
+// Every input read back through the ring and compared with its host bytes; a piece is
+// compared when its buffer comes round again or at the end, so reads overlap compares.
+void BindRun::verify() {
+  if (!opt_.verify_upload) return;
+  each_tensor(&TensorBindReport::uploaded, [&](size_t i) {
+    const uint64_t bytes = report_.tensors[i].bytes;
+    const auto* host = static_cast<const unsigned char*>(args_.at(i).data());
+    auto check = [&](size_t off, const unsigned char* got, size_t len) {
+      const size_t bad = first_difference(host + off, got, len, opt_.copy_threads);
+      if (bad < len)
+        throw Error(ErrorCode::mismatch,
+                    "the device copy differs from the host bytes at byte " +
+                        format_thousands(off + bad) + " of " + describe_bytes(bytes) + " (host " +
+                        std::to_string(host[off + bad]) + ", device " + std::to_string(got[bad]) +
+                        "): the upload was corrupted");
+    };
+    kept_.ring->readback(*place_[i].buffer, place_[i].offset, bytes, check);
+    kept_.ring->drain();  // surfaces a failed read-back, then compares the rest
+  });
+}
+
+void BindRun::execute() {
+  if (opt_.execute_callable.empty()) return;
+  std::vector<ExecArg> exec_args(n_);
+  for (size_t i = 0; i < n_; ++i) {
+    exec_args[i].name = report_.tensors[i].name;
+    exec_args[i].bytes = report_.tensors[i].bytes;
+    if (place_[i].buffer) exec_args[i].device_ptr = device_ptr(i);
+  }
+  worker_.execute(opt_.execute_callable, exec_args);
+  report_.executed = true;
+}
+
+// INOUT and OUT tensors device to host, into their own storage.
+void BindRun::download() {
+  each_tensor(&TensorBindReport::downloaded, [&](size_t i) {
+    const Stopwatch clock;
+    auto* dst = static_cast<unsigned char*>(args_.at(i).data());
+    const DeviceBuffer& src = *place_[i].buffer;
+    const size_t base = place_[i].offset;
+    for_each_chunk(report_.tensors[i].bytes, opt_.chunk_bytes, [&](size_t off, size_t len) {
+      worker_.copy_to_host_async(dst + off, src, base + off, len, kept_.stream);
+    });
+    worker_.synchronize(kept_.stream);
+    report_.tensors[i].download_seconds = clock.seconds();
+  });
+}
+
+// Waits for every queued copy (no buffer is freed under one), releases what the run
+// took and throws the BindError naming the step and the tensor.
+void BindRun::fail(const std::exception& e) {
+  if (kept_.have_stream) {
+    try {
+      worker_.synchronize(kept_.stream);
+    } catch (const std::exception& sync_error) {
+      log(LogLevel::warn,
+          std::string("Binder: synchronizing after a failure: ") + sync_error.what());
+    }
+  }
+  if (kept_.ring) kept_.ring->reset();
+  arena_.reset();
+  per_tensor_.clear();
+  ErrorCode code = ErrorCode::internal;
+  if (const auto* pe = dynamic_cast<const Error*>(&e))
+    code = pe->code();
+  else if (dynamic_cast<const std::bad_alloc*>(&e))
+    code = ErrorCode::out_of_memory;
+  std::string what = std::string("bind failed at step ") + bind_phase_name(phase_);
+  std::string tensor;
+  if (current_ < n_) {
+    const TensorBindReport& tr = report_.tensors[current_];
+    tensor = tr.name;
+    what += " of tensor '" + tensor + "' (" + std::to_string(current_ + 1) + " of " +
+            std::to_string(n_) + ", " + direction_name(tr.direction) + ", " +
+            describe_bytes(tr.bytes) + ")";
+  } else if (phase_ == BindPhase::execute) {
+    what += " (callable '" + opt_.execute_callable + "')";
+  }
+  what += ": " + std::string(e.what()) + ". Everything the bind took was released; ";
+  if (phase_ == BindPhase::download)
+    what += "IN tensors were not written, earlier INOUT/OUT tensors hold their results and '" +
+            tensor + "' may be partly written.";
+  else
+    what += "no host tensor was written.";
+  throw BindError(code, phase_, std::move(tensor), what);
+}
+
+}  // namespace
 
 void validate(const BindOptions& options) {
   constexpr size_t kMaxStagingBuffers = 64;
@@ -110,6 +371,8 @@ BindError::BindError(ErrorCode code, BindPhase phase, std::string tensor,
                      const std::string& message)
     : Error(code, message), phase_(phase), tensor_(std::move(tensor)) {}
 
+struct Binder::State : detail::BinderKept {};
+
 Binder::Binder(Worker& worker, BindOptions options)
     : worker_(&worker), options_(std::move(options)) {
   require_chip_worker(worker, "Binder");
@@ -120,304 +383,13 @@ Binder::Binder(Worker& worker, BindOptions options)
 Binder::~Binder() = default;
 
 uint64_t Binder::staging_bytes() const noexcept {
-  uint64_t total = 0;
-  for (const auto& slot : state_->ring) total += slot.buffer.size();
-  return total;
+  return state_->ring ? state_->ring->pinned_bytes() : 0;
 }
 
 BindReport Binder::run(const TaskArgs& args) {
-  const auto run_start = Clock::now();
-  Worker& worker = *worker_;
-  State& st = *state_;
-  require_chip_worker(worker, "Binder::run");
-
-  BindReport report;
-  report.layout = options_.layout;
-  const size_t n = args.size();
-  report.tensors.reserve(n);
-
-  // Check every tensor before taking anything, so bad input leaves nothing allocated.
-  bool need_ring = false;
-  for (size_t i = 0; i < n; ++i) {
-    const Tensor& t = args.at(i);
-    const auto& storage = t.storage();
-    if (!storage || storage->bytes() < t.nbytes() || (t.nbytes() > 0 && t.data() == nullptr))
-      throw Error(ErrorCode::invalid_argument,
-                  "Binder::run: tensor '" + t.name() + "' (" + std::to_string(i + 1) + " of " +
-                      std::to_string(n) + ") needs " + describe_bytes(t.nbytes()) +
-                      " of host storage but has " + describe_bytes(storage ? storage->bytes() : 0) +
-                      "; build it with Tensor::empty or a storage of the right size");
-    TensorBindReport tr;
-    tr.name = t.name();
-    tr.direction = t.direction();
-    tr.pinned = t.pinned();
-    tr.bytes = t.nbytes();
-    if (tr.uploaded() && !tr.pinned && options_.upload == UploadPath::staged && tr.bytes > 0) {
-      tr.path = UploadPath::staged;
-      need_ring = true;
-    }
-    if (tr.uploaded() && tr.bytes > 0 && options_.verify_upload) need_ring = true;
-    if (tr.uploaded()) {
-      ++report.uploaded_count;
-      report.uploaded_bytes += tr.bytes;
-    }
-    if (tr.downloaded()) {
-      ++report.downloaded_count;
-      report.downloaded_bytes += tr.bytes;
-    }
-    if (tr.path == UploadPath::staged) {
-      ++report.ring_count;
-      report.ring_bytes += tr.bytes;
-    }
-    report.tensors.push_back(std::move(tr));
-  }
-
-  // Everything this run takes; released on every exit path.
-  DeviceBuffer arena;
-  std::vector<DeviceBuffer> per_tensor;
-  per_tensor.reserve(n);
-  std::vector<Placement> place(n);
-
-  BindPhase phase = BindPhase::device_alloc;
-  size_t current = n;  // index of the tensor being worked on; n = none
-  auto phase_start = Clock::now();
-  auto end_phase = [&](BindPhase p) {
-    report.phase_seconds[static_cast<size_t>(p)] = seconds_since(phase_start);
-    phase_start = Clock::now();
-  };
-
-  // Waits for every queued copy so no buffer is freed under an in-flight copy.
-  auto quiesce = [&]() noexcept {
-    if (!st.have_stream) return;
-    try {
-      worker.synchronize(st.stream);
-    } catch (const std::exception& e) {
-      log(LogLevel::warn, std::string("Binder: synchronizing after a failure: ") + e.what());
-    }
-    for (auto& slot : st.ring) slot.busy = false;
-  };
-
-  try {
-    // --- device_alloc -------------------------------------------------------------
-    if (need_ring && st.ring.empty()) {
-      std::vector<State::Slot> ring(options_.staging_buffers);
-      for (auto& slot : ring) {
-        slot.buffer = worker.alloc_pinned_host(options_.staging_buffer_bytes);
-        slot.done = worker.create_event();
-      }
-      st.ring = std::move(ring);
-      st.next_slot = 0;
-    }
-    if (!st.have_stream) {
-      st.stream = worker.create_stream();
-      st.have_stream = true;
-    }
-    if (options_.layout == DeviceLayout::arena) {
-      const size_t align = options_.arena_alignment;
-      size_t size = 0;
-      for (size_t i = 0; i < n; ++i) {
-        const uint64_t bytes = report.tensors[i].bytes;
-        if (bytes == 0) continue;
-        if (size > std::numeric_limits<size_t>::max() - bytes - align)
-          throw Error(ErrorCode::invalid_argument,
-                      "the task's tensors add up to more bytes than an address space holds");
-        size = (size + align - 1) & ~(align - 1);
-        place[i].offset = size;
-        report.tensors[i].device_offset = size;
-        size += bytes;
-      }
-      if (size > 0) {
-        arena = worker.alloc_device(size);
-        report.device_bytes = size;
-        report.device_allocations = 1;
-        for (size_t i = 0; i < n; ++i)
-          if (report.tensors[i].bytes > 0) place[i].buffer = &arena;
-      }
-    } else {
-      for (size_t i = 0; i < n; ++i) {
-        const uint64_t bytes = report.tensors[i].bytes;
-        if (bytes == 0) continue;
-        current = i;
-        per_tensor.push_back(worker.alloc_device(bytes));
-        place[i].buffer = &per_tensor.back();
-        report.device_bytes += bytes;
-        ++report.device_allocations;
-      }
-      current = n;
-    }
-    end_phase(BindPhase::device_alloc);
-
-    // --- upload ---------------------------------------------------------------------
-    phase = BindPhase::upload;
-    for (size_t i = 0; i < n; ++i) {
-      TensorBindReport& tr = report.tensors[i];
-      if (!tr.uploaded() || tr.bytes == 0) continue;
-      current = i;
-      const auto start = Clock::now();
-      const auto* src = static_cast<const unsigned char*>(args.at(i).data());
-      const DeviceBuffer& dst = *place[i].buffer;
-      const size_t base = place[i].offset;
-      if (tr.path == UploadPath::staged) {
-        // Fill slot k while slots k-1, k-2, ... are in flight; reuse waits on its event.
-        const size_t piece = options_.staging_buffer_bytes;
-        for (size_t off = 0; off < tr.bytes; off += piece) {
-          const size_t len = std::min<size_t>(piece, tr.bytes - off);
-          State::Slot& slot = st.ring[st.next_slot];
-          st.next_slot = (st.next_slot + 1) % st.ring.size();
-          if (slot.busy) {
-            worker.wait(slot.done);
-            slot.busy = false;
-          }
-          ring_copy(slot.buffer.data(), src + off, len, options_.copy_threads);
-          worker.copy_to_device_async(dst, base + off, slot.buffer.data(), len, st.stream);
-          worker.record(slot.done, st.stream);
-          slot.busy = true;
-        }
-        // Draining the stream both times the tensor and surfaces any failed copy (an
-        // event only says "reached", a stream sync also says whether the copies worked).
-        worker.synchronize(st.stream);
-        for (auto& slot : st.ring) slot.busy = false;
-      } else {
-        const size_t piece = options_.chunk_bytes;
-        for (size_t off = 0; off < tr.bytes; off += piece) {
-          const size_t len = std::min<size_t>(piece, tr.bytes - off);
-          worker.copy_to_device_async(dst, base + off, src + off, len, st.stream);
-        }
-        worker.synchronize(st.stream);
-      }
-      tr.upload_seconds = seconds_since(start);
-    }
-    current = n;
-    end_phase(BindPhase::upload);
-
-    // --- verify ---------------------------------------------------------------------
-    // Pieces come back into the ring slots in turn; a slot's piece is compared when the
-    // slot is needed again or at the end of the tensor, so reads overlap comparisons.
-    phase = BindPhase::verify;
-    if (options_.verify_upload) {
-      struct Pending {
-        size_t slot;
-        size_t offset;
-        size_t len;
-      };
-      std::vector<Pending> pending;  // in issue order; a slot appears at most once
-      for (size_t i = 0; i < n; ++i) {
-        const TensorBindReport& tr = report.tensors[i];
-        if (!tr.uploaded() || tr.bytes == 0) continue;
-        current = i;
-        const auto* host = static_cast<const unsigned char*>(args.at(i).data());
-        const DeviceBuffer& dev = *place[i].buffer;
-        const size_t base = place[i].offset;
-        auto check = [&](const Pending& p) {
-          const auto* got = static_cast<const unsigned char*>(st.ring[p.slot].buffer.data());
-          const size_t bad = first_difference(host + p.offset, got, p.len, options_.copy_threads);
-          if (bad < p.len)
-            throw Error(ErrorCode::mismatch,
-                        "the device copy differs from the host bytes at byte " +
-                            format_thousands(p.offset + bad) + " of " + describe_bytes(tr.bytes) +
-                            " (host " + std::to_string(host[p.offset + bad]) + ", device " +
-                            std::to_string(got[bad]) + "): the upload was corrupted");
-        };
-        const size_t piece = options_.staging_buffer_bytes;
-        for (size_t off = 0; off < tr.bytes; off += piece) {
-          const size_t len = std::min<size_t>(piece, tr.bytes - off);
-          const size_t k = st.next_slot;
-          st.next_slot = (st.next_slot + 1) % st.ring.size();
-          if (st.ring[k].busy) {
-            worker.wait(st.ring[k].done);
-            st.ring[k].busy = false;
-            for (auto it = pending.begin(); it != pending.end(); ++it)
-              if (it->slot == k) {
-                check(*it);
-                pending.erase(it);
-                break;
-              }
-          }
-          worker.copy_to_host_async(st.ring[k].buffer.data(), dev, base + off, len, st.stream);
-          worker.record(st.ring[k].done, st.stream);
-          st.ring[k].busy = true;
-          pending.push_back({k, off, len});
-        }
-        // The sync also surfaces a failed read-back; then the rest is compared.
-        worker.synchronize(st.stream);
-        for (auto& slot : st.ring) slot.busy = false;
-        for (const Pending& p : pending) check(p);
-        pending.clear();
-      }
-      current = n;
-    }
-    end_phase(BindPhase::verify);
-
-    // --- execute --------------------------------------------------------------------
-    phase = BindPhase::execute;
-    if (!options_.execute_callable.empty()) {
-      std::vector<ExecArg> exec_args(n);
-      for (size_t i = 0; i < n; ++i) {
-        exec_args[i].name = report.tensors[i].name;
-        exec_args[i].bytes = report.tensors[i].bytes;
-        if (place[i].buffer)
-          exec_args[i].device_ptr =
-              static_cast<unsigned char*>(place[i].buffer->data()) + place[i].offset;
-      }
-      worker.execute(options_.execute_callable, exec_args);
-      report.executed = true;
-    }
-    end_phase(BindPhase::execute);
-
-    // --- download -------------------------------------------------------------------
-    phase = BindPhase::download;
-    for (size_t i = 0; i < n; ++i) {
-      TensorBindReport& tr = report.tensors[i];
-      if (!tr.downloaded() || tr.bytes == 0) continue;
-      current = i;
-      const auto start = Clock::now();
-      auto* dst = static_cast<unsigned char*>(args.at(i).data());
-      const DeviceBuffer& src = *place[i].buffer;
-      const size_t base = place[i].offset;
-      const size_t piece = options_.chunk_bytes;
-      for (size_t off = 0; off < tr.bytes; off += piece) {
-        const size_t len = std::min<size_t>(piece, tr.bytes - off);
-        worker.copy_to_host_async(dst + off, src, base + off, len, st.stream);
-      }
-      worker.synchronize(st.stream);
-      tr.download_seconds = seconds_since(start);
-    }
-    current = n;
-    end_phase(BindPhase::download);
-  } catch (const std::exception& e) {
-    quiesce();
-    arena.reset();
-    per_tensor.clear();
-    ErrorCode code = ErrorCode::internal;
-    if (const auto* pe = dynamic_cast<const Error*>(&e))
-      code = pe->code();
-    else if (dynamic_cast<const std::bad_alloc*>(&e))
-      code = ErrorCode::out_of_memory;
-    std::string what = std::string("bind failed at step ") + bind_phase_name(phase);
-    std::string tensor;
-    if (current < n) {
-      tensor = report.tensors[current].name;
-      what += " of tensor '" + tensor + "' (" + std::to_string(current + 1) + " of " +
-              std::to_string(n) + ", " + direction_name(report.tensors[current].direction) + ", " +
-              describe_bytes(report.tensors[current].bytes) + ")";
-    } else if (phase == BindPhase::execute) {
-      what += " (callable '" + options_.execute_callable + "')";
-    }
-    what += ": " + std::string(e.what()) + ". Everything the bind took was released; ";
-    if (phase == BindPhase::download)
-      what += "IN tensors were not written, earlier INOUT/OUT tensors hold their results and '" +
-              tensor + "' may be partly written.";
-    else
-      what += "no host tensor was written.";
-    throw BindError(code, phase, std::move(tensor), what);
-  }
-
-  // --- release ----------------------------------------------------------------------
-  arena.reset();
-  per_tensor.clear();
-  end_phase(BindPhase::release);
-  report.total_seconds = seconds_since(run_start);
-  return report;
+  const Stopwatch total;
+  require_chip_worker(*worker_, "Binder::run");
+  return BindRun(*worker_, options_, *state_, args).run(total);
 }
 
 }  // namespace pinstage

@@ -89,7 +89,7 @@ double BindReport::download_gbps() const noexcept {
 
 std::string BindReport::summary() const {
   return std::to_string(uploaded_count) + " of " + std::to_string(tensors.size()) +
-         " tensors staged, " + format_thousands(uploaded_bytes) + " bytes";
+         " tensors uploaded (inputs), " + format_thousands(uploaded_bytes) + " bytes";
 }
 
 std::string BindReport::to_string() const {

@@ -4,18 +4,14 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "pinstage/error.h"
 #include "pinstage/log.h"
 
-namespace pinstage::detail {
-
-void DlCloser::operator()(void* handle) const noexcept {
-  if (handle != nullptr && dlclose(handle) != 0) {
-    const char* why = dlerror();
-    log(LogLevel::error, std::string("dlclose failed: ") + (why ? why : "unknown reason"));
-  }
-}
+namespace pinstage {
 
 std::string library_dir() {
   Dl_info info{};
@@ -25,11 +21,12 @@ std::string library_dir() {
   return std::filesystem::weakly_canonical(info.dli_fname).parent_path().string();
 }
 
-std::string default_plugin_path(const std::string& backend) {
+std::string default_backend_path(const std::string& backend) {
   return (std::filesystem::path(library_dir()) / ("libpinstage_backend_" + backend + ".so"))
       .string();
 }
 
+namespace runtime {
 namespace {
 
 [[noreturn]] void fail(const std::string& backend, const std::string& path,
@@ -72,18 +69,17 @@ void check_required_slots(const ps_platform_api& api, const std::string& backend
     fail(backend, path, "async slots must be all present or all NULL");
 }
 
-}  // namespace
-
-Plugin load_plugin(const std::string& backend, const std::string& path) {
+Plugin load(const std::string& backend, const std::string& path) {
   if (!std::filesystem::exists(path)) fail(backend, path, "no such file");
   dlerror();
-  DlHandle handle(dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL));
-  if (!handle) {
+  // Never closed (see plugin.h); NODELETE keeps it mapped even if someone else dlcloses.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (handle == nullptr) {
     const char* why = dlerror();
     fail(backend, path, std::string("dlopen failed: ") + (why ? why : "unknown reason"));
   }
   auto entry =
-      reinterpret_cast<ps_platform_entry_fn>(dlsym(handle.get(), PINSTAGE_PLATFORM_ENTRY_SYMBOL));
+      reinterpret_cast<ps_platform_entry_fn>(dlsym(handle, PINSTAGE_PLATFORM_ENTRY_SYMBOL));
   if (entry == nullptr)
     fail(backend, path,
          std::string("no entry symbol '") + PINSTAGE_PLATFORM_ENTRY_SYMBOL +
@@ -96,14 +92,29 @@ Plugin load_plugin(const std::string& backend, const std::string& path) {
              ", this pinstage needs version " + std::to_string(PINSTAGE_PLATFORM_API_VERSION) +
              ": rebuild the plugin");
   check_required_slots(*api, backend, path);
-  Plugin plugin;
-  plugin.info = BackendInfo{api->name ? api->name : backend, path, api->api_version};
-  plugin.api = api;
-  plugin.handle = std::move(handle);
-  return plugin;
+  return Plugin{api, BackendInfo{api->name ? api->name : backend, path, api->api_version}};
 }
 
-std::vector<std::string> discover_plugins() {
+}  // namespace
+
+const Plugin& acquire_plugin(const std::string& backend, const std::string& path) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<Plugin>> loaded;  // by canonical path
+  const std::string key = std::filesystem::weakly_canonical(path).string();
+  std::lock_guard lock(mu);
+  auto it = loaded.find(key);
+  if (it == loaded.end())
+    it = loaded.emplace(key, std::make_unique<Plugin>(load(backend, path))).first;
+  return *it->second;
+}
+
+}  // namespace runtime
+
+BackendInfo load_backend(const std::string& backend, const std::string& path) {
+  return runtime::acquire_plugin(backend, path.empty() ? default_backend_path(backend) : path).info;
+}
+
+std::vector<std::string> discover_backends() {
   std::vector<std::string> found;
   for (const auto& entry : std::filesystem::directory_iterator(library_dir())) {
     const std::string name = entry.path().filename().string();
@@ -114,4 +125,4 @@ std::vector<std::string> discover_plugins() {
   return found;
 }
 
-}  // namespace pinstage::detail
+}  // namespace pinstage

@@ -4,16 +4,15 @@
 // the same shared_ptr as its owner token, so the state outlives all of them while the
 // device context and plugin do not have to.
 //  - Allocation: the backend call runs without the lock (pinning can take seconds), then
-//    the pointer is entered in the registry under the lock.
-//  - Release: the pointer leaves the registry under the lock, then the backend frees it
+//    its ps_allocation is entered in the one table (Note [One allocation table]).
+//  - Release: the entry leaves the table under the lock, then the backend frees it
 //    without the lock. An untracked pointer is an error, never a silent no-op.
 //  - Finalize: marks the state dead, waits for in-flight backend calls (CallGuard) to
-//    finish, reclaims every registry entry (logging the count), destroys the context and
-//    unloads the plugin. A buffer released afterwards finds the state dead: a no-op.
+//    finish, then releases every table entry through the backend once (streams, events,
+//    device, pinned; logging the count) and destroys the bare context. The plugin stays
+//    loaded for the process (plugin.h). A buffer released afterwards is a no-op.
 //  - Destructors never throw; a failed release is logged with the backend's reason.
 #include "pinstage/worker.h"
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -21,6 +20,8 @@
 #include <vector>
 
 #include "pinstage/log.h"
+#include "pinstage/pages.h"
+#include "pinstage/settings.h"
 #include "runtime/worker_state.h"
 
 namespace pinstage {
@@ -46,17 +47,33 @@ constexpr const char* kFinalizedMessage =
     "worker is finalized: create and init a new Worker to use the device again";
 }  // namespace
 
-namespace detail {
+const char* fault_kind_name(FaultKind kind) {
+  const char* name = ps_fault_kind_name(static_cast<int>(kind));
+  return name != nullptr ? name : "unknown";
+}
+
+void add_backend_option(BackendConfig& config, std::string_view key_equals_value) {
+  const size_t eq = key_equals_value.find('=');
+  if (eq == std::string_view::npos || eq == 0)
+    throw Error(ErrorCode::invalid_argument,
+                "backend option '" + std::string(key_equals_value) + "' is not key=value");
+  std::string key(key_equals_value.substr(0, eq));
+  for (const auto& [k, v] : config)
+    if (k == key)
+      throw Error(ErrorCode::invalid_argument, "backend option '" + key + "' is given twice");
+  config.emplace_back(std::move(key), std::string(key_equals_value.substr(eq + 1)));
+}
+
+namespace runtime {
 
 namespace {
 
-uint64_t physical_memory_bytes() {
-  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
-         static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-}
-
 const char* kind_name(MemoryKind kind) {
   return kind == MemoryKind::pinned_host ? "pinned host" : "device";
+}
+
+EntryKind entry_kind(MemoryKind kind) {
+  return kind == MemoryKind::pinned_host ? EntryKind::pinned_host : EntryKind::device;
 }
 
 }  // namespace
@@ -82,7 +99,7 @@ void CallGuard::require() const {
 
 void WorkerState::check(int status, const char* what) const {
   if (status == PS_OK) return;
-  std::string message = plugin.info.name + " " + what + " failed: " + ps_status_str(status);
+  std::string message = name() + " " + what + " failed: " + ps_status_str(status);
   const char* detail = api().last_error();
   if (detail != nullptr && *detail != '\0') message += std::string(" (") + detail + ")";
   throw Error(error_code_from_status(status), message);
@@ -99,89 +116,145 @@ void* WorkerState::alloc(MemoryKind kind, size_t bytes) {
                                                  " bytes exceeds this machine's physical memory (" +
                                                  std::to_string(physical_memory_bytes()) +
                                                  " bytes)");
-  void* ptr = nullptr;
+  ps_allocation a{nullptr, bytes, nullptr};
   if (kind == MemoryKind::pinned_host)
-    check(api().host_alloc_pinned(ctx, bytes, &ptr), "pinned host alloc");
+    check(api().host_alloc_pinned(ctx, bytes, &a), "pinned host alloc");
   else
-    check(api().device_malloc(ctx, bytes, &ptr), "device malloc");
+    check(api().device_malloc(ctx, bytes, &a), "device malloc");
+  a.bytes = bytes;  // the runtime's record, whatever the backend wrote
   bool inserted;
   {
     std::lock_guard lock(mu);
-    inserted = (kind == MemoryKind::pinned_host ? pinned : device).insert(ptr, bytes);
+    inserted = a.ptr != nullptr && table.insert(entry_kind(kind), a);
   }
   if (!inserted) {
-    // The backend returned an address it already handed out: give it back, refuse to alias.
-    if (kind == MemoryKind::pinned_host)
-      api().host_free_pinned(ctx, ptr);
-    else
-      api().device_free(ctx, ptr);
-    throw Error(ErrorCode::internal, plugin.info.name + " returned an address already in use");
+    // A null or already-live address: give it back, refuse to alias.
+    if (a.ptr != nullptr)
+      (kind == MemoryKind::pinned_host ? api().host_free_pinned : api().device_free)(ctx, &a);
+    throw Error(ErrorCode::internal, name() + " returned a null address or one already in use");
   }
-  return ptr;
+  return a.ptr;
 }
 
 void WorkerState::free(MemoryKind kind, void* ptr) {
   CallGuard guard(*this);
   if (!guard.entered()) return;  // reclaimed by finalize already
+  std::optional<ps_allocation> a;
   {
     std::lock_guard lock(mu);
-    if (!(kind == MemoryKind::pinned_host ? pinned : device).erase(ptr))
-      throw Error(ErrorCode::unknown_pointer, std::string("free of a ") + kind_name(kind) +
-                                                  " pointer this worker did not allocate");
+    a = table.erase(entry_kind(kind), ptr);
   }
-  if (kind == MemoryKind::pinned_host)
-    check(api().host_free_pinned(ctx, ptr), "pinned host free");
-  else
-    check(api().device_free(ctx, ptr), "device free");
+  if (!a)
+    throw Error(ErrorCode::unknown_pointer, std::string("free of a ") + kind_name(kind) +
+                                                " pointer this worker did not allocate");
+  const int status = kind == MemoryKind::pinned_host ? api().host_free_pinned(ctx, &*a)
+                                                     : api().device_free(ctx, &*a);
+  if (status != PS_OK) {
+    // Still the backend's: keep it in the table so finalize retries the release.
+    std::lock_guard lock(mu);
+    table.insert(entry_kind(kind), *a);
+  }
+  check(status, kind == MemoryKind::pinned_host ? "pinned host free" : "device free");
 }
 
+void WorkerState::add_handle(EntryKind kind, void* handle) {
+  std::lock_guard lock(mu);
+  if (!table.insert(kind, ps_allocation{handle, 0, nullptr}))
+    throw Error(ErrorCode::internal, name() + " returned a stream or event handle already in use");
+}
+
+void WorkerState::destroy_handle(EntryKind kind, void* handle) noexcept {
+  CallGuard guard(*this);
+  if (!guard.entered()) return;  // released with the context at finalize
+  {
+    std::lock_guard lock(mu);
+    if (!table.erase(kind, handle)) return;
+  }
+  const int status = kind == EntryKind::stream
+                         ? api().stream_destroy(ctx, static_cast<ps_stream*>(handle))
+                         : api().event_destroy(ctx, static_cast<ps_event*>(handle));
+  if (status != PS_OK)
+    log(LogLevel::error, std::string(kind == EntryKind::stream ? "stream" : "event") +
+                             " destroy failed: " + ps_status_str(status) + " " +
+                             api().last_error());
+}
+
+void WorkerState::require_device_range(const void* ptr, size_t bytes,
+                                       const std::string& what) const {
+  std::lock_guard lock(mu);
+  if (!table.contains(EntryKind::device, ptr, bytes))
+    throw Error(ErrorCode::invalid_argument,
+                what + ": " + std::to_string(bytes) +
+                    " bytes at that address are not inside one device allocation of this worker");
+}
+
+namespace {
+
+// Releases what finalize took from the table, through the backend, logging failures.
+void release_all(WorkerState& s, EntryKind kind, const std::vector<ps_allocation>& left) {
+  static constexpr const char* kNames[] = {"pinned host allocation", "device allocation", "stream",
+                                           "event"};
+  if (left.empty()) return;
+  const char* what = kNames[static_cast<size_t>(kind)];
+  uint64_t bytes = 0;
+  for (const ps_allocation& a : left) {
+    bytes += a.bytes;
+    int status = PS_OK;
+    switch (kind) {
+      case EntryKind::pinned_host:
+        status = s.api().host_free_pinned(s.ctx, &a);
+        break;
+      case EntryKind::device:
+        status = s.api().device_free(s.ctx, &a);
+        break;
+      case EntryKind::stream:
+        status = s.api().stream_destroy(s.ctx, static_cast<ps_stream*>(a.ptr));
+        break;
+      case EntryKind::event:
+        status = s.api().event_destroy(s.ctx, static_cast<ps_event*>(a.ptr));
+        break;
+    }
+    if (status != PS_OK)
+      log(LogLevel::error, std::string("finalize: releasing a ") + what +
+                               " failed: " + ps_status_str(status) + " " + s.api().last_error());
+  }
+  if (kind == EntryKind::stream || kind == EntryKind::event)
+    log(LogLevel::warn, "finalize: " + std::to_string(left.size()) + " " + what +
+                            "(s) still alive; released with the context");
+  else
+    log(LogLevel::info, "finalize reclaimed " + std::to_string(left.size()) + " outstanding " +
+                            what + "(s), " + std::to_string(bytes) + " bytes");
+}
+
+}  // namespace
+
 void WorkerState::shutdown() noexcept {
-  std::vector<std::pair<void*, size_t>> pinned_left, device_left;
+  std::array<std::vector<ps_allocation>, kEntryKindCount> left;
   {
     std::unique_lock lock(mu);
     if (!live) return;
     live = false;
     idle.wait(lock, [this] { return in_flight == 0; });
-    pinned_left = pinned.take_all();
-    device_left = device.take_all();
+    for (size_t k = 0; k < kEntryKindCount; ++k)
+      left[k] = table.take_all(static_cast<EntryKind>(k));
   }
-  if (streams + events > 0)
-    log(LogLevel::warn, "finalize: " + std::to_string(streams) + " stream(s) and " +
-                            std::to_string(events) +
-                            " event(s) still alive; released with the context");
-  auto reclaim = [&](const std::vector<std::pair<void*, size_t>>& left, MemoryKind kind) {
-    if (left.empty()) return;
-    uint64_t bytes = 0;
-    for (const auto& [ptr, size] : left) {
-      bytes += size;
-      const int status = kind == MemoryKind::pinned_host ? api().host_free_pinned(ctx, ptr)
-                                                         : api().device_free(ctx, ptr);
-      if (status != PS_OK)
-        log(LogLevel::error, std::string("finalize: releasing ") + kind_name(kind) +
-                                 " memory failed: " + ps_status_str(status) + " " +
-                                 api().last_error());
-    }
-    log(LogLevel::info, "finalize reclaimed " + std::to_string(left.size()) + " outstanding " +
-                            kind_name(kind) + " allocation(s), " + std::to_string(bytes) +
-                            " bytes");
-  };
-  reclaim(pinned_left, MemoryKind::pinned_host);
-  reclaim(device_left, MemoryKind::device);
+  // Queues first (their copies may still read memory), then memory, then the context.
+  for (EntryKind kind :
+       {EntryKind::stream, EntryKind::event, EntryKind::device, EntryKind::pinned_host})
+    release_all(*this, kind, left[static_cast<size_t>(kind)]);
   const int status = api().destroy_context(ctx);
   if (status != PS_OK)
     log(LogLevel::error, std::string("finalize: destroying the device context failed: ") +
                              ps_status_str(status) + " " + api().last_error());
   ctx = nullptr;
-  plugin.api = nullptr;
-  plugin.handle.reset();
 }
 
-}  // namespace detail
+}  // namespace runtime
 
 // ---- Buffer ----
 
 template <MemoryKind Kind>
-Buffer<Kind>::Buffer(std::shared_ptr<detail::WorkerState> owner, void* data, size_t size) noexcept
+Buffer<Kind>::Buffer(std::shared_ptr<runtime::WorkerState> owner, void* data, size_t size) noexcept
     : owner_(std::move(owner)), data_(data), size_(size) {}
 
 template <MemoryKind Kind>
@@ -231,56 +304,37 @@ template class Buffer<MemoryKind::device>;
 
 // ---- Stream and Event ----
 
-Stream::Stream(Stream&& other) noexcept
-    : owner_(std::move(other.owner_)), handle_(std::exchange(other.handle_, nullptr)) {}
+namespace {
 
+// Stream and Event share one shape: an owner token and a backend handle in the table.
+using Owner = std::shared_ptr<runtime::WorkerState>;
+
+void move_handle(Owner& owner, void*& handle, Owner& other_owner, void*& other_handle,
+                 runtime::EntryKind kind) {
+  if (&handle == &other_handle) return;
+  if (owner && handle != nullptr) owner->destroy_handle(kind, handle);
+  owner = std::move(other_owner);
+  handle = std::exchange(other_handle, nullptr);
+}
+
+}  // namespace
+
+Stream::Stream(Stream&& other) noexcept { *this = std::move(other); }
 Stream& Stream::operator=(Stream&& other) noexcept {
-  if (this != &other) {
-    Stream dying(std::move(*this));
-    owner_ = std::move(other.owner_);
-    handle_ = std::exchange(other.handle_, nullptr);
-  }
+  move_handle(owner_, handle_, other.owner_, other.handle_, runtime::EntryKind::stream);
   return *this;
 }
-
 Stream::~Stream() {
-  if (!owner_) return;
-  detail::CallGuard guard(*owner_);
-  if (!guard.entered()) return;
-  {
-    std::lock_guard lock(owner_->mu);
-    --owner_->streams;
-  }
-  if (handle_ == nullptr) return;
-  const int status = owner_->api().stream_destroy(owner_->ctx, static_cast<ps_stream*>(handle_));
-  if (status != PS_OK)
-    log(LogLevel::error, std::string("stream destroy failed: ") + ps_status_str(status));
+  if (owner_ && handle_ != nullptr) owner_->destroy_handle(runtime::EntryKind::stream, handle_);
 }
 
-Event::Event(Event&& other) noexcept
-    : owner_(std::move(other.owner_)), handle_(std::exchange(other.handle_, nullptr)) {}
-
+Event::Event(Event&& other) noexcept { *this = std::move(other); }
 Event& Event::operator=(Event&& other) noexcept {
-  if (this != &other) {
-    Event dying(std::move(*this));
-    owner_ = std::move(other.owner_);
-    handle_ = std::exchange(other.handle_, nullptr);
-  }
+  move_handle(owner_, handle_, other.owner_, other.handle_, runtime::EntryKind::event);
   return *this;
 }
-
 Event::~Event() {
-  if (!owner_) return;
-  detail::CallGuard guard(*owner_);
-  if (!guard.entered()) return;
-  {
-    std::lock_guard lock(owner_->mu);
-    --owner_->events;
-  }
-  if (handle_ == nullptr) return;
-  const int status = owner_->api().event_destroy(owner_->ctx, static_cast<ps_event*>(handle_));
-  if (status != PS_OK)
-    log(LogLevel::error, std::string("event destroy failed: ") + ps_status_str(status));
+  if (owner_ && handle_ != nullptr) owner_->destroy_handle(runtime::EntryKind::event, handle_);
 }
 
 // ---- Worker ----
@@ -292,9 +346,8 @@ Worker::~Worker() { finalize(); }
 void Worker::init(const std::string& backend, int device_id, const WorkerOptions& options) {
   if (state_) {
     throw Error(state_->live ? ErrorCode::invalid_argument : ErrorCode::finalized,
-                state_->live
-                    ? "worker is already initialized (backend " + state_->plugin.info.name + ")"
-                    : "worker was finalized: finalize is terminal, create a new Worker");
+                state_->live ? "worker is already initialized (backend " + state_->name() + ")"
+                             : "worker was finalized: finalize is terminal, create a new Worker");
   }
   if (backend.empty() || !std::all_of(backend.begin(), backend.end(), [](unsigned char c) {
         return std::islower(c) || std::isdigit(c) || c == '_';
@@ -304,12 +357,21 @@ void Worker::init(const std::string& backend, int device_id, const WorkerOptions
   if (device_id < 0)
     throw Error(ErrorCode::invalid_argument,
                 "device id must be >= 0, got " + std::to_string(device_id));
-  auto state = std::make_shared<detail::WorkerState>();
+  check_settings();
+  auto state = std::make_shared<runtime::WorkerState>();
   const std::string path =
-      options.plugin_path.empty() ? detail::default_plugin_path(backend) : options.plugin_path;
-  state->plugin = detail::load_plugin(backend, path);
-  ps_context_options ctx_options{options.device_capacity_bytes,
-                                 options.config.empty() ? nullptr : options.config.c_str()};
+      options.plugin_path.empty() ? default_backend_path(backend) : options.plugin_path;
+  state->plugin = &runtime::acquire_plugin(backend, path);
+  std::vector<ps_config_entry> entries;
+  for (const auto& [key, value] : options.config) {
+    for (const auto& e : entries)
+      if (key == e.key)
+        throw Error(ErrorCode::invalid_argument, "backend option '" + key + "' is given twice");
+    entries.push_back({key.c_str(), value.c_str()});
+  }
+  const ps_context_options ctx_options{.device_capacity_bytes = options.device_capacity_bytes,
+                                       .config = entries.data(),
+                                       .config_count = entries.size()};
   ps_device_ctx* ctx = nullptr;
   const int status = state->api().create_context(device_id, &ctx_options, &ctx);
   if (status != PS_OK) {
@@ -337,43 +399,44 @@ bool Worker::initialized() const noexcept {
 
 bool Worker::finalized() const noexcept { return state_ && !initialized(); }
 
-const detail::WorkerState& Worker::state() const {
+const runtime::WorkerState& Worker::state() const {
   if (!state_) throw Error(ErrorCode::not_initialized, kNotInitializedMessage);
   std::lock_guard lock(state_->mu);
   if (!state_->live) throw Error(ErrorCode::finalized, kFinalizedMessage);
   return *state_;
 }
 
-detail::CallGuard Worker::enter() const {
+runtime::CallGuard Worker::enter() const {
   if (!state_) throw Error(ErrorCode::not_initialized, kNotInitializedMessage);
-  detail::CallGuard guard(*state_);
+  runtime::CallGuard guard(*state_);
   guard.require();
   return guard;
 }
 
 int Worker::device_id() const { return state().device_id; }
 
-const BackendInfo& Worker::backend() const { return state().plugin.info; }
+const BackendInfo& Worker::backend() const { return state().plugin->info; }
 
 Capabilities Worker::capabilities() const {
-  const detail::CallGuard guard = enter();
+  const runtime::CallGuard guard = enter();
   ps_capabilities caps{};
   state_->check(state_->api().get_capabilities(state_->ctx, &caps), "capability query");
-  return Capabilities{caps.pinned_is_page_locked != 0, caps.async_copy != 0,
-                      caps.host_register != 0, caps.execute != 0, caps.device_memory_is_host != 0};
+  return Capabilities{caps.pinned_is_page_locked != 0, caps.async_copy != 0, caps.execute != 0,
+                      caps.device_memory_is_host != 0};
 }
 
 WorkerStats Worker::stats() const {
-  const detail::CallGuard guard = enter();
+  const runtime::CallGuard guard = enter();
   WorkerStats stats;
   state_->check(state_->api().mem_info(state_->ctx, &stats.device_capacity_bytes,
                                        &stats.device_committed_bytes),
                 "mem_info");
   std::lock_guard lock(state_->mu);
-  stats.pinned_bytes = state_->pinned.bytes();
-  stats.pinned_count = state_->pinned.count();
-  stats.device_bytes = state_->device.bytes();
-  stats.device_count = state_->device.count();
+  using runtime::EntryKind;
+  stats.pinned_bytes = state_->table.bytes(EntryKind::pinned_host);
+  stats.pinned_count = state_->table.count(EntryKind::pinned_host);
+  stats.device_bytes = state_->table.bytes(EntryKind::device);
+  stats.device_count = state_->table.count(EntryKind::device);
   return stats;
 }
 
@@ -391,8 +454,10 @@ DeviceBuffer Worker::alloc_device(size_t bytes) {
 
 namespace {
 
-// The device address for [offset, offset + bytes) of `buffer`, checked.
-void* device_range(const DeviceBuffer& buffer, size_t offset, size_t bytes, const char* what) {
+// The device address for [offset, offset + bytes) of `buffer`, checked against the
+// buffer and against the worker's table (a buffer of another worker is refused).
+void* device_range(const runtime::WorkerState& state, const DeviceBuffer& buffer, size_t offset,
+                   size_t bytes, const char* what) {
   if (!buffer)
     throw Error(ErrorCode::invalid_argument, std::string(what) + ": device buffer is empty");
   if (offset > buffer.size() || bytes > buffer.size() - offset)
@@ -401,93 +466,114 @@ void* device_range(const DeviceBuffer& buffer, size_t offset, size_t bytes, cons
                     std::to_string(offset) + " + " + std::to_string(bytes) +
                     ") is outside the device buffer of " + std::to_string(buffer.size()) +
                     " bytes");
-  return static_cast<char*>(buffer.data()) + offset;
+  void* ptr = static_cast<char*>(buffer.data()) + offset;
+  state.require_device_range(ptr, std::max<size_t>(bytes, 1), what);
+  return ptr;
 }
 
-void require_host(const void* ptr, size_t bytes, const char* what) {
-  if (ptr == nullptr && bytes > 0)
+enum class Direction { to_device, to_host };
+
+// One copy through the backend: on `stream` when it has a handle, else synchronous.
+void copy(const runtime::WorkerState& state, Direction dir, const DeviceBuffer& buffer,
+          size_t offset, void* host, size_t bytes, ps_stream* stream) {
+  const bool up = dir == Direction::to_device;
+  const char* what = up ? (stream ? "copy_to_device_async" : "copy_to_device")
+                        : (stream ? "copy_to_host_async" : "copy_to_host");
+  void* device = device_range(state, buffer, offset, bytes, what);
+  if (host == nullptr && bytes > 0)
     throw Error(ErrorCode::invalid_argument, std::string(what) + ": host pointer is null");
+  if (bytes == 0) return;
+  const auto& api = state.api();
+  int status;
+  if (stream != nullptr)
+    status = up ? api.copy_h2d_async(state.ctx, device, host, bytes, stream)
+                : api.copy_d2h_async(state.ctx, host, device, bytes, stream);
+  else
+    status = up ? api.copy_h2d(state.ctx, device, host, bytes)
+                : api.copy_d2h(state.ctx, host, device, bytes);
+  state.check(status, up ? (stream ? "async copy host-to-device" : "copy host-to-device")
+                         : (stream ? "async copy device-to-host" : "copy device-to-host"));
 }
+
+void require_own(const Owner& state, const Owner& owner, const char* what) {
+  if (owner != state)
+    throw Error(ErrorCode::invalid_argument, std::string(what) + " was not created by this worker");
+}
+
+// Runs a host callable under the backend's host_execute slot, keeping its exception.
+struct HostCall {
+  const HostCallable* fn;
+  std::span<const ExecArg> args;
+  std::exception_ptr error;
+  static int run(void* self) noexcept {
+    auto* call = static_cast<HostCall*>(self);
+    try {
+      (*call->fn)(call->args);
+      return PS_OK;
+    } catch (...) {
+      call->error = std::current_exception();
+      return PS_ERR_BACKEND;
+    }
+  }
+};
 
 }  // namespace
 
 void Worker::copy_to_device(const DeviceBuffer& dst, size_t dst_offset, const void* src,
                             size_t bytes) {
-  const detail::CallGuard guard = enter();
-  void* d = device_range(dst, dst_offset, bytes, "copy_to_device");
-  require_host(src, bytes, "copy_to_device");
-  if (bytes == 0) return;
-  state_->check(state_->api().copy_h2d(state_->ctx, d, src, bytes), "copy host-to-device");
+  const runtime::CallGuard guard = enter();
+  copy(*state_, Direction::to_device, dst, dst_offset, const_cast<void*>(src), bytes, nullptr);
 }
 
 void Worker::copy_to_host(void* dst, const DeviceBuffer& src, size_t src_offset, size_t bytes) {
-  const detail::CallGuard guard = enter();
-  const void* s = device_range(src, src_offset, bytes, "copy_to_host");
-  require_host(dst, bytes, "copy_to_host");
-  if (bytes == 0) return;
-  state_->check(state_->api().copy_d2h(state_->ctx, dst, s, bytes), "copy device-to-host");
+  const runtime::CallGuard guard = enter();
+  copy(*state_, Direction::to_host, src, src_offset, dst, bytes, nullptr);
 }
 
 Stream Worker::create_stream() {
-  const detail::CallGuard guard = enter();
+  const runtime::CallGuard guard = enter();
   Stream stream;
-  if (state_->api().stream_create != nullptr) {
-    ps_stream* handle = nullptr;
-    state_->check(state_->api().stream_create(state_->ctx, &handle), "stream create");
-    stream.handle_ = handle;
-  }
   stream.owner_ = state_;
-  std::lock_guard lock(state_->mu);
-  ++state_->streams;
+  if (state_->api().stream_create == nullptr) return stream;
+  ps_stream* handle = nullptr;
+  state_->check(state_->api().stream_create(state_->ctx, &handle), "stream create");
+  state_->add_handle(runtime::EntryKind::stream, handle);
+  stream.handle_ = handle;
   return stream;
 }
 
 Event Worker::create_event() {
-  const detail::CallGuard guard = enter();
+  const runtime::CallGuard guard = enter();
   Event event;
-  if (state_->api().event_create != nullptr) {
-    ps_event* handle = nullptr;
-    state_->check(state_->api().event_create(state_->ctx, &handle), "event create");
-    event.handle_ = handle;
-  }
   event.owner_ = state_;
-  std::lock_guard lock(state_->mu);
-  ++state_->events;
+  if (state_->api().event_create == nullptr) return event;
+  ps_event* handle = nullptr;
+  state_->check(state_->api().event_create(state_->ctx, &handle), "event create");
+  state_->add_handle(runtime::EntryKind::event, handle);
+  event.handle_ = handle;
   return event;
 }
 
 void Worker::copy_to_device_async(const DeviceBuffer& dst, size_t dst_offset, const void* src,
                                   size_t bytes, Stream& stream) {
-  const detail::CallGuard guard = enter();
-  if (stream.owner_ != state_)
-    throw Error(ErrorCode::invalid_argument, "stream was not created by this worker");
-  if (stream.handle_ == nullptr) return copy_to_device(dst, dst_offset, src, bytes);
-  void* d = device_range(dst, dst_offset, bytes, "copy_to_device_async");
-  require_host(src, bytes, "copy_to_device_async");
-  if (bytes == 0) return;
-  state_->check(state_->api().copy_h2d_async(state_->ctx, d, src, bytes,
-                                             static_cast<ps_stream*>(stream.handle_)),
-                "async copy host-to-device");
+  const runtime::CallGuard guard = enter();
+  require_own(state_, stream.owner_, "stream");
+  copy(*state_, Direction::to_device, dst, dst_offset, const_cast<void*>(src), bytes,
+       static_cast<ps_stream*>(stream.handle_));
 }
 
 void Worker::copy_to_host_async(void* dst, const DeviceBuffer& src, size_t src_offset, size_t bytes,
                                 Stream& stream) {
-  const detail::CallGuard guard = enter();
-  if (stream.owner_ != state_)
-    throw Error(ErrorCode::invalid_argument, "stream was not created by this worker");
-  if (stream.handle_ == nullptr) return copy_to_host(dst, src, src_offset, bytes);
-  const void* s = device_range(src, src_offset, bytes, "copy_to_host_async");
-  require_host(dst, bytes, "copy_to_host_async");
-  if (bytes == 0) return;
-  state_->check(state_->api().copy_d2h_async(state_->ctx, dst, s, bytes,
-                                             static_cast<ps_stream*>(stream.handle_)),
-                "async copy device-to-host");
+  const runtime::CallGuard guard = enter();
+  require_own(state_, stream.owner_, "stream");
+  copy(*state_, Direction::to_host, src, src_offset, dst, bytes,
+       static_cast<ps_stream*>(stream.handle_));
 }
 
 void Worker::record(Event& event, Stream& stream) {
-  const detail::CallGuard guard = enter();
-  if (event.owner_ != state_ || stream.owner_ != state_)
-    throw Error(ErrorCode::invalid_argument, "event or stream was not created by this worker");
+  const runtime::CallGuard guard = enter();
+  require_own(state_, event.owner_, "event");
+  require_own(state_, stream.owner_, "stream");
   if (event.handle_ == nullptr) return;
   state_->check(state_->api().event_record(state_->ctx, static_cast<ps_event*>(event.handle_),
                                            static_cast<ps_stream*>(stream.handle_)),
@@ -495,47 +581,52 @@ void Worker::record(Event& event, Stream& stream) {
 }
 
 void Worker::wait(Event& event) {
-  const detail::CallGuard guard = enter();
-  if (event.owner_ != state_)
-    throw Error(ErrorCode::invalid_argument, "event was not created by this worker");
+  const runtime::CallGuard guard = enter();
+  require_own(state_, event.owner_, "event");
   if (event.handle_ == nullptr) return;
   state_->check(state_->api().event_sync(state_->ctx, static_cast<ps_event*>(event.handle_)),
                 "event wait");
 }
 
 void Worker::synchronize(Stream& stream) {
-  const detail::CallGuard guard = enter();
-  if (stream.owner_ != state_)
-    throw Error(ErrorCode::invalid_argument, "stream was not created by this worker");
+  const runtime::CallGuard guard = enter();
+  require_own(state_, stream.owner_, "stream");
   if (stream.handle_ == nullptr) return;
   state_->check(state_->api().stream_sync(state_->ctx, static_cast<ps_stream*>(stream.handle_)),
                 "stream synchronize");
 }
 
 void Worker::execute(const std::string& callable, std::span<const ExecArg> args) {
-  const detail::CallGuard guard = enter();
-  if (state_->api().execute == nullptr)
-    throw Error(ErrorCode::unsupported, "backend '" + state_->plugin.info.name +
-                                            "' runs no callables (asked for '" + callable + "')");
-  std::vector<ps_exec_arg> raw;
-  raw.reserve(args.size());
-  for (const auto& arg : args) raw.push_back({arg.name.c_str(), arg.device_ptr, arg.bytes});
-  state_->check(state_->api().execute(state_->ctx, callable.c_str(), raw.data(), raw.size()),
-                ("execute '" + callable + "'").c_str());
+  const runtime::CallGuard guard = enter();
+  if (state_->api().host_execute == nullptr)
+    throw Error(ErrorCode::unsupported, "backend '" + state_->name() +
+                                            "' runs no host callables (asked for '" + callable +
+                                            "'): its device memory is not host memory");
+  HostCall call{&runtime::find_host_callable(callable), args, nullptr};
+  for (const auto& arg : args)
+    if (arg.bytes > 0)
+      state_->require_device_range(arg.device_ptr, arg.bytes,
+                                   "execute '" + callable + "': argument '" + arg.name + "'");
+  const int status = state_->api().host_execute(state_->ctx, &HostCall::run, &call);
+  if (call.error) std::rethrow_exception(call.error);
+  state_->check(status, ("execute '" + callable + "'").c_str());
 }
 
-// FaultKind is passed to the plugin as its ps_fault_kind value.
-static_assert(static_cast<int>(FaultKind::device_malloc) == PS_FAULT_DEVICE_MALLOC &&
-              static_cast<int>(FaultKind::copy_d2h) == PS_FAULT_COPY_D2H &&
-              static_cast<int>(FaultKind::execute) == PS_FAULT_EXECUTE &&
-              static_cast<int>(FaultKind::corrupt_h2d) == PS_FAULT_CORRUPT_H2D &&
-              static_cast<int>(FaultKind::corrupt_h2d) + 1 == PS_FAULT_KIND_COUNT);
+void* Worker::backend_extension(const std::string& name) const {
+  const runtime::CallGuard guard = enter();
+  const auto lookup = state_->api().get_proc_address;
+  return lookup != nullptr ? lookup(name.c_str()) : nullptr;
+}
+
+ps_device_ctx* Worker::native_context() const {
+  const runtime::CallGuard guard = enter();
+  return state_->ctx;
+}
 
 void Worker::inject_fault(FaultKind kind, uint64_t nth) {
-  const detail::CallGuard guard = enter();
+  const runtime::CallGuard guard = enter();
   if (state_->api().inject_fault == nullptr)
-    throw Error(ErrorCode::unsupported,
-                "backend '" + state_->plugin.info.name + "' has no fault hook");
+    throw Error(ErrorCode::unsupported, "backend '" + state_->name() + "' has no fault hook");
   state_->check(state_->api().inject_fault(state_->ctx, static_cast<int>(kind), nth),
                 "inject_fault");
 }

@@ -1,5 +1,5 @@
 // The shared state behind a Worker and every buffer, stream and event it hands out.
-// See Note [Pinned memory lifecycle] in worker.cpp.
+// See Note [Pinned memory lifecycle] in worker.cpp and Note [One allocation table].
 #pragma once
 
 #include <condition_variable>
@@ -7,16 +7,15 @@
 #include <mutex>
 #include <string>
 
-#include "pinstage/export.h"
-#include "pinstage/platform_abi.h"
+#include "pinstage/backend/platform_abi.h"
 #include "pinstage/worker.h"
+#include "runtime/allocation_table.h"
 #include "runtime/plugin.h"
-#include "runtime/registry.h"
 
-namespace pinstage::detail {
+namespace pinstage::runtime {
 
-struct PINSTAGE_API WorkerState {
-  Plugin plugin;
+struct WorkerState {
+  const Plugin* plugin = nullptr;
   ps_device_ctx* ctx = nullptr;
   int device_id = 0;
 
@@ -24,12 +23,10 @@ struct PINSTAGE_API WorkerState {
   std::condition_variable idle;  // signalled when in_flight drops to 0
   bool live = false;             // initialized and not finalized
   uint64_t in_flight = 0;        // backend calls running now (finalize waits for them)
-  AllocationRegistry pinned;
-  AllocationRegistry device;
-  uint64_t streams = 0;  // outstanding streams and events (released before the context)
-  uint64_t events = 0;
+  AllocationTable table;
 
-  const ps_platform_api& api() const { return *plugin.api; }
+  const ps_platform_api& api() const { return *plugin->api; }
+  const std::string& name() const { return plugin->info.name; }
 
   // Throws Error(code, "<backend> <what> failed: <status> (<detail>)") unless status is OK.
   void check(int status, const char* what) const;
@@ -40,14 +37,21 @@ struct PINSTAGE_API WorkerState {
   // reclaimed it already). Throws Error(unknown_pointer) for an untracked pointer and
   // Error(<backend code>) when the backend refuses.
   void free(MemoryKind kind, void* ptr);
+  // Enters a stream or event handle in the table; destroy_handle takes it out and
+  // releases it through the backend (a no-op after finalize).
+  void add_handle(EntryKind kind, void* handle);
+  void destroy_handle(EntryKind kind, void* handle) noexcept;
+  // Throws Error(invalid_argument) unless [ptr, ptr + bytes) lies in one device allocation.
+  void require_device_range(const void* ptr, size_t bytes, const std::string& what) const;
 
-  // Frees everything, destroys the context and unloads the plugin. Idempotent.
+  // Releases streams, events and memory through the backend once, then the context.
+  // Idempotent.
   void shutdown() noexcept;
 };
 
 // Counts a backend call as in flight so finalize cannot destroy the context under it.
-// enter() is false when the worker is no longer live; then nothing is counted.
-class PINSTAGE_API CallGuard {
+// entered() is false when the worker is no longer live; then nothing is counted.
+class CallGuard {
  public:
   explicit CallGuard(WorkerState& state) noexcept;
   ~CallGuard();
@@ -63,4 +67,7 @@ class PINSTAGE_API CallGuard {
   bool entered_;
 };
 
-}  // namespace pinstage::detail
+// The registered host callable `name`; Error(not_found) listing the registered names.
+const HostCallable& find_host_callable(const std::string& name);
+
+}  // namespace pinstage::runtime

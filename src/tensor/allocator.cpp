@@ -7,8 +7,8 @@
 #include <cstring>
 
 #include "pinstage/error.h"
+#include "pinstage/pages.h"
 #include "pinstage/tensor.h"
-#include "tensor/memory.h"
 
 namespace pinstage {
 
@@ -27,16 +27,16 @@ std::string oom_message(size_t bytes, const char* how, int err) {
 
 std::shared_ptr<Storage> PageableAllocator::allocate(size_t bytes) {
   if (bytes == 0) return std::make_shared<Storage>(nullptr, 0, false, nullptr);
-  if (bytes > SIZE_MAX - detail::kPageSize)
+  if (bytes > SIZE_MAX - page_size())
     throw Error(ErrorCode::out_of_memory, oom_message(bytes, "size", ENOMEM));
-  const size_t rounded = (bytes + detail::kPageSize - 1) & ~(detail::kPageSize - 1);
+  const size_t rounded = round_up_to_pages(bytes);
   if (rounded >= kMapThreshold) {
     void* ptr = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (ptr == MAP_FAILED) throw Error(ErrorCode::out_of_memory, oom_message(bytes, "mmap", errno));
     std::shared_ptr<void> owner(ptr, [rounded](void* p) { munmap(p, rounded); });
     return std::make_shared<Storage>(ptr, bytes, false, std::move(owner));
   }
-  void* ptr = std::aligned_alloc(detail::kPageSize, rounded);
+  void* ptr = std::aligned_alloc(page_size(), rounded);
   if (ptr == nullptr)
     throw Error(ErrorCode::out_of_memory, oom_message(bytes, "aligned_alloc", ENOMEM));
   std::shared_ptr<void> owner(ptr, [](void* p) { std::free(p); });

@@ -1,6 +1,8 @@
 // Element types: sizes, names and the f16 conversions (bf16 lives inline in dtype.h).
 #include "pinstage/dtype.h"
 
+#include "pinstage/names.h"
+
 #include <cstring>
 
 namespace pinstage {
@@ -19,42 +21,19 @@ size_t dtype_size(DType dtype) {
   return 0;
 }
 
-const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::bf16:
-      return "bf16";
-    case DType::f16:
-      return "f16";
-    case DType::f32:
-      return "f32";
-    case DType::i32:
-      return "i32";
-    case DType::i64:
-      return "i64";
-  }
-  return "?";
-}
+namespace {
+// In DType order.
+constexpr const char* kDTypeNames[] = {"bf16", "f16", "f32", "i32", "i64"};
+constexpr const char* kSafetensorsNames[] = {"BF16", "F16", "F32", "I32", "I64"};
+}  // namespace
 
-const char* dtype_safetensors_name(DType dtype) {
-  switch (dtype) {
-    case DType::bf16:
-      return "BF16";
-    case DType::f16:
-      return "F16";
-    case DType::f32:
-      return "F32";
-    case DType::i32:
-      return "I32";
-    case DType::i64:
-      return "I64";
-  }
-  return "?";
-}
+const char* dtype_name(DType dtype) { return enum_name(dtype, kDTypeNames); }
+
+const char* dtype_safetensors_name(DType dtype) { return enum_name(dtype, kSafetensorsNames); }
 
 std::optional<DType> parse_dtype(std::string_view name) {
-  for (DType d : {DType::bf16, DType::f16, DType::f32, DType::i32, DType::i64})
-    if (name == dtype_name(d) || name == dtype_safetensors_name(d)) return d;
-  return std::nullopt;
+  if (auto d = enum_from_name<DType>(name, kDTypeNames)) return d;
+  return enum_from_name<DType>(name, kSafetensorsNames);
 }
 
 uint16_t f32_to_f16(float value) {

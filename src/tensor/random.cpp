@@ -17,7 +17,8 @@
 #include <string_view>
 
 #include "pinstage/error.h"
-#include "pinstage/log.h"
+#include "pinstage/names.h"
+#include "pinstage/settings.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -539,17 +540,8 @@ void fill(GenIsa isa, void* out, bool bf16, NormalStream stream, uint64_t first,
 }  // namespace
 
 const char* gen_isa_name(GenIsa isa) {
-  switch (isa) {
-    case GenIsa::generic:
-      return "generic";
-    case GenIsa::avx2:
-      return "avx2";
-    case GenIsa::avx512:
-      return "avx512";
-    case GenIsa::avx512bf16:
-      return "avx512bf16";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"generic", "avx2", "avx512", "avx512bf16"};
+  return enum_name(isa, kNames);
 }
 
 bool gen_isa_supported(GenIsa isa) {
@@ -559,20 +551,17 @@ bool gen_isa_supported(GenIsa isa) {
 
 GenIsa gen_isa_default() {
   static const GenIsa chosen = [] {
-    const GenIsa best = best_isa();
-    const char* env = std::getenv("PINSTAGE_GEN_ISA");
-    if (env == nullptr || *env == '\0') return best;
+    const auto name = setting_choice(Setting::gen_isa);  // validated against the table
+    if (!name) return best_isa();
     for (GenIsa isa : {GenIsa::generic, GenIsa::avx2, GenIsa::avx512, GenIsa::avx512bf16}) {
-      if (std::string_view(env) != gen_isa_name(isa)) continue;
-      if (gen_isa_supported(isa)) return isa;
-      log(LogLevel::warn, std::string("PINSTAGE_GEN_ISA=") + env +
-                              ": this CPU lacks it; generating with " + gen_isa_name(best));
-      return best;
+      if (*name != gen_isa_name(isa)) continue;
+      if (!gen_isa_supported(isa))
+        throw Error(ErrorCode::invalid_argument,
+                    "PINSTAGE_GEN_ISA='" + *name + "' is not supported by this CPU (best: " +
+                        gen_isa_name(best_isa()) + "); unset it or choose a lower one");
+      return isa;
     }
-    log(LogLevel::warn, std::string("PINSTAGE_GEN_ISA=") + env +
-                            " is not one of generic, avx2, avx512, avx512bf16; generating with " +
-                            gen_isa_name(best));
-    return best;
+    throw Error(ErrorCode::internal, "PINSTAGE_GEN_ISA: a choice without a kernel set");
   }();
   return chosen;
 }

@@ -14,8 +14,8 @@
 #include <set>
 
 #include "pinstage/error.h"
+#include "pinstage/pages.h"
 #include "pinstage/parallel.h"
-#include "tensor/memory.h"
 
 namespace pinstage {
 
@@ -81,7 +81,9 @@ struct Header {
   uint64_t data_start = 0;                // file offset of the data section
 };
 
-Header parse_header(int fd, const std::string& path, const SafetensorsLoadOptions& options) {
+// The header's JSON text and where the data section starts, checked against the file.
+std::string read_header_text(int fd, const std::string& path, uint64_t* data_start,
+                             uint64_t* data_size) {
   struct stat st;
   if (::fstat(fd, &st) != 0) io_error(path, "cannot stat: " + sys_reason(errno));
   const auto file_size = static_cast<uint64_t>(st.st_size);
@@ -101,8 +103,14 @@ Header parse_header(int fd, const std::string& path, const SafetensorsLoadOption
                        " is over the format's 100 MiB limit");
   std::string text(static_cast<size_t>(header_len), '\0');
   read_all(fd, text.data(), header_len, 8, path);
+  *data_start = 8 + header_len;
+  *data_size = file_size - *data_start;
+  return text;
+}
 
-  // Duplicate top-level keys would silently shadow each other: refuse them.
+// The header as a JSON object; a repeated top-level key is refused (it would silently
+// shadow the first).
+nlohmann::json parse_header_json(const std::string& text, const std::string& path) {
   std::set<std::string> seen;
   std::string duplicate;
   nlohmann::json::parser_callback_t on_event = [&](int depth, nlohmann::json::parse_event_t event,
@@ -121,83 +129,84 @@ Header parse_header(int fd, const std::string& path, const SafetensorsLoadOption
   if (!duplicate.empty()) io_error(path, "the header names '" + duplicate + "' twice");
   if (!header.is_object())
     io_error(path, "the header must be a JSON object, got " + std::string(header.type_name()));
+  return header;
+}
 
-  Header out;
-  out.data_start = 8 + header_len;
-  const uint64_t data_size = file_size - out.data_start;
-  const nlohmann::json* metadata = nullptr;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const nlohmann::json& v = it.value();
-    if (name == "__metadata__") {
-      if (!v.is_object()) io_error(path, "__metadata__ must be an object of strings");
-      for (auto m = v.begin(); m != v.end(); ++m)
-        if (!m.value().is_string())
-          io_error(path, "__metadata__ entry '" + m.key() + "' must be a string, got " +
-                             m.value().dump());
-      metadata = &v;
-      continue;
-    }
-    const std::string where = "tensor '" + name + "'";
-    if (name.empty()) io_error(path, "a tensor has an empty name");
-    if (!v.is_object())
-      io_error(path, where + " must be an object with dtype, shape and data_offsets");
-    for (auto f = v.begin(); f != v.end(); ++f)
-      if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
-        io_error(path, where + " has an unknown field '" + f.key() +
-                           "' (expected dtype, shape, data_offsets)");
-    if (!v.contains("dtype") || !v["dtype"].is_string())
-      io_error(path, where + " has no dtype string");
-    const std::string dtype_text = v["dtype"].get<std::string>();
-    std::optional<DType> dtype;
-    for (DType d : {DType::bf16, DType::f16, DType::f32, DType::i32, DType::i64})
-      if (dtype_text == dtype_safetensors_name(d)) dtype = d;
-    if (!dtype)
-      io_error(path, where + " has dtype '" + dtype_text +
-                         "', which pinstage does not support (BF16, F16, F32, I32, I64)");
-    if (!v.contains("shape") || !v["shape"].is_array())
-      io_error(path, where + " has no shape array");
-    std::vector<int64_t> shape;
-    for (const auto& d : v["shape"]) {
-      const uint64_t dim = to_u64(d, path, where + " shape dimension");
-      if (dim > static_cast<uint64_t>(INT64_MAX))
-        io_error(path, where + " has a dimension past INT64_MAX");
-      shape.push_back(static_cast<int64_t>(dim));
-    }
-    uint64_t nbytes = 0;
-    try {
-      nbytes = checked_nbytes(shape, *dtype);
-    } catch (const Error& e) {
-      io_error(path, where + ": " + e.what());
-    }
-    if (!v.contains("data_offsets") || !v["data_offsets"].is_array() ||
-        v["data_offsets"].size() != 2)
-      io_error(path, where + " needs data_offsets [begin, end]");
-    const uint64_t begin = to_u64(v["data_offsets"][0], path, where + " data_offsets begin");
-    const uint64_t end = to_u64(v["data_offsets"][1], path, where + " data_offsets end");
-    if (begin > end)
-      io_error(path, where + " has data_offsets [" + std::to_string(begin) + ", " +
-                         std::to_string(end) + "]: begin is past end");
-    if (end > data_size)
-      io_error(path, where + " has data_offsets [" + std::to_string(begin) + ", " +
-                         std::to_string(end) + "] past the end of the data section (" +
-                         std::to_string(data_size) +
-                         " bytes): the file is truncated or the offsets are wrong");
-    if (end - begin != nbytes)
-      io_error(path, where + " is " + dtype_text + " " + format_shape(shape) + ", which is " +
-                         std::to_string(nbytes) + " bytes, but its data_offsets span " +
-                         std::to_string(end - begin));
-    out.entries.push_back({name, *dtype, std::move(shape), options.default_direction, begin, end});
+void check_metadata(const nlohmann::json& v, const std::string& path) {
+  if (!v.is_object()) io_error(path, "__metadata__ must be an object of strings");
+  for (auto m = v.begin(); m != v.end(); ++m)
+    if (!m.value().is_string())
+      io_error(path,
+               "__metadata__ entry '" + m.key() + "' must be a string, got " + m.value().dump());
+}
+
+// The dtype and shape of one tensor entry.
+std::pair<DType, std::vector<int64_t>> parse_dtype_and_shape(const nlohmann::json& v,
+                                                             const std::string& where,
+                                                             const std::string& path) {
+  if (!v.contains("dtype") || !v["dtype"].is_string())
+    io_error(path, where + " has no dtype string");
+  const std::string dtype_text = v["dtype"].get<std::string>();
+  const std::optional<DType> dtype = parse_dtype(dtype_text);
+  if (!dtype || dtype_text != dtype_safetensors_name(*dtype))
+    io_error(path, where + " has dtype '" + dtype_text +
+                       "', which pinstage does not support (BF16, F16, F32, I32, I64)");
+  if (!v.contains("shape") || !v["shape"].is_array()) io_error(path, where + " has no shape array");
+  std::vector<int64_t> shape;
+  for (const auto& d : v["shape"]) {
+    const uint64_t dim = to_u64(d, path, where + " shape dimension");
+    if (dim > static_cast<uint64_t>(INT64_MAX))
+      io_error(path, where + " has a dimension past INT64_MAX");
+    shape.push_back(static_cast<int64_t>(dim));
   }
+  return {*dtype, std::move(shape)};
+}
 
-  // The tensors must tile the data section exactly: no overlap, no gap, nothing after.
-  std::stable_sort(out.entries.begin(), out.entries.end(),
+// One tensor entry, its byte range checked against its dtype and shape and the data.
+SafetensorsEntry parse_entry(const std::string& name, const nlohmann::json& v, uint64_t data_size,
+                             const std::string& path, Direction dir) {
+  const std::string where = "tensor '" + name + "'";
+  if (name.empty()) io_error(path, "a tensor has an empty name");
+  if (!v.is_object())
+    io_error(path, where + " must be an object with dtype, shape and data_offsets");
+  for (auto f = v.begin(); f != v.end(); ++f)
+    if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
+      io_error(path, where + " has an unknown field '" + f.key() +
+                         "' (expected dtype, shape, data_offsets)");
+  auto [dtype, shape] = parse_dtype_and_shape(v, where, path);
+  uint64_t nbytes = 0;
+  try {
+    nbytes = checked_nbytes(shape, dtype);
+  } catch (const Error& e) {
+    io_error(path, where + ": " + e.what());
+  }
+  if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
+    io_error(path, where + " needs data_offsets [begin, end]");
+  const uint64_t begin = to_u64(v["data_offsets"][0], path, where + " data_offsets begin");
+  const uint64_t end = to_u64(v["data_offsets"][1], path, where + " data_offsets end");
+  const std::string range = "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+  if (begin > end) io_error(path, where + " has data_offsets " + range + ": begin is past end");
+  if (end > data_size)
+    io_error(path, where + " has data_offsets " + range + " past the end of the data section (" +
+                       std::to_string(data_size) +
+                       " bytes): the file is truncated or the offsets are wrong");
+  if (end - begin != nbytes)
+    io_error(path, where + " is " + dtype_safetensors_name(dtype) + " " + format_shape(shape) +
+                       ", which is " + std::to_string(nbytes) +
+                       " bytes, but its data_offsets span " + std::to_string(end - begin));
+  return {name, dtype, std::move(shape), dir, begin, end};
+}
+
+// The tensors must tile the data section exactly: no overlap, no gap, nothing after.
+void check_tiling(std::vector<SafetensorsEntry>& entries, uint64_t data_size,
+                  const std::string& path) {
+  std::stable_sort(entries.begin(), entries.end(),
                    [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
                      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
                    });
   uint64_t cursor = 0;
   const SafetensorsEntry* prev = nullptr;
-  for (const SafetensorsEntry& e : out.entries) {
+  for (const SafetensorsEntry& e : entries) {
     if (e.begin < cursor)
       io_error(path, "tensors '" + prev->name + "' and '" + e.name + "' overlap (bytes " +
                          std::to_string(e.begin) + " to " + std::to_string(cursor) + ")");
@@ -210,24 +219,44 @@ Header parse_header(int fd, const std::string& path, const SafetensorsLoadOption
   if (cursor != data_size)
     io_error(path, "the data section has " + std::to_string(data_size) +
                        " bytes but the tensors cover " + std::to_string(cursor));
+}
 
-  if (metadata != nullptr) {
-    const std::string prefix = kDirectionKey;
-    for (auto m = metadata->begin(); m != metadata->end(); ++m) {
-      if (m.key().rfind(prefix, 0) != 0) continue;  // other tools' metadata is kept out
-      const std::string name = m.key().substr(prefix.size());
-      auto it = std::find_if(out.entries.begin(), out.entries.end(),
-                             [&](const SafetensorsEntry& e) { return e.name == name; });
-      if (it == out.entries.end())
-        io_error(path,
-                 "__metadata__ gives a direction for '" + name + "', which is not in the file");
-      const auto dir = parse_direction(m.value().get<std::string>());
-      if (!dir)
-        io_error(path, "__metadata__ direction of '" + name + "' is '" +
-                           m.value().get<std::string>() + "' (expected IN, INOUT or OUT)");
-      it->dir = *dir;
-    }
+// pinstage's own metadata: "pinstage.direction.<tensor>" = IN | INOUT | OUT.
+void apply_directions(const nlohmann::json& metadata, std::vector<SafetensorsEntry>& entries,
+                      const std::string& path) {
+  const std::string prefix = kDirectionKey;
+  for (auto m = metadata.begin(); m != metadata.end(); ++m) {
+    if (m.key().rfind(prefix, 0) != 0) continue;  // other tools' metadata is kept out
+    const std::string name = m.key().substr(prefix.size());
+    auto it = std::find_if(entries.begin(), entries.end(),
+                           [&](const SafetensorsEntry& e) { return e.name == name; });
+    if (it == entries.end())
+      io_error(path, "__metadata__ gives a direction for '" + name + "', which is not in the file");
+    const auto dir = parse_direction(m.value().get<std::string>());
+    if (!dir)
+      io_error(path, "__metadata__ direction of '" + name + "' is '" +
+                         m.value().get<std::string>() + "' (expected IN, INOUT or OUT)");
+    it->dir = *dir;
   }
+}
+
+Header parse_header(int fd, const std::string& path, const SafetensorsLoadOptions& options) {
+  Header out;
+  uint64_t data_size = 0;
+  const nlohmann::json header =
+      parse_header_json(read_header_text(fd, path, &out.data_start, &data_size), path);
+  const nlohmann::json* metadata = nullptr;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      check_metadata(it.value(), path);
+      metadata = &it.value();
+      continue;
+    }
+    out.entries.push_back(
+        parse_entry(it.key(), it.value(), data_size, path, options.default_direction));
+  }
+  check_tiling(out.entries, data_size, path);
+  if (metadata != nullptr) apply_directions(*metadata, out.entries, path);
   return out;
 }
 
@@ -317,7 +346,7 @@ TaskArgs load_safetensors(const std::string& path, HostAllocator& allocator,
         for (size_t i = next.fetch_add(1); i < chunks.size(); i = next.fetch_add(1)) {
           const Chunk& c = chunks[i];
           auto* dst = static_cast<unsigned char*>(tensors[c.tensor].data()) + c.offset;
-          if (populate) detail::populate_for_write(dst, c.bytes);
+          if (populate) populate_for_write(dst, c.bytes);
           read_all(fd.fd, dst, c.bytes,
                    header.data_start + header.entries[c.tensor].begin + c.offset, path);
         }

@@ -4,28 +4,21 @@
 #include <limits>
 
 #include "pinstage/error.h"
+#include "pinstage/names.h"
 
 namespace pinstage {
 
-const char* direction_name(Direction dir) {
-  switch (dir) {
-    case Direction::in:
-      return "IN";
-    case Direction::inout:
-      return "INOUT";
-    case Direction::out:
-      return "OUT";
-  }
-  return "?";
-}
+namespace {
+constexpr const char* kDirectionNames[] = {"IN", "INOUT", "OUT"};  // Direction order
+}  // namespace
+
+const char* direction_name(Direction dir) { return enum_name(dir, kDirectionNames); }
 
 std::optional<Direction> parse_direction(std::string_view name) {
   std::string upper(name);
   for (char& c : upper)
     if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
-  for (Direction d : {Direction::in, Direction::inout, Direction::out})
-    if (upper == direction_name(d)) return d;
-  return std::nullopt;
+  return enum_from_name<Direction>(upper, kDirectionNames);
 }
 
 Storage::Storage(void* data, size_t bytes, bool pinned, std::shared_ptr<void> owner)

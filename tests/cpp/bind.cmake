@@ -15,3 +15,8 @@ pinstage_add_gtest(test_ab_bench_cli
 target_compile_definitions(test_ab_bench_cli PRIVATE
   PINSTAGE_CLI_PATH="$<TARGET_FILE:pinstage_cli>")
 add_dependencies(test_ab_bench_cli pinstage_cli pinstage_backend_sim)
+
+pinstage_add_gtest(test_staging_ring
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_staging_ring.cpp
+  LABELS bind)
+add_dependencies(test_staging_ring pinstage_backend_sim)

@@ -3,7 +3,10 @@
 #  test_cuda_gpu (label requires_gpu): skipped, never passed, where no GPU is present.
 #  fake_cuda.* (label cuda): test_cuda_gpu again, on the fake CUDA runtime of
 #    test_cuda_fake_runtime.cpp, so the plugin's logic is exercised without a GPU. It
-#    checks bookkeeping, ordering and device selection, not the hardware.
+#    checks bookkeeping, ordering and device selection, not the hardware. Any test can
+#    run the cuda backend on the fake the same way: LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/fake_cuda
+#    (the conformance suite does).
+#  gpu_probe.* (label cuda): pinstage_gpu_probe's CPU-only mode and its argument checks.
 if(TARGET pinstage_backend_cuda)
   pinstage_add_gtest(test_cuda_plugin
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_plugin.cpp
@@ -39,4 +42,16 @@ if(TARGET pinstage_backend_cuda)
     TEST_PREFIX "fake_cuda."
     PROPERTIES LABELS cuda ENVIRONMENT "LD_LIBRARY_PATH=${_fake_dir}"
     DISCOVERY_TIMEOUT 60)
+
+  # tools/gpu_probe is added before tests/cpp (see the top CMakeLists.txt).
+  if(TARGET pinstage_gpu_probe)
+    add_test(NAME gpu_probe.prefault_only
+             COMMAND pinstage_gpu_probe --prefault-only --prefault-gib 1)
+    set_tests_properties(gpu_probe.prefault_only PROPERTIES LABELS cuda
+      PASS_REGULAR_EXPRESSION "\"prefault\": {[^}]*\"bytes\": 1073741824")
+    add_test(NAME gpu_probe.rejects_bad_arguments
+             COMMAND pinstage_gpu_probe --prefault-only --reps 0)
+    set_tests_properties(gpu_probe.rejects_bad_arguments PROPERTIES LABELS cuda
+      PASS_REGULAR_EXPRESSION "--reps: Value 0 not in range")
+  endif()
 endif()

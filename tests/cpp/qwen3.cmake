@@ -4,8 +4,8 @@ pinstage_add_gtest(test_golden
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_golden_kernels.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_golden_compare.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_golden.cpp
-  LABELS golden)
-# qwen3_dump: writes a fixture and its goldens as .safetensors for the PyTorch anchor
-# (tests/python/test_golden_vs_torch.py).
-add_executable(qwen3_dump ${PROJECT_SOURCE_DIR}/tests/tools/qwen3_dump.cpp)
-target_link_libraries(qwen3_dump PRIVATE pinstage pinstage_internal)
+  LABELS golden
+  LIBRARIES pinstage_scene_qwen3 pinstage_scene_qwen3_internal)
+# The fixture's tests (test_fixture.cpp, in test_fixture of tensor.cmake) use the scene's
+# library.
+target_link_libraries(test_fixture PRIVATE pinstage_scene_qwen3)

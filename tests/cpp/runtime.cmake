@@ -1,4 +1,5 @@
-# Tests of the runtime core: worker, registry, sim backend, plugin loading, thread pool.
+# Tests of base and the runtime core: worker, allocation table, plugin loading, thread
+# pool, settings, pages. The backend contract itself is tests/conformance.
 
 # Broken plugins for the loader's error paths; built into a folder of their own so
 # `pinstage info` never lists them.
@@ -8,14 +9,16 @@ foreach(broken bad_version no_entry missing_slot)
   set_target_properties(broken_plugin_${broken} PROPERTIES
     LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/test_plugins
     OUTPUT_NAME ${broken} PREFIX "lib")
-  target_compile_definitions(broken_plugin_${broken} PRIVATE PINSTAGE_BUILDING_LIBRARY)
 endforeach()
 
 pinstage_add_gtest(test_runtime
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_worker.cpp
-          ${CMAKE_CURRENT_LIST_DIR}/test_sim_backend.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_plugin_load.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_parallel.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_settings.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_pages.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_allocation_table.cpp
+          ${PROJECT_SOURCE_DIR}/src/runtime/allocation_table.cpp
   LIBRARIES ${CMAKE_DL_LIBS})
 target_compile_definitions(test_runtime PRIVATE
   PINSTAGE_TEST_PLUGIN_DIR="${CMAKE_BINARY_DIR}/test_plugins")

@@ -1,5 +1,6 @@
 // The A/B harness: statistics on synthetic timings, arm parsing, validation, the
-// automatic layer count, and a small real run checked end to end.
+// automatic size, the synthetic task, and small real runs checked end to end. The harness
+// knows no scene: the plan is tested on a fake task shaped like the Qwen3 decode.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -170,8 +171,8 @@ TEST(AbConfig, Validate) {
   c.rounds = 0;
   expect_error([&] { validate(c); }, ErrorCode::invalid_argument, "--rounds");
   c = BenchConfig{};
-  c.seq_len = 0;
-  expect_error([&] { validate(c); }, ErrorCode::invalid_argument, "--seq-len");
+  c.size = -1;
+  expect_error([&] { validate(c); }, ErrorCode::invalid_argument, "size");
   c = BenchConfig{};
   c.arms.clear();
   expect_error([&] { validate(c); }, ErrorCode::invalid_argument, "--arms");
@@ -180,21 +181,43 @@ TEST(AbConfig, Validate) {
   EXPECT_THROW(validate(c), Error);
 }
 
+// A task shaped like the Qwen3 decode: 20 tensors, about 1 GB per layer, up to 40 layers.
+BenchTask fake_task() {
+  BenchTask task;
+  task.name = "fake";
+  task.size.name = "layers";
+  task.size.size = true;
+  task.size.unit = "layer";
+  task.size.size_max = 40;
+  task.size.size_max_note = "the whole model";
+  task.sizes = [](int64_t layers) {
+    TaskSizes s;
+    s.tensors = 20;
+    s.staged_tensors = 19;
+    s.total_bytes = static_cast<uint64_t>(layers) * 1'021'000'000 + 6'000'000;
+    s.staged_bytes = s.total_bytes - 163'840;
+    return s;
+  };
+  return task;
+}
+
 TEST(AbPlan, AutomaticLayerCountFitsInHalfOfAvailableMemory) {
+  const BenchTask task = fake_task();
   BenchConfig c;
   MemoryBudget b;
   b.device_is_host = true;
-  const uint64_t per_layer = memory_need(c, 2, b).host_total - memory_need(c, 1, b).host_total;
+  const uint64_t per_layer =
+      memory_need(c, task, 2, b).host_total - memory_need(c, task, 1, b).host_total;
   EXPECT_GT(per_layer, 2'000'000'000u);  // args + device copy of ~1 GB each
   // Exactly enough for 5 layers in half of MemAvailable.
-  b.host_available = 2 * memory_need(c, 5, b).host_total;
-  LayerPlan p = plan_layers(c, b);
+  b.host_available = 2 * memory_need(c, task, 5, b).host_total;
+  SizePlan p = plan_size(c, task, b);
   EXPECT_TRUE(p.automatic);
-  EXPECT_EQ(p.layers, 5);
+  EXPECT_EQ(p.size, 5);
   EXPECT_EQ(p.host_budget, b.host_available / 2);
   EXPECT_NE(p.reason.find("5 layers"), std::string::npos) << p.reason;
   b.host_available -= 2;  // one byte short of 5 in the half
-  EXPECT_EQ(plan_layers(c, b).layers, 4);
+  EXPECT_EQ(plan_size(c, task, b).size, 4);
 
   // A device that is not host memory: the host holds the args, plus the baseline's
   // host destination when the baseline runs.
@@ -202,49 +225,66 @@ TEST(AbPlan, AutomaticLayerCountFitsInHalfOfAvailableMemory) {
   dev.device_is_host = false;
   BenchConfig no_baseline = c;
   no_baseline.baseline = false;
-  EXPECT_EQ(memory_need(no_baseline, 3, dev).host_total, memory_need(c, 3, dev).host_args);
-  EXPECT_GT(plan_layers(no_baseline, dev).layers, 5);
-  dev.device_capacity = memory_need(no_baseline, 3, dev).device;
-  EXPECT_EQ(plan_layers(no_baseline, dev).layers, 3);
+  EXPECT_EQ(memory_need(no_baseline, task, 3, dev).host_total,
+            memory_need(c, task, 3, dev).host_args);
+  EXPECT_GT(plan_size(no_baseline, task, dev).size, 5);
+  dev.device_capacity = memory_need(no_baseline, task, 3, dev).device;
+  EXPECT_EQ(plan_size(no_baseline, task, dev).size, 3);
 
   // Never more than the model's 40 layers.
   b.host_available = uint64_t{1} << 50;
-  EXPECT_EQ(plan_layers(c, b).layers, qwen3::kDefaultLayers);
+  EXPECT_EQ(plan_size(c, task, b).size, 40);
 
   // A staged arm adds its ring.
   BenchConfig staged = c;
   staged.arms = {Arm::pageable, Arm::staged};
-  EXPECT_EQ(memory_need(staged, 1, b).staging, 4u * (8u << 20));
-  EXPECT_EQ(memory_need(c, 1, b).staging, 0u);
+  EXPECT_EQ(memory_need(staged, task, 1, b).staging, 4u * (8u << 20));
+  EXPECT_EQ(memory_need(c, task, 1, b).staging, 0u);
 
   b.host_available = 1'000'000'000;  // not even one layer in half
-  expect_error([&] { plan_layers(c, b); }, ErrorCode::out_of_memory, "even 1 layer");
+  expect_error([&] { plan_size(c, task, b); }, ErrorCode::out_of_memory, "even 1 layer");
 }
 
 TEST(AbPlan, ExplicitLayersMustFitBeforeAnythingIsAllocated) {
+  const BenchTask task = fake_task();
   BenchConfig c;
-  c.layers = 40;
+  c.size = 40;
   MemoryBudget b;
   b.device_is_host = true;
   b.host_available = 24ull << 30;
-  expect_error([&] { plan_layers(c, b); }, ErrorCode::out_of_memory, "--layers 40 needs");
+  expect_error([&] { plan_size(c, task, b); }, ErrorCode::out_of_memory, "--layers 40 needs");
   try {
-    plan_layers(c, b);
+    plan_size(c, task, b);
   } catch (const Error& e) {
     const int best = [&] {
       BenchConfig a;
-      return plan_layers(a, b).layers;
+      return plan_size(a, task, b).size;
     }();
     EXPECT_NE(std::string(e.what()).find("--layers " + std::to_string(best) + " or fewer"),
               std::string::npos)
         << e.what();
   }
-  c.layers = 8;  // more than the automatic 5, but within all of MemAvailable
-  const LayerPlan p = plan_layers(c, b);
+  c.size = 8;  // more than the automatic 5, but within all of MemAvailable
+  const SizePlan p = plan_size(c, task, b);
   EXPECT_FALSE(p.automatic);
-  EXPECT_EQ(p.layers, 8);
+  EXPECT_EQ(p.size, 8);
   b.device_capacity = 1ull << 30;
-  expect_error([&] { plan_layers(c, b); }, ErrorCode::out_of_memory, "device memory");
+  expect_error([&] { plan_size(c, task, b); }, ErrorCode::out_of_memory, "device memory");
+}
+
+TEST(AbPlan, AFixedSizeTaskMustFitInAllOfMemAvailable) {
+  const BenchTask task = synthetic_task(4, uint64_t{1} << 30);
+  BenchConfig c;
+  MemoryBudget b;
+  b.device_is_host = true;
+  b.host_available = 16ull << 30;
+  const SizePlan p = plan_size(c, task, b);
+  EXPECT_FALSE(p.automatic);
+  EXPECT_EQ(p.size, 1);
+  EXPECT_GT(p.need.host_total, 8ull << 30);  // args + device copy: more than half
+  EXPECT_NE(p.reason.find("synthetic: needs"), std::string::npos) << p.reason;
+  b.host_available = 4ull << 30;
+  expect_error([&] { plan_size(c, task, b); }, ErrorCode::out_of_memory, "synthetic needs");
 }
 
 TEST(AbPlan, ReadsMemAvailable) { EXPECT_GT(read_mem_available(), 0u); }
@@ -295,7 +335,9 @@ TEST(AbRun, SmallRunProducesTableAndJson) {
       EXPECT_TRUE(run.binds[0].cold);
       EXPECT_FALSE(run.binds[1].cold);
       EXPECT_EQ(run.memcpy_seconds.size(), 2u);
-      EXPECT_EQ(run.bind_summary, "2 of 3 tensors staged, " + format_thousands(staged) + " bytes");
+      // BindReport::summary(): "2 of 3 tensors ..., <staged> bytes".
+      EXPECT_EQ(run.bind_summary.rfind("2 of 3 tensors", 0), 0u) << run.bind_summary;
+      EXPECT_NE(run.bind_summary.find(format_thousands(staged) + " bytes"), std::string::npos);
     }
   }
   EXPECT_EQ(r.stats.reference, 0u);
@@ -337,8 +379,8 @@ TEST(AbRun, RejectsBadInputBeforeRunning) {
   expect_error([&] { run_ab(worker, c, small_task); }, ErrorCode::invalid_argument, "--rounds");
   c.keep_cold = true;
   expect_error([&] { run_ab(worker, c, {}); }, ErrorCode::invalid_argument, "factory");
-  expect_error([&] { run_bench(worker, c, LayerPlan{}); }, ErrorCode::invalid_argument,
-               "plan_layers");
+  expect_error([&] { run_bench(worker, c, synthetic_task(1, 64), SizePlan{}); },
+               ErrorCode::invalid_argument, "plan_size");
   // A factory that builds a different task for the second arm.
   int calls = 0;
   auto shifting = [&](HostAllocator& alloc) {
@@ -350,6 +392,44 @@ TEST(AbRun, RejectsBadInputBeforeRunning) {
   Worker idle;
   EXPECT_THROW(run_ab(idle, c, small_task), Error);
   EXPECT_EQ(worker.stats().device_count, 0u);
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
+}
+
+TEST(AbSynthetic, BadSizesAreRefusedNamingTheOption) {
+  expect_error([] { synthetic_task(0, 1 << 20); }, ErrorCode::invalid_argument, "--tensors is 0");
+  expect_error([] { synthetic_task(100000, 1 << 20); }, ErrorCode::invalid_argument, "--tensors");
+  expect_error([] { synthetic_task(4, 6); }, ErrorCode::invalid_argument, "--bytes is 6");
+  expect_error([] { synthetic_task(4, 0); }, ErrorCode::invalid_argument, "--bytes");
+}
+
+// K tensors of N bytes: the same harness, table and JSON as a scene.
+TEST(AbSynthetic, RunsThroughTheGenericHarness) {
+  Worker worker;
+  worker.init("sim");
+  const BenchTask task = synthetic_task(3, uint64_t{1} << 20);
+  EXPECT_EQ(task.sizes(1).staged_bytes, 3u << 20);
+  BenchConfig c;
+  c.groups = 2;
+  c.rounds = 2;
+  MemoryBudget b;
+  b.host_available = read_mem_available();
+  b.device_is_host = true;
+  const SizePlan plan = plan_size(c, task, b);
+  const BenchResult r = run_bench(worker, c, task, plan);
+  EXPECT_EQ(r.sizes.tensors, 3u);
+  EXPECT_EQ(r.sizes.staged_bytes, 3u << 20);
+  ASSERT_EQ(r.groups.size(), 2u);
+  EXPECT_EQ(r.groups[0][0].bind_summary.rfind("3 of 3 tensors", 0), 0u);
+  EXPECT_NE(r.groups[0][0].bind_summary.find("3,145,728 bytes"), std::string::npos);
+  const std::string table = format_table(r);
+  for (const char* needle : {"pinstage bench synthetic: backend sim, 3 tensors x 1,048,576 bytes",
+                             "synthetic: needs", "pinned vs pageable", "upload target"})
+    EXPECT_NE(table.find(needle), std::string::npos) << needle << "\n" << table;
+  const auto doc = nlohmann::json::parse(to_json(r));
+  EXPECT_EQ(doc["benchmark"], "pinstage bench synthetic");
+  EXPECT_EQ(doc["config"]["tensors"], 3);
+  EXPECT_EQ(doc["config"]["bytes"], 1 << 20);
+  EXPECT_EQ(doc["config"]["size_automatic"], false);
   EXPECT_EQ(worker.stats().pinned_count, 0u);
 }
 

@@ -1,5 +1,5 @@
-// `pinstage bench qwen3-decode`: argument validation fails fast with a clear message, and
-// a small run prints the table and writes the JSON.
+// `pinstage bench qwen3-decode` and `pinstage bench synthetic`: argument validation fails
+// fast with a clear message, and a small run prints the table and writes the JSON.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,9 +19,10 @@ struct Result {
   double seconds = 0.0;
 };
 
-Result run_cli(const std::string& args) {
+// `pinstage bench <task> <args> --no-progress`, stdout and stderr together.
+Result run_task(const std::string& task, const std::string& args) {
   const std::string cmd =
-      std::string(PINSTAGE_CLI_PATH) + " bench qwen3-decode " + args + " --no-progress 2>&1";
+      std::string(PINSTAGE_CLI_PATH) + " bench " + task + " " + args + " --no-progress 2>&1";
   const auto start = std::chrono::steady_clock::now();
   Result r;
   FILE* pipe = popen(cmd.c_str(), "r");
@@ -35,8 +36,11 @@ Result run_cli(const std::string& args) {
   return r;
 }
 
-void expect_rejected(const std::string& args, const std::string& needle) {
-  const Result r = run_cli(args);
+Result run_cli(const std::string& args) { return run_task("qwen3-decode", args); }
+
+void expect_rejected(const std::string& args, const std::string& needle,
+                     const std::string& task = "qwen3-decode") {
+  const Result r = run_task(task, args);
   EXPECT_EQ(r.status, 1) << args << "\n" << r.output;
   EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
   EXPECT_EQ(r.output.find("group  "), std::string::npos) << "no table on an error";
@@ -91,6 +95,29 @@ TEST(BenchCli, SmallRunPrintsTheTableAndWritesTheJson) {
   EXPECT_EQ(doc["config"]["reference_arm"], "pageable");
   EXPECT_EQ(doc["groups"][0]["arms"][0]["binds"].size(), 2u);
   std::filesystem::remove(path);
+}
+
+TEST(BenchCli, SyntheticRunsThroughTheSameHarness) {
+  const Result r = run_task("synthetic", "--tensors 4 --bytes 64M --groups 2 --rounds 2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* needle : {"pinstage bench synthetic: backend sim, 4 tensors x 67,108,864 bytes",
+                             "args: 4 tensors, 4 staged, 268,435,456 bytes per bind", "group",
+                             "vs pageable", "pinned vs pageable", "upload target"})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+}
+
+TEST(BenchCli, SyntheticBadSizes) {
+  expect_rejected("--tensors 0 --bytes 1M", "--tensors is 0", "synthetic");
+  expect_rejected("--tensors 4 --bytes abc", "--bytes", "synthetic");
+  expect_rejected("--tensors 4 --bytes 6", "--bytes is 6", "synthetic");
+}
+
+// Every registered scene is a task, next to synthetic.
+TEST(BenchCli, HelpListsTheTasks) {
+  const Result r = run_task("--help", "");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("qwen3-decode"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("synthetic"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -112,7 +112,8 @@ TEST_P(BindRoundTrip, ExecuteResultReachesInoutAndOutHostTensors) {
     EXPECT_EQ(rep.uploaded_bytes, (1000u + 777u + 3u) * 2u);
     EXPECT_EQ(rep.downloaded_count, 2u);
     EXPECT_EQ(rep.downloaded_bytes, (777u + 129u) * 2u);
-    EXPECT_EQ(rep.summary(), "3 of 4 tensors staged, " + format_thousands(3560) + " bytes");
+    EXPECT_EQ(rep.summary(),
+              "3 of 4 tensors uploaded (inputs), " + format_thousands(3560) + " bytes");
     const bool ring = v.path == UploadPath::staged && !v.pinned;
     EXPECT_EQ(rep.ring_count, ring ? 3u : 0u);
     for (const auto& t : rep.tensors) {
@@ -252,14 +253,14 @@ TEST_F(BindTest, EmptyTensorsAndEmptyTasks) {
       Binder binder(worker, opt);
 
       const BindReport none = binder.run(TaskArgs{});
-      EXPECT_EQ(none.summary(), "0 of 0 tensors staged, 0 bytes");
+      EXPECT_EQ(none.summary(), "0 of 0 tensors uploaded (inputs), 0 bytes");
       EXPECT_EQ(none.device_allocations, 0u);
 
       const TaskArgs all_empty =
           make_task({{"e0", 0, Direction::in}, {"e1", 0, Direction::out}}, alloc);
       const BindReport r0 = binder.run(all_empty);
       EXPECT_EQ(r0.device_allocations, 0u);
-      EXPECT_EQ(r0.summary(), "1 of 2 tensors staged, 0 bytes");
+      EXPECT_EQ(r0.summary(), "1 of 2 tensors uploaded (inputs), 0 bytes");
 
       const TaskArgs mixed = make_task({{"e0", 0, Direction::inout},
                                         {"x", 5, Direction::inout},
@@ -498,8 +499,8 @@ TEST_F(BindTest, ReportTextNamesPhasesAndTensors) {
   const BindReport rep = binder.run(args);
   const std::string text = rep.to_string();
   for (const char* needle :
-       {"3 of 4 tensors staged", "device_alloc", "upload", "execute", "download", "release",
-        "cache", "INOUT", "staged", "pageable", "through the staging ring"})
+       {"3 of 4 tensors uploaded (inputs)", "device_alloc", "upload", "execute", "download",
+        "release", "cache", "INOUT", "staged", "pageable", "through the staging ring"})
     EXPECT_NE(text.find(needle), std::string::npos) << needle << "\n" << text;
   double sum = 0;
   for (double s : rep.phase_seconds) {
@@ -507,6 +508,17 @@ TEST_F(BindTest, ReportTextNamesPhasesAndTensors) {
     sum += s;
   }
   EXPECT_LE(sum, rep.total_seconds);
+}
+
+// "staged" means only "sent through the staging ring": a direct bind's report never says
+// it, the summary counts inputs as uploaded.
+TEST_F(BindTest, ReportSaysStagedOnlyForTheRing) {
+  PageableAllocator alloc;
+  const TaskArgs args = make_task(kMixed, alloc);
+  const BindReport rep = Binder(worker).run(args);
+  EXPECT_EQ(rep.summary(), "3 of 4 tensors uploaded (inputs), 3,560 bytes");
+  EXPECT_EQ(rep.to_string().find("staged"), std::string::npos) << rep.to_string();
+  EXPECT_EQ(rep.to_string().find("staging ring"), std::string::npos) << rep.to_string();
 }
 
 }  // namespace

@@ -12,8 +12,13 @@
 //  - Streams run their copies on a thread of their own, later than queued, so a caller
 //    that reuses a pinned buffer before its copy's event fires reads corrupted data.
 //    Copies from or to pageable memory are synchronous, as with the real runtime.
+//    cudaStreamDestroy returns at once and the stream finishes its copies afterwards,
+//    as the real one does.
 //  - cudaHostAlloc/cudaHostRegister/cudaPointerGetAttributes over tracked ranges, with
 //    the real error codes for double registration and unknown pointers.
+//  - cudaFreeHost or cudaHostUnregister of memory a queued copy still uses is a hazard:
+//    counted (pinstage_fake_cuda_hazards) and printed, then the copy is waited for so
+//    the test goes on. cudaFree synchronizes, like the real one.
 // pinstage_fake_cuda_counts() reports what is still allocated (leak checks in tests).
 #include <cuda_runtime_api.h>
 
@@ -25,7 +30,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -57,11 +61,25 @@ struct Range {
   int device;
 };
 
+// One queued copy; it stays at the front of its stream's queue until it has run.
+struct Copy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+  bool touches(const void* p, size_t n) const {
+    auto hit = [&](const void* q) {
+      const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(q);
+      return a < b + bytes && b < a + n;
+    };
+    return hit(dst) || hit(src);
+  }
+};
+
 struct FakeStream {
   int device;
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::function<void()>> queue;
+  std::deque<Copy> queue;
   uint64_t queued = 0;
   uint64_t done = 0;
   bool stop = false;
@@ -75,21 +93,21 @@ struct FakeStream {
     for (;;) {
       cv.wait(lock, [this] { return stop || !queue.empty(); });
       if (queue.empty()) return;  // stop requested and drained
-      auto op = std::move(queue.front());
-      queue.pop_front();
+      const Copy op = queue.front();
       lock.unlock();
       // Later than queued: widens the window in which a careless caller overwrites a
       // source buffer before its copy ran.
       std::this_thread::sleep_for(std::chrono::microseconds(300));
-      op();
+      std::memcpy(op.dst, op.src, op.bytes);
       lock.lock();
+      queue.pop_front();
       ++done;
       cv.notify_all();
     }
   }
-  uint64_t enqueue(std::function<void()> op) {
+  uint64_t enqueue(const Copy& op) {
     std::lock_guard lock(mu);
-    queue.push_back(std::move(op));
+    queue.push_back(op);
     cv.notify_all();
     return ++queued;
   }
@@ -104,6 +122,15 @@ struct FakeStream {
       ticket = queued;
     }
     wait_for(ticket);
+  }
+  bool idle() {
+    std::lock_guard lock(mu);
+    return queue.empty();
+  }
+  // True when a copy not yet finished reads or writes [p, p + n).
+  bool uses(const void* p, size_t n) {
+    std::lock_guard lock(mu);
+    return std::any_of(queue.begin(), queue.end(), [&](const Copy& c) { return c.touches(p, n); });
   }
   ~FakeStream() {
     {
@@ -128,7 +155,10 @@ struct State {
   std::map<uintptr_t, Range> registered;  // cudaHostRegister
   std::vector<size_t> used;
   std::map<cudaStream_t, std::shared_ptr<FakeStream>> streams;
+  // Destroyed streams whose copies may still run (cudaStreamDestroy does not wait).
+  std::vector<std::shared_ptr<FakeStream>> retired;
   std::set<FakeEvent*> events;
+  size_t hazards = 0;  // frees of memory a queued copy still used
   State() : used(static_cast<size_t>(std::max(kDevices, 0)), 0) {}
 };
 
@@ -161,6 +191,24 @@ bool is_pinned(State& s, const void* p, size_t n) {
          find_in(s.registered, p, n) != s.registered.end();
 }
 
+// Every stream that may still run copies, live or destroyed. Caller holds s.mu.
+std::vector<std::shared_ptr<FakeStream>> all_streams(State& s) {
+  std::vector<std::shared_ptr<FakeStream>> out(s.retired);
+  for (auto& [h, st] : s.streams) out.push_back(st);
+  return out;
+}
+
+// A host free of [p, p + n): a queued copy still using it is a hazard in the caller.
+// Counted and printed, then waited for so the memory can go. Caller holds s.mu.
+void check_host_free(State& s, const char* call, const void* p, size_t n) {
+  for (auto& st : all_streams(s)) {
+    if (!st->uses(p, n)) continue;
+    ++s.hazards;
+    std::fprintf(stderr, "fake cuda: %s(%p) while a queued copy still uses that memory\n", call, p);
+    st->drain();
+  }
+}
+
 std::shared_ptr<FakeStream> lookup_stream(State& s, cudaStream_t st) {
   auto it = s.streams.find(st);
   return it == s.streams.end() ? nullptr : it->second;
@@ -183,6 +231,13 @@ __attribute__((visibility("default"))) int pinstage_fake_cuda_counts(size_t* dev
   *streams = s.streams.size();
   *events = s.events.size();
   return 0;
+}
+
+// Frees of host memory that a queued copy still used, since the process started.
+__attribute__((visibility("default"))) size_t pinstage_fake_cuda_hazards(void) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  return s.hazards;
 }
 
 cudaError_t cudaGetLastError(void) { return std::exchange(t_last, cudaSuccess); }
@@ -288,9 +343,9 @@ cudaError_t cudaFree(void* p) {
   s.used[static_cast<size_t>(it->second.device)] -= it->second.bytes;
   s.device.erase(it);
   // cudaFree synchronizes the device: no queued copy may still touch the memory.
-  auto streams = s.streams;
+  auto streams = all_streams(s);
   lock.unlock();
-  for (auto& [h, st] : streams) st->drain();
+  for (auto& st : streams) st->drain();
   std::free(p);
   return cudaSuccess;
 }
@@ -313,6 +368,7 @@ cudaError_t cudaFreeHost(void* p) {
   std::lock_guard lock(s.mu);
   auto it = s.host_alloc.find(reinterpret_cast<uintptr_t>(p));
   if (it == s.host_alloc.end()) return fail(cudaErrorInvalidValue);
+  check_host_free(s, "cudaFreeHost", p, it->second.bytes);
   s.host_alloc.erase(it);
   std::free(p);
   return cudaSuccess;
@@ -336,6 +392,7 @@ cudaError_t cudaHostUnregister(void* p) {
   std::lock_guard lock(s.mu);
   auto it = s.registered.find(reinterpret_cast<uintptr_t>(p));
   if (it == s.registered.end()) return fail(cudaErrorHostMemoryNotRegistered);
+  check_host_free(s, "cudaHostUnregister", p, it->second.bytes);
   s.registered.erase(it);
   return cudaSuccess;
 }
@@ -371,15 +428,13 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned int) {
 
 cudaError_t cudaStreamDestroy(cudaStream_t handle) {
   State& s = state();
-  std::shared_ptr<FakeStream> st;
-  {
-    std::lock_guard lock(s.mu);
-    st = lookup_stream(s, handle);
-    if (!st) return fail(cudaErrorInvalidResourceHandle);
-    if (st->device != t_device) return fail(cudaErrorInvalidResourceHandle);
-    s.streams.erase(handle);
-  }
-  st->drain();  // queued work completes first
+  std::lock_guard lock(s.mu);
+  auto st = lookup_stream(s, handle);
+  if (!st || st->device != t_device) return fail(cudaErrorInvalidResourceHandle);
+  s.streams.erase(handle);
+  // Like the real call, returns at once: queued copies run later. Idle ones go now.
+  s.retired.push_back(std::move(st));
+  std::erase_if(s.retired, [](const std::shared_ptr<FakeStream>& r) { return r->idle(); });
   return cudaSuccess;
 }
 
@@ -421,7 +476,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     std::memcpy(dst, src, bytes);
     return cudaSuccess;
   }
-  st->enqueue([=] { std::memcpy(dst, src, bytes); });
+  st->enqueue(Copy{dst, src, bytes});
   return cudaSuccess;
 }
 

@@ -1,5 +1,8 @@
 // The cuda backend on a GPU (ctest label requires_gpu). Without a usable device every
 // test is skipped with the reason, so ctest reports them as skipped, never passed.
+// The same binary runs on the fake runtime as fake_cuda.* (see tests/cpp/cuda.cmake).
+// Bookkeeping the runtime does for every backend (unknown pointers, ranges outside an
+// allocation, what finalize releases) is tested here through pinstage::Worker.
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
@@ -8,15 +11,17 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "backends/cuda/cuda_ext.h"
 #include "backends/cuda/cuda_status.h"
+#include "pinstage/backend/cuda_ext.h"
+#include "pinstage/backend/platform_abi.h"
 #include "pinstage/bind.h"
-#include "pinstage/platform_abi.h"
 #include "pinstage/tensor.h"
 #include "pinstage/worker.h"
 
@@ -76,55 +81,66 @@ cudaMemoryType memory_type(const void* p, int* device = nullptr) {
   return attr.type;
 }
 
-WorkerOptions with_config(const std::string& config, uint64_t capacity = 0) {
+WorkerOptions with_config(pinstage::BackendConfig config, uint64_t capacity = 0) {
   WorkerOptions o;
-  o.config = config;
+  o.config = std::move(config);
   o.device_capacity_bytes = capacity;
   return o;
 }
 
-// Direct access to the plugin (pin statistics, host_register, destroy with leftovers).
-struct RawPlugin {
-  const ps_platform_api* api = nullptr;
-  ps_cuda_pin_stats_fn pin_stats = nullptr;
-};
+// The worker's "cuda.pin_stats" extension, called on its own context.
+ps_cuda_pin_stats pin_stats(const Worker& worker) {
+  auto fn =
+      reinterpret_cast<ps_cuda_pin_stats_fn>(worker.backend_extension(PS_CUDA_PIN_STATS_NAME));
+  if (fn == nullptr) throw std::runtime_error("the cuda worker has no cuda.pin_stats");
+  ps_cuda_pin_stats s{};
+  if (fn(worker.native_context(), &s) != PS_OK) throw std::runtime_error("cuda.pin_stats failed");
+  return s;
+}
 
-const RawPlugin& raw() {
-  static const RawPlugin plugin = [] {
-    RawPlugin p;
+// Direct access to the plugin, for what the slots promise the runtime (what travels in
+// ps_allocation, what destroy_context and stream_destroy do).
+const ps_platform_api& raw() {
+  static const ps_platform_api* api = [] {
     void* h = dlopen(PINSTAGE_CUDA_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) return p;
+    if (h == nullptr) return static_cast<const ps_platform_api*>(nullptr);
     auto entry = reinterpret_cast<ps_platform_entry_fn>(dlsym(h, PINSTAGE_PLATFORM_ENTRY_SYMBOL));
-    p.api = entry ? entry() : nullptr;
-    p.pin_stats = reinterpret_cast<ps_cuda_pin_stats_fn>(dlsym(h, PINSTAGE_CUDA_PIN_STATS_SYMBOL));
-    return p;
+    return entry ? entry() : nullptr;
   }();
-  if (plugin.api == nullptr || plugin.pin_stats == nullptr)
-    throw std::runtime_error("cannot load the cuda plugin");
-  return plugin;
+  if (api == nullptr) throw std::runtime_error("cannot load the cuda plugin");
+  return *api;
 }
 
 struct CtxDeleter {
-  void operator()(ps_device_ctx* c) const { raw().api->destroy_context(c); }
+  void operator()(ps_device_ctx* c) const { EXPECT_EQ(raw().destroy_context(c), PS_OK); }
 };
 using Ctx = std::unique_ptr<ps_device_ctx, CtxDeleter>;
 
-Ctx make_ctx(const char* config, int device = 0) {
-  const ps_context_options options{0, config};
+Ctx make_ctx(std::initializer_list<ps_config_entry> config = {}, int device = 0) {
+  const ps_context_options options{0, config.begin(), config.size()};
   ps_device_ctx* c = nullptr;
-  const int status = raw().api->create_context(device, &options, &c);
+  const int status = raw().create_context(device, &options, &c);
   if (status != PS_OK)
     throw std::runtime_error(std::string("create_context: ") + ps_status_str(status) + " " +
-                             raw().api->last_error());
+                             raw().last_error());
   return Ctx(c);
 }
 
 // Under the fake runtime (ctest "fake_cuda.*") every test must leave nothing allocated
-// in the runtime: the fake counts what is live; the real runtime has no such symbol.
+// in the runtime and free no host memory a queued copy still uses: the fake counts both;
+// the real runtime has no such symbols.
 using FakeCounts = int (*)(size_t*, size_t*, size_t*, size_t*, size_t*);
+using FakeHazards = size_t (*)();
+
+FakeHazards fake_hazards() {
+  return reinterpret_cast<FakeHazards>(dlsym(RTLD_DEFAULT, "pinstage_fake_cuda_hazards"));
+}
 
 class CudaGpu : public ::testing::Test {
  protected:
+  void SetUp() override {
+    if (auto hazards = fake_hazards()) hazards_before_ = hazards();
+  }
   void TearDown() override {
     auto counts = reinterpret_cast<FakeCounts>(dlsym(RTLD_DEFAULT, "pinstage_fake_cuda_counts"));
     if (counts == nullptr || !gpu_skip_reason().empty()) return;
@@ -135,20 +151,30 @@ class CudaGpu : public ::testing::Test {
     EXPECT_EQ(registered, 0u) << "registered ranges left";
     EXPECT_EQ(streams, 0u) << "streams left";
     EXPECT_EQ(events, 0u) << "events left";
+    if (auto hazards = fake_hazards()) {
+      EXPECT_EQ(hazards() - hazards_before_, 0u)
+          << "host memory freed while a queued copy still used it";
+    }
   }
+
+ private:
+  size_t hazards_before_ = 0;
 };
 
 // ---- pinned host memory ----
 
 TEST_F(CudaGpu, PinnedAllocBothModesAndRelease) {
   REQUIRE_GPU();
-  for (const char* config :
-       {"pinned_mode=alloc", "pinned_mode=register", "pinned_mode=register;register_thp=1"}) {
-    SCOPED_TRACE(config);
+  const pinstage::BackendConfig configs[] = {{{"pinned_mode", "alloc"}},
+                                             {{"pinned_mode", "register"}},
+                                             {{"pinned_mode", "register"}, {"register_thp", "1"}}};
+  for (const pinstage::BackendConfig& config : configs) {
+    SCOPED_TRACE(config.size() == 1 ? config[0].second : "register + thp");
     Worker worker;
     worker.init("cuda", 0, with_config(config));
     EXPECT_TRUE(worker.capabilities().pinned_is_page_locked);
     EXPECT_FALSE(worker.capabilities().device_memory_is_host);
+    EXPECT_FALSE(worker.capabilities().execute);
     std::vector<std::pair<void*, size_t>> seen;
     {
       std::vector<pinstage::PinnedHostBuffer> buffers;
@@ -165,6 +191,9 @@ TEST_F(CudaGpu, PinnedAllocBothModesAndRelease) {
         seen.emplace_back(b.data(), bytes);
       }
       EXPECT_EQ(worker.stats().pinned_count, 4u);
+      const ps_cuda_pin_stats s = pin_stats(worker);
+      EXPECT_EQ(s.alloc_count + s.register_count, 4u);
+      EXPECT_EQ(config[0].second == "alloc" ? s.register_count : s.alloc_count, 0u);
     }  // released here, each the way it was made
     EXPECT_EQ(worker.stats().pinned_count, 0u);
     for (const auto& [ptr, bytes] : seen)
@@ -174,73 +203,54 @@ TEST_F(CudaGpu, PinnedAllocBothModesAndRelease) {
 
 TEST_F(CudaGpu, AutoModeChoosesBySize) {
   REQUIRE_GPU();
-  Ctx ctx = make_ctx("pinned_mode=auto;register_threshold_mb=2");
-  const ps_platform_api& a = *raw().api;
-  ps_cuda_pin_stats s{};
-  void* small = nullptr;
-  void* large = nullptr;
-  ASSERT_EQ(a.host_alloc_pinned(ctx.get(), (size_t{2} << 20) - 1, &small), PS_OK);
-  ASSERT_EQ(raw().pin_stats(ctx.get(), &s), PS_OK);
-  EXPECT_EQ(s.last_mode, PS_CUDA_PIN_ALLOC);
-  ASSERT_EQ(a.host_alloc_pinned(ctx.get(), size_t{2} << 20, &large), PS_OK);
-  ASSERT_EQ(raw().pin_stats(ctx.get(), &s), PS_OK);
+  Worker worker;
+  worker.init("cuda", 0, with_config({{"pinned_mode", "auto"}, {"register_threshold_mb", "2"}}));
+  auto small = worker.alloc_pinned_host((size_t{2} << 20) - 1);
+  EXPECT_EQ(pin_stats(worker).last_mode, PS_CUDA_PIN_ALLOC);
+  auto large = worker.alloc_pinned_host(size_t{2} << 20);
+  const ps_cuda_pin_stats s = pin_stats(worker);
   EXPECT_EQ(s.last_mode, PS_CUDA_PIN_REGISTER);
   EXPECT_EQ(s.alloc_count, 1u);
   EXPECT_EQ(s.register_count, 1u);
   EXPECT_EQ(s.register_bytes, size_t{2} << 20);
   EXPECT_GE(s.last_prefault_threads, 1);
   EXPECT_GE(s.last_seconds, s.last_register_seconds);
-  EXPECT_EQ(memory_type(small), cudaMemoryTypeHost);
-  EXPECT_EQ(memory_type(large), cudaMemoryTypeHost);
-  EXPECT_EQ(a.host_free_pinned(ctx.get(), small), PS_OK);
-  EXPECT_EQ(a.host_free_pinned(ctx.get(), large), PS_OK);
-  EXPECT_NE(memory_type(small), cudaMemoryTypeHost);
-  EXPECT_NE(memory_type(large), cudaMemoryTypeHost);
+  EXPECT_EQ(memory_type(small.data()), cudaMemoryTypeHost);
+  EXPECT_EQ(memory_type(large.data()), cudaMemoryTypeHost);
+  void* small_ptr = small.data();
+  void* large_ptr = large.data();
+  small.reset();
+  large.reset();
+  EXPECT_NE(memory_type(small_ptr), cudaMemoryTypeHost);
+  EXPECT_NE(memory_type(large_ptr), cudaMemoryTypeHost);
 }
 
-TEST_F(CudaGpu, FreeingForeignPointersIsUnknownPointer) {
+// What a slot needs to release a pinned buffer travels in ps_allocation (no table in
+// the backend): register mode carries a handle, cudaHostAlloc mode none.
+TEST_F(CudaGpu, PinnedAllocationsCarryWhatReleasesThem) {
   REQUIRE_GPU();
-  Ctx ctx = make_ctx(nullptr);
-  const ps_platform_api& a = *raw().api;
-  std::vector<char> pageable(4096);
-  void* foreign_pinned = nullptr;
-  ASSERT_EQ(cudaHostAlloc(&foreign_pinned, 4096, cudaHostAllocPortable), cudaSuccess);
-  void* foreign_device = nullptr;
-  ASSERT_EQ(cudaMalloc(&foreign_device, 4096), cudaSuccess);
-  EXPECT_EQ(a.host_free_pinned(ctx.get(), pageable.data()), PS_ERR_UNKNOWN_POINTER);
-  EXPECT_EQ(a.host_free_pinned(ctx.get(), foreign_pinned), PS_ERR_UNKNOWN_POINTER);
-  EXPECT_TRUE(contains(a.last_error(), "not allocated by host_alloc_pinned"));
-  EXPECT_EQ(a.device_free(ctx.get(), foreign_device), PS_ERR_UNKNOWN_POINTER);
-  EXPECT_EQ(a.host_unregister(ctx.get(), pageable.data()), PS_ERR_UNKNOWN_POINTER);
-  // The foreign memory is untouched by the refusals.
-  EXPECT_EQ(memory_type(foreign_pinned), cudaMemoryTypeHost);
-  EXPECT_EQ(memory_type(foreign_device), cudaMemoryTypeDevice);
-  cudaFreeHost(foreign_pinned);
-  cudaFree(foreign_device);
-}
-
-TEST_F(CudaGpu, HostRegisterAndUnregister) {
-  REQUIRE_GPU();
-  Ctx ctx = make_ctx(nullptr);
-  const ps_platform_api& a = *raw().api;
-  const size_t bytes = size_t{1} << 20;
-  void* mem = std::aligned_alloc(4096, bytes);
-  ASSERT_NE(mem, nullptr);
-  fill(mem, bytes, 42);
-  ASSERT_EQ(a.host_register(ctx.get(), mem, bytes), PS_OK) << a.last_error();
-  EXPECT_EQ(memory_type(mem), cudaMemoryTypeHost);
-  EXPECT_EQ(a.host_register(ctx.get(), mem, bytes), PS_ERR_INVALID_ARGUMENT);
-  void* dev = nullptr;
-  ASSERT_EQ(a.device_malloc(ctx.get(), bytes, &dev), PS_OK);
-  ASSERT_EQ(a.copy_h2d(ctx.get(), dev, mem, bytes), PS_OK);
-  std::vector<unsigned char> back(bytes);
-  ASSERT_EQ(a.copy_d2h(ctx.get(), back.data(), dev, bytes), PS_OK);
-  EXPECT_EQ(std::memcmp(back.data(), mem, bytes), 0);
-  EXPECT_EQ(a.device_free(ctx.get(), dev), PS_OK);
-  EXPECT_EQ(a.host_unregister(ctx.get(), mem), PS_OK);
-  EXPECT_NE(memory_type(mem), cudaMemoryTypeHost);
-  EXPECT_EQ(a.host_unregister(ctx.get(), mem), PS_ERR_UNKNOWN_POINTER);
-  std::free(mem);
+  Ctx ctx = make_ctx({{"register_threshold_mb", "1"}});
+  const ps_platform_api& a = raw();
+  ps_allocation small{}, large{};
+  ASSERT_EQ(a.host_alloc_pinned(ctx.get(), 4096, &small), PS_OK) << a.last_error();
+  ASSERT_EQ(a.host_alloc_pinned(ctx.get(), size_t{1} << 20, &large), PS_OK) << a.last_error();
+  EXPECT_EQ(small.bytes, 4096u);
+  EXPECT_EQ(small.handle, nullptr);
+  EXPECT_EQ(large.bytes, size_t{1} << 20);
+  EXPECT_NE(large.handle, nullptr);
+  EXPECT_EQ(memory_type(small.ptr), cudaMemoryTypeHost);
+  EXPECT_EQ(memory_type(large.ptr), cudaMemoryTypeHost);
+  ps_allocation device{};
+  ASSERT_EQ(a.device_malloc(ctx.get(), 4096, &device), PS_OK);
+  EXPECT_EQ(device.handle, nullptr);
+  EXPECT_EQ(a.host_free_pinned(ctx.get(), &small), PS_OK);
+  EXPECT_EQ(a.host_free_pinned(ctx.get(), &large), PS_OK);
+  EXPECT_EQ(a.device_free(ctx.get(), &device), PS_OK);
+  EXPECT_NE(memory_type(small.ptr), cudaMemoryTypeHost);
+  EXPECT_NE(memory_type(large.ptr), cudaMemoryTypeHost);
+  uint64_t capacity = 0, committed = 1;
+  ASSERT_EQ(a.mem_info(ctx.get(), &capacity, &committed), PS_OK);
+  EXPECT_EQ(committed, 0u);
 }
 
 // ---- copies ----
@@ -287,20 +297,67 @@ TEST_F(CudaGpu, CopyRoundTripsAreBitExactForOddSizesAndOffsets) {
   }
 }
 
-TEST_F(CudaGpu, CopiesOutsideADeviceAllocationAreRefused) {
+// Moved from the plugin to the runtime's one allocation table: a copy whose device
+// side is not inside one allocation of this worker is refused before the backend runs.
+TEST_F(CudaGpu, WorkerRefusesCopiesOutsideTheBuffer) {
   REQUIRE_GPU();
-  Ctx ctx = make_ctx(nullptr);
-  const ps_platform_api& a = *raw().api;
-  void* dev = nullptr;
-  ASSERT_EQ(a.device_malloc(ctx.get(), 4096, &dev), PS_OK);
-  std::vector<char> host(8192);
-  EXPECT_EQ(a.copy_h2d(ctx.get(), static_cast<char*>(dev) + 1, host.data(), 4096),
-            PS_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(contains(a.last_error(), "not inside one device allocation"));
-  EXPECT_EQ(a.copy_d2h(ctx.get(), host.data(), host.data(), 16), PS_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(a.copy_h2d(ctx.get(), dev, host.data(), 4096), PS_OK);
-  EXPECT_EQ(a.device_free(ctx.get(), dev), PS_OK);
-  EXPECT_EQ(a.copy_h2d(ctx.get(), dev, host.data(), 16), PS_ERR_INVALID_ARGUMENT);  // freed
+  Worker worker;
+  worker.init("cuda", 0);
+  auto dev = worker.alloc_device(4096);
+  std::vector<unsigned char> host(8192, 0x11);
+  worker.copy_to_device(dev, 0, host.data(), 4096);
+  std::vector<unsigned char> other(8192, 0x22);
+  auto refused = [&](auto&& call) {
+    try {
+      call();
+      ADD_FAILURE() << "the copy was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+    }
+  };
+  refused([&] { worker.copy_to_device(dev, 1, other.data(), 4096); });
+  refused([&] { worker.copy_to_device(dev, 4097, other.data(), 0); });
+  refused([&] { worker.copy_to_host(other.data(), dev, 0, 4097); });
+  refused([&] { worker.copy_to_host(other.data(), dev, SIZE_MAX, 2); });
+  auto stream = worker.create_stream();
+  refused([&] { worker.copy_to_device_async(dev, 4000, other.data(), 97, stream); });
+  worker.synchronize(stream);
+  // Nothing was written by the refusals.
+  std::vector<unsigned char> back(4096, 0);
+  worker.copy_to_host(back.data(), dev, 0, 4096);
+  EXPECT_EQ(std::memcmp(back.data(), host.data(), 4096), 0);
+  // A released buffer is empty and refused too.
+  dev.reset();
+  refused([&] { worker.copy_to_device(dev, 0, host.data(), 16); });
+}
+
+// Moved from the plugin (it refused pointers it had not handed out): now the runtime
+// refuses another worker's buffer, stream and event, and leaves them alone.
+TEST_F(CudaGpu, WorkerRefusesAnotherWorkersBufferStreamAndEvent) {
+  REQUIRE_GPU();
+  Worker mine, theirs;
+  mine.init("cuda", 0);
+  theirs.init("cuda", device_count() - 1);
+  auto their_dev = theirs.alloc_device(4096);
+  auto their_stream = theirs.create_stream();
+  auto their_event = theirs.create_event();
+  std::vector<unsigned char> host(4096, 0x33);
+  theirs.copy_to_device(their_dev, 0, host.data(), host.size());
+  std::vector<unsigned char> other(4096, 0x44);
+  EXPECT_THROW(mine.copy_to_device(their_dev, 0, other.data(), 16), Error);
+  EXPECT_THROW(mine.copy_to_host(other.data(), their_dev, 0, 16), Error);
+  auto my_dev = mine.alloc_device(4096);
+  EXPECT_THROW(mine.copy_to_device_async(my_dev, 0, other.data(), 16, their_stream), Error);
+  auto my_stream = mine.create_stream();
+  EXPECT_THROW(mine.record(their_event, my_stream), Error);
+  EXPECT_EQ(other[0], 0x44);
+  // Their memory is untouched and still theirs.
+  EXPECT_EQ(memory_type(their_dev.data()), cudaMemoryTypeDevice);
+  std::vector<unsigned char> back(4096, 0);
+  theirs.copy_to_host(back.data(), their_dev, 0, back.size());
+  EXPECT_EQ(back, host);
+  EXPECT_EQ(mine.stats().device_count, 1u);
+  EXPECT_EQ(theirs.stats().device_count, 1u);
 }
 
 // The staging ring pattern on the worker's async API: fill buffer k+1 while buffer k is
@@ -389,7 +446,7 @@ TEST_F(CudaGpu, BinderStagedPathIsBitExactAroundTheChunkSize) {
 TEST_F(CudaGpu, CapacityLimitIsAClearOutOfMemory) {
   REQUIRE_GPU();
   Worker worker;
-  worker.init("cuda", 0, with_config("", uint64_t{64} << 20));
+  worker.init("cuda", 0, with_config({}, uint64_t{64} << 20));
   EXPECT_EQ(worker.stats().device_capacity_bytes, uint64_t{64} << 20);
   auto a = worker.alloc_device(size_t{40} << 20);
   try {
@@ -466,28 +523,54 @@ TEST_F(CudaGpu, InjectedFaultsFailOnceAndTakeNothing) {
   EXPECT_EQ(worker.stats().pinned_count, 0u);
 }
 
-TEST_F(CudaGpu, DestroyContextReleasesEverythingLeft) {
+// destroy_context releases only the context: the runtime's finalize destroys streams
+// and events and frees every allocation first (platform_abi.h). Through the worker,
+// everything left outstanding is gone afterwards (and the fake counts nothing left).
+TEST_F(CudaGpu, FinalizeReleasesEverythingLeft) {
   REQUIRE_GPU();
-  const ps_platform_api& a = *raw().api;
-  void* dev = nullptr;
-  void* alloc_mode = nullptr;
-  void* reg_mode = nullptr;
-  ps_event* event = nullptr;
+  Worker worker;
+  worker.init("cuda", 0, with_config({{"register_threshold_mb", "4"}}));
+  auto dev = worker.alloc_device(size_t{256} << 20);
+  auto alloc_mode = worker.alloc_pinned_host(4096);
+  auto reg_mode = worker.alloc_pinned_host(size_t{8} << 20);
+  auto stream = worker.create_stream();
+  auto event = worker.create_event();
+  // A copy still queued when finalize runs: it must finish before its buffer goes.
+  fill(reg_mode.data(), reg_mode.size(), 5);
+  worker.copy_to_device_async(dev, 0, reg_mode.data(), reg_mode.size(), stream);
+  worker.record(event, stream);
+  EXPECT_EQ(memory_type(dev.data()), cudaMemoryTypeDevice);
+  EXPECT_EQ(memory_type(alloc_mode.data()), cudaMemoryTypeHost);
+  EXPECT_EQ(memory_type(reg_mode.data()), cudaMemoryTypeHost);
+  worker.finalize();
+  EXPECT_NE(memory_type(dev.data()), cudaMemoryTypeDevice);
+  EXPECT_NE(memory_type(alloc_mode.data()), cudaMemoryTypeHost);
+  EXPECT_NE(memory_type(reg_mode.data()), cudaMemoryTypeHost);
+}
+
+// stream_destroy waits for the stream's copies (cudaStreamDestroy alone does not), so
+// the runtime may free their buffers right after it.
+TEST_F(CudaGpu, StreamDestroyWaitsForItsCopies) {
+  REQUIRE_GPU();
+  Ctx ctx = make_ctx({{"pinned_mode", "register"}});
+  const ps_platform_api& a = raw();
+  const size_t bytes = size_t{1} << 20;
+  ps_allocation pinned{}, dev{};
+  ASSERT_EQ(a.host_alloc_pinned(ctx.get(), bytes, &pinned), PS_OK) << a.last_error();
+  ASSERT_EQ(a.device_malloc(ctx.get(), bytes, &dev), PS_OK) << a.last_error();
+  fill(pinned.ptr, bytes, 9);
+  std::vector<unsigned char> expect(bytes);
+  fill(expect.data(), bytes, 9);
   ps_stream* stream = nullptr;
-  {
-    Ctx ctx = make_ctx("register_threshold_mb=4");
-    ASSERT_EQ(a.device_malloc(ctx.get(), size_t{256} << 20, &dev), PS_OK);
-    ASSERT_EQ(a.host_alloc_pinned(ctx.get(), 4096, &alloc_mode), PS_OK);
-    ASSERT_EQ(a.host_alloc_pinned(ctx.get(), size_t{8} << 20, &reg_mode), PS_OK);
-    ASSERT_EQ(a.stream_create(ctx.get(), &stream), PS_OK);
-    ASSERT_EQ(a.event_create(ctx.get(), &event), PS_OK);
-    EXPECT_EQ(memory_type(dev), cudaMemoryTypeDevice);
-    EXPECT_EQ(memory_type(alloc_mode), cudaMemoryTypeHost);
-    EXPECT_EQ(memory_type(reg_mode), cudaMemoryTypeHost);
-  }  // destroy_context with all of it outstanding
-  EXPECT_NE(memory_type(dev), cudaMemoryTypeDevice);
-  EXPECT_NE(memory_type(alloc_mode), cudaMemoryTypeHost);
-  EXPECT_NE(memory_type(reg_mode), cudaMemoryTypeHost);
+  ASSERT_EQ(a.stream_create(ctx.get(), &stream), PS_OK);
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(a.copy_h2d_async(ctx.get(), dev.ptr, pinned.ptr, bytes, stream), PS_OK);
+  ASSERT_EQ(a.stream_destroy(ctx.get(), stream), PS_OK) << a.last_error();
+  ASSERT_EQ(a.host_free_pinned(ctx.get(), &pinned), PS_OK) << a.last_error();
+  std::vector<unsigned char> back(bytes, 0);
+  ASSERT_EQ(a.copy_d2h(ctx.get(), back.data(), dev.ptr, bytes), PS_OK);
+  EXPECT_EQ(back, expect);
+  EXPECT_EQ(a.device_free(ctx.get(), &dev), PS_OK);
 }
 
 // ---- the worker's device, whatever the calling thread's ----

@@ -1,28 +1,22 @@
 // The cuda backend without a GPU: the plugin loads and passes the loader's checks, the
-// no-device path fails clearly, and the CUDA-free pieces (config, pre-faulting, error
-// mapping) behave. GPUs are hidden from this process so the results are the same on a
-// machine that has one.
+// no-device path fails clearly, and the CUDA-free pieces (config, error mapping) behave. GPUs are
+// hidden from this process so the results are the same on a machine that has one.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "backends/cuda/cuda_config.h"
-#include "backends/cuda/cuda_ext.h"
 #include "backends/cuda/cuda_status.h"
-#include "backends/cuda/host_pages.h"
-#include "pinstage/platform_abi.h"
+#include "pinstage/backend/cuda_ext.h"
+#include "pinstage/backend/platform_abi.h"
 #include "pinstage/worker.h"
-#include "runtime/plugin.h"
 
 namespace {
 
@@ -62,24 +56,45 @@ TEST(CudaPlugin, LoadsWithEntryVersionAndName) {
   ASSERT_NE(table, nullptr);
   EXPECT_EQ(table->api_version, PINSTAGE_PLATFORM_API_VERSION);
   EXPECT_STREQ(table->name, "cuda");
-  // Every slot but execute (no callables) is provided.
+  // Every slot but host_execute (no host callables) is provided.
   EXPECT_NE(table->stream_create, nullptr);
   EXPECT_NE(table->copy_h2d_async, nullptr);
   EXPECT_NE(table->event_sync, nullptr);
-  EXPECT_NE(table->host_register, nullptr);
-  EXPECT_NE(table->host_unregister, nullptr);
   EXPECT_NE(table->inject_fault, nullptr);
-  EXPECT_EQ(table->execute, nullptr);
-  EXPECT_NE(dlsym(handle, PINSTAGE_CUDA_PIN_STATS_SYMBOL), nullptr);
-  // Nothing else leaks out of the plugin (the exports map).
+  EXPECT_NE(table->get_proc_address, nullptr);
+  EXPECT_EQ(table->host_execute, nullptr);
+  // Only the entry leaves the plugin (the exports map): extensions go through
+  // get_proc_address, not dlsym.
+  EXPECT_EQ(dlsym(handle, "pinstage_cuda_pin_stats"), nullptr);
   EXPECT_EQ(dlsym(handle, "cuda_create_context"), nullptr);
 }
 
+TEST(CudaPlugin, GetProcAddressKnowsOnlyPinStats) {
+  void* fn = api().get_proc_address(PS_CUDA_PIN_STATS_NAME);
+  ASSERT_NE(fn, nullptr);
+  EXPECT_STREQ(PS_CUDA_PIN_STATS_NAME, "cuda.pin_stats");  // the documented name
+  for (const char* other : {"cuda.pin_stat", "pin_stats", "cuda.pin_stats ", "", "sim.x"})
+    EXPECT_EQ(api().get_proc_address(other), nullptr) << "'" << other << "'";
+  EXPECT_EQ(api().get_proc_address(nullptr), nullptr);
+  // The extension is guarded like a slot.
+  auto pin_stats = reinterpret_cast<ps_cuda_pin_stats_fn>(fn);
+  ps_cuda_pin_stats stats{};
+  EXPECT_EQ(pin_stats(nullptr, &stats), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(api().last_error(), "NULL")) << api().last_error();
+}
+
+// The runtime's loader checks the entry, api_version and slots before any context is
+// made: getting as far as no_device (not plugin_load) means the table passed.
 TEST(CudaPlugin, PassesTheRuntimeLoader) {
-  const pinstage::detail::Plugin plugin = pinstage::detail::load_plugin("cuda", kPluginPath);
-  EXPECT_EQ(plugin.info.name, "cuda");
-  EXPECT_EQ(plugin.info.api_version, PINSTAGE_PLATFORM_API_VERSION);
-  EXPECT_EQ(plugin.info.path, kPluginPath);
+  pinstage::Worker worker;
+  pinstage::WorkerOptions options;
+  options.plugin_path = kPluginPath;
+  try {
+    worker.init("cuda", 0, options);
+    FAIL() << "init succeeded without a visible GPU";
+  } catch (const pinstage::Error& e) {
+    EXPECT_EQ(e.code(), pinstage::ErrorCode::no_device) << e.what();
+  }
 }
 
 // ---- no device ----
@@ -118,19 +133,24 @@ TEST(CudaPlugin, BadArgumentsToCreateContext) {
 }
 
 TEST(CudaPlugin, BadConfigIsRejectedBeforeLookingForADevice) {
-  ps_context_options options{0, "pinned_mode=fast"};
+  const ps_config_entry entries[] = {{"pinned_mode", "fast"}};
+  ps_context_options options{0, entries, 1};
   ps_device_ctx* ctx = nullptr;
   EXPECT_EQ(api().create_context(0, &options, &ctx), PS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(ctx, nullptr);
   const std::string msg = api().last_error();
   EXPECT_TRUE(contains(msg, "pinned_mode='fast'")) << msg;
   EXPECT_TRUE(contains(msg, "auto, alloc or register")) << msg;
+  // A count without entries is refused, not read.
+  options = ps_context_options{0, nullptr, 2};
+  EXPECT_EQ(api().create_context(0, &options, &ctx), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(api().last_error(), "config_count")) << api().last_error();
 }
 
 TEST(CudaPlugin, WorkerInitForwardsTheConfigError) {
   pinstage::Worker worker;
   pinstage::WorkerOptions options;
-  options.config = "pinned_mode=alloc;register_thp=2";
+  options.config = {{"pinned_mode", "alloc"}, {"register_thp", "2"}};
   try {
     worker.init("cuda", 0, options);
     FAIL() << "init accepted a bad config";
@@ -143,16 +163,17 @@ TEST(CudaPlugin, WorkerInitForwardsTheConfigError) {
 
 TEST(CudaPlugin, EverySlotRejectsANullContext) {
   const ps_platform_api& a = api();
-  void* p = nullptr;
+  ps_allocation allocation{};
   uint64_t u1 = 0, u2 = 0;
   ps_capabilities caps{};
   ps_stream* stream = nullptr;
   ps_event* event = nullptr;
   char host[8] = {};
+  const ps_allocation some{host, sizeof host, nullptr};
   const int statuses[] = {
       a.destroy_context(nullptr),
-      a.device_malloc(nullptr, 16, &p),
-      a.device_free(nullptr, host),
+      a.device_malloc(nullptr, 16, &allocation),
+      a.device_free(nullptr, &some),
       a.copy_h2d(nullptr, host, host, 8),
       a.copy_d2h(nullptr, host, host, 8),
       a.stream_create(nullptr, &stream),
@@ -164,10 +185,8 @@ TEST(CudaPlugin, EverySlotRejectsANullContext) {
       a.event_destroy(nullptr, event),
       a.event_record(nullptr, event, stream),
       a.event_sync(nullptr, event),
-      a.host_alloc_pinned(nullptr, 16, &p),
-      a.host_free_pinned(nullptr, host),
-      a.host_register(nullptr, host, 8),
-      a.host_unregister(nullptr, host),
+      a.host_alloc_pinned(nullptr, 16, &allocation),
+      a.host_free_pinned(nullptr, &some),
       a.mem_info(nullptr, &u1, &u2),
       a.get_capabilities(nullptr, &caps),
       a.inject_fault(nullptr, PS_FAULT_DEVICE_MALLOC, 1),
@@ -191,63 +210,88 @@ TEST(CudaPlugin, LastErrorIsPerThread) {
 
 using pinstage::cuda::CudaConfig;
 using pinstage::cuda::PinnedMode;
+using Entries = std::initializer_list<ps_config_entry>;
 
-CudaConfig parse_ok(const std::string& text) {
-  CudaConfig config;
-  std::string error;
-  EXPECT_TRUE(pinstage::cuda::parse_config(text, config, error)) << text << ": " << error;
-  return config;
-}
+CudaConfig parse(Entries entries) { return pinstage::cuda::parse_config(entries); }
 
-std::string parse_error(const std::string& text) {
-  CudaConfig config;
-  config.prefault_threads = 77;  // must survive a failed parse
-  std::string error;
-  EXPECT_FALSE(pinstage::cuda::parse_config(text, config, error)) << text;
-  EXPECT_EQ(config.prefault_threads, 77) << "a failed parse changed the output";
-  return error;
+// The message of the invalid_argument a bad config throws ("" when it parses).
+std::string parse_error(Entries entries) {
+  try {
+    parse(entries);
+  } catch (const pinstage::Error& e) {
+    EXPECT_EQ(e.code(), pinstage::ErrorCode::invalid_argument) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "the config parsed";
+  return "";
 }
 
 TEST(CudaConfig, DefaultsWhenEmpty) {
-  for (const char* text : {"", " ", ";", " ; ;"}) {
-    const CudaConfig c = parse_ok(text);
-    EXPECT_EQ(c.pinned_mode, PinnedMode::auto_select);
-    EXPECT_EQ(c.register_threshold_bytes, uint64_t{64} << 20);
-    EXPECT_EQ(c.prefault_threads, 0);
-    EXPECT_FALSE(c.register_thp);
-  }
+  const CudaConfig c = parse({});
+  EXPECT_EQ(c.pinned_mode, PinnedMode::auto_select);
+  EXPECT_EQ(c.register_threshold_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(c.prefault_threads, 0);
+  EXPECT_FALSE(c.register_thp);
 }
 
 TEST(CudaConfig, EveryKey) {
-  const CudaConfig c = parse_ok(
-      " pinned_mode = register ; register_threshold_mb=3;prefault_threads=5; "
-      "register_thp=1;");
+  const CudaConfig c = parse({{"pinned_mode", "register"},
+                              {"register_threshold_mb", "3"},
+                              {"prefault_threads", "5"},
+                              {"register_thp", "1"}});
   EXPECT_EQ(c.pinned_mode, PinnedMode::reg);
   EXPECT_EQ(c.register_threshold_bytes, uint64_t{3} << 20);
   EXPECT_EQ(c.prefault_threads, 5);
   EXPECT_TRUE(c.register_thp);
-  EXPECT_EQ(parse_ok("pinned_mode=alloc").pinned_mode, PinnedMode::alloc);
-  EXPECT_EQ(parse_ok("pinned_mode=auto").pinned_mode, PinnedMode::auto_select);
-  EXPECT_TRUE(parse_ok("register_thp=on").register_thp);
-  EXPECT_FALSE(parse_ok("register_thp=off").register_thp);
-  EXPECT_EQ(parse_ok("register_threshold_mb=0").register_threshold_bytes, 0u);
+  EXPECT_EQ(parse({{"pinned_mode", "alloc"}}).pinned_mode, PinnedMode::alloc);
+  EXPECT_EQ(parse({{"pinned_mode", "auto"}}).pinned_mode, PinnedMode::auto_select);
+  EXPECT_TRUE(parse({{"register_thp", "on"}}).register_thp);
+  EXPECT_TRUE(parse({{"register_thp", "true"}}).register_thp);
+  EXPECT_FALSE(parse({{"register_thp", "off"}}).register_thp);
+  EXPECT_EQ(parse({{"register_threshold_mb", "0"}}).register_threshold_bytes, 0u);
+  EXPECT_EQ(parse({{"prefault_threads", "1024"}}).prefault_threads, 1024);
 }
 
-TEST(CudaConfig, ErrorsNameTheProblem) {
-  EXPECT_TRUE(contains(parse_error("pinned_mod=alloc"), "unknown cuda config key 'pinned_mod'"));
-  EXPECT_TRUE(contains(parse_error("pinned_mod=alloc"), "register_threshold_mb"));
-  EXPECT_TRUE(contains(parse_error("pinned_mode"), "not key=value"));
-  EXPECT_TRUE(contains(parse_error("pinned_mode=alloc;pinned_mode=register"), "given twice"));
-  EXPECT_TRUE(contains(parse_error("register_threshold_mb=-1"), "whole number"));
-  EXPECT_TRUE(contains(parse_error("register_threshold_mb=12x"), "whole number"));
-  EXPECT_TRUE(contains(parse_error("register_threshold_mb=99999999999999999999"), "whole number"));
-  EXPECT_TRUE(contains(parse_error("prefault_threads=5000"), "1024"));
-  EXPECT_TRUE(contains(parse_error("register_thp=maybe"), "0 or 1"));
-  EXPECT_TRUE(contains(parse_error("pinned_mode="), "auto, alloc or register"));
+TEST(CudaConfig, UnknownAndRepeatedKeysNameTheKeyAndListTheAcceptedOnes) {
+  const std::string unknown = parse_error({{"pinned_mod", "alloc"}});
+  EXPECT_TRUE(contains(unknown, "unknown key 'pinned_mod'")) << unknown;
+  EXPECT_TRUE(contains(unknown, pinstage::cuda::config_keys())) << unknown;
+  const std::string twice = parse_error({{"pinned_mode", "alloc"}, {"pinned_mode", "alloc"}});
+  EXPECT_TRUE(contains(twice, "'pinned_mode' is given twice")) << twice;
+  EXPECT_TRUE(contains(twice, "register_threshold_mb")) << twice;
+  // Keys are exact: no trimming, no case folding.
+  EXPECT_TRUE(contains(parse_error({{" pinned_mode", "alloc"}}), "unknown key ' pinned_mode'"));
+  EXPECT_TRUE(contains(parse_error({{"Pinned_Mode", "alloc"}}), "unknown key"));
+  EXPECT_TRUE(contains(parse_error({{nullptr, "alloc"}}), "NULL key"));
+  EXPECT_TRUE(contains(parse_error({{"pinned_mode", nullptr}}), "NULL value"));
+}
+
+TEST(CudaConfig, BadValuesNameTheKeyValueAndWhatIsExpected) {
+  struct Bad {
+    const char* key;
+    const char* value;
+    const char* expected;
+  };
+  for (const Bad& b :
+       {Bad{"pinned_mode", "fast", "auto, alloc or register"},
+        Bad{"pinned_mode", "", "auto, alloc or register"},
+        Bad{"pinned_mode", "alloc ", "auto, alloc or register"},
+        Bad{"register_threshold_mb", "-1", "whole number of MiB"},
+        Bad{"register_threshold_mb", "12x", "whole number of MiB"},
+        Bad{"register_threshold_mb", "", "whole number of MiB"},
+        Bad{"register_threshold_mb", "99999999999999999999", "whole number of MiB"},
+        Bad{"register_threshold_mb", "8796093022208", "whole number of MiB"},
+        Bad{"prefault_threads", "1025", "0 (one per core) to 1024"},
+        Bad{"prefault_threads", "two", "0 (one per core) to 1024"},
+        Bad{"register_thp", "maybe", "0 or 1"}, Bad{"register_thp", "2", "0 or 1"}}) {
+    const std::string msg = parse_error({{b.key, b.value}});
+    EXPECT_TRUE(contains(msg, std::string(b.key) + "='" + b.value + "'")) << msg;
+    EXPECT_TRUE(contains(msg, b.expected)) << msg;
+  }
 }
 
 TEST(CudaConfig, ChooseModeBySizeOrForce) {
-  CudaConfig c = parse_ok("register_threshold_mb=2");
+  CudaConfig c = parse({{"register_threshold_mb", "2"}});
   const size_t two_mib = size_t{2} << 20;
   EXPECT_EQ(pinstage::cuda::choose_pinned_mode(c, 1), PinnedMode::alloc);
   EXPECT_EQ(pinstage::cuda::choose_pinned_mode(c, two_mib - 1), PinnedMode::alloc);
@@ -257,82 +301,6 @@ TEST(CudaConfig, ChooseModeBySizeOrForce) {
   c.pinned_mode = PinnedMode::reg;
   EXPECT_EQ(pinstage::cuda::choose_pinned_mode(c, 1), PinnedMode::reg);
   EXPECT_STREQ(pinstage::cuda::pinned_mode_name(PinnedMode::reg), "register");
-}
-
-// ---- pre-faulted mappings ----
-
-using pinstage::cuda::HostPagesOptions;
-using pinstage::cuda::MappedPages;
-using pinstage::cuda::PagesStatus;
-using pinstage::cuda::PrefaultReport;
-
-// Pages resident in [p, p + bytes), counted with mincore.
-size_t resident_pages(void* p, size_t bytes) {
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  std::vector<unsigned char> vec((bytes + page - 1) / page);
-  if (mincore(p, bytes, vec.data()) != 0) return 0;
-  size_t n = 0;
-  for (unsigned char v : vec) n += v & 1;
-  return n;
-}
-
-TEST(HostPages, MapsPrefaultedZeroedPagesOnSeveralThreads) {
-  const size_t bytes = (size_t{96} << 20) + 5;  // not a whole number of pages
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  MappedPages pages;
-  PrefaultReport report;
-  std::string error;
-  ASSERT_EQ(pinstage::cuda::map_prefaulted(bytes, HostPagesOptions{3, true}, pages, report, error),
-            PagesStatus::ok)
-      << error;
-  EXPECT_EQ(pages.bytes, (bytes + page - 1) / page * page);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(pages.data) % (size_t{2} << 20), 0u);
-  EXPECT_EQ(report.threads, 3);
-  EXPECT_GE(report.prefault_seconds, 0.0);
-  // Every page is resident before anyone touches it, and reads as zero.
-  EXPECT_EQ(resident_pages(pages.data, pages.bytes), pages.bytes / page);
-  const auto* bytes_ptr = static_cast<const unsigned char*>(pages.data);
-  for (size_t off = 0; off < pages.bytes; off += page + 1) ASSERT_EQ(bytes_ptr[off], 0u) << off;
-  std::memset(pages.data, 0xab, pages.bytes);  // all of it is writable
-  ASSERT_TRUE(pinstage::cuda::unmap_pages(pages, error)) << error;
-}
-
-TEST(HostPages, WithoutHugePagesTheMappingIsExact) {
-  MappedPages pages;
-  PrefaultReport report;
-  std::string error;
-  ASSERT_EQ(pinstage::cuda::map_prefaulted(10000, HostPagesOptions{0, false}, pages, report, error),
-            PagesStatus::ok)
-      << error;
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  EXPECT_EQ(pages.data, pages.base);
-  EXPECT_EQ(pages.map_bytes, (10000 + page - 1) / page * page);
-  EXPECT_EQ(report.threads, 1);  // too small to split
-  EXPECT_EQ(resident_pages(pages.data, pages.bytes), pages.bytes / page);
-  ASSERT_TRUE(pinstage::cuda::unmap_pages(pages, error)) << error;
-}
-
-TEST(HostPages, BadSizesFailWithNothingMapped) {
-  MappedPages pages;
-  PrefaultReport report;
-  std::string error;
-  EXPECT_EQ(pinstage::cuda::map_prefaulted(0, {}, pages, report, error), PagesStatus::failed);
-  EXPECT_TRUE(contains(error, "0 bytes"));
-  error.clear();
-  EXPECT_EQ(pinstage::cuda::map_prefaulted(SIZE_MAX - 10, {}, pages, report, error),
-            PagesStatus::out_of_memory);
-  EXPECT_FALSE(error.empty());
-  EXPECT_EQ(pages.base, nullptr);  // untouched on failure
-}
-
-TEST(HostPages, ThreadCountFollowsSizeAndOption) {
-  EXPECT_EQ(pinstage::cuda::prefault_thread_count(1, {8, true}), 1);
-  EXPECT_EQ(pinstage::cuda::prefault_thread_count(size_t{64} << 20, {8, true}), 2);
-  EXPECT_EQ(pinstage::cuda::prefault_thread_count(size_t{8} << 30, {8, true}), 8);
-  const int automatic = pinstage::cuda::prefault_thread_count(size_t{64} << 30, {0, true});
-  EXPECT_GE(automatic, 1);
-  EXPECT_LE(automatic, 32);
-  EXPECT_LE(automatic, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
 }
 
 // ---- CUDA error mapping ----

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "pinstage/parallel.h"
-#include "pinstage/qwen3_decode.h"
+#include "pinstage/qwen3/decode.h"
 #include "pinstage/worker.h"
 #include "tensor/random.h"
 #include "tensor_test_util.h"

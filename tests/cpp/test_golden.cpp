@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "golden_internal.h"
 #include "pinstage/dtype.h"
 #include "pinstage/error.h"
 #include "pinstage/parallel.h"
-#include "pinstage/qwen3_decode.h"
-#include "pinstage/qwen3_golden.h"
+#include "pinstage/qwen3/decode.h"
+#include "pinstage/qwen3/golden.h"
 #include "pinstage/tensor.h"
-#include "scenes/qwen3/golden_internal.h"
 
 namespace {
 

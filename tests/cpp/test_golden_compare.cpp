@@ -13,7 +13,7 @@
 
 #include "pinstage/dtype.h"
 #include "pinstage/error.h"
-#include "pinstage/qwen3_golden.h"
+#include "pinstage/qwen3/golden.h"
 #include "pinstage/safetensors.h"
 #include "pinstage/tensor.h"
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "golden_kernels.h"
 #include "pinstage/dtype.h"
 #include "pinstage/error.h"
-#include "scenes/qwen3/golden_kernels.h"
 
 namespace {
 

@@ -1,10 +1,10 @@
 // Plugin loading: every failure names the backend, the path and the reason.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "pinstage/worker.h"
-#include "runtime/plugin.h"
 
 namespace pinstage {
 namespace {
@@ -40,7 +40,7 @@ TEST(PluginLoad, UnknownBackendNameLooksNextToTheLibrary) {
     FAIL() << "init succeeded";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::plugin_load);
-    EXPECT_NE(std::string(e.what()).find(detail::default_plugin_path("nosuch")), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find(default_backend_path("nosuch")), std::string::npos)
         << e.what();
   }
 }
@@ -73,9 +73,9 @@ TEST(PluginLoad, SimIsFoundAndReportsItsVersion) {
   worker.init("sim");
   EXPECT_EQ(worker.backend().name, "sim");
   EXPECT_EQ(worker.backend().api_version, PINSTAGE_PLATFORM_API_VERSION);
-  EXPECT_EQ(worker.backend().path, detail::default_plugin_path("sim"));
-  const auto found = detail::discover_plugins();
-  EXPECT_NE(std::find(found.begin(), found.end(), detail::default_plugin_path("sim")), found.end());
+  EXPECT_EQ(worker.backend().path, default_backend_path("sim"));
+  const auto found = discover_backends();
+  EXPECT_NE(std::find(found.begin(), found.end(), default_backend_path("sim")), found.end());
 }
 
 }  // namespace

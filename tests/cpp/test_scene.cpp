@@ -1,12 +1,17 @@
-// The scene run end to end on sim: it passes on 1 and 2 layers with either storage, and a
-// single corrupted byte in a weight or in the KV pool is caught and named.
+// The scene registry and the scene run end to end on sim: it passes on 1 and 2 layers with
+// either storage, a single corrupted byte in a weight or in the KV pool is caught and named
+// by the upload check, and a corrupted upload that skips that check still fails the
+// comparison (the execute step runs other kernels than the golden, within the tolerance).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "pinstage/bind.h"
-#include "pinstage/qwen3_scene.h"
+#include "pinstage/qwen3/scene.h"
 
 namespace pinstage::qwen3 {
 namespace {
@@ -99,22 +104,18 @@ TEST(SceneRestore, CachesHoldInitialBytesPlusExactlyTheWrittenRowsThenRestore) {
   EXPECT_EQ(restorer.rows(), golden.kv_rows);
 
   BindOptions bind;
-  bind.execute_callable = "qwen3_decode";
+  bind.execute_callable = kCallable;
   Binder binder(worker, bind);
   binder.run(args);
-  // After the round: every written row holds the golden's value, every other byte is as
-  // before.
-  std::vector<bool> written(k.nbytes() / (kHeadDim * 2), false);
-  for (size_t i = 0; i < golden.kv_rows.size(); ++i) {
-    const int64_t row = golden.kv_rows[i];
-    written[row] = true;
-    EXPECT_EQ(std::memcmp(k.data_as<uint16_t>() + row * kHeadDim, &golden.k_rows[i * kHeadDim],
-                          kHeadDim * 2),
-              0);
-    EXPECT_EQ(std::memcmp(v.data_as<uint16_t>() + row * kHeadDim, &golden.v_rows[i * kHeadDim],
-                          kHeadDim * 2),
-              0);
-  }
+  // After the round: every written row holds the golden's value (within the tolerance: the
+  // execute step runs the portable kernels), every other byte is as before.
+  const uint64_t rows = k.nbytes() / (kHeadDim * 2);
+  EXPECT_TRUE(
+      compare_rows("k_cache", k.data_as<uint16_t>(), rows, golden.kv_rows, golden.k_rows).ok());
+  EXPECT_TRUE(
+      compare_rows("v_cache", v.data_as<uint16_t>(), rows, golden.kv_rows, golden.v_rows).ok());
+  std::vector<bool> written(rows, false);
+  for (const int64_t row : golden.kv_rows) written[row] = true;
   size_t changed_rows = 0, unwritten_changed = 0;
   for (size_t row = 0; row < written.size(); ++row) {
     const bool same = std::memcmp(k_bytes + row * kHeadDim * 2,
@@ -157,8 +158,96 @@ TEST(SceneExecute, AMissingCallableIsAClearError) {
   options.skip_golden = true;
   const SceneReport report = run_scene(worker, options);
   ASSERT_EQ(report.rounds.size(), 1u);
-  EXPECT_NE(report.rounds[0].failure.find("no callable named 'qwen3_prefill'"), std::string::npos)
+  EXPECT_NE(report.rounds[0].failure.find("qwen3_prefill"), std::string::npos)
       << report.rounds[0].failure;
+}
+
+// Without the upload check, a corrupted upload reaches the execute step; the comparison
+// must still fail. slot_mapping's middle byte flips (sim's corrupt_h2d): lane 8's K/V rows
+// land 64 slots away, so the golden's rows hold the pool's initial values.
+TEST(SceneExecute, ACorruptedUploadFailsTheComparison) {
+  Worker worker;
+  worker.init("sim");
+  const Config config = small(1, HostStorage::pageable).config;
+  PageableAllocator allocator;
+  const TaskArgs args = make_args(allocator, config);
+  const Golden golden = compute_golden(args, config.n_layers);
+  const CacheRestorer restorer(args, config.n_layers);
+  BindOptions bind;
+  bind.execute_callable = kCallable;  // verify_upload stays off
+  Binder binder(worker, bind);
+  binder.run(args);
+  ASSERT_TRUE(compare(args, golden).ok) << "an intact run must pass first";
+  ASSERT_TRUE(restorer.restore().empty());
+  worker.inject_fault(FaultKind::corrupt_h2d, first_copy_of("slot_mapping", config));
+  binder.run(args);
+  const Comparison c = compare(args, golden);
+  EXPECT_FALSE(c.ok);
+  EXPECT_EQ(c.tensor, "k_cache") << c.message();
+  EXPECT_GT(c.mismatches, 0u);
+  EXPECT_NE(c.message().find("mismatch"), std::string::npos) << c.message();
+}
+
+// The execute step is the portable kernel set; the golden the best one. On a machine with
+// AVX-512 or AVX2 they are different code, and the run still matches within the tolerance.
+TEST(SceneExecute, RunsThePortableKernelsWithinTheTolerance) {
+  PageableAllocator allocator;
+  const Config config = small(1, HostStorage::pageable).config;
+  const TaskArgs args = make_args(allocator, config);
+  const Golden golden = compute_golden(args, config.n_layers);
+  std::vector<ExecArg> bound;
+  for (const Tensor& t : args) bound.push_back({t.name(), t.data(), t.nbytes()});
+  execute_decode(bound);
+  const Comparison c = compare(args, golden);
+  EXPECT_TRUE(c.ok) << c.message();
+  uint64_t checked = 0;
+  for (const TensorComparison& t : c.tensors) checked += t.checked;
+  EXPECT_EQ(checked, 16u * 5120 + 2u * 128 * 128);
+}
+
+TEST(SceneRegistry, Qwen3IsRegisteredWithItsParametersAndCallable) {
+  const auto s = find_scene(kSceneName);
+  EXPECT_EQ(s, scene());
+  EXPECT_EQ(s->callable(), kCallable);
+  const auto names = host_callable_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), kCallable), names.end());
+  std::vector<std::string> params;
+  for (const SceneParam& p : s->params()) params.push_back(p.name);
+  EXPECT_EQ(params, (std::vector<std::string>{"layers", "seq_len", "seed"}));
+  ASSERT_TRUE(size_param(*s));
+  EXPECT_EQ(size_param(*s)->name, "layers");
+  const SceneValues values = resolve_params(*s, {{"layers", 2}});
+  EXPECT_EQ(values.at("seq_len"), kDefaultSeqLen);
+  EXPECT_EQ(config_of(values).n_layers, 2);
+  EXPECT_EQ(scene_values(config_of(values)), values);
+  EXPECT_EQ(task_sizes(s->tensors(values)).staged_bytes, 2048508736u);
+  EXPECT_EQ(s->describe(values), "2 layers, seq_len 3500, seed 1234");
+  EXPECT_EQ(param_flag("seq_len"), "--seq-len");
+}
+
+TEST(SceneRegistry, BadNamesAndValuesAreClearErrors) {
+  try {
+    find_scene("qwen4");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::not_found);
+    EXPECT_NE(std::string(e.what()).find("qwen3-decode"), std::string::npos) << e.what();
+  }
+  const auto s = scene();
+  for (const auto& [values, needle] :
+       std::vector<std::pair<SceneValues, std::string>>{{{{"layer", 1}}, "no parameter 'layer'"},
+                                                        {{{"seq_len", 0}}, "--seq-len"},
+                                                        {{{"layers", 0}}, "n_layers is 0"},
+                                                        {{{"seed", -1}}, "seed"}}) {
+    try {
+      resolve_params(*s, values);
+      ADD_FAILURE() << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(register_scene(s), Error);  // the name is taken
 }
 
 }  // namespace

@@ -17,5 +17,5 @@ def test_howto_stage_torch_runs(build_dir, tmp_path):
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "tensors staged" in proc.stdout
+    assert "tensors uploaded (inputs)" in proc.stdout
     assert proc.stderr == "", proc.stderr  # no warnings, e.g. nothing left at finalize

@@ -1,5 +1,5 @@
-// The cuda platform backend: the platform ABI (pinstage/platform_abi.h) on the CUDA
-// runtime API. Host C++ only, no kernels. See docs/cuda.md.
+// The cuda platform backend: the platform ABI (pinstage/backend/platform_abi.h) on the
+// CUDA runtime API. Host C++ only, no kernels. See docs/cuda.md.
 //
 // Note [Two pinned modes]
 // ~~~~~~~~~~~~~~~~~~~~~~~
@@ -7,13 +7,15 @@
 // (pinned_mode=auto, register_threshold_mb) or forced (pinned_mode=alloc|register):
 //  - alloc: cudaHostAlloc(cudaHostAllocPortable). Never write-combined: the host reads
 //    these buffers back to check results, and WC reads are uncached and very slow.
-//  - register: mmap anonymous memory, pre-fault every page from several threads (page
-//    faults are kernel work that scales with cores), then one cudaHostRegister(portable)
-//    over the resident range. cudaHostAlloc faults and locks inside one driver call,
+//  - register: pinstage::map_pages (mmap, then the one parallel pre-fault: page faults
+//    are kernel work that scales with cores), then one cudaHostRegister(portable) over
+//    the resident range. cudaHostAlloc faults and locks inside one driver call,
 //    serially, which is what makes large pinned buffers slow to create.
-// The context keeps ptr -> (mode, mapping) so each buffer is released the way it was
-// made: cudaFreeHost, or cudaHostUnregister then munmap. A pointer not in that table is
-// PS_ERR_UNKNOWN_POINTER. Both modes are portable, so any context may copy from them.
+// The backend keeps no table of its buffers (the runtime's one allocation table does):
+// a register-mode buffer carries its mapping in ps_allocation.handle (a RegisteredPages
+// record), an alloc-mode buffer has handle NULL. So each buffer is released the way it
+// was made: cudaFreeHost, or cudaHostUnregister then munmap. Both modes are portable, so
+// any context may copy from them.
 //
 // Note [Device per call]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -25,28 +27,26 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cstdio>
-#include <map>
+#include <cstring>
 #include <memory>
 #include <mutex>
-#include <new>
+#include <span>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 
 #include "backends/cuda/cuda_config.h"
-#include "backends/cuda/cuda_ext.h"
 #include "backends/cuda/cuda_status.h"
-#include "backends/cuda/host_pages.h"
-#include "pinstage/export.h"
+#include "pinstage/backend/cuda_ext.h"
+#include "pinstage/backend/platform_abi.h"
+#include "pinstage/backend/slot.h"
+#include "pinstage/clock.h"
+#include "pinstage/error.h"
 #include "pinstage/log.h"
-#include "pinstage/platform_abi.h"
+#include "pinstage/pages.h"
 
 using pinstage::cuda::CudaConfig;
-using pinstage::cuda::MappedPages;
 using pinstage::cuda::PinnedMode;
 
 struct ps_stream {
@@ -57,76 +57,35 @@ struct ps_event {
   cudaEvent_t event = nullptr;
 };
 
-namespace {
-
-// One pinned host buffer and how it was made.
-struct HostBlock {
-  PinnedMode mode = PinnedMode::alloc;
-  size_t bytes = 0;   // as requested
-  MappedPages pages;  // register mode only
-};
-
-}  // namespace
-
 struct ps_device_ctx {
   int device = 0;
   CudaConfig config;
   uint64_t capacity = 0;
   cudaStream_t stream = nullptr;  // the synchronous copies run on this
 
-  std::mutex mu;  // guards everything below
-  std::map<uintptr_t, size_t> device_allocs;
+  std::mutex mu;           // guards everything below
   uint64_t committed = 0;  // includes reservations of cudaMalloc calls in flight
-  std::unordered_map<void*, HostBlock> host_blocks;
-  std::unordered_map<void*, size_t> registered;  // host_register'ed caller memory
-  std::unordered_set<ps_stream*> streams;
-  std::unordered_set<ps_event*> events;
   std::array<uint64_t, PS_FAULT_KIND_COUNT> fault_countdown{};
   ps_cuda_pin_stats pin_stats{};
 };
 
 namespace {
 
-thread_local std::string t_last_error;
-
-// A slot's failure: thrown inside a slot, turned into a status at its boundary.
-struct Failure {
-  ps_status status;
-  std::string message;
+// ps_allocation.handle of a register-mode buffer: what releasing it needs.
+struct RegisteredPages {
+  pinstage::MappedPages pages;
 };
 
-[[noreturn]] void fail(ps_status status, std::string message) {
-  throw Failure{status, std::move(message)};
-}
+using pinstage::backend::fail;
+using pinstage::backend::require;
 
-void set_last_error(const char* message, const char* detail = "") noexcept {
-  try {
-    t_last_error = message;
-    t_last_error += detail;
-  } catch (...) {
-    t_last_error.clear();  // no memory for the text: an empty message beats none
-  }
-}
+thread_local std::string t_last_error;
 
-// Runs a slot body; nothing unwinds through the C ABI.
+// Runs a slot body: the one error style (pinstage/backend/slot.h), nothing unwinds
+// through the C ABI.
 template <class Body>
 int guarded(Body&& body) noexcept {
-  try {
-    body();
-    return PS_OK;
-  } catch (const Failure& f) {
-    set_last_error(f.message.c_str());
-    return f.status;
-  } catch (const std::bad_alloc&) {
-    set_last_error("host memory exhausted inside the cuda backend");
-    return PS_ERR_OUT_OF_MEMORY;
-  } catch (const std::exception& e) {
-    set_last_error("internal error in the cuda backend: ", e.what());
-    return PS_ERR_INTERNAL;
-  } catch (...) {
-    set_last_error("internal error in the cuda backend: unknown exception");
-    return PS_ERR_INTERNAL;
-  }
+  return pinstage::backend::guarded(t_last_error, "cuda", std::forward<Body>(body));
 }
 
 std::string dev_name(const ps_device_ctx* ctx) { return "device " + std::to_string(ctx->device); }
@@ -147,10 +106,6 @@ void check(cudaError_t error, What&& what, ps_status fallback = PS_ERR_BACKEND) 
        text + ": " + pinstage::cuda::cuda_error_text(error));
 }
 
-void require(bool ok, const char* message) {
-  if (!ok) fail(PS_ERR_INVALID_ARGUMENT, message);
-}
-
 ps_device_ctx* require_ctx(ps_device_ctx* ctx) {
   require(ctx != nullptr, "device context is NULL");
   return ctx;
@@ -163,47 +118,28 @@ void use_device(const ps_device_ctx* ctx) {
       [ctx] { return "cudaSetDevice(" + std::to_string(ctx->device) + ")"; }, PS_ERR_NO_DEVICE);
 }
 
-// The fault hook: fails the nth call of `kind` once.
-void maybe_fault(ps_device_ctx* ctx, ps_fault_kind kind, const char* what) {
+// The fault hook's countdown: true on the nth call of `kind`, once.
+bool fault_hits(ps_device_ctx* ctx, ps_fault_kind kind) {
   std::lock_guard lock(ctx->mu);
   uint64_t& left = ctx->fault_countdown[kind];
-  if (left == 0) return;
-  if (--left == 0) fail(PS_ERR_INJECTED_FAULT, std::string("injected fault: ") + what);
+  return left != 0 && --left == 0;
 }
 
-ps_stream* require_stream(ps_device_ctx* ctx, ps_stream* stream) {
-  require(stream != nullptr, "stream is NULL");
-  std::lock_guard lock(ctx->mu);
-  require(ctx->streams.count(stream) != 0, "stream was not created by this cuda context");
-  return stream;
+// Fails the nth call of `kind` once.
+void maybe_fault(ps_device_ctx* ctx, ps_fault_kind kind, const char* what) {
+  if (fault_hits(ctx, kind)) fail(PS_ERR_INJECTED_FAULT, std::string("injected fault: ") + what);
 }
 
-ps_event* require_event(ps_device_ctx* ctx, ps_event* event) {
-  require(event != nullptr, "event is NULL");
-  std::lock_guard lock(ctx->mu);
-  require(ctx->events.count(event) != 0, "event was not created by this cuda context");
-  return event;
-}
-
-// [ptr, ptr + bytes) must lie inside one device allocation of this context.
-void require_device_range(ps_device_ctx* ctx, const void* ptr, size_t bytes, const char* what) {
-  const auto addr = reinterpret_cast<uintptr_t>(ptr);
-  std::lock_guard lock(ctx->mu);
-  auto it = ctx->device_allocs.upper_bound(addr);
-  bool inside = false;
-  if (it != ctx->device_allocs.begin()) {
-    --it;
-    const uintptr_t offset = addr - it->first;
-    inside = offset < it->second && bytes <= it->second - offset;
-  }
-  if (!inside)
-    fail(PS_ERR_INVALID_ARGUMENT, std::string(what) + ": " + std::to_string(bytes) +
-                                      " bytes at the device address are not inside one device "
-                                      "allocation of this cuda context");
-}
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+// The corrupt_h2d fault: once the upload on `s` is done, flip one bit of its middle byte
+// (as sim does), so checks downstream can be shown to catch a bad upload.
+void corrupt_middle_byte(void* dst, size_t bytes, cudaStream_t s) {
+  unsigned char byte = 0;
+  auto* where = static_cast<unsigned char*>(dst) + bytes / 2;
+  check(cudaMemcpyAsync(&byte, where, 1, cudaMemcpyDeviceToHost, s), "corrupt_h2d fault read");
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize (corrupt_h2d fault)");
+  byte ^= 0x40;
+  check(cudaMemcpyAsync(where, &byte, 1, cudaMemcpyHostToDevice, s), "corrupt_h2d fault write");
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize (corrupt_h2d fault)");
 }
 
 std::string fmt(const char* format, double value) {
@@ -227,19 +163,34 @@ void log_pinning(const ps_device_ctx* ctx, const ps_cuda_pin_stats& s) {
   pinstage::log(pinstage::LogLevel::info, line);
 }
 
-// Releases one pinned block the way it was made; returns the time it took.
-double release_block(const ps_device_ctx* ctx, void* ptr, const HostBlock& block) {
-  const auto t0 = std::chrono::steady_clock::now();
-  if (block.mode == PinnedMode::reg) {
-    check(cudaHostUnregister(ptr), "cudaHostUnregister of a " + std::to_string(block.bytes) +
-                                       " byte pinned buffer on " + dev_name(ctx));
-    std::string error;
-    if (!pinstage::cuda::unmap_pages(block.pages, error)) fail(PS_ERR_BACKEND, error);
-  } else {
-    check(cudaFreeHost(ptr), "cudaFreeHost of a " + std::to_string(block.bytes) +
-                                 " byte pinned buffer on " + dev_name(ctx));
+// Fails with PS_ERR_NO_DEVICE unless `device_id` names a visible CUDA device.
+void require_device(int device_id) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail(PS_ERR_NO_DEVICE, "cudaGetDeviceCount: " + pinstage::cuda::cuda_error_text(err) +
+                               ": no usable NVIDIA GPU or driver here (check nvidia-smi, or "
+                               "use the sim backend)");
   }
-  return seconds_since(t0);
+  if (count == 0) fail(PS_ERR_NO_DEVICE, "cudaGetDeviceCount: no CUDA-capable device is detected");
+  if (device_id >= count)
+    fail(PS_ERR_NO_DEVICE, "CUDA device " + std::to_string(device_id) + " does not exist: " +
+                               std::to_string(count) + " device(s) visible (ids 0.." +
+                               std::to_string(count - 1) + "; see CUDA_VISIBLE_DEVICES)");
+}
+
+void log_context(const ps_device_ctx* ctx, size_t free_bytes, size_t total_bytes) {
+  if (pinstage::log_level() > pinstage::LogLevel::info) return;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, ctx->device) == cudaSuccess)
+    pinstage::log(
+        pinstage::LogLevel::info,
+        "cuda: " + dev_name(ctx) + " is " + prop.name + ", " + std::to_string(total_bytes >> 20) +
+            " MiB (" + std::to_string(free_bytes >> 20) + " free), capacity " +
+            std::to_string(ctx->capacity >> 20) +
+            " MiB, pinned_mode=" + pinstage::cuda::pinned_mode_name(ctx->config.pinned_mode));
+  (void)cudaGetLastError();
 }
 
 // ---- slots ----
@@ -253,25 +204,13 @@ int cuda_create_context(int device_id, const ps_context_options* options, ps_dev
     if (device_id < 0)
       fail(PS_ERR_INVALID_ARGUMENT, "device id must be >= 0, got " + std::to_string(device_id));
     CudaConfig config;
-    if (options != nullptr && options->config != nullptr) {
-      std::string error;
-      if (!pinstage::cuda::parse_config(options->config, config, error))
-        fail(PS_ERR_INVALID_ARGUMENT, error);
+    if (options != nullptr) {
+      require(options->config != nullptr || options->config_count == 0,
+              "create_context: config is NULL but config_count is not 0");
+      // Checked before any GPU is looked for: a typo fails the same everywhere.
+      config = pinstage::cuda::parse_config({options->config, options->config_count});
     }
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      fail(PS_ERR_NO_DEVICE, "cudaGetDeviceCount: " + pinstage::cuda::cuda_error_text(err) +
-                                 ": no usable NVIDIA GPU or driver here (check nvidia-smi, or "
-                                 "use the sim backend)");
-    }
-    if (count == 0)
-      fail(PS_ERR_NO_DEVICE, "cudaGetDeviceCount: no CUDA-capable device is detected");
-    if (device_id >= count)
-      fail(PS_ERR_NO_DEVICE, "CUDA device " + std::to_string(device_id) + " does not exist: " +
-                                 std::to_string(count) + " device(s) visible (ids 0.." +
-                                 std::to_string(count - 1) + "; see CUDA_VISIBLE_DEVICES)");
+    require_device(device_id);
 
     auto ctx = std::make_unique<ps_device_ctx>();
     ctx->device = device_id;
@@ -283,70 +222,32 @@ int cuda_create_context(int device_id, const ps_context_options* options, ps_dev
     ctx->capacity = requested == 0 ? total_bytes : std::min<uint64_t>(requested, total_bytes);
     check(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking),
           "cudaStreamCreateWithFlags on " + dev_name(ctx.get()));
-    if (pinstage::log_level() <= pinstage::LogLevel::info) {
-      cudaDeviceProp prop{};
-      if (cudaGetDeviceProperties(&prop, device_id) == cudaSuccess)
-        pinstage::log(
-            pinstage::LogLevel::info,
-            "cuda: " + dev_name(ctx.get()) + " is " + prop.name + ", " +
-                std::to_string(total_bytes >> 20) + " MiB (" + std::to_string(free_bytes >> 20) +
-                " free), capacity " + std::to_string(ctx->capacity >> 20) +
-                " MiB, pinned_mode=" + pinstage::cuda::pinned_mode_name(config.pinned_mode));
-      (void)cudaGetLastError();
-    }
+    log_context(ctx.get(), free_bytes, total_bytes);
     *out = ctx.release();
   });
 }
 
+// The runtime has destroyed every stream and event and freed every allocation first
+// (platform_abi.h): only the context's own stream is left.
 int cuda_destroy_context(ps_device_ctx* ctx) {
   return guarded([&] {
     require_ctx(ctx);
     std::unique_ptr<ps_device_ctx> owned(ctx);
-    // Best effort throughout: release everything, report the first failure.
-    std::string first_error;
-    ps_status first_status = PS_OK;
-    auto note = [&](cudaError_t err, const std::string& what) {
-      if (err == cudaSuccess || first_status != PS_OK) return;
-      first_status = pinstage::cuda::status_from_cuda(err, PS_ERR_BACKEND);
-      first_error = what + ": " + pinstage::cuda::cuda_error_text(err);
-    };
-    note(cudaSetDevice(ctx->device), "cudaSetDevice(" + std::to_string(ctx->device) + ")");
-    if (ctx->stream != nullptr) note(cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize");
-    for (ps_stream* s : ctx->streams) {
-      note(cudaStreamSynchronize(s->stream), "cudaStreamSynchronize");
-      note(cudaStreamDestroy(s->stream), "cudaStreamDestroy");
-      delete s;
-    }
-    for (ps_event* e : ctx->events) {
-      note(cudaEventDestroy(e->event), "cudaEventDestroy");
-      delete e;
-    }
-    for (const auto& [addr, bytes] : ctx->device_allocs)
-      note(cudaFree(reinterpret_cast<void*>(addr)), "cudaFree");
-    for (const auto& [ptr, block] : ctx->host_blocks) {
-      try {
-        release_block(ctx, ptr, block);
-      } catch (const Failure& f) {
-        if (first_status == PS_OK) {
-          first_status = f.status;
-          first_error = f.message;
-        }
-      }
-    }
-    for (const auto& [ptr, bytes] : ctx->registered)
-      note(cudaHostUnregister(ptr), "cudaHostUnregister");
-    if (ctx->stream != nullptr) note(cudaStreamDestroy(ctx->stream), "cudaStreamDestroy");
-    (void)cudaGetLastError();
-    if (first_status != PS_OK)
-      fail(first_status, "destroying the cuda context of " + dev_name(ctx) + ": " + first_error);
+    check(cudaSetDevice(ctx->device), "cudaSetDevice(" + std::to_string(ctx->device) + ")",
+          PS_ERR_NO_DEVICE);
+    const cudaError_t synced = cudaStreamSynchronize(ctx->stream);
+    const cudaError_t destroyed = cudaStreamDestroy(ctx->stream);  // even when sync failed
+    const std::string what = "destroying the cuda context of " + dev_name(ctx) + ": ";
+    check(synced, what + "cudaStreamSynchronize");
+    check(destroyed, what + "cudaStreamDestroy");
   });
 }
 
-int cuda_device_malloc(ps_device_ctx* ctx, size_t bytes, void** out) {
+int cuda_device_malloc(ps_device_ctx* ctx, size_t bytes, ps_allocation* out) {
   return guarded([&] {
     require_ctx(ctx);
     require(out != nullptr, "device_malloc: output pointer is NULL");
-    *out = nullptr;
+    *out = ps_allocation{nullptr, bytes, nullptr};
     require(bytes > 0, "device_malloc: cannot allocate 0 bytes");
     maybe_fault(ctx, PS_FAULT_DEVICE_MALLOC, "device_malloc");
     use_device(ctx);
@@ -360,55 +261,39 @@ int cuda_device_malloc(ps_device_ctx* ctx, size_t bytes, void** out) {
                  std::to_string(ctx->capacity) + " bytes already committed");
       ctx->committed += bytes;
     }
-    auto unreserve = [&] {
-      std::lock_guard lock(ctx->mu);
-      ctx->committed -= bytes;
-    };
     void* ptr = nullptr;
     const cudaError_t err = cudaMalloc(&ptr, bytes);
     if (err != cudaSuccess) {
-      unreserve();
+      {
+        std::lock_guard lock(ctx->mu);
+        ctx->committed -= bytes;
+      }
       check(err, "cudaMalloc of " + std::to_string(bytes) + " bytes on " + dev_name(ctx));
     }
-    try {
-      std::lock_guard lock(ctx->mu);
-      ctx->device_allocs.emplace(reinterpret_cast<uintptr_t>(ptr), bytes);
-    } catch (...) {
-      (void)cudaFree(ptr);
-      unreserve();
-      throw;
-    }
-    *out = ptr;
+    out->ptr = ptr;
   });
 }
 
-int cuda_device_free(ps_device_ctx* ctx, void* ptr) {
+// The runtime hands each allocation back exactly once: `allocation` is one this context
+// made, with the size it asked for.
+int cuda_device_free(ps_device_ctx* ctx, const ps_allocation* allocation) {
   return guarded([&] {
     require_ctx(ctx);
-    require(ptr != nullptr, "device_free: pointer is NULL");
+    require(allocation != nullptr && allocation->ptr != nullptr,
+            "device_free: allocation or its pointer is NULL");
     maybe_fault(ctx, PS_FAULT_DEVICE_FREE, "device_free");
     use_device(ctx);
-    size_t bytes = 0;
-    {
-      std::lock_guard lock(ctx->mu);
-      auto it = ctx->device_allocs.find(reinterpret_cast<uintptr_t>(ptr));
-      if (it == ctx->device_allocs.end())
-        fail(PS_ERR_UNKNOWN_POINTER,
-             "device_free: the pointer was not allocated by device_malloc of this cuda context");
-      bytes = it->second;
-      ctx->device_allocs.erase(it);
-    }
-    const cudaError_t err = cudaFree(ptr);
+    // On failure the memory may still be held: it stays committed.
+    check(cudaFree(allocation->ptr), [&] {
+      return "cudaFree of " + std::to_string(allocation->bytes) + " bytes on " + dev_name(ctx);
+    });
     std::lock_guard lock(ctx->mu);
-    if (err != cudaSuccess) {
-      ctx->device_allocs.emplace(reinterpret_cast<uintptr_t>(ptr), bytes);  // still owned
-      check(err, "cudaFree of " + std::to_string(bytes) + " bytes on " + dev_name(ctx));
-    }
-    ctx->committed -= bytes;
+    ctx->committed -= std::min<uint64_t>(allocation->bytes, ctx->committed);
   });
 }
 
-// One copy, synchronous when `stream` is null (on the context's own stream).
+// One copy, synchronous when `stream` is null (on the context's own stream). The runtime
+// has checked that the device side lies inside one allocation of this context.
 int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, ps_stream* stream,
             bool to_device) {
   const char* what = to_device ? "host-to-device copy" : "device-to-host copy";
@@ -416,10 +301,9 @@ int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, ps_str
     require_ctx(ctx);
     require(dst != nullptr && src != nullptr, to_device ? "host-to-device copy: a pointer is NULL"
                                                         : "device-to-host copy: a pointer is NULL");
-    cudaStream_t s = stream != nullptr ? require_stream(ctx, stream)->stream : ctx->stream;
+    cudaStream_t s = stream != nullptr ? stream->stream : ctx->stream;
     if (bytes == 0) return;
     maybe_fault(ctx, to_device ? PS_FAULT_COPY_H2D : PS_FAULT_COPY_D2H, what);
-    require_device_range(ctx, to_device ? dst : src, bytes, what);
     use_device(ctx);
     const auto kind = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
     auto desc = [&] {
@@ -432,6 +316,7 @@ int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, ps_str
       check(
           cudaStreamSynchronize(s), [&] { return "cudaStreamSynchronize after " + desc(); },
           PS_ERR_COPY_FAILED);
+    if (to_device && fault_hits(ctx, PS_FAULT_CORRUPT_H2D)) corrupt_middle_byte(dst, bytes, s);
   });
 }
 
@@ -445,19 +330,17 @@ int cuda_copy_d2h(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes) 
 
 int cuda_copy_h2d_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
                         ps_stream* stream) {
-  if (stream == nullptr) {
-    set_last_error("host-to-device async copy: stream is NULL");
-    return PS_ERR_INVALID_ARGUMENT;
-  }
+  if (stream == nullptr)
+    return guarded(
+        [] { fail(PS_ERR_INVALID_ARGUMENT, "host-to-device async copy: stream is NULL"); });
   return do_copy(ctx, dst, src, bytes, stream, true);
 }
 
 int cuda_copy_d2h_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
                         ps_stream* stream) {
-  if (stream == nullptr) {
-    set_last_error("device-to-host async copy: stream is NULL");
-    return PS_ERR_INVALID_ARGUMENT;
-  }
+  if (stream == nullptr)
+    return guarded(
+        [] { fail(PS_ERR_INVALID_ARGUMENT, "device-to-host async copy: stream is NULL"); });
   return do_copy(ctx, dst, src, bytes, stream, false);
 }
 
@@ -470,13 +353,6 @@ int cuda_stream_create(ps_device_ctx* ctx, ps_stream** out) {
     auto s = std::make_unique<ps_stream>();
     check(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking),
           "cudaStreamCreateWithFlags on " + dev_name(ctx));
-    try {
-      std::lock_guard lock(ctx->mu);
-      ctx->streams.insert(s.get());
-    } catch (...) {
-      (void)cudaStreamDestroy(s->stream);
-      throw;
-    }
     *out = s.release();
   });
 }
@@ -484,22 +360,23 @@ int cuda_stream_create(ps_device_ctx* ctx, ps_stream** out) {
 int cuda_stream_destroy(ps_device_ctx* ctx, ps_stream* stream) {
   return guarded([&] {
     require_ctx(ctx);
-    require_stream(ctx, stream);
+    require(stream != nullptr, "stream_destroy: stream is NULL");
     use_device(ctx);
-    {
-      std::lock_guard lock(ctx->mu);
-      ctx->streams.erase(stream);
-    }
     std::unique_ptr<ps_stream> owned(stream);
-    // Work still queued completes first; the runtime releases the stream after it.
-    check(cudaStreamDestroy(stream->stream), "cudaStreamDestroy on " + dev_name(ctx));
+    // cudaStreamDestroy returns before queued copies ran; the ABI promises they are done
+    // (the runtime frees their buffers next), so wait here.
+    const cudaError_t synced = cudaStreamSynchronize(stream->stream);
+    const cudaError_t destroyed = cudaStreamDestroy(stream->stream);
+    check(synced, "cudaStreamSynchronize before destroying a stream on " + dev_name(ctx),
+          PS_ERR_COPY_FAILED);
+    check(destroyed, "cudaStreamDestroy on " + dev_name(ctx));
   });
 }
 
 int cuda_stream_sync(ps_device_ctx* ctx, ps_stream* stream) {
   return guarded([&] {
     require_ctx(ctx);
-    require_stream(ctx, stream);
+    require(stream != nullptr, "stream_sync: stream is NULL");
     use_device(ctx);
     check(
         cudaStreamSynchronize(stream->stream),
@@ -517,13 +394,6 @@ int cuda_event_create(ps_device_ctx* ctx, ps_event** out) {
     // Timing off: these events only order work, and untimed events are cheaper.
     check(cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming),
           "cudaEventCreateWithFlags on " + dev_name(ctx));
-    try {
-      std::lock_guard lock(ctx->mu);
-      ctx->events.insert(e.get());
-    } catch (...) {
-      (void)cudaEventDestroy(e->event);
-      throw;
-    }
     *out = e.release();
   });
 }
@@ -531,12 +401,8 @@ int cuda_event_create(ps_device_ctx* ctx, ps_event** out) {
 int cuda_event_destroy(ps_device_ctx* ctx, ps_event* event) {
   return guarded([&] {
     require_ctx(ctx);
-    require_event(ctx, event);
+    require(event != nullptr, "event_destroy: event is NULL");
     use_device(ctx);
-    {
-      std::lock_guard lock(ctx->mu);
-      ctx->events.erase(event);
-    }
     std::unique_ptr<ps_event> owned(event);
     check(cudaEventDestroy(event->event), "cudaEventDestroy on " + dev_name(ctx));
   });
@@ -545,8 +411,7 @@ int cuda_event_destroy(ps_device_ctx* ctx, ps_event* event) {
 int cuda_event_record(ps_device_ctx* ctx, ps_event* event, ps_stream* stream) {
   return guarded([&] {
     require_ctx(ctx);
-    require_event(ctx, event);
-    require_stream(ctx, stream);
+    require(event != nullptr && stream != nullptr, "event_record: event or stream is NULL");
     use_device(ctx);
     check(cudaEventRecord(event->event, stream->stream),
           [ctx] { return "cudaEventRecord on " + dev_name(ctx); });
@@ -556,7 +421,7 @@ int cuda_event_record(ps_device_ctx* ctx, ps_event* event, ps_stream* stream) {
 int cuda_event_sync(ps_device_ctx* ctx, ps_event* event) {
   return guarded([&] {
     require_ctx(ctx);
-    require_event(ctx, event);
+    require(event != nullptr, "event_sync: event is NULL");
     use_device(ctx);
     check(
         cudaEventSynchronize(event->event),
@@ -564,164 +429,140 @@ int cuda_event_sync(ps_device_ctx* ctx, ps_event* event) {
   });
 }
 
-int cuda_host_alloc_pinned(ps_device_ctx* ctx, size_t bytes, void** out) {
+// ---- pinned host memory (Note [Two pinned modes]) ----
+
+// `s` with one more pinning, described by `last`, added.
+const ps_cuda_pin_stats& add_pinning(ps_cuda_pin_stats& s, const ps_cuda_pin_stats& last) {
+  if (last.last_mode == PS_CUDA_PIN_ALLOC) {
+    ++s.alloc_count;
+    s.alloc_bytes += last.last_bytes;
+    s.alloc_seconds += last.last_seconds;
+  } else {
+    ++s.register_count;
+    s.register_bytes += last.last_bytes;
+    s.register_seconds += last.last_seconds;
+  }
+  s.last_mode = last.last_mode;
+  s.last_bytes = last.last_bytes;
+  s.last_seconds = last.last_seconds;
+  s.last_map_seconds = last.last_map_seconds;
+  s.last_prefault_seconds = last.last_prefault_seconds;
+  s.last_register_seconds = last.last_register_seconds;
+  s.last_prefault_threads = last.last_prefault_threads;
+  s.last_populate_write = last.last_populate_write;
+  return s;
+}
+
+// Alloc mode: one cudaHostAlloc, portable and deliberately not write-combined.
+void* pin_by_alloc(size_t bytes, const std::string& desc) {
+  void* ptr = nullptr;
+  check(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable), "cudaHostAlloc " + desc);
+  return ptr;
+}
+
+// Register mode: the one pre-fault, then cudaHostRegister. Fills the register split of
+// `last`; the returned record is the allocation's handle.
+std::unique_ptr<RegisteredPages> pin_by_register(const ps_device_ctx* ctx, size_t bytes,
+                                                 const std::string& desc, ps_cuda_pin_stats& last) {
+  auto record = std::make_unique<RegisteredPages>();
+  pinstage::MapOptions options;
+  options.threads = ctx->config.prefault_threads;
+  options.huge_pages = ctx->config.register_thp;
+  try {
+    record->pages = pinstage::map_pages(bytes, options);
+  } catch (const pinstage::Error& e) {
+    fail(static_cast<ps_status>(pinstage::status_from_error_code(e.code())),
+         desc + " (register mode): " + e.what());
+  }
+  const pinstage::MappedPages& pages = record->pages;
+  last.last_map_seconds = pages.map_seconds;
+  last.last_prefault_seconds = pages.prefault.seconds;
+  last.last_prefault_threads = pages.prefault.threads;
+  last.last_populate_write = pages.prefault.populate_write ? 1 : 0;
+  const pinstage::Stopwatch watch;
+  const cudaError_t err = cudaHostRegister(pages.data, pages.bytes, cudaHostRegisterPortable);
+  if (err != cudaSuccess) {
+    pinstage::unmap_pages(pages);
+    check(err, "cudaHostRegister " + desc);
+  }
+  last.last_register_seconds = watch.seconds();
+  return record;
+}
+
+// Adds one pinning to the context's statistics and logs it. Never throws: the buffer is
+// already pinned, and a failed slot would leak it.
+void record_pinning(ps_device_ctx* ctx, const ps_cuda_pin_stats& last) noexcept {
+  ps_cuda_pin_stats snapshot;
+  {
+    std::lock_guard lock(ctx->mu);
+    snapshot = add_pinning(ctx->pin_stats, last);
+  }
+  try {
+    log_pinning(ctx, snapshot);
+  } catch (...) {  // no memory for the log line: the pinning itself succeeded
+  }
+}
+
+int cuda_host_alloc_pinned(ps_device_ctx* ctx, size_t bytes, ps_allocation* out) {
   return guarded([&] {
     require_ctx(ctx);
     require(out != nullptr, "host_alloc_pinned: output pointer is NULL");
-    *out = nullptr;
+    *out = ps_allocation{nullptr, bytes, nullptr};
     require(bytes > 0, "host_alloc_pinned: cannot allocate 0 bytes");
     maybe_fault(ctx, PS_FAULT_HOST_ALLOC, "host_alloc_pinned");
     use_device(ctx);
-    const PinnedMode mode = pinstage::cuda::choose_pinned_mode(ctx->config, bytes);
     const std::string desc = "pinning " + std::to_string(bytes) + " bytes for " + dev_name(ctx);
     ps_cuda_pin_stats last{};
     last.last_bytes = bytes;
-    const auto t0 = std::chrono::steady_clock::now();
-    HostBlock block;
-    block.mode = mode;
-    block.bytes = bytes;
-    void* ptr = nullptr;
-    if (mode == PinnedMode::alloc) {
+    const pinstage::Stopwatch watch;
+    if (pinstage::cuda::choose_pinned_mode(ctx->config, bytes) == PinnedMode::alloc) {
       last.last_mode = PS_CUDA_PIN_ALLOC;
-      // Portable, and deliberately not write-combined (Note [Two pinned modes]).
-      check(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable), "cudaHostAlloc " + desc);
+      out->ptr = pin_by_alloc(bytes, desc);
     } else {
       last.last_mode = PS_CUDA_PIN_REGISTER;
-      pinstage::cuda::HostPagesOptions opts{ctx->config.prefault_threads, ctx->config.register_thp};
-      pinstage::cuda::PrefaultReport report;
-      std::string error;
-      const auto status = pinstage::cuda::map_prefaulted(bytes, opts, block.pages, report, error);
-      if (status != pinstage::cuda::PagesStatus::ok)
-        fail(status == pinstage::cuda::PagesStatus::out_of_memory ? PS_ERR_OUT_OF_MEMORY
-                                                                  : PS_ERR_BACKEND,
-             desc + " (register mode): " + error);
-      last.last_map_seconds = report.map_seconds;
-      last.last_prefault_seconds = report.prefault_seconds;
-      last.last_prefault_threads = report.threads;
-      last.last_populate_write = report.populate_write ? 1 : 0;
-      const auto t1 = std::chrono::steady_clock::now();
-      const cudaError_t err =
-          cudaHostRegister(block.pages.data, block.pages.bytes, cudaHostRegisterPortable);
-      if (err != cudaSuccess) {
-        std::string ignored;
-        pinstage::cuda::unmap_pages(block.pages, ignored);
-        check(err, "cudaHostRegister " + desc);
-      }
-      last.last_register_seconds = seconds_since(t1);
-      ptr = block.pages.data;
+      std::unique_ptr<RegisteredPages> record = pin_by_register(ctx, bytes, desc, last);
+      out->ptr = record->pages.data;
+      out->handle = record.release();
     }
-    last.last_seconds = seconds_since(t0);
-    ps_cuda_pin_stats snapshot;
-    try {
-      std::lock_guard lock(ctx->mu);
-      ctx->host_blocks.emplace(ptr, block);
-      ps_cuda_pin_stats& s = ctx->pin_stats;
-      if (mode == PinnedMode::alloc) {
-        ++s.alloc_count;
-        s.alloc_bytes += bytes;
-        s.alloc_seconds += last.last_seconds;
-      } else {
-        ++s.register_count;
-        s.register_bytes += bytes;
-        s.register_seconds += last.last_seconds;
-      }
-      s.last_mode = last.last_mode;
-      s.last_bytes = last.last_bytes;
-      s.last_seconds = last.last_seconds;
-      s.last_map_seconds = last.last_map_seconds;
-      s.last_prefault_seconds = last.last_prefault_seconds;
-      s.last_register_seconds = last.last_register_seconds;
-      s.last_prefault_threads = last.last_prefault_threads;
-      s.last_populate_write = last.last_populate_write;
-      snapshot = s;
-    } catch (...) {
-      try {
-        release_block(ctx, ptr, block);
-      } catch (...) {
-      }
-      throw;
-    }
-    log_pinning(ctx, snapshot);
-    *out = ptr;
+    last.last_seconds = watch.seconds();
+    record_pinning(ctx, last);
   });
 }
 
-int cuda_host_free_pinned(ps_device_ctx* ctx, void* ptr) {
+// Releases a register-mode buffer. The record goes whatever happens (the runtime hands
+// it back once); a buffer CUDA would not unregister is left mapped, as unmapping memory
+// the driver still has locked is not safe.
+void unpin_registered(const ps_device_ctx* ctx, void* ptr, RegisteredPages* record) {
+  const std::unique_ptr<RegisteredPages> owned(record);
+  require(ptr == record->pages.data,
+          "host_free_pinned: the pointer does not match its allocation's handle");
+  check(cudaHostUnregister(ptr), "cudaHostUnregister of a " + std::to_string(record->pages.bytes) +
+                                     " byte pinned buffer on " + dev_name(ctx));
+  std::string error;
+  if (!pinstage::unmap_pages(record->pages, &error))
+    fail(PS_ERR_BACKEND, "releasing a pinned buffer on " + dev_name(ctx) + ": " + error);
+}
+
+int cuda_host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
   return guarded([&] {
     require_ctx(ctx);
-    require(ptr != nullptr, "host_free_pinned: pointer is NULL");
+    require(allocation != nullptr && allocation->ptr != nullptr,
+            "host_free_pinned: allocation or its pointer is NULL");
     maybe_fault(ctx, PS_FAULT_HOST_FREE, "host_free_pinned");
     use_device(ctx);
-    HostBlock block;
-    {
-      std::lock_guard lock(ctx->mu);
-      auto it = ctx->host_blocks.find(ptr);
-      if (it == ctx->host_blocks.end())
-        fail(PS_ERR_UNKNOWN_POINTER,
-             "host_free_pinned: the pointer was not allocated by host_alloc_pinned of this cuda "
-             "context");
-      block = it->second;
-      ctx->host_blocks.erase(it);
-    }
-    double seconds = 0;
-    try {
-      seconds = release_block(ctx, ptr, block);
-    } catch (...) {
-      std::lock_guard lock(ctx->mu);
-      ctx->host_blocks.emplace(ptr, block);  // still owned: destroy_context retries
-      throw;
-    }
+    auto* record = static_cast<RegisteredPages*>(allocation->handle);
+    const pinstage::Stopwatch watch;
+    if (record != nullptr)
+      unpin_registered(ctx, allocation->ptr, record);
+    else
+      check(cudaFreeHost(allocation->ptr), [&] {
+        return "cudaFreeHost of a " + std::to_string(allocation->bytes) +
+               " byte pinned buffer on " + dev_name(ctx);
+      });
+    const double seconds = watch.seconds();
     std::lock_guard lock(ctx->mu);
-    (block.mode == PinnedMode::reg ? ctx->pin_stats.register_free_seconds
-                                   : ctx->pin_stats.alloc_free_seconds) += seconds;
-  });
-}
-
-int cuda_host_register(ps_device_ctx* ctx, void* ptr, size_t bytes) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(ptr != nullptr, "host_register: pointer is NULL");
-    require(bytes > 0, "host_register: cannot register 0 bytes");
-    use_device(ctx);
-    {
-      std::lock_guard lock(ctx->mu);
-      require(ctx->registered.count(ptr) == 0 && ctx->host_blocks.count(ptr) == 0,
-              "host_register: this memory is already page-locked by this cuda context");
-    }
-    check(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable),
-          "cudaHostRegister of " + std::to_string(bytes) + " bytes for " + dev_name(ctx));
-    try {
-      std::lock_guard lock(ctx->mu);
-      ctx->registered.emplace(ptr, bytes);
-    } catch (...) {
-      (void)cudaHostUnregister(ptr);
-      throw;
-    }
-  });
-}
-
-int cuda_host_unregister(ps_device_ctx* ctx, void* ptr) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(ptr != nullptr, "host_unregister: pointer is NULL");
-    use_device(ctx);
-    size_t bytes = 0;
-    {
-      std::lock_guard lock(ctx->mu);
-      auto it = ctx->registered.find(ptr);
-      if (it == ctx->registered.end())
-        fail(PS_ERR_UNKNOWN_POINTER,
-             "host_unregister: the pointer was not registered by host_register of this cuda "
-             "context");
-      bytes = it->second;
-      ctx->registered.erase(it);
-    }
-    const cudaError_t err = cudaHostUnregister(ptr);
-    if (err != cudaSuccess) {
-      std::lock_guard lock(ctx->mu);
-      ctx->registered.emplace(ptr, bytes);
-      check(err, "cudaHostUnregister on " + dev_name(ctx));
-    }
+    (record != nullptr ? ctx->pin_stats.register_free_seconds
+                       : ctx->pin_stats.alloc_free_seconds) += seconds;
   });
 }
 
@@ -739,7 +580,12 @@ int cuda_get_capabilities(ps_device_ctx* ctx, ps_capabilities* out) {
   return guarded([&] {
     require_ctx(ctx);
     require(out != nullptr, "get_capabilities: output pointer is NULL");
-    *out = ps_capabilities{1, 1, 1, 0, 0};
+    *out = ps_capabilities{
+        .pinned_is_page_locked = 1,
+        .async_copy = 1,
+        .execute = 0,  // no host callables: device memory is not host memory
+        .device_memory_is_host = 0,
+    };
   });
 }
 
@@ -753,10 +599,30 @@ int cuda_inject_fault(ps_device_ctx* ctx, int kind, uint64_t nth) {
   });
 }
 
+// ---- extensions (include/pinstage/backend/cuda_ext.h) ----
+
+int cuda_pin_stats(ps_device_ctx* ctx, ps_cuda_pin_stats* out) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(out != nullptr, "cuda.pin_stats: output pointer is NULL");
+    std::lock_guard lock(ctx->mu);
+    *out = ctx->pin_stats;
+  });
+}
+
+void* cuda_get_proc_address(const char* name) {
+  if (name != nullptr && std::strcmp(name, PS_CUDA_PIN_STATS_NAME) == 0) {
+    const ps_cuda_pin_stats_fn fn = cuda_pin_stats;  // checks the documented signature
+    return reinterpret_cast<void*>(fn);
+  }
+  return nullptr;
+}
+
 constexpr ps_platform_api kApi = {
     .api_version = PINSTAGE_PLATFORM_API_VERSION,
     .name = "cuda",
     .last_error = cuda_last_error,
+    .get_proc_address = cuda_get_proc_address,
     .create_context = cuda_create_context,
     .destroy_context = cuda_destroy_context,
     .device_malloc = cuda_device_malloc,
@@ -774,23 +640,14 @@ constexpr ps_platform_api kApi = {
     .event_sync = cuda_event_sync,
     .host_alloc_pinned = cuda_host_alloc_pinned,
     .host_free_pinned = cuda_host_free_pinned,
-    .host_register = cuda_host_register,
-    .host_unregister = cuda_host_unregister,
     .mem_info = cuda_mem_info,
     .get_capabilities = cuda_get_capabilities,
-    .execute = nullptr,  // no callables: the cuda backend only stages data
+    .host_execute = nullptr,  // the cuda backend only stages data
     .inject_fault = cuda_inject_fault,
 };
 
 }  // namespace
 
-extern "C" PINSTAGE_API const ps_platform_api* pinstage_platform_entry(void) { return &kApi; }
-
-extern "C" PINSTAGE_API int pinstage_cuda_pin_stats(ps_device_ctx* ctx, ps_cuda_pin_stats* out) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(out != nullptr, "pin_stats: output pointer is NULL");
-    std::lock_guard lock(ctx->mu);
-    *out = ctx->pin_stats;
-  });
+extern "C" PINSTAGE_PLUGIN_EXPORT const ps_platform_api* pinstage_platform_entry(void) {
+  return &kApi;
 }

@@ -1,30 +1,68 @@
 #include "backends/cuda/cuda_config.h"
 
-#include <charconv>
 #include <limits>
 #include <set>
+#include <string>
+#include <string_view>
+
+#include "pinstage/error.h"
+#include "pinstage/settings.h"
 
 namespace pinstage::cuda {
 
 namespace {
 
-constexpr const char* kKnownKeys =
-    "pinned_mode, register_threshold_mb, prefault_threads, register_thp";
+constexpr const char* kKeys = "pinned_mode, register_threshold_mb, prefault_threads, register_thp";
 
-std::string_view trim(std::string_view s) {
-  const auto first = s.find_first_not_of(" \t\r\n");
-  if (first == std::string_view::npos) return {};
-  const auto last = s.find_last_not_of(" \t\r\n");
-  return s.substr(first, last - first + 1);
+[[noreturn]] void refuse(const std::string& message) {
+  throw Error(ErrorCode::invalid_argument, "config: " + message);
 }
 
-bool parse_uint(std::string_view value, uint64_t max, uint64_t& out) {
-  if (value.empty()) return false;
-  uint64_t v = 0;
-  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-  if (ec != std::errc() || end != value.data() + value.size() || v > max) return false;
-  out = v;
-  return true;
+[[noreturn]] void bad_value(std::string_view key, std::string_view value, const char* expected,
+                            const std::string& detail = {}) {
+  refuse(std::string(key) + "='" + std::string(value) + "' is not valid: expected " + expected +
+         (detail.empty() ? "" : " (" + detail + ")"));
+}
+
+// A whole number in [min, max] through the one strict parser; the message keeps its
+// detail and adds what the key expects.
+int64_t number(std::string_view key, std::string_view value, int64_t min, int64_t max,
+               const char* expected) {
+  try {
+    return parse_integer(value, min, max, "config " + std::string(key));
+  } catch (const Error& e) {
+    bad_value(key, value, expected, e.what());
+  }
+}
+
+void apply(CudaConfig& config, std::string_view key, std::string_view value) {
+  if (key == "pinned_mode") {
+    if (value == "auto")
+      config.pinned_mode = PinnedMode::auto_select;
+    else if (value == "alloc")
+      config.pinned_mode = PinnedMode::alloc;
+    else if (value == "register")
+      config.pinned_mode = PinnedMode::reg;
+    else
+      bad_value(key, value, "auto, alloc or register");
+  } else if (key == "register_threshold_mb") {
+    // Bounded so the byte count cannot overflow.
+    const int64_t mb = number(key, value, 0, std::numeric_limits<int64_t>::max() >> 20,
+                              "a whole number of MiB (0 = register everything in auto mode)");
+    config.register_threshold_bytes = static_cast<uint64_t>(mb) << 20;
+  } else if (key == "prefault_threads") {
+    config.prefault_threads =
+        static_cast<int>(number(key, value, 0, 1024, "0 (one per core) to 1024"));
+  } else if (key == "register_thp") {
+    if (value == "1" || value == "true" || value == "on")
+      config.register_thp = true;
+    else if (value == "0" || value == "false" || value == "off")
+      config.register_thp = false;
+    else
+      bad_value(key, value, "0 or 1 (on/off, true/false)");
+  } else {
+    refuse("unknown key '" + std::string(key) + "' (keys: " + kKeys + ")");
+  }
 }
 
 }  // namespace
@@ -41,65 +79,21 @@ const char* pinned_mode_name(PinnedMode mode) {
   return "unknown";
 }
 
-bool parse_config(std::string_view text, CudaConfig& out, std::string& error) {
-  CudaConfig config;  // defaults; copied to `out` only when everything parsed
-  std::set<std::string, std::less<>> seen;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    const size_t semi = std::min(text.find(';', pos), text.size());
-    const std::string_view item = trim(text.substr(pos, semi - pos));
-    pos = semi + 1;
-    if (item.empty()) continue;
-    const size_t eq = item.find('=');
-    if (eq == std::string_view::npos) {
-      error = "cuda config item '" + std::string(item) + "' is not key=value (keys: " + kKnownKeys +
-              ")";
-      return false;
-    }
-    const std::string key(trim(item.substr(0, eq)));
-    const std::string_view value = trim(item.substr(eq + 1));
-    if (!seen.insert(key).second) {
-      error = "cuda config key '" + key + "' is given twice";
-      return false;
-    }
-    auto bad_value = [&](const char* expected) {
-      error =
-          "cuda config " + key + "='" + std::string(value) + "' is not valid: expected " + expected;
-      return false;
-    };
-    if (key == "pinned_mode") {
-      if (value == "auto")
-        config.pinned_mode = PinnedMode::auto_select;
-      else if (value == "alloc")
-        config.pinned_mode = PinnedMode::alloc;
-      else if (value == "register")
-        config.pinned_mode = PinnedMode::reg;
-      else
-        return bad_value("auto, alloc or register");
-    } else if (key == "register_threshold_mb") {
-      uint64_t mb = 0;
-      // Bounded so the byte count cannot overflow.
-      if (!parse_uint(value, std::numeric_limits<uint64_t>::max() >> 20, mb))
-        return bad_value("a whole number of MiB (0 = register everything in auto mode)");
-      config.register_threshold_bytes = mb << 20;
-    } else if (key == "prefault_threads") {
-      uint64_t n = 0;
-      if (!parse_uint(value, 1024, n)) return bad_value("0 (one per core) to 1024");
-      config.prefault_threads = static_cast<int>(n);
-    } else if (key == "register_thp") {
-      if (value == "1" || value == "true" || value == "on")
-        config.register_thp = true;
-      else if (value == "0" || value == "false" || value == "off")
-        config.register_thp = false;
-      else
-        return bad_value("0 or 1");
-    } else {
-      error = "unknown cuda config key '" + key + "' (keys: " + kKnownKeys + ")";
-      return false;
-    }
+const char* config_keys() { return kKeys; }
+
+CudaConfig parse_config(std::span<const ps_config_entry> entries) {
+  CudaConfig config;
+  std::set<std::string_view> seen;
+  for (const ps_config_entry& entry : entries) {
+    if (entry.key == nullptr || entry.value == nullptr)
+      refuse(std::string("an entry has a NULL ") + (entry.key == nullptr ? "key" : "value") +
+             " (keys: " + kKeys + ")");
+    const std::string_view key = entry.key;
+    if (!seen.insert(key).second)
+      refuse("key '" + std::string(key) + "' is given twice (keys: " + kKeys + ")");
+    apply(config, key, entry.value);
   }
-  out = config;
-  return true;
+  return config;
 }
 
 PinnedMode choose_pinned_mode(const CudaConfig& config, size_t bytes) {

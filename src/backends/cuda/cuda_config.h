@@ -1,11 +1,13 @@
-// The cuda backend's settings, parsed from the context options' config string
-// ("pinned_mode=auto;register_threshold_mb=64"). No CUDA here, so tests run anywhere.
+// The cuda backend's settings, parsed from the context options' key/value entries
+// ({"pinned_mode", "auto"}, {"register_threshold_mb", "64"}). No CUDA here, so tests run
+// anywhere. docs/cuda.md has the table of keys.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
-#include <string_view>
+#include <span>
+
+#include "pinstage/backend/platform_abi.h"
 
 namespace pinstage::cuda {
 
@@ -31,11 +33,14 @@ struct CudaConfig {
   bool register_thp = false;
 };
 
-// Parses "key=value;key=value" (whitespace around keys and values ignored, empty
-// segments skipped). Keys: pinned_mode, register_threshold_mb, prefault_threads,
-// register_thp. Returns false and sets `error` to a message naming the bad key or value
-// and the accepted ones; `out` is untouched then.
-bool parse_config(std::string_view text, CudaConfig& out, std::string& error);
+// The accepted keys, for messages: "pinned_mode, register_threshold_mb, ...".
+const char* config_keys();
+
+// Parses the entries strictly: keys pinned_mode, register_threshold_mb,
+// prefault_threads, register_thp, each at most once, values exactly as documented (no
+// whitespace trimming). Throws Error(invalid_argument) naming the bad key or value and
+// listing the accepted keys or values. No entries gives the defaults.
+CudaConfig parse_config(std::span<const ps_config_entry> entries);
 
 // The mode a request of `bytes` gets under `config` (never auto_select).
 PinnedMode choose_pinned_mode(const CudaConfig& config, size_t bytes);

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "pinstage/platform_abi.h"
+#include "pinstage/backend/platform_abi.h"
 
 namespace pinstage::cuda {
 

@@ -1,6 +1,5 @@
 // A plugin built for a future platform API version: the loader must refuse it.
-#include "pinstage/export.h"
-#include "pinstage/platform_abi.h"
+#include "pinstage/backend/platform_abi.h"
 
 namespace {
 ps_platform_api table = [] {
@@ -11,4 +10,6 @@ ps_platform_api table = [] {
 }();
 }  // namespace
 
-extern "C" PINSTAGE_API const ps_platform_api* pinstage_platform_entry(void) { return &table; }
+extern "C" PINSTAGE_PLUGIN_EXPORT const ps_platform_api* pinstage_platform_entry(void) {
+  return &table;
+}

@@ -1,6 +1,5 @@
 // A plugin of the right version whose required slots are NULL: the loader must name one.
-#include "pinstage/export.h"
-#include "pinstage/platform_abi.h"
+#include "pinstage/backend/platform_abi.h"
 
 namespace {
 const char* no_error() { return ""; }
@@ -13,4 +12,6 @@ ps_platform_api table = [] {
 }();
 }  // namespace
 
-extern "C" PINSTAGE_API const ps_platform_api* pinstage_platform_entry(void) { return &table; }
+extern "C" PINSTAGE_PLUGIN_EXPORT const ps_platform_api* pinstage_platform_entry(void) {
+  return &table;
+}

@@ -1,0 +1,74 @@
+// The one page module: page size, physical memory, and the one pre-fault. Every part of
+// pinstage that maps, populates or sizes host memory goes through here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "pinstage/export.h"
+
+namespace pinstage {
+
+// The kernel's base page size (sysconf), read once.
+PINSTAGE_API size_t page_size() noexcept;
+// Physical memory of this machine in bytes (sysconf), read once.
+PINSTAGE_API uint64_t physical_memory_bytes() noexcept;
+// Memory the kernel reports available now (MemAvailable), or physical memory when
+// /proc/meminfo cannot be read.
+PINSTAGE_API uint64_t available_memory_bytes() noexcept;
+// `bytes` rounded up to whole pages; Error(invalid_argument) when that overflows.
+PINSTAGE_API size_t round_up_to_pages(size_t bytes);
+
+// Asks the kernel to fault in the whole pages inside [data, data + bytes) for writing in
+// one call (MADV_POPULATE_WRITE). A hint: does nothing where the kernel lacks it.
+// Returns true when the kernel did the population.
+PINSTAGE_API bool populate_for_write(void* data, size_t bytes) noexcept;
+
+// What a pre-fault did, for reports.
+struct PrefaultReport {
+  double seconds = 0;
+  int threads = 0;
+  bool populate_write = false;  // MADV_POPULATE_WRITE did the faulting (else a touch)
+};
+
+// Threads prefault() uses for `bytes` when asked for `threads` (0 = one per online core,
+// at most 32): at least 1, at most one per 32 MiB so small buffers do not pay for
+// thread start-up.
+PINSTAGE_API int prefault_thread_count(size_t bytes, int threads);
+
+// The one pre-fault: faults every page of [data, data + bytes) in for writing, split
+// across threads in chunks of `unit` bytes (a page, or 2 MiB for huge pages, so no two
+// threads fault the same page), with MADV_POPULATE_WRITE where the kernel has it and a
+// write per page otherwise. Contents of untouched memory stay zero. Throws
+// Error(out_of_memory) when the kernel cannot back the range.
+PINSTAGE_API PrefaultReport prefault(void* data, size_t bytes, int threads = 0, size_t unit = 0);
+
+// Writes one byte in every page of [data, data + bytes) on `threads` threads (0 = all):
+// the first-touch floor that generation is measured against. Returns seconds taken.
+PINSTAGE_API double first_touch(void* data, size_t bytes, int threads);
+
+// One private anonymous mapping. `data` is what the caller uses; `base`/`map_bytes` is
+// what munmap needs (they differ when the data was aligned to a huge page).
+struct MappedPages {
+  void* base = nullptr;
+  size_t map_bytes = 0;
+  void* data = nullptr;
+  size_t bytes = 0;  // usable bytes at data (the request rounded up to whole pages)
+  PrefaultReport prefault;
+  double map_seconds = 0;
+};
+
+struct MapOptions {
+  bool prefault = true;     // pre-fault every page in parallel before returning
+  int threads = 0;          // pre-fault threads (0 = automatic, see prefault_thread_count)
+  bool huge_pages = false;  // align to 2 MiB and ask for transparent huge pages
+};
+
+// Maps `bytes` (> 0) of anonymous memory, pre-faulted unless told otherwise. Throws
+// Error(out_of_memory) or Error(invalid_argument); on failure nothing stays mapped.
+PINSTAGE_API MappedPages map_pages(size_t bytes, const MapOptions& options = {});
+// Undoes map_pages; false (with `error`) when munmap refuses. Never throws.
+PINSTAGE_API bool unmap_pages(const MappedPages& pages, std::string* error = nullptr) noexcept;
+
+}  // namespace pinstage

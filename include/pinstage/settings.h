@@ -1,0 +1,68 @@
+// Every PINSTAGE_* environment variable, read in one place with one strict parser.
+// A bad value is Error(invalid_argument) naming the variable, never a silent default.
+// See docs/settings.md for the table.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pinstage/export.h"
+
+namespace pinstage {
+
+// The variables pinstage reads. Adding one is one entry here and one row in kSettings
+// (settings.cpp).
+enum class Setting {
+  log,                  // PINSTAGE_LOG: debug|info|warn|error|off
+  num_threads,          // PINSTAGE_NUM_THREADS: threads for parallel loops, 1..4096
+  sim_device_capacity,  // PINSTAGE_SIM_DEVICE_CAPACITY: sim device bytes ("8G", "512M")
+  sim_fault,            // PINSTAGE_SIM_FAULT: "kind:nth,..." faults for the sim backend
+  gen_isa,              // PINSTAGE_GEN_ISA: generic|avx2|avx512|avx512bf16
+  golden_isa,           // PINSTAGE_GOLDEN_ISA: generic|avx2|avx512
+};
+
+// One row of the table: the variable's name, what it takes and what it does.
+struct SettingInfo {
+  Setting id;
+  const char* name;     // "PINSTAGE_LOG"
+  const char* accepts;  // "debug|info|warn|error|off"
+  const char* meaning;
+};
+
+// Every setting, in declaration order.
+PINSTAGE_API std::span<const SettingInfo> settings_table();
+PINSTAGE_API const SettingInfo& setting_info(Setting id);
+
+// The raw value of a variable, or nullopt when it is unset. An empty value is an error
+// (Error(invalid_argument)): `PINSTAGE_X=` is almost always a scripting mistake.
+PINSTAGE_API std::optional<std::string> setting_text(Setting id);
+
+// Typed readers; each reads the environment now and parses strictly.
+PINSTAGE_API std::optional<int> setting_num_threads();
+PINSTAGE_API std::optional<uint64_t> setting_sim_device_capacity();
+// PINSTAGE_SIM_FAULT as (ps_fault_kind, nth) pairs; empty when unset.
+struct FaultSetting {
+  int kind = 0;  // a ps_fault_kind
+  uint64_t nth = 0;
+};
+PINSTAGE_API std::vector<FaultSetting> setting_sim_faults();
+// One of `choices` (a '|' separated list, e.g. "generic|avx2"), or nullopt when unset.
+PINSTAGE_API std::optional<std::string> setting_choice(Setting id);
+
+// Parses every variable that is set; throws for the first bad one. Worker::init, the
+// CLI and the Python module call it so that a typo is reported before any work.
+PINSTAGE_API void check_settings();
+
+// The strict number parsers every setting (and the CLI) shares. `what` names the value in
+// the error ("PINSTAGE_NUM_THREADS", "--bytes").
+// A byte count: digits with an optional K/M/G/T (KiB, MiB, GiB, TiB) suffix; > 0.
+PINSTAGE_API uint64_t parse_byte_count(std::string_view text, std::string_view what);
+// A whole decimal number in [min, max].
+PINSTAGE_API int64_t parse_integer(std::string_view text, int64_t min, int64_t max,
+                                   std::string_view what);
+
+}  // namespace pinstage

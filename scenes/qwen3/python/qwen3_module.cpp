@@ -1,0 +1,183 @@
+// pinstage.qwen3: the Qwen3-14B decode scene's own Python submodule (constants, fixture,
+// golden, comparison, run_scene), compiled into the _pinstage extension and registered
+// with it when the extension loads. See docs/python.md.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <climits>
+
+#include "args.h"
+#include "common.h"
+#include "pinstage/qwen3/scene.h"
+
+namespace pinstage::python {
+
+// A validated qwen3::Config from Python ints (InvalidArgumentError when out of range).
+qwen3::Config make_config(int64_t layers, int64_t seq_len, int64_t seed, int64_t threads) {
+  if (threads < 0 || threads > INT_MAX)
+    throw Error(ErrorCode::invalid_argument,
+                "threads = " + std::to_string(threads) + " is out of range (0 = all cores)");
+  qwen3::Config config = qwen3::config_of(
+      {{"layers", layers}, {"seq_len", seq_len}, {"seed", seed}}, static_cast<int>(threads));
+  qwen3::validate(config);
+  return config;
+}
+
+namespace {
+
+const char* fill_name(qwen3::Fill fill) {
+  switch (fill) {
+    case qwen3::Fill::normal:
+      return "normal";
+    case qwen3::Fill::seq_lens:
+      return "seq_lens";
+    case qwen3::Fill::block_table:
+      return "block_table";
+    case qwen3::Fill::slot_mapping:
+      return "slot_mapping";
+    case qwen3::Fill::rope_cos:
+      return "rope_cos";
+    case qwen3::Fill::rope_sin:
+      return "rope_sin";
+    case qwen3::Fill::zeros:
+      return "zeros";
+  }
+  return "unknown";
+}
+
+void bind_constants(py::module_& m) {
+  m.attr("NUM_HEADS") = qwen3::kNumHeads;
+  m.attr("NUM_KV_HEADS") = qwen3::kNumKvHeads;
+  m.attr("HEAD_DIM") = qwen3::kHeadDim;
+  m.attr("HIDDEN") = qwen3::kHidden;
+  m.attr("INTERMEDIATE") = qwen3::kIntermediate;
+  m.attr("BATCH") = qwen3::kBatch;
+  m.attr("MAX_SEQ") = qwen3::kMaxSeq;
+  m.attr("BLOCK_SIZE") = qwen3::kBlockSize;
+  m.attr("CACHE_ROWS") = qwen3::kCacheRows;
+  m.attr("DEFAULT_LAYERS") = qwen3::kDefaultLayers;
+  m.attr("DEFAULT_SEQ_LEN") = qwen3::kDefaultSeqLen;
+  m.attr("DEFAULT_SEED") = qwen3::kDefaultSeed;
+  m.attr("RTOL") = qwen3::kRtol;
+  m.attr("ATOL") = qwen3::kAtol;
+  m.attr("SCENE") = qwen3::kSceneName;
+  m.attr("CALLABLE") = qwen3::kCallable;
+}
+
+py::list specs_list(int64_t layers, int64_t seq_len, int64_t seed) {
+  py::list out;
+  for (const auto& s : qwen3::tensor_specs(make_config(layers, seq_len, seed, 0))) {
+    py::dict d;
+    d["name"] = s.name;
+    d["dtype"] = dtype_name(s.dtype);
+    d["shape"] = py::tuple(py::cast(s.shape));
+    d["direction"] = direction_name(s.dir);
+    d["fill"] = fill_name(s.fill);
+    d["std"] = s.std;
+    d["bias"] = s.bias;
+    d["layers"] = s.layers;
+    d["nbytes"] = s.nbytes;
+    out.append(d);
+  }
+  return out;
+}
+
+py::dict sizes_dict(int64_t layers, int64_t seq_len, int64_t seed) {
+  const auto s = qwen3::sizes(make_config(layers, seq_len, seed, 0));
+  py::dict d;
+  d["tensors"] = s.tensors;
+  d["staged_tensors"] = s.staged_tensors;
+  d["total_bytes"] = s.total_bytes;
+  d["staged_bytes"] = s.staged_bytes;
+  return d;
+}
+
+void bind_golden(py::module_& m) {
+  py::class_<qwen3::Golden>(m, "Golden", "The reference decode's result for one set of args.")
+      .def_readonly("layers", &qwen3::Golden::n_layers)
+      .def_property_readonly("out_bits",
+                             [](const qwen3::Golden& g) {
+                               py::array_t<uint16_t> a({qwen3::kBatch, qwen3::kHidden});
+                               std::copy(g.out.begin(), g.out.end(), a.mutable_data());
+                               return a;
+                             })
+      .def_property_readonly("kv_rows", [](const qwen3::Golden& g) { return g.kv_rows.size(); })
+      .def("__repr__", [](const qwen3::Golden& g) {
+        return "<pinstage.qwen3.Golden layers=" + std::to_string(g.n_layers) +
+               " kv_rows=" + std::to_string(g.kv_rows.size()) + ">";
+      });
+  m.def(
+      "compute_golden",
+      [](const PyArgs& a, int64_t layers) {
+        a.require_usable("compute_golden");
+        if (layers < 1 || layers > INT_MAX)
+          throw Error(ErrorCode::invalid_argument,
+                      "compute_golden: layers must be >= 1, got " + std::to_string(layers));
+        Busy busy(a.worker);
+        py::gil_scoped_release nogil;
+        return qwen3::compute_golden(a.args, static_cast<int>(layers));
+      },
+      py::arg("args"), py::arg("layers"));
+  m.def(
+      "compare",
+      [](const PyArgs& a, const qwen3::Golden& golden) {
+        a.require_usable("compare");
+        Busy busy(a.worker);
+        py::gil_scoped_release nogil;
+        return qwen3::compare(a.args, golden);
+      },
+      py::arg("result"), py::arg("golden"));
+}
+
+void bind_qwen3(py::module_& parent) {
+  auto m = parent.def_submodule("qwen3", "The Qwen3-14B decode scene: fixture and golden.");
+  bind_constants(m);
+  const auto layers = py::arg("layers") = qwen3::kDefaultLayers;
+  const auto seq_len = py::arg("seq_len") = qwen3::kDefaultSeqLen;
+  const auto seed = py::arg("seed") = qwen3::kDefaultSeed;
+  m.def(
+      "validate", [](int64_t l, int64_t s, int64_t sd) { make_config(l, s, sd, 0); }, layers,
+      seq_len, seed);
+  m.def("tensor_specs", &specs_list, layers, seq_len, seed);
+  m.def("sizes", &sizes_dict, layers, seq_len, seed);
+  // qwen3.make_args(layers, ...): pinstage.scene_make_args on this scene.
+  py::object make = parent.attr("scene_make_args");
+  m.def(
+      "make_args",
+      [make](int64_t l, int64_t s, int64_t sd, int64_t threads, const py::object& worker) {
+        make_config(l, s, sd, threads);  // the messages name the Python keywords' values
+        py::dict params;
+        params["layers"] = l;
+        params["seq_len"] = s;
+        params["seed"] = sd;
+        return make(qwen3::kSceneName, params, threads, worker);
+      },
+      layers, seq_len, seed, py::arg("threads") = 0, py::arg("worker") = py::none());
+  // The comparison and report types are the generic ones (pinstage.Comparison, ...).
+  for (const char* name : {"TensorComparison", "Comparison", "SceneRound", "SceneReport"})
+    m.attr(name) = parent.attr(name);
+  bind_golden(m);
+  // qwen3.run_scene(worker, layers=..., ...): pinstage.run_scene on this scene.
+  py::object run = parent.attr("run_scene");
+  m.def(
+      "run_scene",
+      [run](const py::object& worker, int64_t l, int64_t s, int64_t sd, int64_t threads,
+            const std::string& storage, int64_t rounds, bool skip_golden,
+            const std::string& save_golden, const std::string& callable, const py::object& bind) {
+        py::dict params;
+        params["layers"] = l;
+        params["seq_len"] = s;
+        params["seed"] = sd;
+        return run(worker, qwen3::kSceneName, params, threads, storage, rounds, skip_golden,
+                   save_golden, callable, bind);
+      },
+      py::arg("worker"), layers, seq_len, seed, py::arg("threads") = 0,
+      py::arg("storage") = "pinned", py::arg("rounds") = 1, py::arg("skip_golden") = false,
+      py::arg("save_golden") = "", py::arg("callable") = qwen3::kCallable,
+      py::arg("bind") = py::none());
+}
+
+const PythonSceneRegistrar registrar(bind_qwen3);
+
+}  // namespace
+}  // namespace pinstage::python

@@ -1,0 +1,156 @@
+#include "pinstage/parallel.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "pinstage/settings.h"
+
+namespace pinstage {
+namespace {
+
+// True on pool threads and on a caller while it runs a job: a nested parallel_for then
+// runs inline instead of waiting on the pool it is part of.
+thread_local bool t_in_job = false;
+
+// A fixed set of threads that run one job at a time; the caller works too.
+class Pool {
+ public:
+  explicit Pool(int workers) {
+    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { loop(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  int size() const { return static_cast<int>(threads_.size()) + 1; }
+
+  void run(size_t chunks, const std::function<void(size_t)>& chunk_fn) {
+    std::lock_guard submit(submit_mu_);  // one job at a time
+    {
+      std::lock_guard lock(mu_);
+      job_ = &chunk_fn;
+      chunks_ = chunks;
+      next_ = 0;
+      pending_ = chunks;
+      error_ = nullptr;
+      ++generation_;
+    }
+    wake_.notify_all();
+    t_in_job = true;
+    work();
+    t_in_job = false;
+    std::unique_lock lock(mu_);
+    done_.wait(lock, [this] { return pending_ == 0; });
+    job_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void loop() {
+    t_in_job = true;
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock lock(mu_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+      }
+      work();
+    }
+  }
+
+  // Claims chunks under the lock so a late thread can never pair a stale job with a new
+  // job's chunk index; chunks are few (one per thread), so the lock is cheap.
+  void work() {
+    for (;;) {
+      const std::function<void(size_t)>* job;
+      size_t index;
+      {
+        std::lock_guard lock(mu_);
+        if (job_ == nullptr || next_ >= chunks_) return;
+        job = job_;
+        index = next_++;
+      }
+      try {
+        (*job)(index);
+      } catch (...) {
+        std::lock_guard lock(mu_);
+        if (!error_) error_ = std::current_exception();
+      }
+      std::lock_guard lock(mu_);
+      if (--pending_ == 0) done_.notify_all();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex submit_mu_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  const std::function<void(size_t)>* job_ = nullptr;
+  size_t chunks_ = 0;
+  size_t next_ = 0;
+  size_t pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+Pool& pool() {
+  static Pool instance(default_thread_count() - 1);
+  return instance;
+}
+
+}  // namespace
+
+int default_thread_count() {
+  static const int count = [] {
+    if (const auto n = setting_num_threads()) return *n;
+    return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  }();
+  return count;
+}
+
+void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn,
+                  int threads) {
+  if (n == 0) return;
+  grain = std::max<size_t>(grain, 1);
+  const size_t want = threads > 0 ? static_cast<size_t>(threads) : default_thread_count();
+  const size_t chunks = std::min(want, (n + grain - 1) / grain);
+  if (chunks <= 1 || t_in_job) {
+    fn(0, n);
+    return;
+  }
+  Pool& p = pool();
+  // More chunks than threads would only add hand-offs; fewer keeps `threads` honoured.
+  const size_t used = std::min<size_t>(chunks, p.size());
+  const size_t step = (n + used - 1) / used;
+  p.run(used, [&](size_t i) {
+    const size_t begin = i * step;
+    const size_t end = std::min(n, begin + step);
+    if (begin < end) fn(begin, end);
+  });
+}
+
+void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
+  // Below a few MiB a thread hand-off costs more than it saves.
+  constexpr size_t kGrain = size_t{4} << 20;
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  parallel_for(
+      bytes, kGrain,
+      [&](size_t begin, size_t end) { std::memcpy(d + begin, s + begin, end - begin); }, threads);
+}
+
+}  // namespace pinstage

@@ -1,0 +1,182 @@
+// Note [One settings module]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every PINSTAGE_* variable is a row of kSettings and is read only through the functions
+// below, with one strict parser for numbers. A bad value throws Error(invalid_argument)
+// naming the variable and what it accepts; nothing falls back to a default silently.
+#include "pinstage/settings.h"
+
+#include <cstdlib>
+#include <limits>
+
+#include "pinstage/backend/platform_abi.h"
+#include "pinstage/error.h"
+
+namespace pinstage {
+namespace {
+
+constexpr SettingInfo kSettings[] = {
+    {Setting::log, "PINSTAGE_LOG", "debug|info|warn|error|off",
+     "log threshold on stderr (default warn)"},
+    {Setting::num_threads, "PINSTAGE_NUM_THREADS", "1..4096",
+     "threads for parallel loops (default: all online cores)"},
+    {Setting::sim_device_capacity, "PINSTAGE_SIM_DEVICE_CAPACITY", "a byte count: 8G, 512M, 4096",
+     "sim device memory (default: 80% of physical memory)"},
+    {Setting::sim_fault, "PINSTAGE_SIM_FAULT", "kind:nth[,kind:nth...]",
+     "fail the nth sim call of a kind (tests); kinds: device_malloc, device_free, host_alloc, "
+     "host_free, copy_h2d, copy_d2h, execute, corrupt_h2d"},
+    {Setting::gen_isa, "PINSTAGE_GEN_ISA", "generic|avx2|avx512|avx512bf16",
+     "ask the generator for a slower kernel set (default: the best this CPU has)"},
+    {Setting::golden_isa, "PINSTAGE_GOLDEN_ISA", "generic|avx2|avx512",
+     "ask the golden for a kernel set (default: the best this CPU has)"},
+};
+
+[[noreturn]] void bad(std::string_view what, std::string_view text, const std::string& why) {
+  throw Error(ErrorCode::invalid_argument,
+              std::string(what) + "='" + std::string(text.substr(0, 64)) +
+                  (text.size() > 64 ? "...'" : "'") + " is not valid: " + why);
+}
+
+// Digits only, no sign or space: strtoull would take "-1" as 2^64 - 1.
+uint64_t parse_digits(std::string_view digits, std::string_view what, std::string_view text) {
+  if (digits.empty()) bad(what, text, "expected a whole number");
+  uint64_t value = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') bad(what, text, "expected a whole number");
+    const uint64_t d = static_cast<uint64_t>(c - '0');
+    if (value > (std::numeric_limits<uint64_t>::max() - d) / 10) bad(what, text, "too large");
+    value = value * 10 + d;
+  }
+  return value;
+}
+
+}  // namespace
+
+std::span<const SettingInfo> settings_table() { return kSettings; }
+
+const SettingInfo& setting_info(Setting id) {
+  for (const auto& s : kSettings)
+    if (s.id == id) return s;
+  throw Error(ErrorCode::internal, "setting without a row in kSettings");
+}
+
+uint64_t parse_byte_count(std::string_view text, std::string_view what) {
+  size_t end = 0;
+  while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+  const std::string_view suffix = text.substr(end);
+  struct Unit {
+    std::string_view a, b;
+    int shift;
+  };
+  static constexpr Unit kUnits[] = {
+      {"", "", 0}, {"K", "KiB", 10}, {"M", "MiB", 20}, {"G", "GiB", 30}, {"T", "TiB", 40}};
+  for (const auto& u : kUnits) {
+    if (suffix != u.a && suffix != u.b) continue;
+    const uint64_t value = parse_digits(text.substr(0, end), what, text);
+    if (value == 0) bad(what, text, "must be more than 0 bytes (e.g. 8G, 512M, 4096)");
+    if (value > (std::numeric_limits<uint64_t>::max() >> u.shift)) bad(what, text, "too large");
+    return value << u.shift;
+  }
+  bad(what, text, "expected a byte count such as 8G, 512M, 64K or 4096");
+}
+
+int64_t parse_integer(std::string_view text, int64_t min, int64_t max, std::string_view what) {
+  const bool negative = !text.empty() && text[0] == '-';
+  const uint64_t magnitude = parse_digits(negative ? text.substr(1) : text, what, text);
+  const auto range = [&] {
+    return "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+  };
+  if (magnitude > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    bad(what, text, range());
+  const int64_t value =
+      negative ? -static_cast<int64_t>(magnitude) : static_cast<int64_t>(magnitude);
+  if (value < min || value > max) bad(what, text, range());
+  return value;
+}
+
+std::optional<std::string> setting_text(Setting id) {
+  const SettingInfo& info = setting_info(id);
+  const char* env = std::getenv(info.name);
+  if (env == nullptr) return std::nullopt;
+  if (*env == '\0') bad(info.name, env, std::string("empty; unset it or give ") + info.accepts);
+  return std::string(env);
+}
+
+std::optional<int> setting_num_threads() {
+  const auto text = setting_text(Setting::num_threads);
+  if (!text) return std::nullopt;
+  return static_cast<int>(parse_integer(*text, 1, 4096, setting_info(Setting::num_threads).name));
+}
+
+std::optional<uint64_t> setting_sim_device_capacity() {
+  const auto text = setting_text(Setting::sim_device_capacity);
+  if (!text) return std::nullopt;
+  return parse_byte_count(*text, setting_info(Setting::sim_device_capacity).name);
+}
+
+std::optional<std::string> setting_choice(Setting id) {
+  const auto text = setting_text(id);
+  if (!text) return std::nullopt;
+  const SettingInfo& info = setting_info(id);
+  const std::string_view accepts = info.accepts;
+  size_t start = 0;
+  while (start <= accepts.size()) {
+    const size_t bar = std::min(accepts.find('|', start), accepts.size());
+    if (accepts.substr(start, bar - start) == *text) return text;
+    start = bar + 1;
+  }
+  bad(info.name, *text, std::string("expected one of ") + info.accepts);
+}
+
+std::vector<FaultSetting> setting_sim_faults() {
+  const auto text = setting_text(Setting::sim_fault);
+  if (!text) return {};
+  const char* name = setting_info(Setting::sim_fault).name;
+  std::vector<FaultSetting> faults;
+  size_t start = 0;
+  while (start <= text->size()) {
+    const size_t end = std::min(text->find(',', start), text->size());
+    const std::string item = text->substr(start, end - start);
+    const size_t colon = item.find(':');
+    FaultSetting f{-1, 0};
+    for (int k = 0; k < PS_FAULT_KIND_COUNT && colon != std::string::npos; ++k)
+      if (item.compare(0, colon, ps_fault_kind_name(k)) == 0) f.kind = k;
+    if (f.kind < 0)
+      bad(name, *text,
+          "item '" + item + "' is not kind:nth with a known kind (" +
+              setting_info(Setting::sim_fault).meaning + ")");
+    try {
+      f.nth = static_cast<uint64_t>(
+          parse_integer(item.substr(colon + 1), 1, std::numeric_limits<int64_t>::max(), "nth"));
+    } catch (const Error& e) {
+      bad(name, *text, "item '" + item + "': " + e.what());
+    }
+    for (const auto& seen : faults)
+      if (seen.kind == f.kind) bad(name, *text, "kind '" + item.substr(0, colon) + "' is repeated");
+    faults.push_back(f);
+    start = end + 1;
+  }
+  return faults;
+}
+
+void check_settings() {
+  for (const auto& s : kSettings) {
+    switch (s.id) {
+      case Setting::log:
+      case Setting::gen_isa:
+      case Setting::golden_isa:
+        setting_choice(s.id);
+        break;
+      case Setting::num_threads:
+        setting_num_threads();
+        break;
+      case Setting::sim_device_capacity:
+        setting_sim_device_capacity();
+        break;
+      case Setting::sim_fault:
+        setting_sim_faults();
+        break;
+    }
+  }
+}
+
+}  // namespace pinstage

@@ -1,0 +1,55 @@
+// Note [One allocation table]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A worker's AllocationTable is the only record of what its backend handed out: pinned
+// host and device allocations (as the ps_allocation the backend returned, handle
+// included), streams and events. Backends keep no per-pointer lists. Every pointer the
+// runtime passes to a slot has been checked here first (a free of an unknown pointer is
+// Error(unknown_pointer); a copy or execute argument must lie inside one live device
+// allocation), and every entry goes back to the backend exactly once: on release, or at
+// finalize, which frees through the backend once and then destroys the bare context.
+#include "runtime/allocation_table.h"
+
+namespace pinstage::runtime {
+
+bool AllocationTable::insert(EntryKind kind, const ps_allocation& entry) {
+  auto& map = entries_[index(kind)];
+  if (!map.emplace(reinterpret_cast<uintptr_t>(entry.ptr), entry).second) return false;
+  bytes_[index(kind)] += entry.bytes;
+  return true;
+}
+
+std::optional<ps_allocation> AllocationTable::erase(EntryKind kind, const void* ptr) {
+  auto& map = entries_[index(kind)];
+  auto it = map.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == map.end()) return std::nullopt;
+  const ps_allocation entry = it->second;
+  map.erase(it);
+  bytes_[index(kind)] -= entry.bytes;
+  return entry;
+}
+
+bool AllocationTable::contains(EntryKind kind, const void* ptr, size_t bytes) const {
+  const auto& map = entries_[index(kind)];
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  auto it = map.upper_bound(addr);
+  if (it == map.begin()) return false;
+  --it;
+  const uintptr_t offset = addr - it->first;
+  return offset < it->second.bytes && bytes <= it->second.bytes - offset;
+}
+
+bool AllocationTable::has(EntryKind kind, const void* ptr) const {
+  return entries_[index(kind)].count(reinterpret_cast<uintptr_t>(ptr)) != 0;
+}
+
+std::vector<ps_allocation> AllocationTable::take_all(EntryKind kind) {
+  auto& map = entries_[index(kind)];
+  std::vector<ps_allocation> all;
+  all.reserve(map.size());
+  for (const auto& [addr, entry] : map) all.push_back(entry);
+  map.clear();
+  bytes_[index(kind)] = 0;
+  return all;
+}
+
+}  // namespace pinstage::runtime

@@ -1,0 +1,113 @@
+// The generic scene run: generate, golden once, then rounds of bind, execute, read back
+// and compare, with the scene's round reset between rounds.
+#include <memory>
+#include <string>
+
+#include "pinstage/clock.h"
+#include "pinstage/error.h"
+#include "pinstage/scene.h"
+
+namespace pinstage {
+namespace {
+
+// One round: bind (upload, verify, execute, download), compare, reset.
+SceneRound run_round(Binder& binder, const Scene& scene, const TaskArgs& args,
+                     const SceneGolden* golden, const RoundReset* reset, int index) {
+  SceneRound round;
+  round.index = index;
+  try {
+    round.bind = binder.run(args);
+  } catch (const BindError& e) {
+    round.failure = e.what();  // names the step and the tensor
+  }
+  const Stopwatch check;
+  if (round.ok() && golden != nullptr) {
+    round.comparison = scene.compare(args, *golden);
+    if (!round.comparison->ok) round.failure = round.comparison->message();
+  }
+  if (reset != nullptr) {
+    for (const std::string& name : reset->restore()) {
+      round.caches_intact = false;
+      round.failure += (round.failure.empty() ? "" : "; ") + name +
+                       ": bytes outside the rows the run writes came back changed";
+    }
+  }
+  round.check_seconds = check.seconds();
+  return round;
+}
+
+}  // namespace
+
+const char* host_storage_name(HostStorage storage) {
+  return storage == HostStorage::pinned ? "pinned" : "pageable";
+}
+
+HostStorage parse_host_storage(std::string_view name) {
+  if (name == "pinned") return HostStorage::pinned;
+  if (name == "pageable") return HostStorage::pageable;
+  throw Error(ErrorCode::invalid_argument,
+              "unknown storage '" + std::string(name) + "' (valid: pageable, pinned)");
+}
+
+void validate(const Scene& scene, const SceneRunOptions& options) {
+  resolve_params(scene, options.values);
+  if (options.threads < 0)
+    throw Error(ErrorCode::invalid_argument,
+                "threads must be >= 0 (0 = all cores), got " + std::to_string(options.threads));
+  if (options.rounds < 1)
+    throw Error(ErrorCode::invalid_argument,
+                "rounds must be >= 1, got " + std::to_string(options.rounds));
+  if (options.skip_golden && !options.save_golden.empty())
+    throw Error(ErrorCode::invalid_argument,
+                "--save-golden needs the golden: drop --skip-golden to save it");
+  validate(options.bind);
+}
+
+bool SceneReport::ok() const noexcept {
+  for (const auto& round : rounds)
+    if (!round.ok()) return false;
+  return !rounds.empty();
+}
+
+SceneReport run_scene(Worker& worker, const Scene& scene, const SceneRunOptions& options,
+                      const std::function<void(const SceneRound&)>& on_round) {
+  validate(scene, options);
+  require_chip_worker(worker, "scene " + scene.name());
+  const SceneValues values = resolve_params(scene, options.values);
+  SceneReport report;
+  report.scene = scene.name();
+  report.storage = host_storage_name(options.storage);
+
+  PageableAllocator pageable;
+  std::unique_ptr<PinnedAllocator> pinned;
+  if (options.storage == HostStorage::pinned) pinned = std::make_unique<PinnedAllocator>(worker);
+  HostAllocator& allocator =
+      pinned ? static_cast<HostAllocator&>(*pinned) : static_cast<HostAllocator&>(pageable);
+
+  Stopwatch clock;
+  const TaskArgs args = scene.make_args(allocator, values, options.threads);
+  report.generate_seconds = clock.restart();
+  report.args_summary = args.summary();
+  report.sizes = task_sizes(args);
+
+  std::unique_ptr<SceneGolden> golden;
+  if (!options.skip_golden) {
+    golden = scene.compute_golden(args, values);
+    report.golden_seconds = clock.restart();
+    if (!options.save_golden.empty()) scene.save_golden(*golden, options.save_golden);
+  }
+  const std::unique_ptr<RoundReset> reset = scene.round_reset(args, values);
+
+  BindOptions bind = options.bind;
+  bind.execute_callable = options.callable.empty() ? scene.callable() : options.callable;
+  bind.verify_upload = true;
+  Binder binder(worker, bind);
+  for (int r = 1; r <= options.rounds; ++r) {
+    report.rounds.push_back(run_round(binder, scene, args, golden.get(), reset.get(), r));
+    if (on_round) on_round(report.rounds.back());
+    if (!report.rounds.back().ok()) break;
+  }
+  return report;
+}
+
+}  // namespace pinstage

@@ -1,0 +1,289 @@
+// The backend ABI contract, run against every backend (ctest -L conformance). Built once
+// per backend with PINSTAGE_CONFORMANCE_BACKEND naming it; ctest prefixes each test with
+// "conformance.<backend>.". sim is the reference; cuda runs on the fake libcudart.
+// Everything goes through pinstage::Worker, since the runtime's one allocation table is
+// part of the contract (backends keep no lists), plus the raw table for argument checks.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "pinstage/backend/platform_abi.h"
+#include "pinstage/worker.h"
+
+namespace pinstage {
+namespace {
+
+const std::string kBackend = PINSTAGE_CONFORMANCE_BACKEND;
+
+template <class F>
+Error error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no pinstage::Error thrown";
+  return Error(ErrorCode::internal, "none");
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::vector<unsigned char> pattern(size_t n, unsigned seed) {
+  std::vector<unsigned char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 2654435761u + seed) >> 7);
+  return v;
+}
+
+class Conformance : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    WorkerOptions options;
+    options.device_capacity_bytes = 64 << 20;
+    worker.init(kBackend, 0, options);
+  }
+  Worker worker;
+};
+
+// The raw table, for the slots' own argument checks.
+const ps_platform_api& raw_api() {
+  static const ps_platform_api* api = [] {
+    void* h = dlopen(default_backend_path(kBackend).c_str(), RTLD_NOW | RTLD_NODELETE);
+    auto entry =
+        h ? reinterpret_cast<ps_platform_entry_fn>(dlsym(h, PINSTAGE_PLATFORM_ENTRY_SYMBOL))
+          : nullptr;
+    return entry ? entry() : nullptr;
+  }();
+  if (api == nullptr) throw std::runtime_error("cannot load the " + kBackend + " plugin");
+  return *api;
+}
+
+TEST_F(Conformance, NameAndVersion) {
+  EXPECT_EQ(worker.backend().name, kBackend);
+  EXPECT_EQ(worker.backend().api_version, PINSTAGE_PLATFORM_API_VERSION);
+}
+
+TEST_F(Conformance, AllocationsAreTrackedAtTheirRequestedSizeAndReleased) {
+  PinnedHostBuffer host = worker.alloc_pinned_host(10'000);
+  DeviceBuffer dev = worker.alloc_device(3'000);
+  ASSERT_TRUE(host && dev);
+  std::memset(host.data(), 0x5a, host.size());  // writable to the last byte
+  WorkerStats s = worker.stats();
+  EXPECT_EQ(s.pinned_bytes, 10'000u);  // exactly as requested, never rounded up
+  EXPECT_EQ(s.pinned_count, 1u);
+  EXPECT_EQ(s.device_bytes, 3'000u);
+  EXPECT_GE(s.device_committed_bytes, 3'000u);
+  host.reset();
+  dev.reset();
+  s = worker.stats();
+  EXPECT_EQ(s.pinned_count + s.device_count, 0u);
+  EXPECT_EQ(s.device_committed_bytes, 0u);
+}
+
+TEST_F(Conformance, ZeroSizesAndCapacityAreRefusedClearly) {
+  EXPECT_EQ(error_of([&] { worker.alloc_device(0); }).code(), ErrorCode::invalid_argument);
+  EXPECT_EQ(error_of([&] { worker.alloc_pinned_host(0); }).code(), ErrorCode::invalid_argument);
+  EXPECT_EQ(worker.stats().device_capacity_bytes, 64u << 20);
+  DeviceBuffer most = worker.alloc_device(48 << 20);
+  Error e = error_of([&] { worker.alloc_device(32 << 20); });
+  EXPECT_EQ(e.code(), ErrorCode::out_of_memory) << e.what();
+  most.reset();
+  EXPECT_NO_THROW(worker.alloc_device(32 << 20));
+  EXPECT_EQ(worker.stats().device_committed_bytes, 0u);
+}
+
+TEST_F(Conformance, RoundTripIsBitExactForOddSizesAndOffsets) {
+  DeviceBuffer dev = worker.alloc_device(1 << 20);
+  PinnedHostBuffer pinned = worker.alloc_pinned_host(1 << 20);
+  for (size_t size : {size_t{1}, size_t{4097}, size_t{300'001}}) {
+    const auto src = pattern(size, static_cast<unsigned>(size));
+    const size_t offset = (1 << 20) - size - 3;
+    worker.copy_to_device(dev, offset, src.data(), size);  // pageable source
+    std::vector<unsigned char> back(size);
+    worker.copy_to_host(back.data(), dev, offset, size);
+    ASSERT_EQ(back, src) << size;
+    std::memcpy(pinned.data(), src.data(), size);  // pinned source
+    worker.copy_to_device(dev, 1, pinned.data(), size);
+    worker.copy_to_host(back.data(), dev, 1, size);
+    ASSERT_EQ(back, src) << size;
+  }
+}
+
+TEST_F(Conformance, CopiesOutsideAnAllocationOfThisWorkerAreRefused) {
+  DeviceBuffer dev = worker.alloc_device(4096);
+  std::vector<unsigned char> host(8192);
+  Error e = error_of([&] { worker.copy_to_device(dev, 4000, host.data(), 100); });
+  EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+  EXPECT_TRUE(contains(e.what(), "outside the device buffer")) << e.what();
+  Worker other;
+  other.init(kBackend);
+  DeviceBuffer theirs = other.alloc_device(4096);
+  e = error_of([&] { worker.copy_to_device(theirs, 0, host.data(), 16); });
+  EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+  EXPECT_TRUE(contains(e.what(), "not inside one device allocation of this worker")) << e.what();
+  EXPECT_EQ(error_of([&] { worker.copy_to_host(nullptr, dev, 0, 16); }).code(),
+            ErrorCode::invalid_argument);
+}
+
+TEST_F(Conformance, AsyncCopiesCompleteInOrderAtEvents) {
+  DeviceBuffer dev = worker.alloc_device(1 << 20);
+  PinnedHostBuffer up = worker.alloc_pinned_host(1 << 20);
+  PinnedHostBuffer down = worker.alloc_pinned_host(1 << 20);
+  const auto src = pattern(1 << 20, 7);
+  std::memcpy(up.data(), src.data(), src.size());
+  Stream stream = worker.create_stream();
+  Event done = worker.create_event();
+  worker.copy_to_device_async(dev, 0, up.data(), src.size(), stream);
+  worker.copy_to_host_async(down.data(), dev, 0, src.size(), stream);
+  worker.record(done, stream);
+  worker.wait(done);
+  EXPECT_EQ(std::memcmp(down.data(), src.data(), src.size()), 0);
+  worker.synchronize(stream);
+  Worker other;
+  other.init(kBackend);
+  Stream foreign = other.create_stream();
+  EXPECT_EQ(error_of([&] { worker.synchronize(foreign); }).code(), ErrorCode::invalid_argument);
+}
+
+TEST_F(Conformance, FaultHookFailsExactlyTheNthCallOfEachKind) {
+  worker.inject_fault(FaultKind::device_malloc, 2);
+  DeviceBuffer a = worker.alloc_device(4096);
+  EXPECT_EQ(error_of([&] { worker.alloc_device(4096); }).code(), ErrorCode::injected_fault);
+  DeviceBuffer c = worker.alloc_device(4096);
+  EXPECT_EQ(worker.stats().device_count, 2u);
+  worker.inject_fault(FaultKind::host_alloc, 1);
+  EXPECT_EQ(error_of([&] { worker.alloc_pinned_host(4096); }).code(), ErrorCode::injected_fault);
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
+  std::vector<unsigned char> host(64, 1);
+  worker.inject_fault(FaultKind::copy_h2d, 1);
+  EXPECT_EQ(error_of([&] { worker.copy_to_device(a, 0, host.data(), 64); }).code(),
+            ErrorCode::injected_fault);
+  worker.copy_to_device(a, 0, host.data(), 64);  // only the nth fails
+  worker.inject_fault(FaultKind::copy_d2h, 1);
+  EXPECT_EQ(error_of([&] { worker.copy_to_host(host.data(), a, 0, 64); }).code(),
+            ErrorCode::injected_fault);
+  EXPECT_EQ(
+      error_of([&] { worker.inject_fault(static_cast<FaultKind>(PS_FAULT_KIND_COUNT), 1); }).code(),
+      ErrorCode::invalid_argument);
+}
+
+TEST_F(Conformance, AsyncCopyFailureSurfacesAtSynchronize) {
+  DeviceBuffer dev = worker.alloc_device(4096);
+  PinnedHostBuffer host = worker.alloc_pinned_host(4096);
+  Stream stream = worker.create_stream();
+  worker.inject_fault(FaultKind::copy_h2d, 1);
+  bool failed = false;
+  try {
+    worker.copy_to_device_async(dev, 0, host.data(), 4096, stream);
+    worker.synchronize(stream);
+  } catch (const Error& e) {
+    failed = e.code() == ErrorCode::injected_fault;
+  }
+  EXPECT_TRUE(failed);
+  worker.copy_to_device_async(dev, 0, host.data(), 4096, stream);
+  EXPECT_NO_THROW(worker.synchronize(stream));
+}
+
+TEST_F(Conformance, CorruptFaultFlipsOneByteOfTheNthUpload) {
+  DeviceBuffer dev = worker.alloc_device(64);
+  std::vector<unsigned char> host(64, 0x11), back(64);
+  worker.inject_fault(FaultKind::corrupt_h2d, 2);
+  worker.copy_to_device(dev, 0, host.data(), 64);
+  worker.copy_to_host(back.data(), dev, 0, 64);
+  EXPECT_EQ(back, host);  // the first upload is intact
+  worker.copy_to_device(dev, 0, host.data(), 64);
+  worker.copy_to_host(back.data(), dev, 0, 64);
+  EXPECT_EQ(back[32], 0x11 ^ 0x40);
+  back[32] = 0x11;
+  EXPECT_EQ(back, host);  // exactly one byte differs
+}
+
+TEST_F(Conformance, FailedReleaseIsReportedAndRetriedAtFinalize) {
+  PinnedHostBuffer host = worker.alloc_pinned_host(4096);
+  worker.inject_fault(FaultKind::host_free, 1);
+  testing::internal::CaptureStderr();
+  host.reset();
+  const std::string text = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(contains(text, "releasing a buffer failed")) << text;
+  EXPECT_EQ(worker.stats().pinned_count, 1u);  // still the backend's: finalize frees it
+  testing::internal::CaptureStderr();
+  worker.finalize();
+  const std::string at_finalize = testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(contains(at_finalize, "failed")) << at_finalize;  // the retry succeeded
+}
+
+TEST(ConformanceTeardown, FinalizeReleasesEverythingOnceAndLateReleasesAreHarmless) {
+  Worker worker;
+  worker.init(kBackend);
+  PinnedHostBuffer host = worker.alloc_pinned_host(1 << 20);
+  DeviceBuffer dev = worker.alloc_device(1 << 20);
+  Stream stream = worker.create_stream();
+  Event event = worker.create_event();
+  worker.copy_to_device_async(dev, 0, host.data(), 1 << 20, stream);
+  worker.record(event, stream);
+  testing::internal::CaptureStderr();
+  worker.finalize();  // queued copy, stream, event, both allocations
+  const std::string text = testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(contains(text, "failed")) << text;
+  EXPECT_FALSE(host.valid());
+  host.reset();  // no-ops: the worker reclaimed them
+  dev.reset();
+  EXPECT_EQ(error_of([&] { worker.alloc_device(1); }).code(), ErrorCode::finalized);
+}
+
+TEST(ConformanceInit, UnknownDeviceAndUnknownOptionAreRefused) {
+  Worker worker;
+  EXPECT_EQ(error_of([&] { worker.init(kBackend, 4096); }).code(), ErrorCode::no_device);
+  Worker configured;
+  WorkerOptions options;
+  options.config = {{"no_such_option", "1"}};
+  Error e = error_of([&] { configured.init(kBackend, 0, options); });
+  EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+  EXPECT_TRUE(contains(e.what(), "no_such_option")) << e.what();
+  EXPECT_FALSE(configured.initialized());
+}
+
+TEST(ConformanceAbi, EverySlotRefusesNullArguments) {
+  const ps_platform_api& api = raw_api();
+  ps_allocation a{};
+  EXPECT_EQ(api.create_context(0, nullptr, nullptr), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(api.destroy_context(nullptr), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(api.device_malloc(nullptr, 10, &a), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(api.device_free(nullptr, &a), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(api.host_alloc_pinned(nullptr, 10, &a), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(api.host_free_pinned(nullptr, &a), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(api.copy_h2d(nullptr, &a, &a, 1), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(api.copy_d2h(nullptr, &a, &a, 1), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(api.mem_info(nullptr, nullptr, nullptr), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(api.get_capabilities(nullptr, nullptr), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_STRNE(api.last_error(), "");  // the detail of the last failure, never NULL
+  if (api.inject_fault != nullptr) {
+    EXPECT_EQ(api.inject_fault(nullptr, 0, 1), PS_ERR_INVALID_ARGUMENT);
+  }
+  if (api.stream_create != nullptr) {
+    EXPECT_EQ(api.stream_create(nullptr, nullptr), PS_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(api.event_create(nullptr, nullptr), PS_ERR_INVALID_ARGUMENT);
+  }
+  EXPECT_STREQ(ps_status_str(PS_ERR_OUT_OF_MEMORY), "PS_ERR_OUT_OF_MEMORY");
+  EXPECT_STREQ(ps_status_str(-1234), "PS_ERR_UNKNOWN_STATUS");
+}
+
+TEST(ConformanceAbi, CapabilitiesMatchTheSlots) {
+  Worker worker;
+  worker.init(kBackend);
+  const Capabilities caps = worker.capabilities();
+  const ps_platform_api& api = raw_api();
+  EXPECT_EQ(caps.async_copy, api.copy_h2d_async != nullptr);
+  EXPECT_EQ(caps.execute, api.host_execute != nullptr);
+  if (!caps.execute) {
+    EXPECT_EQ(error_of([&] { worker.execute("sim.fill_index", {}); }).code(),
+              ErrorCode::unsupported);
+  }
+}
+
+}  // namespace
+}  // namespace pinstage

@@ -1,0 +1,100 @@
+// The one page module: sizes, the parallel pre-fault and anonymous mappings.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "pinstage/pages.h"
+#include "tensor_test_util.h"
+
+namespace pinstage {
+namespace {
+
+using test::error_of;
+
+// Pages of [data, data + bytes) resident now, by mincore.
+size_t resident_pages(void* data, size_t bytes) {
+  std::vector<unsigned char> vec((bytes + page_size() - 1) / page_size());
+  EXPECT_EQ(mincore(data, bytes, vec.data()), 0);
+  size_t n = 0;
+  for (unsigned char v : vec) n += v & 1;
+  return n;
+}
+
+TEST(Pages, SizesComeFromTheKernel) {
+  EXPECT_EQ(page_size(), static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+  EXPECT_EQ(physical_memory_bytes(),
+            static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE));
+  EXPECT_GT(available_memory_bytes(), 0u);
+  EXPECT_LE(available_memory_bytes(), physical_memory_bytes());
+  EXPECT_EQ(round_up_to_pages(1), page_size());
+  EXPECT_EQ(round_up_to_pages(page_size()), page_size());
+  EXPECT_EQ(error_of([] { round_up_to_pages(SIZE_MAX - 1); }).code(), ErrorCode::invalid_argument);
+}
+
+TEST(Pages, MapsPrefaultedZeroedPagesOnSeveralThreads) {
+  const size_t bytes = (size_t{96} << 20) + 123;
+  MappedPages pages = map_pages(bytes, MapOptions{.prefault = true, .threads = 3});
+  ASSERT_NE(pages.data, nullptr);
+  EXPECT_EQ(pages.bytes, round_up_to_pages(bytes));  // the page, never further
+  EXPECT_EQ(pages.map_bytes, pages.bytes);
+  EXPECT_EQ(pages.prefault.threads, 3);
+  EXPECT_EQ(resident_pages(pages.data, pages.bytes), pages.bytes / page_size());
+  const auto* p = static_cast<const unsigned char*>(pages.data);
+  for (size_t i = 0; i < pages.bytes; i += 4093) ASSERT_EQ(p[i], 0);
+  EXPECT_TRUE(unmap_pages(pages));
+}
+
+TEST(Pages, WithoutPrefaultNothingIsResident) {
+  MappedPages pages = map_pages(size_t{8} << 20, MapOptions{.prefault = false});
+  EXPECT_EQ(resident_pages(pages.data, pages.bytes), 0u);
+  const PrefaultReport report = prefault(pages.data, pages.bytes, 2);
+  EXPECT_EQ(resident_pages(pages.data, pages.bytes), pages.bytes / page_size());
+  EXPECT_GE(report.threads, 1);
+  EXPECT_TRUE(unmap_pages(pages));
+}
+
+TEST(Pages, HugePageMappingsAreAlignedAndTrimmed) {
+  const size_t bytes = size_t{6} << 20;
+  MappedPages pages = map_pages(bytes, MapOptions{.prefault = true, .huge_pages = true});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pages.data) % (size_t{2} << 20), 0u);
+  EXPECT_EQ(pages.bytes, bytes);
+  EXPECT_GE(pages.map_bytes, pages.bytes);
+  EXPECT_TRUE(unmap_pages(pages));
+}
+
+TEST(Pages, BadSizesFailWithNothingMapped) {
+  EXPECT_EQ(error_of([] { map_pages(0); }).code(), ErrorCode::invalid_argument);
+  EXPECT_EQ(error_of([] { map_pages(SIZE_MAX - 10); }).code(), ErrorCode::out_of_memory);
+  EXPECT_TRUE(unmap_pages(MappedPages{}));  // nothing to undo
+  std::string error;
+  MappedPages bogus;
+  bogus.base = reinterpret_cast<void*>(uintptr_t{1});  // not page aligned: munmap refuses
+  bogus.map_bytes = 4096;
+  EXPECT_FALSE(unmap_pages(bogus, &error));
+  EXPECT_NE(error.find("munmap failed"), std::string::npos);
+}
+
+TEST(Pages, ThreadCountFollowsSizeAndRequest) {
+  EXPECT_EQ(prefault_thread_count(1, 8), 1);
+  EXPECT_EQ(prefault_thread_count(size_t{64} << 20, 8), 2);
+  EXPECT_EQ(prefault_thread_count(size_t{8} << 30, 8), 8);
+  const int automatic = prefault_thread_count(size_t{64} << 30, 0);
+  EXPECT_GE(automatic, 1);
+  EXPECT_LE(automatic, 32);
+}
+
+TEST(Pages, FirstTouchAndPopulateMakePagesResident) {
+  MappedPages pages = map_pages(size_t{4} << 20, MapOptions{.prefault = false});
+  first_touch(pages.data, size_t{2} << 20, 2);
+  EXPECT_EQ(resident_pages(pages.data, size_t{2} << 20), (size_t{2} << 20) / page_size());
+  char* second = static_cast<char*>(pages.data) + (size_t{2} << 20);
+  if (populate_for_write(second, size_t{2} << 20))
+    EXPECT_EQ(resident_pages(second, size_t{2} << 20), (size_t{2} << 20) / page_size());
+  EXPECT_TRUE(unmap_pages(pages));
+}
+
+}  // namespace
+}  // namespace pinstage

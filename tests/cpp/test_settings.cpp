@@ -1,0 +1,115 @@
+// The one settings module: every PINSTAGE_* variable, one strict parser, a clear error
+// naming the variable for every bad value. One test per variable.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "pinstage/backend/platform_abi.h"
+#include "pinstage/settings.h"
+#include "pinstage/worker.h"
+#include "tensor_test_util.h"
+
+namespace pinstage {
+namespace {
+
+using test::error_of;
+
+// Sets a variable for one scope.
+class EnvVar {
+ public:
+  EnvVar(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~EnvVar() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+// check_settings() and Worker::init refuse `value` of `name` with a message naming both.
+void expect_refused(const char* name, const char* value) {
+  SCOPED_TRACE(std::string(name) + "=" + value);
+  EnvVar env(name, value);
+  const Error e = error_of([] { check_settings(); });
+  EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+  const std::string text = e.what();
+  EXPECT_NE(text.find(std::string(name) + "='" + value), std::string::npos) << text;
+  Worker worker;
+  EXPECT_EQ(error_of([&] { worker.init("sim"); }).code(), ErrorCode::invalid_argument);
+  EXPECT_FALSE(worker.initialized());
+}
+
+TEST(Settings, TheTableListsEveryVariableOnce) {
+  const auto table = settings_table();
+  EXPECT_EQ(table.size(), 6u);
+  for (size_t i = 0; i < table.size(); ++i) {
+    EXPECT_EQ(std::string(table[i].name).rfind("PINSTAGE_", 0), 0u) << table[i].name;
+    EXPECT_EQ(&setting_info(table[i].id), &table[i]);
+    for (size_t j = i + 1; j < table.size(); ++j) EXPECT_STRNE(table[i].name, table[j].name);
+  }
+  EXPECT_NO_THROW(check_settings());  // nothing set in the test environment
+}
+
+TEST(Settings, Log) {
+  for (const char* bad : {"verbose", "WARN", "", "warn "}) expect_refused("PINSTAGE_LOG", bad);
+  EnvVar env("PINSTAGE_LOG", "debug");
+  EXPECT_EQ(setting_choice(Setting::log), "debug");
+}
+
+TEST(Settings, NumThreads) {
+  for (const char* bad : {"abc", "0", "-2", "4097", "8x", "99999999999999999999999"})
+    expect_refused("PINSTAGE_NUM_THREADS", bad);
+  EnvVar env("PINSTAGE_NUM_THREADS", "3");
+  EXPECT_EQ(setting_num_threads(), 3);
+}
+
+TEST(Settings, SimDeviceCapacity) {
+  for (const char* bad : {"lots", "-1", " 16M", "0", "16Q", "99999999999G"})
+    expect_refused("PINSTAGE_SIM_DEVICE_CAPACITY", bad);
+  EnvVar env("PINSTAGE_SIM_DEVICE_CAPACITY", "16M");
+  EXPECT_EQ(setting_sim_device_capacity(), uint64_t{16} << 20);
+}
+
+TEST(Settings, SimFault) {
+  for (const char* bad : {"teleport:2", "copy_h2d", "copy_h2d:0", "copy_h2d:x",
+                          "copy_h2d:1,copy_h2d:2", "copy_h2d:1,"})
+    expect_refused("PINSTAGE_SIM_FAULT", bad);
+  EnvVar env("PINSTAGE_SIM_FAULT", "copy_h2d:3,device_malloc:1");
+  const auto faults = setting_sim_faults();
+  ASSERT_EQ(faults.size(), 2u);
+  EXPECT_EQ(faults[0].kind, PS_FAULT_COPY_H2D);
+  EXPECT_EQ(faults[0].nth, 3u);
+  EXPECT_EQ(faults[1].kind, PS_FAULT_DEVICE_MALLOC);
+}
+
+TEST(Settings, GenIsa) {
+  for (const char* bad : {"avx9000", "AVX2", ""}) expect_refused("PINSTAGE_GEN_ISA", bad);
+  EnvVar env("PINSTAGE_GEN_ISA", "avx512bf16");
+  EXPECT_EQ(setting_choice(Setting::gen_isa), "avx512bf16");
+}
+
+TEST(Settings, GoldenIsa) {
+  for (const char* bad : {"neon", "avx512bf16"}) expect_refused("PINSTAGE_GOLDEN_ISA", bad);
+  EnvVar env("PINSTAGE_GOLDEN_ISA", "generic");
+  EXPECT_EQ(setting_choice(Setting::golden_isa), "generic");
+}
+
+TEST(Settings, ByteCountsAndIntegersAreParsedStrictly) {
+  EXPECT_EQ(parse_byte_count("4096", "--bytes"), 4096u);
+  EXPECT_EQ(parse_byte_count("64K", "--bytes"), uint64_t{64} << 10);
+  EXPECT_EQ(parse_byte_count("512MiB", "--bytes"), uint64_t{512} << 20);
+  EXPECT_EQ(parse_byte_count("2T", "--bytes"), uint64_t{2} << 40);
+  for (const char* bad : {"", "M", "1.5G", "+1", "1 G", "1g", "0", "20000000T"}) {
+    SCOPED_TRACE(bad);
+    const Error e = error_of([&] { parse_byte_count(bad, "--bytes"); });
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("--bytes='"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(parse_integer("-5", -10, 10, "n"), -5);
+  for (const char* bad : {"11", "-11", "", "-", "1e3", "0x1"})
+    EXPECT_EQ(error_of([&] { parse_integer(bad, -10, 10, "n"); }).code(),
+              ErrorCode::invalid_argument)
+        << bad;
+}
+
+}  // namespace
+}  // namespace pinstage

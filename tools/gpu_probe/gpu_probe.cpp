@@ -1,0 +1,326 @@
+// pinstage_gpu_probe: the GPU check's own measurements, printed as one JSON object.
+//  - link: the link's limit, a plain pinned cudaMemcpy host-to-device (and back) of one
+//    buffer, best of several; pageable for reference (the driver's bounce).
+//  - pinning: time to pin the same size through a cuda pinstage::Worker in each pinned
+//    mode (cudaHostAlloc, register with and without huge pages), time to release it, and
+//    copies from that buffer through the worker to show they run at link speed. The
+//    breakdown comes from the plugin's "cuda.pin_stats" extension.
+//  - prefault: the register mode's pre-faulting alone (pinstage::map_pages, no CUDA), on
+//    one thread and on all, with and without huge pages. --prefault-only measures just
+//    this, on any machine.
+// Usage (pinstage_gpu_probe --help): [--device N] [--link-mib 1024] [--reps 8]
+//   [--pin-gib 8] [--prefault-gib 2] [--prefault-only] [--plugin PATH] [--json FILE]
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pinstage/backend/cuda_ext.h"
+#include "pinstage/clock.h"
+#include "pinstage/error.h"
+#include "pinstage/pages.h"
+#include "pinstage/worker.h"
+
+namespace {
+
+using json = nlohmann::json;
+
+struct Args {
+  int device = 0;
+  size_t link_mib = 1024;
+  int reps = 8;
+  size_t pin_gib = 8;
+  size_t prefault_gib = 2;
+  bool prefault_only = false;
+  std::string plugin;
+  std::string json_path;
+
+  size_t link_bytes() const { return link_mib << 20; }
+  size_t pin_bytes() const { return pin_gib << 30; }
+  size_t prefault_bytes() const { return prefault_gib << 30; }
+};
+
+// A failed CUDA call of the probe's own measurements.
+void check(cudaError_t err, const std::string& what) {
+  if (err == cudaSuccess) return;
+  const char* name = cudaGetErrorName(err);
+  const char* text = cudaGetErrorString(err);
+  throw std::runtime_error(what + ": " + (text ? text : "unknown CUDA error") + " (" +
+                           (name ? name : "?") + ")");
+}
+
+// The options, parsed the way the pinstage CLI parses its own (CLI11).
+void add_options(CLI::App& app, Args& a) {
+  app.add_option("--device", a.device, "CUDA device id")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--link-mib", a.link_mib, "MiB per copy when measuring the link")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--reps", a.reps, "Timed copies per measurement")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--pin-gib", a.pin_gib, "GiB to pin in each pinned mode")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 12))
+      ->capture_default_str();
+  app.add_option("--prefault-gib", a.prefault_gib, "GiB to pre-fault alone")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 12))
+      ->capture_default_str();
+  app.add_flag("--prefault-only", a.prefault_only,
+               "Measure only the pre-fault (needs no GPU or driver)");
+  app.add_option("--plugin", a.plugin,
+                 "The cuda plugin to load (default: libpinstage_backend_cuda.so next to "
+                 "libpinstage)");
+  app.add_option("--json", a.json_path, "Also write the JSON here (after every section)");
+}
+
+double gbps(size_t bytes, double seconds) { return static_cast<double>(bytes) / seconds / 1e9; }
+
+json summarize(const std::vector<double>& rates) {
+  std::vector<double> r = rates;
+  std::sort(r.begin(), r.end());
+  return json{{"best_gbps", r.back()},
+              {"median_gbps", r[r.size() / 2]},
+              {"min_gbps", r.front()},
+              {"runs_gbps", rates}};
+}
+
+// Times `reps` copies with CUDA events on one stream; returns GB/s per copy.
+std::vector<double> time_copies(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                                int reps, cudaStream_t stream) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  for (int i = 0; i < 2; ++i)  // warm-up: first-touch mappings, clocks
+    check(cudaMemcpyAsync(dst, src, bytes, kind, stream), "warm-up cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  std::vector<double> rates;
+  for (int i = 0; i < reps; ++i) {
+    check(cudaEventRecord(start, stream), "cudaEventRecord");
+    check(cudaMemcpyAsync(dst, src, bytes, kind, stream), "cudaMemcpyAsync");
+    check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    rates.push_back(gbps(bytes, ms / 1e3));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return rates;
+}
+
+json measure_link(const Args& a) {
+  check(cudaSetDevice(a.device), "cudaSetDevice");
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  void* dev = nullptr;
+  void* pinned = nullptr;
+  check(cudaMalloc(&dev, a.link_bytes()), "cudaMalloc");
+  check(cudaHostAlloc(&pinned, a.link_bytes(), cudaHostAllocPortable), "cudaHostAlloc");
+  std::memset(pinned, 0x5a, a.link_bytes());
+  std::vector<char> pageable(a.link_bytes(), 0x5a);
+  json link;
+  link["bytes"] = a.link_bytes();
+  link["reps"] = a.reps;
+  link["pinned_h2d"] =
+      summarize(time_copies(dev, pinned, a.link_bytes(), cudaMemcpyHostToDevice, a.reps, stream));
+  link["pinned_d2h"] =
+      summarize(time_copies(pinned, dev, a.link_bytes(), cudaMemcpyDeviceToHost, a.reps, stream));
+  link["pageable_h2d"] = summarize(
+      time_copies(dev, pageable.data(), a.link_bytes(), cudaMemcpyHostToDevice, a.reps, stream));
+  check(cudaFreeHost(pinned), "cudaFreeHost");
+  check(cudaFree(dev), "cudaFree");
+  check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  return link;
+}
+
+// Pins a.pin_bytes() through a cuda Worker under `config` ("k=v;k=v", as reported),
+// copies link_bytes() of it to the device through the worker, releases it.
+json measure_pinning(const Args& a, const std::string& config) {
+  pinstage::WorkerOptions options;
+  options.plugin_path = a.plugin;
+  for (size_t pos = 0; pos < config.size();) {
+    const size_t semi = std::min(config.find(';', pos), config.size());
+    pinstage::add_backend_option(options.config, std::string_view(config).substr(pos, semi - pos));
+    pos = semi + 1;
+  }
+  pinstage::Worker worker;
+  worker.init("cuda", a.device, options);
+  auto stats_fn =
+      reinterpret_cast<ps_cuda_pin_stats_fn>(worker.backend_extension(PS_CUDA_PIN_STATS_NAME));
+  if (stats_fn == nullptr)
+    throw std::runtime_error(worker.backend().path + " has no " PS_CUDA_PIN_STATS_NAME
+                                                     " extension: not the pinstage cuda plugin");
+
+  pinstage::Stopwatch watch;
+  pinstage::PinnedHostBuffer host = worker.alloc_pinned_host(a.pin_bytes());
+  const double pin_s = watch.seconds();
+  ps_cuda_pin_stats s{};
+  const int status = stats_fn(worker.native_context(), &s);
+  if (status != PS_OK)
+    throw std::runtime_error(std::string(PS_CUDA_PIN_STATS_NAME " failed: ") +
+                             ps_status_str(status));
+
+  // The buffer must stage at link speed: a pinned buffer that is not really pinned would
+  // fall back to the bounce path and show here.
+  const size_t copy_bytes = std::min(a.link_bytes(), a.pin_bytes());
+  std::vector<double> rates;
+  {
+    pinstage::DeviceBuffer dev = worker.alloc_device(copy_bytes);
+    for (int i = 0; i < std::max(2, a.reps / 2) + 1; ++i) {
+      watch.restart();
+      worker.copy_to_device(dev, 0, host.data(), copy_bytes);
+      const double seconds = watch.seconds();
+      if (i > 0) rates.push_back(gbps(copy_bytes, seconds));  // the first is a warm-up
+    }
+  }
+  watch.restart();
+  host.reset();
+  const double free_s = watch.seconds();
+  worker.finalize();
+
+  const double gib = static_cast<double>(a.pin_bytes()) / (1ull << 30);
+  json j{{"config", config},
+         {"bytes", a.pin_bytes()},
+         {"mode", s.last_mode == PS_CUDA_PIN_REGISTER ? "register" : "alloc"},
+         {"pin_seconds", pin_s},
+         {"pin_gib_per_s", gib / pin_s},
+         {"free_seconds", free_s},
+         {"copy_h2d_wall", summarize(rates)}};
+  if (s.last_mode == PS_CUDA_PIN_REGISTER) {
+    j["map_seconds"] = s.last_map_seconds;
+    j["prefault_seconds"] = s.last_prefault_seconds;
+    j["prefault_threads"] = s.last_prefault_threads;
+    j["populate_write"] = s.last_populate_write != 0;
+    j["register_seconds"] = s.last_register_seconds;
+  }
+  return j;
+}
+
+// Pre-faulting alone, as register mode does it (the one pre-fault of pinstage/pages.h),
+// for 1 thread and the default count, without and with transparent huge pages (each
+// size mapped fresh, then unmapped).
+json measure_prefault(const Args& a) {
+  json runs = json::array();
+  const int all = pinstage::prefault_thread_count(a.prefault_bytes(), 0);
+  for (bool thp : {false, true}) {
+    for (int threads : {1, all}) {
+      pinstage::MapOptions options;
+      options.threads = threads;
+      options.huge_pages = thp;
+      const pinstage::MappedPages pages = pinstage::map_pages(a.prefault_bytes(), options);
+      std::string error;
+      if (!pinstage::unmap_pages(pages, &error))
+        throw std::runtime_error("unmapping the pre-faulted pages: " + error);
+      const double gib = static_cast<double>(a.prefault_bytes()) / (1ull << 30);
+      runs.push_back({{"huge_pages", thp},
+                      {"threads", pages.prefault.threads},
+                      {"seconds", pages.prefault.seconds},
+                      {"gib_per_s", gib / pages.prefault.seconds},
+                      {"populate_write", pages.prefault.populate_write}});
+      if (threads == all && all == 1) break;
+    }
+  }
+  return json{{"bytes", a.prefault_bytes()}, {"runs", runs}};
+}
+
+void write_json(const json& out, const std::string& path) {
+  if (path.empty()) return;
+  std::ofstream f(path);
+  f << out.dump(2) << '\n';
+  if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+json describe_device(int device) {
+  int count = 0;
+  check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (device >= count)
+    throw std::runtime_error("device " + std::to_string(device) + " does not exist (" +
+                             std::to_string(count) + " visible)");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  char bus[32] = {};
+  cudaDeviceGetPCIBusId(bus, sizeof bus, device);
+  return {{"id", device},
+          {"name", prop.name},
+          {"total_bytes", prop.totalGlobalMem},
+          {"pci_bus_id", bus},
+          {"driver_version", driver},
+          {"runtime_version", runtime},
+          {"async_engines", prop.asyncEngineCount}};
+}
+
+json run_probe(const Args& a) {
+  json out;
+  if (a.prefault_only) {
+    out["prefault"] = measure_prefault(a);
+    return out;
+  }
+  out["device"] = describe_device(a.device);
+  out["host"] = {{"online_cpus", sysconf(_SC_NPROCESSORS_ONLN)},
+                 {"physical_bytes", pinstage::physical_memory_bytes()}};
+  out["units"] = "GB/s = 1e9 bytes per second; GiB/s = 2^30 bytes per second";
+  // Partial results reach the file after every section: a run cut short keeps them.
+  out["complete"] = false;
+  std::fprintf(stderr, "probe: link limit, %zu MiB x %d...\n", a.link_mib, a.reps);
+  out["link"] = measure_link(a);
+  write_json(out, a.json_path);
+
+  // The default register mode (no huge pages) first; the THP variant last, as it can
+  // stall on memory compaction (docs/cuda.md, register_thp).
+  out["pinning"] = json::array();
+  for (const char* config :
+       {"pinned_mode=alloc", "pinned_mode=register", "pinned_mode=register;register_thp=1"}) {
+    std::fprintf(stderr, "probe: pinning %zu GiB with %s...\n", a.pin_gib, config);
+    out["pinning"].push_back(measure_pinning(a, config));
+    write_json(out, a.json_path);
+  }
+  const json& pinning = out["pinning"];
+  const double alloc_s = pinning[0]["pin_seconds"].get<double>();
+  out["register_speedup"] = alloc_s / pinning[1]["pin_seconds"].get<double>();
+  out["register_speedup_thp"] = alloc_s / pinning[2]["pin_seconds"].get<double>();
+  write_json(out, a.json_path);
+  std::fprintf(stderr, "probe: pre-faulting %zu GiB alone...\n", a.prefault_gib);
+  out["prefault"] = measure_prefault(a);
+  out["complete"] = true;
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pinstage_gpu_probe: the GPU check's link and pinning measurements, as JSON"};
+  Args args;
+  add_options(app, args);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    const json out = run_probe(args);
+    std::cout << out.dump(2) << std::endl;
+    write_json(out, args.json_path);
+    return 0;
+  } catch (const pinstage::Error& e) {
+    std::fprintf(stderr, "pinstage_gpu_probe: error [%s]: %s\n",
+                 pinstage::error_code_name(e.code()), e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pinstage_gpu_probe: error: %s\n", e.what());
+  }
+  return 1;
+}
