@@ -57,7 +57,7 @@ double population_floor(HostAllocator& allocator, const std::vector<SceneTensor>
   for (const auto& s : storages) {
     if (s->bytes() == 0) continue;
     if (populate)
-      prefault(s->data(), s->bytes(), threads);
+      prefault(s->data(), s->bytes(), threads, 0, PrefaultMethod::populate);
     else
       first_touch(s->data(), s->bytes(), threads);
   }

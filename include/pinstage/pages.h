@@ -25,6 +25,14 @@ PINSTAGE_API size_t round_up_to_pages(size_t bytes);
 // Returns true when the kernel did the population.
 PINSTAGE_API bool populate_for_write(void* data, size_t bytes) noexcept;
 
+// How prefault() makes a page resident.
+//  touch: write one byte per page. Guaranteed to back the page everywhere, including
+//         VMs whose host backs guest memory lazily (docs/benchmarks.md: there a page
+//         populated by madvise still costs a fault-sized stall on its first write).
+//  populate: MADV_POPULATE_WRITE per chunk (Linux 5.14+; a touch where the kernel lacks
+//         it): fewer kernel entries, the cheapest population on bare metal.
+enum class PrefaultMethod { touch, populate };
+
 // What a pre-fault did, for reports.
 struct PrefaultReport {
   double seconds = 0;
@@ -38,11 +46,11 @@ struct PrefaultReport {
 PINSTAGE_API int prefault_thread_count(size_t bytes, int threads);
 
 // The one pre-fault: faults every page of [data, data + bytes) in for writing, split
-// across threads in chunks of `unit` bytes (a page, or 2 MiB for huge pages, so no two
-// threads fault the same page), with MADV_POPULATE_WRITE where the kernel has it and a
-// write per page otherwise. Contents of untouched memory stay zero. Throws
+// across threads in chunks of `unit` bytes (0 = a page; 2 MiB for huge pages, so no two
+// threads fault the same page), by `method`. Fresh anonymous memory stays zero. Throws
 // Error(out_of_memory) when the kernel cannot back the range.
-PINSTAGE_API PrefaultReport prefault(void* data, size_t bytes, int threads = 0, size_t unit = 0);
+PINSTAGE_API PrefaultReport prefault(void* data, size_t bytes, int threads = 0, size_t unit = 0,
+                                     PrefaultMethod method = PrefaultMethod::touch);
 
 // Writes one byte in every page of [data, data + bytes) on `threads` threads (0 = all):
 // the first-touch floor that generation is measured against. Returns seconds taken.
@@ -60,7 +68,8 @@ struct MappedPages {
 };
 
 struct MapOptions {
-  bool prefault = true;     // pre-fault every page in parallel before returning
+  bool prefault = true;  // pre-fault every page in parallel before returning
+  PrefaultMethod method = PrefaultMethod::touch;
   int threads = 0;          // pre-fault threads (0 = automatic, see prefault_thread_count)
   bool huge_pages = false;  // align to 2 MiB and ask for transparent huge pages
 };

@@ -2,9 +2,9 @@
 // ~~~~~~~~~~~~~~~~~~~~
 // Page faults are kernel work that scales with cores, while mlock or a driver's register
 // call populates a range on one thread. So every path that makes memory resident (sim's
-// pinned and device memory, cuda's register mode, the generator's destination) faults it
-// in here first, in parallel: MADV_POPULATE_WRITE per chunk where the kernel has it
-// (Linux 5.14+), a write per page otherwise.
+// pinned and device memory, cuda's register mode, the fixture's population floor) faults
+// it in here first, in parallel, by a write per page (the default: it backs the page on
+// every host, VMs included) or by MADV_POPULATE_WRITE per chunk (PrefaultMethod).
 #include "pinstage/pages.h"
 
 #include <sys/mman.h>
@@ -35,8 +35,8 @@ constexpr size_t kMinBytesPerThread = size_t{32} << 20;
 std::atomic<bool> g_populate_supported{true};
 
 // Faults [begin, begin + len) in. Returns 0 or the errno that stopped it.
-int prefault_range(char* begin, size_t len, bool& used_populate) {
-  if (g_populate_supported.load(std::memory_order_relaxed)) {
+int prefault_range(char* begin, size_t len, PrefaultMethod method, bool& used_populate) {
+  if (method == PrefaultMethod::populate && g_populate_supported.load(std::memory_order_relaxed)) {
     if (madvise(begin, len, MADV_POPULATE_WRITE) == 0) {
       used_populate = true;
       return 0;
@@ -108,7 +108,7 @@ int prefault_thread_count(size_t bytes, int threads) {
   return static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), by_size));
 }
 
-PrefaultReport prefault(void* data, size_t bytes, int threads, size_t unit) {
+PrefaultReport prefault(void* data, size_t bytes, int threads, size_t unit, PrefaultMethod method) {
   PrefaultReport report;
   if (data == nullptr || bytes == 0) return report;
   const Stopwatch watch;
@@ -126,7 +126,8 @@ PrefaultReport prefault(void* data, size_t bytes, int threads, size_t unit) {
           const size_t end = std::min(bytes, begin + per_thread * unit);
           if (begin >= end) continue;
           bool used = false;
-          const int err = prefault_range(static_cast<char*>(data) + begin, end - begin, used);
+          const int err =
+              prefault_range(static_cast<char*>(data) + begin, end - begin, method, used);
           if (used) populate_used = true;
           int expected = 0;
           if (err != 0) first_error.compare_exchange_strong(expected, err);
@@ -190,7 +191,8 @@ MappedPages map_pages(size_t bytes, const MapOptions& options) {
   pages.map_seconds = watch.seconds();
   if (!options.prefault) return pages;
   try {
-    pages.prefault = prefault(pages.data, usable, options.threads, huge ? kHugePage : 0);
+    pages.prefault =
+        prefault(pages.data, usable, options.threads, huge ? kHugePage : 0, options.method);
   } catch (...) {
     munmap(pages.base, pages.map_bytes);
     throw;

@@ -219,6 +219,7 @@ json measure_prefault(const Args& a) {
       pinstage::MapOptions options;
       options.threads = threads;
       options.huge_pages = thp;
+      options.method = pinstage::PrefaultMethod::populate;  // the register mode's method
       const pinstage::MappedPages pages = pinstage::map_pages(a.prefault_bytes(), options);
       std::string error;
       if (!pinstage::unmap_pages(pages, &error))
