@@ -31,7 +31,10 @@ Worker& sim_worker() {
 }
 
 // n IN tensors of `bytes` each (f32), plus one OUT of the same size.
-TaskArgs small_task(int n, int64_t bytes, HostAllocator& alloc) {
+// n IN tensors and one OUT of `bytes` each, in pageable memory (the storages keep their
+// allocator's memory alive on their own).
+TaskArgs small_task(int n, int64_t bytes) {
+  PageableAllocator alloc;
   TaskArgs args;
   for (int i = 0; i <= n; ++i) {
     std::string name = std::to_string(i);  // not "t" + ...: a GCC 12 -Wrestrict false alarm
@@ -55,8 +58,7 @@ void BM_Bind(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const int64_t bytes = state.range(1);
   Worker& worker = sim_worker();
-  PageableAllocator alloc;
-  const TaskArgs args = small_task(n, bytes, alloc);
+  const TaskArgs args = small_task(n, bytes);
   BindOptions opt;
   opt.upload = state.range(2) ? UploadPath::staged : UploadPath::direct;
   opt.layout = state.range(3) ? DeviceLayout::per_tensor : DeviceLayout::arena;
@@ -71,8 +73,7 @@ void BM_HandRolled(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const int64_t bytes = state.range(1);
   Worker& worker = sim_worker();
-  PageableAllocator alloc;
-  const TaskArgs args = small_task(n, bytes, alloc);
+  const TaskArgs args = small_task(n, bytes);
   Stream stream = worker.create_stream();
   for (auto _ : state) {
     DeviceBuffer arena =

@@ -13,8 +13,8 @@
 #include "pinstage/pages.h"
 #include "pinstage/parallel.h"
 #include "pinstage/qwen3/decode.h"
+#include "pinstage/random.h"
 #include "pinstage/worker.h"
-#include "tensor/random.h"
 
 namespace {
 
@@ -22,16 +22,16 @@ using namespace pinstage;
 
 // 128 Ki bf16 values (256 KiB, in L2) per iteration on one thread.
 void BM_NormalBf16(benchmark::State& state) {
-  const auto isa = static_cast<detail::GenIsa>(state.range(0));
-  if (!detail::gen_isa_supported(isa)) {
+  const auto isa = static_cast<GenIsa>(state.range(0));
+  if (!gen_isa_supported(isa)) {
     state.SkipWithError("this CPU lacks the path");
     return;
   }
-  state.SetLabel(detail::gen_isa_name(isa));
+  state.SetLabel(gen_isa_name(isa));
   std::vector<uint16_t> out(1 << 17);
   uint64_t first = 0;
   for (auto _ : state) {
-    detail::fill_normal_bf16_with(isa, out.data(), {1234, 2}, first, out.size(), 0.02f, 0.0f);
+    fill_normal_bf16_with(isa, out.data(), {1234, 2}, first, out.size(), 0.02f, 0.0f);
     first += out.size();
     benchmark::DoNotOptimize(out.data());
   }
@@ -57,13 +57,8 @@ void BM_FirstTouch(benchmark::State& state) {
     std::vector<std::shared_ptr<Storage>> storages;
     storages.reserve(specs.size());
     for (const auto& s : specs) storages.push_back(alloc.allocate(s.nbytes));
-    for (const auto& s : storages) {
-      if (s->bytes() == 0) continue;
-      if (populate)
-        prefault(s->data(), s->bytes(), 0);
-      else
-        first_touch(s->data(), s->bytes(), 0);
-    }
+    const auto method = populate ? PrefaultMethod::populate : PrefaultMethod::touch;
+    for (const auto& s : storages) prefault(s->data(), s->bytes(), 0, 0, method);
     state.PauseTiming();
     for (const auto& s : storages) bytes += s->bytes();
     storages.clear();  // unmapping is not part of the floor

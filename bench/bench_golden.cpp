@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "golden_internal.h"
+#include "pinstage/qwen3/kernels.h"
 #include "pinstage/dtype.h"
 #include "pinstage/qwen3/decode.h"
 #include "pinstage/qwen3/golden.h"
@@ -17,7 +17,7 @@ namespace {
 
 using namespace pinstage;
 using namespace pinstage::qwen3;
-namespace D = pinstage::qwen3::detail;
+namespace D = pinstage::qwen3::kernels;
 
 // The 1-layer fixture at seq_len 3500, generated on first use (1 GB).
 const TaskArgs& fixture() {

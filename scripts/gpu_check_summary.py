@@ -34,7 +34,7 @@ def load(path):
 
 
 def arm_group_gbps(bench, arm, key="gbps"):
-    """Per-group GB/s of one arm (effective: staged bytes / whole bind), in group order."""
+    """Per-group GB/s of one arm (effective: input bytes / whole bind), in group order."""
     out = []
     for g in bench.get("groups", []):
         for a in g.get("arms", []):

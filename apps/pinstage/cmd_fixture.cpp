@@ -54,13 +54,8 @@ double population_floor(HostAllocator& allocator, const std::vector<SceneTensor>
   std::vector<std::shared_ptr<Storage>> storages;
   storages.reserve(tensors.size());
   for (const auto& t : tensors) storages.push_back(allocator.allocate(t.nbytes));
-  for (const auto& s : storages) {
-    if (s->bytes() == 0) continue;
-    if (populate)
-      prefault(s->data(), s->bytes(), threads, 0, PrefaultMethod::populate);
-    else
-      first_touch(s->data(), s->bytes(), threads);
-  }
+  const auto method = populate ? PrefaultMethod::populate : PrefaultMethod::touch;
+  for (const auto& s : storages) prefault(s->data(), s->bytes(), threads, 0, method);
   const double s = clock.seconds();
   storages.clear();  // unmapping is not part of the floor
   return s;
@@ -171,8 +166,8 @@ void run_fixture(const Scene& scene, FixtureArgs a) {
   nlohmann::ordered_json report;
   for (const auto& [name, value] : a.values) report[name] = value;
   report["tensors"] = sizes.tensors;
-  report["staged_tensors"] = sizes.staged_tensors;
-  report["staged_bytes"] = sizes.staged_bytes;
+  report["input_tensors"] = sizes.input_tensors;
+  report["input_bytes"] = sizes.input_bytes;
   report["total_bytes"] = sizes.total_bytes;
 
   if (a.size_only) {
@@ -180,8 +175,8 @@ void run_fixture(const Scene& scene, FixtureArgs a) {
     if (a.json) return (void)std::printf("%s\n", report.dump(2).c_str());
     std::printf("%s (size only): %s\n", what.c_str(), scene.describe(a.values).c_str());
     print_table(tensors);
-    std::printf("%zu tensors, %zu staged, %s bytes; all %zu tensors %s bytes\n", sizes.tensors,
-                sizes.staged_tensors, format_thousands(sizes.staged_bytes).c_str(), sizes.tensors,
+    std::printf("%zu tensors, %zu inputs, %s bytes; all %zu tensors %s bytes\n", sizes.tensors,
+                sizes.input_tensors, format_thousands(sizes.input_bytes).c_str(), sizes.tensors,
                 format_thousands(sizes.total_bytes).c_str());
     return;
   }

@@ -46,7 +46,7 @@ PINSTAGE_API double reduction(double reference_seconds, double seconds);
 struct Timings {
   std::vector<std::string> arms;
   size_t reference = 0;       // arm the reductions are measured against (pageable)
-  uint64_t staged_bytes = 0;  // bytes one bind uploads
+  uint64_t input_bytes = 0;  // bytes one bind uploads
   bool keep_cold = false;     // false: round 0 of every arm in every group is dropped
   std::vector<std::vector<std::vector<double>>> latency;   // whole bind, seconds
   std::vector<std::vector<std::vector<double>>> upload;    // the bind's upload phase
@@ -57,12 +57,12 @@ struct Timings {
 struct GroupArmStats {
   size_t rounds_used = 0;    // rounds after the cold drop
   double min_seconds = 0.0;  // min bind latency
-  double gbps = 0.0;         // effective: staged bytes / min latency
+  double gbps = 0.0;         // effective: input bytes / min latency
   double reduction = 0.0;    // vs the reference arm's min in the same group
   double upload_min_seconds = 0.0;
-  double upload_gbps = 0.0;  // staged bytes / min upload phase
+  double upload_gbps = 0.0;  // input bytes / min upload phase
   double memcpy_min_seconds = 0.0;
-  double memcpy_gbps = 0.0;       // staged bytes / min memcpy; 0 when not measured
+  double memcpy_gbps = 0.0;       // input bytes / min memcpy; 0 when not measured
   double upload_vs_memcpy = 0.0;  // upload_gbps / memcpy_gbps; 0 when not measured
 };
 

@@ -52,10 +52,6 @@ PINSTAGE_API int prefault_thread_count(size_t bytes, int threads);
 PINSTAGE_API PrefaultReport prefault(void* data, size_t bytes, int threads = 0, size_t unit = 0,
                                      PrefaultMethod method = PrefaultMethod::touch);
 
-// Writes one byte in every page of [data, data + bytes) on `threads` threads (0 = all):
-// the first-touch floor that generation is measured against. Returns seconds taken.
-PINSTAGE_API double first_touch(void* data, size_t bytes, int threads);
-
 // One private anonymous mapping. `data` is what the caller uses; `base`/`map_bytes` is
 // what munmap needs (they differ when the data was aligned to a huge page).
 struct MappedPages {

@@ -54,12 +54,12 @@ struct SceneTensor {
   uint64_t nbytes = 0;
 };
 
-// Counts and byte totals of a task's arguments; staged = IN + INOUT (what a bind uploads).
+// Counts and byte totals of a task's arguments; inputs = IN + INOUT (what a bind uploads).
 struct TaskSizes {
   size_t tensors = 0;
-  size_t staged_tensors = 0;
+  size_t input_tensors = 0;
   uint64_t total_bytes = 0;
-  uint64_t staged_bytes = 0;
+  uint64_t input_bytes = 0;
 };
 PINSTAGE_API TaskSizes task_sizes(const std::vector<SceneTensor>& tensors);
 PINSTAGE_API TaskSizes task_sizes(const TaskArgs& args);

@@ -143,9 +143,9 @@ class PINSTAGE_API TaskArgs {
   auto end() const noexcept { return tensors_.end(); }
 
   uint64_t total_bytes() const noexcept;   // all tensors
-  uint64_t staged_bytes() const noexcept;  // IN + INOUT
-  size_t staged_count() const noexcept;
-  // "20 tensors, 19 staged, 40,859,999,040 bytes" (bytes = staged bytes).
+  uint64_t input_bytes() const noexcept;  // IN + INOUT
+  size_t input_count() const noexcept;
+  // "20 tensors, 19 inputs, 40,859,999,040 bytes" (bytes = input bytes).
   std::string summary() const;
 
  private:

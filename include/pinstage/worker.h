@@ -140,37 +140,31 @@ class PINSTAGE_API Buffer {
 using PinnedHostBuffer = Buffer<MemoryKind::pinned_host>;
 using DeviceBuffer = Buffer<MemoryKind::device>;
 
+// Which backend queue object a QueueHandle owns.
+enum class QueueKind { stream, event };
+
+// Move-only owner of a backend stream or event, released through its worker (a no-op
+// once the worker is finalized, which released it with the context).
+template <QueueKind Kind>
+class PINSTAGE_API QueueHandle {
+ public:
+  QueueHandle() = default;
+  QueueHandle(QueueHandle&& other) noexcept;
+  QueueHandle& operator=(QueueHandle&& other) noexcept;
+  QueueHandle(const QueueHandle&) = delete;
+  QueueHandle& operator=(const QueueHandle&) = delete;
+  ~QueueHandle();
+
+ private:
+  friend class Worker;
+  std::shared_ptr<runtime::WorkerState> owner_;
+  void* handle_ = nullptr;  // ps_stream* or ps_event*; null without async copies
+};
+
 // A copy queue on the worker's device. Copies on one stream complete in order.
-class PINSTAGE_API Stream {
- public:
-  Stream() = default;
-  Stream(Stream&& other) noexcept;
-  Stream& operator=(Stream&& other) noexcept;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream();
-
- private:
-  friend class Worker;
-  std::shared_ptr<runtime::WorkerState> owner_;
-  void* handle_ = nullptr;  // ps_stream*, null when the backend has no async copies
-};
-
+using Stream = QueueHandle<QueueKind::stream>;
 // Marks a point on a stream; waiting on it waits for the copies queued before it.
-class PINSTAGE_API Event {
- public:
-  Event() = default;
-  Event(Event&& other) noexcept;
-  Event& operator=(Event&& other) noexcept;
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  ~Event();
-
- private:
-  friend class Worker;
-  std::shared_ptr<runtime::WorkerState> owner_;
-  void* handle_ = nullptr;  // ps_event*, null when the backend has no async copies
-};
+using Event = QueueHandle<QueueKind::event>;
 
 // One bound argument handed to a backend callable.
 struct ExecArg {

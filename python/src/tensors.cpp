@@ -173,8 +173,8 @@ void bind_tensors(py::module_& m) {
              return out;
            })
       .def_property_readonly("total_bytes", [](const PyArgs& a) { return a.args.total_bytes(); })
-      .def_property_readonly("staged_bytes", [](const PyArgs& a) { return a.args.staged_bytes(); })
-      .def_property_readonly("staged_count", [](const PyArgs& a) { return a.args.staged_count(); })
+      .def_property_readonly("input_bytes", [](const PyArgs& a) { return a.args.input_bytes(); })
+      .def_property_readonly("input_count", [](const PyArgs& a) { return a.args.input_count(); })
       .def_property_readonly("worker", [](const PyArgs& a) { return a.worker_obj; })
       .def_property_readonly("live_views", [](const PyArgs& a) { return a.views; })
       .def("summary", [](const PyArgs& a) { return a.args.summary(); })

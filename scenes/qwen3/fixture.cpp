@@ -10,7 +10,7 @@
 #include "pinstage/pages.h"
 #include "pinstage/parallel.h"
 #include "pinstage/qwen3/decode.h"
-#include "tensor/random.h"
+#include "pinstage/random.h"
 
 namespace pinstage::qwen3 {
 
@@ -192,8 +192,8 @@ Sizes sizes(const Config& config) {
     ++s.tensors;
     s.total_bytes += spec.nbytes;
     if (spec.dir != Direction::out) {
-      ++s.staged_tensors;
-      s.staged_bytes += spec.nbytes;
+      ++s.input_tensors;
+      s.input_bytes += spec.nbytes;
     }
   }
   return s;
@@ -238,15 +238,15 @@ TaskArgs make_args(HostAllocator& allocator, const Config& config) {
     auto* base = static_cast<unsigned char*>(t.data());
     unsigned char* dst = base + item.begin * esize;
     if (populate && bytes >= kPopulateMin) populate_for_write(dst, bytes);
-    const detail::NormalStream stream{config.seed, item.tensor};
+    const NormalStream stream{config.seed, item.tensor};
     switch (spec.fill) {
       case Fill::normal:
         if (spec.dtype == DType::bf16)
-          detail::fill_normal_bf16(reinterpret_cast<uint16_t*>(dst), stream, item.begin, item.count,
-                                   spec.std, spec.bias);
+          fill_normal_bf16(reinterpret_cast<uint16_t*>(dst), stream, item.begin, item.count,
+                           spec.std, spec.bias);
         else
-          detail::fill_normal_f32(reinterpret_cast<float*>(dst), stream, item.begin, item.count,
-                                  spec.std, spec.bias);
+          fill_normal_f32(reinterpret_cast<float*>(dst), stream, item.begin, item.count, spec.std,
+                          spec.bias);
         break;
       case Fill::rope_cos:
       case Fill::rope_sin:

@@ -6,15 +6,14 @@
 #include <string>
 #include <vector>
 
-#include "golden_internal.h"
-#include "golden_kernels.h"
 #include "pinstage/dtype.h"
 #include "pinstage/error.h"
 #include "pinstage/parallel.h"
 #include "pinstage/qwen3/golden.h"
+#include "pinstage/qwen3/kernels.h"
 
 namespace pinstage::qwen3 {
-namespace detail {
+namespace kernels {
 
 const char* const kArgNames[kNumArgs] = {"hidden_states",
                                          "input_rms_weight",
@@ -208,11 +207,11 @@ class Decode {
       const float* sin = f32(kArgRopeSin) + p * kHeadDim;
       float tmp[kHeadDim];
       for (int hq = 0; hq < kNumHeads; ++hq) {
-        detail::norm_rope(&q_[b * kH + hq * kHeadDim], qn, cos, sin, tmp);
+        kernels::norm_rope(&q_[b * kH + hq * kHeadDim], qn, cos, sin, tmp);
         for (int d = 0; d < kHeadDim; ++d) q_rope_[b * kH + hq * kHeadDim + d] = bf16_round(tmp[d]);
       }
       for (int h = 0; h < kNumKvHeads; ++h) {
-        detail::norm_rope(&k_[b * kKv + h * kHeadDim], kn, cos, sin, tmp);
+        kernels::norm_rope(&k_[b * kKv + h * kHeadDim], kn, cos, sin, tmp);
         for (int d = 0; d < kHeadDim; ++d) {
           k_cur_[b * kKv + h * kHeadDim + d] = f32_to_bf16(tmp[d]);
           v_cur_[b * kKv + h * kHeadDim + d] = f32_to_bf16(v_[b * kKv + h * kHeadDim + d]);
@@ -330,12 +329,12 @@ void run_decode_with(const DecodeBuffers& buf, int n_layers, bool write_cache, G
   Decode(buf, write_cache, golden, isa, threads).run(n_layers);
 }
 
-}  // namespace detail
+}  // namespace kernels
 
-const char* golden_kernels() { return detail::isa_name(detail::default_isa()); }
+const char* golden_kernels() { return kernels::isa_name(kernels::default_isa()); }
 
 void run_decode(const DecodeBuffers& buffers, int n_layers, bool write_cache, Golden* golden) {
-  detail::run_decode_with(buffers, n_layers, write_cache, golden, detail::default_isa(), 0);
+  kernels::run_decode_with(buffers, n_layers, write_cache, golden, kernels::default_isa(), 0);
 }
 
 namespace {
@@ -348,7 +347,7 @@ std::vector<TensorSpec> specs_for(int n_layers, const char* who) {
   config.n_layers = n_layers;
   std::vector<TensorSpec> specs = tensor_specs(config);
   PINSTAGE_ASSERT(specs.size() == kNumArgs);
-  for (int i = 0; i < kNumArgs; ++i) PINSTAGE_ASSERT(specs[i].name == detail::kArgNames[i]);
+  for (int i = 0; i < kNumArgs; ++i) PINSTAGE_ASSERT(specs[i].name == kernels::kArgNames[i]);
   return specs;
 }
 
@@ -384,10 +383,10 @@ DecodeBuffers decode_buffers(std::span<const DecodeArg> args, int* n_layers) {
                                                  " arguments; it takes the scene's " +
                                                  std::to_string(kNumArgs) + " in signature order");
   for (int i = 0; i < kNumArgs; ++i)
-    if (args[i].name != detail::kArgNames[i])
+    if (args[i].name != kernels::kArgNames[i])
       throw Error(ErrorCode::invalid_argument, "qwen3_decode: argument " + std::to_string(i) +
                                                    " is '" + std::string(args[i].name) +
-                                                   "'; expected '" + detail::kArgNames[i] +
+                                                   "'; expected '" + kernels::kArgNames[i] +
                                                    "' (signature order)");
   const uint64_t per_layer = uint64_t{kHidden} * sizeof(float);  // input_rms_weight
   const uint64_t rms_bytes = args[kArgInputRmsWeight].bytes;

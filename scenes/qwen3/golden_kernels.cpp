@@ -17,7 +17,7 @@
 // are done 16 rows at a time by one transpose-and-add (row_sums). The V pass
 // runs twice over the rows, once per half of the head dim, so 5 heads x 4 accumulators fit
 // in registers.
-#include "golden_kernels.h"
+#include "pinstage/qwen3/kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,7 +28,9 @@
 
 #include "pinstage/dtype.h"
 #include "pinstage/error.h"
+#include "pinstage/names.h"
 #include "pinstage/qwen3/decode.h"
+#include "pinstage/settings.h"
 
 #if defined(__x86_64__)
 // GCC 12 reports its own intrinsics' _mm512_undefined_* placeholders as maybe-uninitialized
@@ -40,7 +42,7 @@
 #define PINSTAGE_GOLDEN_X86 0
 #endif
 
-namespace pinstage::qwen3::detail {
+namespace pinstage::qwen3::kernels {
 namespace {
 
 constexpr int kHeads = kQPerKv;  // query heads per kv head
@@ -369,17 +371,11 @@ PINSTAGE_AVX512 void attend_avx512(const float* q, const uint16_t* const* krow,
 
 }  // namespace
 
-const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::generic:
-      return "generic";
-    case Isa::avx2:
-      return "avx2";
-    case Isa::avx512:
-      return "avx512";
-  }
-  return "?";
-}
+namespace {
+constexpr const char* kIsaNames[] = {"generic", "avx2", "avx512"};  // Isa order
+}  // namespace
+
+const char* isa_name(Isa isa) { return enum_name(isa, kIsaNames); }
 
 bool isa_supported(Isa isa) {
   switch (isa) {
@@ -400,19 +396,13 @@ bool isa_supported(Isa isa) {
 }
 
 Isa default_isa() {
-  if (const char* env = std::getenv("PINSTAGE_GOLDEN_ISA"); env && *env) {
-    const std::string name(env);
-    for (Isa isa : {Isa::generic, Isa::avx2, Isa::avx512}) {
-      if (name != isa_name(isa)) continue;
-      if (!isa_supported(isa))
-        throw Error(ErrorCode::invalid_argument,
-                    "PINSTAGE_GOLDEN_ISA=" + name +
-                        " is not supported by this CPU; unset it or choose generic");
-      return isa;
-    }
-    throw Error(ErrorCode::invalid_argument, "PINSTAGE_GOLDEN_ISA=" + name +
-                                                 " is not a kernel set; use generic, avx2 or "
-                                                 "avx512, or unset it for the best one");
+  if (const auto name = setting_choice(Setting::golden_isa)) {  // one of the three names
+    const Isa isa = *enum_from_name<Isa>(*name, kIsaNames);
+    if (!isa_supported(isa))
+      throw Error(ErrorCode::invalid_argument,
+                  "PINSTAGE_GOLDEN_ISA='" + *name +
+                      "' is not supported by this CPU; unset it or choose generic");
+    return isa;
   }
   if (isa_supported(Isa::avx512)) return Isa::avx512;
   if (isa_supported(Isa::avx2)) return Isa::avx2;
@@ -453,4 +443,4 @@ void attend(Isa isa, const float* q, const uint16_t* const* krow, const uint16_t
   }
 }
 
-}  // namespace pinstage::qwen3::detail
+}  // namespace pinstage::qwen3::kernels

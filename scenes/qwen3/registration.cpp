@@ -4,10 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "golden_internal.h"
 #include "pinstage/error.h"
+#include "pinstage/qwen3/kernels.h"
 #include "pinstage/qwen3/scene.h"
-#include "tensor/random.h"
+#include "pinstage/random.h"
 
 namespace pinstage::qwen3 {
 namespace {
@@ -83,8 +83,7 @@ class Qwen3Scene final : public Scene {
     return std::make_unique<CacheRestorer>(args, config_of(values).n_layers);
   }
   std::string generator() const override {
-    return std::string(pinstage::detail::gen_isa_name(pinstage::detail::gen_isa_default())) +
-           " generator";
+    return std::string(pinstage::gen_isa_name(pinstage::gen_isa_default())) + " generator";
   }
   std::string describe(const SceneValues& values) const override {
     const Config c = config_of(values);
@@ -133,8 +132,8 @@ void execute_decode(std::span<const ExecArg> args) {
   const DecodeBuffers buffers = decode_buffers(bound, &n_layers);
   // The portable kernels, not the golden's: the comparison then checks the arithmetic of
   // a second kernel set as well as every byte's trip to the device and back.
-  detail::run_decode_with(buffers, n_layers, /*write_cache=*/true, nullptr, detail::Isa::generic,
-                          0);
+  kernels::run_decode_with(buffers, n_layers, /*write_cache=*/true, nullptr, kernels::Isa::generic,
+                           0);
 }
 
 }  // namespace pinstage::qwen3

@@ -142,20 +142,6 @@ PrefaultReport prefault(void* data, size_t bytes, int threads, size_t unit, Pref
   return report;
 }
 
-double first_touch(void* data, size_t bytes, int threads) {
-  auto* base = static_cast<volatile unsigned char*>(data);
-  const size_t page = page_size();
-  const size_t pages = (bytes + page - 1) / page;
-  const Stopwatch watch;
-  parallel_for(
-      pages, 256,
-      [&](size_t begin, size_t end) {
-        for (size_t p = begin; p < end; ++p) base[p * page] = 0;
-      },
-      threads);
-  return watch.seconds();
-}
-
 MappedPages map_pages(size_t bytes, const MapOptions& options) {
   if (bytes == 0) throw Error(ErrorCode::invalid_argument, "cannot map 0 bytes");
   if (bytes > SIZE_MAX - kHugePage - page_size())

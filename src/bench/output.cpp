@@ -42,8 +42,8 @@ std::string header(const BenchResult& r) {
   if (!r.plan.reason.empty()) out += r.plan.reason + "\n";
   out +=
       "args: " + std::to_string(r.sizes.tensors) + " tensors, " +
-      std::to_string(r.sizes.staged_tensors) + " staged, " +
-      format_thousands(r.sizes.staged_bytes) + " bytes per bind; " +
+      std::to_string(r.sizes.input_tensors) + " inputs, " +
+      format_thousands(r.sizes.input_bytes) + " bytes per bind; " +
       std::to_string(r.config.groups) + " groups x " + std::to_string(r.config.rounds) +
       " rounds per arm, " +
       (r.config.keep_cold ? "cold round kept"
@@ -270,9 +270,9 @@ std::string to_json(const BenchResult& r) {
                    {"staging_bytes", r.plan.need.staging},
                    {"host_total_bytes", r.plan.need.host_total}};
   doc["sizes"] = {{"tensors", r.sizes.tensors},
-                  {"staged_tensors", r.sizes.staged_tensors},
+                  {"input_tensors", r.sizes.input_tensors},
                   {"total_bytes", r.sizes.total_bytes},
-                  {"staged_bytes", r.sizes.staged_bytes}};
+                  {"input_bytes", r.sizes.input_bytes}};
   doc["groups"] = groups_json(r);
   doc["summary"] = summary_json(r.stats);
   return doc.dump(2) + "\n";

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pinstage/ab_bench.h"
+#include "pinstage/names.h"
 
 namespace pinstage::ab {
 
@@ -125,17 +126,11 @@ SizePlan automatic_plan(const BenchConfig& config, const BenchTask& task,
 
 }  // namespace
 
-const char* arm_name(Arm arm) {
-  switch (arm) {
-    case Arm::pageable:
-      return "pageable";
-    case Arm::pinned:
-      return "pinned";
-    case Arm::staged:
-      return "staged";
-  }
-  return "unknown";
-}
+namespace {
+constexpr const char* kArmNames[] = {"pageable", "pinned", "staged"};  // Arm order
+}  // namespace
+
+const char* arm_name(Arm arm) { return enum_name(arm, kArmNames, "unknown"); }
 
 std::vector<Arm> parse_arms(std::string_view list) {
   std::vector<Arm> arms;
@@ -144,22 +139,17 @@ std::vector<Arm> parse_arms(std::string_view list) {
     const size_t comma = list.find(',', pos);
     const std::string_view item =
         list.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
-    Arm arm;
-    if (item == "pageable")
-      arm = Arm::pageable;
-    else if (item == "pinned")
-      arm = Arm::pinned;
-    else if (item == "staged")
-      arm = Arm::staged;
-    else if (item.empty())
+    const std::optional<Arm> parsed = enum_from_name<Arm>(item, kArmNames);
+    if (item.empty())
       throw Error(ErrorCode::invalid_argument,
                   "--arms '" + std::string(list) +
                       "' has an empty entry; give a comma-separated list such as "
                       "pageable,pinned,staged");
-    else
+    if (!parsed)
       throw Error(ErrorCode::invalid_argument,
                   "--arms: unknown arm '" + std::string(item) +
                       "'; the arms are pageable, pinned and staged (e.g. --arms pageable,pinned)");
+    const Arm arm = *parsed;
     for (Arm a : arms)
       if (a == arm)
         throw Error(ErrorCode::invalid_argument,
@@ -233,7 +223,7 @@ MemoryNeed memory_need(const BenchConfig& config, const BenchTask& task, int64_t
   if (budget.device_is_host)
     need.host_total += need.device;  // the baseline reuses device memory after the bind
   else if (config.baseline)
-    need.host_total += sizes.staged_bytes;  // the baseline copies into a host buffer
+    need.host_total += sizes.input_bytes;  // the baseline copies into a host buffer
   return need;
 }
 

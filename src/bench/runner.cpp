@@ -102,7 +102,7 @@ ArmRun run_arm(Worker& worker, const BenchConfig& config, const ArgsFactory& mak
     result.sizes = sizes;
     have_sizes = true;
   } else if (sizes.total_bytes != result.sizes.total_bytes ||
-             sizes.staged_bytes != result.sizes.staged_bytes ||
+             sizes.input_bytes != result.sizes.input_bytes ||
              sizes.tensors != result.sizes.tensors) {
     throw Error(ErrorCode::invalid_argument,
                 std::string("run_ab: the argument factory built different tensors for arm ") +
@@ -141,7 +141,7 @@ Timings BenchResult::timings() const {
   t.reference = 0;
   for (size_t a = 0; a < config.arms.size(); ++a)
     if (config.arms[a] == Arm::pageable) t.reference = a;
-  t.staged_bytes = sizes.staged_bytes;
+  t.input_bytes = sizes.input_bytes;
   t.keep_cold = config.keep_cold;
   for (const auto& group : groups) {
     auto& lat = t.latency.emplace_back();

@@ -53,7 +53,7 @@ double min_after(const std::vector<double>& rounds, size_t skip) {
 }
 
 // One arm across the groups: ranges, the paired median and worst reductions, agreement.
-ArmSummary summarize_arm(const Stats& s, const std::string& name, size_t a, uint64_t staged_bytes,
+ArmSummary summarize_arm(const Stats& s, const std::string& name, size_t a, uint64_t input_bytes,
                          bool have_ratios) {
   const size_t groups = s.groups.size();
   ArmSummary sum;
@@ -66,8 +66,8 @@ ArmSummary summarize_arm(const Stats& s, const std::string& name, size_t a, uint
   }
   sum.min_seconds = *std::min_element(mins.begin(), mins.end());
   sum.max_seconds = *std::max_element(mins.begin(), mins.end());
-  sum.min_gbps = gbps(staged_bytes, sum.max_seconds);
-  sum.max_gbps = gbps(staged_bytes, sum.min_seconds);
+  sum.min_gbps = gbps(input_bytes, sum.max_seconds);
+  sum.max_gbps = gbps(input_bytes, sum.min_seconds);
   sum.median_reduction = median_of(reductions);
   const bool faster = sum.median_reduction >= 0.0;
   sum.worst_reduction = faster ? *std::min_element(reductions.begin(), reductions.end())
@@ -129,14 +129,14 @@ Stats compute_stats(const Timings& t) {
       GroupArmStats& ga = s.groups[g][a];
       ga.rounds_used = rounds - skip;
       ga.min_seconds = min_after(t.latency[g][a], skip);
-      ga.gbps = gbps(t.staged_bytes, ga.min_seconds);
+      ga.gbps = gbps(t.input_bytes, ga.min_seconds);
       if (have_upload) {
         ga.upload_min_seconds = min_after(t.upload[g][a], skip);
-        ga.upload_gbps = gbps(t.staged_bytes, ga.upload_min_seconds);
+        ga.upload_gbps = gbps(t.input_bytes, ga.upload_min_seconds);
       }
       if (have_baseline) {
         ga.memcpy_min_seconds = min_after(t.baseline[g][a], skip);
-        ga.memcpy_gbps = gbps(t.staged_bytes, ga.memcpy_min_seconds);
+        ga.memcpy_gbps = gbps(t.input_bytes, ga.memcpy_min_seconds);
       }
       if (have_upload && have_baseline && ga.memcpy_gbps > 0.0)
         ga.upload_vs_memcpy = ga.upload_gbps / ga.memcpy_gbps;
@@ -148,7 +148,7 @@ Stats compute_stats(const Timings& t) {
 
   s.arms.resize(arms);
   for (size_t a = 0; a < arms; ++a)
-    s.arms[a] = summarize_arm(s, t.arms[a], a, t.staged_bytes, have_upload && have_baseline);
+    s.arms[a] = summarize_arm(s, t.arms[a], a, t.input_bytes, have_upload && have_baseline);
   // The conservative pairing needs the reference's range, known only now.
   const ArmSummary& ref = s.arms[t.reference];
   for (size_t a = 0; a < arms; ++a) {

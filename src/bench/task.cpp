@@ -54,8 +54,8 @@ BenchTask synthetic_task(int64_t tensors, uint64_t bytes) {
   task.params = {{"tensors", tensors}, {"bytes", static_cast<int64_t>(bytes)}};
   task.sizes = [tensors, bytes](int64_t) {
     TaskSizes s;
-    s.tensors = s.staged_tensors = static_cast<size_t>(tensors);
-    s.total_bytes = s.staged_bytes = bytes * static_cast<uint64_t>(tensors);
+    s.tensors = s.input_tensors = static_cast<size_t>(tensors);
+    s.total_bytes = s.input_bytes = bytes * static_cast<uint64_t>(tensors);
     return s;
   };
   task.make_args = [tensors, bytes](HostAllocator& allocator, int64_t) {

@@ -1,8 +1,10 @@
 // BindReport formatting and the bind enums' names.
 #include <cstdio>
+#include <iterator>
 #include <string>
 
 #include "pinstage/bind.h"
+#include "pinstage/names.h"
 
 namespace pinstage {
 
@@ -25,57 +27,35 @@ std::string pad(std::string s, size_t width, bool left = true) {
 
 }  // namespace
 
+namespace {
+// In enum order.
+constexpr const char* kLayoutNames[] = {"arena", "per_tensor"};
+constexpr const char* kUploadNames[] = {"direct", "staged"};
+constexpr const char* kPhaseNames[] = {"device_alloc", "upload",   "verify",
+                                       "execute",      "download", "release"};
+static_assert(std::size(kPhaseNames) == kBindPhaseCount);
+}  // namespace
+
 const char* device_layout_name(DeviceLayout layout) {
-  switch (layout) {
-    case DeviceLayout::arena:
-      return "arena";
-    case DeviceLayout::per_tensor:
-      return "per_tensor";
-  }
-  return "unknown";
+  return enum_name(layout, kLayoutNames, "unknown");
 }
 
-const char* upload_path_name(UploadPath path) {
-  switch (path) {
-    case UploadPath::direct:
-      return "direct";
-    case UploadPath::staged:
-      return "staged";
-  }
-  return "unknown";
-}
+const char* upload_path_name(UploadPath path) { return enum_name(path, kUploadNames, "unknown"); }
 
 DeviceLayout parse_device_layout(std::string_view name) {
-  if (name == "arena") return DeviceLayout::arena;
-  if (name == "per_tensor" || name == "per-tensor") return DeviceLayout::per_tensor;
+  if (name == "per-tensor") return DeviceLayout::per_tensor;
+  if (auto layout = enum_from_name<DeviceLayout>(name, kLayoutNames)) return *layout;
   throw Error(ErrorCode::invalid_argument,
               "unknown device layout '" + std::string(name) + "'; use arena or per_tensor");
 }
 
 UploadPath parse_upload_path(std::string_view name) {
-  if (name == "direct") return UploadPath::direct;
-  if (name == "staged") return UploadPath::staged;
+  if (auto path = enum_from_name<UploadPath>(name, kUploadNames)) return *path;
   throw Error(ErrorCode::invalid_argument,
               "unknown upload path '" + std::string(name) + "'; use direct or staged");
 }
 
-const char* bind_phase_name(BindPhase phase) {
-  switch (phase) {
-    case BindPhase::device_alloc:
-      return "device_alloc";
-    case BindPhase::upload:
-      return "upload";
-    case BindPhase::verify:
-      return "verify";
-    case BindPhase::execute:
-      return "execute";
-    case BindPhase::download:
-      return "download";
-    case BindPhase::release:
-      return "release";
-  }
-  return "unknown";
-}
+const char* bind_phase_name(BindPhase phase) { return enum_name(phase, kPhaseNames, "unknown"); }
 
 double TensorBindReport::upload_gbps() const noexcept { return gbps(bytes, upload_seconds); }
 double TensorBindReport::download_gbps() const noexcept { return gbps(bytes, download_seconds); }

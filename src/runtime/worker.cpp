@@ -13,6 +13,7 @@
 //    loaded for the process (plugin.h). A buffer released afterwards is a no-op.
 //  - Destructors never throw; a failed release is logged with the backend's reason.
 #include "pinstage/worker.h"
+#include "pinstage/names.h"
 
 #include <algorithm>
 #include <cctype>
@@ -27,11 +28,8 @@
 namespace pinstage {
 
 const char* worker_level_name(WorkerLevel level) {
-  switch (level) {
-    case WorkerLevel::chip:
-      return "chip";
-  }
-  return "unknown";
+  static constexpr const char* kNames[] = {"chip"};  // WorkerLevel order
+  return enum_name(level, kNames, "unknown");
 }
 
 WorkerLevel parse_worker_level(std::string_view name) {
@@ -305,37 +303,32 @@ template class Buffer<MemoryKind::device>;
 // ---- Stream and Event ----
 
 namespace {
-
-// Stream and Event share one shape: an owner token and a backend handle in the table.
-using Owner = std::shared_ptr<runtime::WorkerState>;
-
-void move_handle(Owner& owner, void*& handle, Owner& other_owner, void*& other_handle,
-                 runtime::EntryKind kind) {
-  if (&handle == &other_handle) return;
-  if (owner && handle != nullptr) owner->destroy_handle(kind, handle);
-  owner = std::move(other_owner);
-  handle = std::exchange(other_handle, nullptr);
+constexpr runtime::EntryKind entry_kind(QueueKind kind) {
+  return kind == QueueKind::stream ? runtime::EntryKind::stream : runtime::EntryKind::event;
 }
-
 }  // namespace
 
-Stream::Stream(Stream&& other) noexcept { *this = std::move(other); }
-Stream& Stream::operator=(Stream&& other) noexcept {
-  move_handle(owner_, handle_, other.owner_, other.handle_, runtime::EntryKind::stream);
-  return *this;
-}
-Stream::~Stream() {
-  if (owner_ && handle_ != nullptr) owner_->destroy_handle(runtime::EntryKind::stream, handle_);
+template <QueueKind Kind>
+QueueHandle<Kind>::QueueHandle(QueueHandle&& other) noexcept {
+  *this = std::move(other);
 }
 
-Event::Event(Event&& other) noexcept { *this = std::move(other); }
-Event& Event::operator=(Event&& other) noexcept {
-  move_handle(owner_, handle_, other.owner_, other.handle_, runtime::EntryKind::event);
+template <QueueKind Kind>
+QueueHandle<Kind>& QueueHandle<Kind>::operator=(QueueHandle&& other) noexcept {
+  if (this == &other) return *this;
+  if (owner_ && handle_ != nullptr) owner_->destroy_handle(entry_kind(Kind), handle_);
+  owner_ = std::move(other.owner_);
+  handle_ = std::exchange(other.handle_, nullptr);
   return *this;
 }
-Event::~Event() {
-  if (owner_ && handle_ != nullptr) owner_->destroy_handle(runtime::EntryKind::event, handle_);
+
+template <QueueKind Kind>
+QueueHandle<Kind>::~QueueHandle() {
+  if (owner_ && handle_ != nullptr) owner_->destroy_handle(entry_kind(Kind), handle_);
 }
+
+template class QueueHandle<QueueKind::stream>;
+template class QueueHandle<QueueKind::event>;
 
 // ---- Worker ----
 
@@ -495,6 +488,33 @@ void copy(const runtime::WorkerState& state, Direction dir, const DeviceBuffer& 
                          : (stream ? "async copy device-to-host" : "copy device-to-host"));
 }
 
+using Owner = std::shared_ptr<runtime::WorkerState>;
+
+// One slot call on a stream or event of this worker (`owner` must be this state); a
+// no-op for the null handle of a backend without async slots.
+template <class Call>
+void queue_call(runtime::WorkerState& state, const Owner& owner, void* handle, const char* what,
+                Call&& call) {
+  if (owner.get() != &state)
+    throw Error(ErrorCode::invalid_argument, std::string(what) +
+                                                 ": the stream or event was "
+                                                 "not created by this worker");
+  if (handle != nullptr) state.check(call(state.api(), handle), what);
+}
+
+// A backend stream or event entered in the table; null where the backend has no async
+// slots (they come as a set), so callers keep one code path.
+void* create_queue_handle(runtime::WorkerState& s, QueueKind kind) {
+  if (s.api().stream_create == nullptr) return nullptr;
+  void* handle = nullptr;
+  if (kind == QueueKind::stream)
+    s.check(s.api().stream_create(s.ctx, reinterpret_cast<ps_stream**>(&handle)), "stream create");
+  else
+    s.check(s.api().event_create(s.ctx, reinterpret_cast<ps_event**>(&handle)), "event create");
+  s.add_handle(entry_kind(kind), handle);
+  return handle;
+}
+
 void require_own(const Owner& state, const Owner& owner, const char* what) {
   if (owner != state)
     throw Error(ErrorCode::invalid_argument, std::string(what) + " was not created by this worker");
@@ -534,11 +554,7 @@ Stream Worker::create_stream() {
   const runtime::CallGuard guard = enter();
   Stream stream;
   stream.owner_ = state_;
-  if (state_->api().stream_create == nullptr) return stream;
-  ps_stream* handle = nullptr;
-  state_->check(state_->api().stream_create(state_->ctx, &handle), "stream create");
-  state_->add_handle(runtime::EntryKind::stream, handle);
-  stream.handle_ = handle;
+  stream.handle_ = create_queue_handle(*state_, QueueKind::stream);
   return stream;
 }
 
@@ -546,11 +562,7 @@ Event Worker::create_event() {
   const runtime::CallGuard guard = enter();
   Event event;
   event.owner_ = state_;
-  if (state_->api().event_create == nullptr) return event;
-  ps_event* handle = nullptr;
-  state_->check(state_->api().event_create(state_->ctx, &handle), "event create");
-  state_->add_handle(runtime::EntryKind::event, handle);
-  event.handle_ = handle;
+  event.handle_ = create_queue_handle(*state_, QueueKind::event);
   return event;
 }
 
@@ -572,28 +584,26 @@ void Worker::copy_to_host_async(void* dst, const DeviceBuffer& src, size_t src_o
 
 void Worker::record(Event& event, Stream& stream) {
   const runtime::CallGuard guard = enter();
-  require_own(state_, event.owner_, "event");
   require_own(state_, stream.owner_, "stream");
-  if (event.handle_ == nullptr) return;
-  state_->check(state_->api().event_record(state_->ctx, static_cast<ps_event*>(event.handle_),
-                                           static_cast<ps_stream*>(stream.handle_)),
-                "event record");
+  queue_call(*state_, event.owner_, event.handle_, "event record", [&](const auto& api, auto* e) {
+    return api.event_record(state_->ctx, static_cast<ps_event*>(e),
+                            static_cast<ps_stream*>(stream.handle_));
+  });
 }
 
 void Worker::wait(Event& event) {
   const runtime::CallGuard guard = enter();
-  require_own(state_, event.owner_, "event");
-  if (event.handle_ == nullptr) return;
-  state_->check(state_->api().event_sync(state_->ctx, static_cast<ps_event*>(event.handle_)),
-                "event wait");
+  queue_call(*state_, event.owner_, event.handle_, "event wait", [&](const auto& api, auto* e) {
+    return api.event_sync(state_->ctx, static_cast<ps_event*>(e));
+  });
 }
 
 void Worker::synchronize(Stream& stream) {
   const runtime::CallGuard guard = enter();
-  require_own(state_, stream.owner_, "stream");
-  if (stream.handle_ == nullptr) return;
-  state_->check(state_->api().stream_sync(state_->ctx, static_cast<ps_stream*>(stream.handle_)),
-                "stream synchronize");
+  queue_call(*state_, stream.owner_, stream.handle_, "stream synchronize",
+             [&](const auto& api, auto* h) {
+               return api.stream_sync(state_->ctx, static_cast<ps_stream*>(h));
+             });
 }
 
 void Worker::execute(const std::string& callable, std::span<const ExecArg> args) {

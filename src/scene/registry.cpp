@@ -65,8 +65,8 @@ TaskSizes task_sizes(const std::vector<SceneTensor>& tensors) {
     ++s.tensors;
     s.total_bytes += t.nbytes;
     if (t.dir != Direction::out) {
-      ++s.staged_tensors;
-      s.staged_bytes += t.nbytes;
+      ++s.input_tensors;
+      s.input_bytes += t.nbytes;
     }
   }
   return s;
@@ -75,9 +75,9 @@ TaskSizes task_sizes(const std::vector<SceneTensor>& tensors) {
 TaskSizes task_sizes(const TaskArgs& args) {
   TaskSizes s;
   s.tensors = args.size();
-  s.staged_tensors = args.staged_count();
+  s.input_tensors = args.input_count();
   s.total_bytes = args.total_bytes();
-  s.staged_bytes = args.staged_bytes();
+  s.input_bytes = args.input_bytes();
   return s;
 }
 

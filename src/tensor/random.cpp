@@ -8,7 +8,7 @@
 // f32 math is the same IEEE operations in the same order (this file is compiled with
 // -ffp-contract=off, so no fused multiply-add; it calls no libm function but sqrt,
 // which is correctly rounded everywhere, and has its own polynomials for log, sin, cos).
-#include "tensor/random.h"
+#include "pinstage/random.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -28,7 +28,7 @@
 #define PINSTAGE_GEN_X86 0
 #endif
 
-namespace pinstage::detail {
+namespace pinstage {
 namespace {
 
 // ---- constants of the definition -------------------------------------------------
@@ -161,6 +161,9 @@ float float_of(uint32_t u) {
 }
 
 // ---- scalar reference ------------------------------------------------------------
+// The intentional scalar twin of portable_math() below (and of the AVX-512 path): the
+// same operations in the same order on one pair, so tests can check every vector path
+// against it element by element. The repetition is the point; keep them in step.
 // The two stored values (half 0 and half 1) of the pair with hash words a and b.
 void scalar_pair(uint32_t a, uint32_t b, float sd, float bias, float* v0, float* v1) {
   // Radius.
@@ -595,4 +598,4 @@ float normal_reference(NormalStream stream, uint64_t index, float std, float bia
   return (index / kPairsPerBlock) % 2 == 1 ? v1 : v0;
 }
 
-}  // namespace pinstage::detail
+}  // namespace pinstage

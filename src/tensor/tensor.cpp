@@ -132,14 +132,14 @@ uint64_t TaskArgs::total_bytes() const noexcept {
   return total;
 }
 
-uint64_t TaskArgs::staged_bytes() const noexcept {
+uint64_t TaskArgs::input_bytes() const noexcept {
   uint64_t total = 0;
   for (const Tensor& t : tensors_)
     if (t.direction() != Direction::out) total += t.nbytes();
   return total;
 }
 
-size_t TaskArgs::staged_count() const noexcept {
+size_t TaskArgs::input_count() const noexcept {
   size_t count = 0;
   for (const Tensor& t : tensors_)
     if (t.direction() != Direction::out) ++count;
@@ -148,7 +148,7 @@ size_t TaskArgs::staged_count() const noexcept {
 
 std::string TaskArgs::summary() const {
   return std::to_string(size()) + (size() == 1 ? " tensor, " : " tensors, ") +
-         std::to_string(staged_count()) + " staged, " + format_thousands(staged_bytes()) + " bytes";
+         std::to_string(input_count()) + " inputs, " + format_thousands(input_bytes()) + " bytes";
 }
 
 std::string format_shape(const std::vector<int64_t>& shape) {

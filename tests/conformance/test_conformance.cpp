@@ -12,31 +12,18 @@
 
 #include "pinstage/backend/platform_abi.h"
 #include "pinstage/worker.h"
+#include "tensor_test_util.h"
 
 namespace pinstage {
 namespace {
 
 const std::string kBackend = PINSTAGE_CONFORMANCE_BACKEND;
 
-template <class F>
-Error error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "no pinstage::Error thrown";
-  return Error(ErrorCode::internal, "none");
-}
+using test::error_of;
+using test::pattern;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-
-std::vector<unsigned char> pattern(size_t n, unsigned seed) {
-  std::vector<unsigned char> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 2654435761u + seed) >> 7);
-  return v;
 }
 
 class Conformance : public ::testing::Test {

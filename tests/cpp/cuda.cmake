@@ -8,21 +8,16 @@
 #    (the conformance suite does).
 #  gpu_probe.* (label cuda): pinstage_gpu_probe's CPU-only mode and its argument checks.
 if(TARGET pinstage_backend_cuda)
-  pinstage_add_gtest(test_cuda_plugin
-    SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_plugin.cpp
-    LABELS cuda
-    LIBRARIES pinstage_cuda_support ${CMAKE_DL_LIBS})
-  target_compile_definitions(test_cuda_plugin PRIVATE
-    PINSTAGE_CUDA_PLUGIN_PATH="$<TARGET_FILE:pinstage_backend_cuda>")
-  add_dependencies(test_cuda_plugin pinstage_backend_cuda)
-
-  pinstage_add_gtest(test_cuda_gpu
-    SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cuda_gpu.cpp
-    LABELS requires_gpu
-    LIBRARIES pinstage_cuda_support ${CMAKE_DL_LIBS})
-  target_compile_definitions(test_cuda_gpu PRIVATE
-    PINSTAGE_CUDA_PLUGIN_PATH="$<TARGET_FILE:pinstage_backend_cuda>")
-  add_dependencies(test_cuda_gpu pinstage_backend_cuda)
+  # test_cuda_plugin (label cuda) and test_cuda_gpu (label requires_gpu) load the plugin.
+  foreach(pair "test_cuda_plugin;cuda" "test_cuda_gpu;requires_gpu")
+    list(GET pair 0 test)
+    list(GET pair 1 label)
+    pinstage_add_gtest(${test} SOURCES ${CMAKE_CURRENT_LIST_DIR}/${test}.cpp LABELS ${label}
+                       LIBRARIES pinstage_cuda_support ${CMAKE_DL_LIBS})
+    target_compile_definitions(${test} PRIVATE
+      PINSTAGE_CUDA_PLUGIN_PATH="$<TARGET_FILE:pinstage_backend_cuda>")
+    add_dependencies(${test} pinstage_backend_cuda)
+  endforeach()
 
   # The fake runtime: libcudart.so.13 in a folder of its own, found first through
   # LD_LIBRARY_PATH (the plugin and the test use RUNPATH, which that overrides).

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <memory>
+#include <vector>
 
 #include "pinstage/error.h"
 #include "pinstage/tensor.h"
@@ -44,6 +45,13 @@ class CountingAllocator final : public HostAllocator {
   int fail_at_ = 0;
   std::shared_ptr<std::atomic<int>> live_ = std::make_shared<std::atomic<int>>(0);
 };
+
+// n bytes of a fixed pseudo-random pattern (a different one per seed).
+inline std::vector<unsigned char> pattern(size_t n, unsigned seed) {
+  std::vector<unsigned char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 2654435761u + seed) >> 7);
+  return v;
+}
 
 // The Error `fn` throws; fails the test when it throws none.
 template <typename F>

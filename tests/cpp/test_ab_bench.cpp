@@ -43,7 +43,7 @@ Timings synthetic() {
   Timings t;
   t.arms = {"pageable", "pinned"};
   t.reference = 0;
-  t.staged_bytes = 1'000'000'000;
+  t.input_bytes = 1'000'000'000;
   t.latency = {
       {{9.0, 2.0, 2.2}, {9.0, 1.6, 1.5}},  // pinned 25% faster
       {{9.0, 2.5, 2.0}, {9.0, 1.9, 1.8}},  // 10% faster
@@ -193,9 +193,9 @@ BenchTask fake_task() {
   task.sizes = [](int64_t layers) {
     TaskSizes s;
     s.tensors = 20;
-    s.staged_tensors = 19;
+    s.input_tensors = 19;
     s.total_bytes = static_cast<uint64_t>(layers) * 1'021'000'000 + 6'000'000;
-    s.staged_bytes = s.total_bytes - 163'840;
+    s.input_bytes = s.total_bytes - 163'840;
     return s;
   };
   return task;
@@ -322,8 +322,8 @@ TEST(AbRun, SmallRunProducesTableAndJson) {
 
   const uint64_t staged = (uint64_t{3} << 20) * 2 + 300'000 * 4;
   EXPECT_EQ(r.sizes.tensors, 3u);
-  EXPECT_EQ(r.sizes.staged_tensors, 2u);
-  EXPECT_EQ(r.sizes.staged_bytes, staged);
+  EXPECT_EQ(r.sizes.input_tensors, 2u);
+  EXPECT_EQ(r.sizes.input_bytes, staged);
   ASSERT_EQ(r.groups.size(), 2u);
   for (const auto& g : r.groups) {
     ASSERT_EQ(g.size(), 3u);
@@ -350,12 +350,12 @@ TEST(AbRun, SmallRunProducesTableAndJson) {
 
   const std::string table = format_table(r);
   for (const char* needle : {"group", "pageable", "pinned", "staged", "median", "summary", "memcpy",
-                             "upload target", "2 staged"})
+                             "upload target", "2 inputs"})
     EXPECT_NE(table.find(needle), std::string::npos) << needle << "\n" << table;
 
   const auto doc = nlohmann::json::parse(to_json(r));
   EXPECT_EQ(doc["config"]["arms"].size(), 3u);
-  EXPECT_EQ(doc["sizes"]["staged_bytes"], staged);
+  EXPECT_EQ(doc["sizes"]["input_bytes"], staged);
   ASSERT_EQ(doc["groups"].size(), 2u);
   for (size_t g = 0; g < 2; ++g)
     for (size_t a = 0; a < 3; ++a) {
@@ -407,7 +407,7 @@ TEST(AbSynthetic, RunsThroughTheGenericHarness) {
   Worker worker;
   worker.init("sim");
   const BenchTask task = synthetic_task(3, uint64_t{1} << 20);
-  EXPECT_EQ(task.sizes(1).staged_bytes, 3u << 20);
+  EXPECT_EQ(task.sizes(1).input_bytes, 3u << 20);
   BenchConfig c;
   c.groups = 2;
   c.rounds = 2;
@@ -417,7 +417,7 @@ TEST(AbSynthetic, RunsThroughTheGenericHarness) {
   const SizePlan plan = plan_size(c, task, b);
   const BenchResult r = run_bench(worker, c, task, plan);
   EXPECT_EQ(r.sizes.tensors, 3u);
-  EXPECT_EQ(r.sizes.staged_bytes, 3u << 20);
+  EXPECT_EQ(r.sizes.input_bytes, 3u << 20);
   ASSERT_EQ(r.groups.size(), 2u);
   EXPECT_EQ(r.groups[0][0].bind_summary.rfind("3 of 3 tensors", 0), 0u);
   EXPECT_NE(r.groups[0][0].bind_summary.find("3,145,728 bytes"), std::string::npos);

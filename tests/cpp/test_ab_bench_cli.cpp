@@ -101,7 +101,7 @@ TEST(BenchCli, SyntheticRunsThroughTheSameHarness) {
   const Result r = run_task("synthetic", "--tensors 4 --bytes 64M --groups 2 --rounds 2");
   ASSERT_EQ(r.status, 0) << r.output;
   for (const char* needle : {"pinstage bench synthetic: backend sim, 4 tensors x 67,108,864 bytes",
-                             "args: 4 tensors, 4 staged, 268,435,456 bytes per bind", "group",
+                             "args: 4 tensors, 4 inputs, 268,435,456 bytes per bind", "group",
                              "vs pageable", "pinned vs pageable", "upload target"})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
 }

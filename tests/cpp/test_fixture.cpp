@@ -12,8 +12,8 @@
 
 #include "pinstage/parallel.h"
 #include "pinstage/qwen3/decode.h"
+#include "pinstage/random.h"
 #include "pinstage/worker.h"
-#include "tensor/random.h"
 #include "tensor_test_util.h"
 
 namespace pinstage::qwen3 {
@@ -22,7 +22,7 @@ namespace {
 using test::CountingAllocator;
 using test::error_of;
 
-// The spec's byte table: n_layers -> (staged bytes, all 20 tensors).
+// The spec's byte table: n_layers -> (input bytes, all 20 tensors).
 struct SizeRow {
   int layers;
   uint64_t staged;
@@ -45,8 +45,8 @@ TEST(FixtureSizes, MatchTheSpecTable) {
   for (const SizeRow& row : kSpecSizes) {
     const Sizes s = sizes(layers(row.layers));
     EXPECT_EQ(s.tensors, 20u);
-    EXPECT_EQ(s.staged_tensors, 19u);
-    EXPECT_EQ(s.staged_bytes, row.staged) << row.layers << " layers";
+    EXPECT_EQ(s.input_tensors, 19u);
+    EXPECT_EQ(s.input_bytes, row.staged) << row.layers << " layers";
     EXPECT_EQ(s.total_bytes, row.total) << row.layers << " layers";
     uint64_t sum = 0;
     for (const TensorSpec& spec : tensor_specs(layers(row.layers))) {
@@ -188,9 +188,9 @@ void expect_generator_streams(const TaskArgs& args, int n_layers, uint64_t seed)
     if (specs[k].fill != Fill::normal) continue;
     const Tensor& t = args.at(k);
     const uint64_t n = slice_bytes(t, specs[k]) / dtype_size(t.dtype());
-    const detail::NormalStream stream{seed, k};
+    const NormalStream stream{seed, k};
     for (uint64_t i : {uint64_t{0}, uint64_t{1}, uint64_t{17}, n / 3, n / 2 + 5, n - 1}) {
-      const float want = detail::normal_reference(stream, i, specs[k].std, specs[k].bias);
+      const float want = normal_reference(stream, i, specs[k].std, specs[k].bias);
       if (t.dtype() == DType::bf16)
         ASSERT_EQ(t.data_as<uint16_t>()[i], f32_to_bf16(want)) << specs[k].name << "[" << i << "]";
       else
@@ -291,9 +291,9 @@ void expect_zeros(const Tensor& t) {
 TEST(FixtureValues, TwoLayersFollowTheSpec) {
   PageableAllocator alloc;
   const TaskArgs args = make_args(alloc, layers(2));
-  EXPECT_EQ(args.staged_bytes(), 2048508736ull);
+  EXPECT_EQ(args.input_bytes(), 2048508736ull);
   EXPECT_EQ(args.total_bytes(), 2048672576ull);
-  EXPECT_EQ(args.summary(), "20 tensors, 19 staged, 2,048,508,736 bytes");
+  EXPECT_EQ(args.summary(), "20 tensors, 19 inputs, 2,048,508,736 bytes");
   for (const Tensor& t : args) EXPECT_FALSE(t.pinned());
   {
     SCOPED_TRACE("shapes");

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "golden_internal.h"
+#include "pinstage/qwen3/kernels.h"
 #include "pinstage/dtype.h"
 #include "pinstage/error.h"
 #include "pinstage/parallel.h"
@@ -23,7 +23,7 @@ namespace {
 
 using namespace pinstage;
 using namespace pinstage::qwen3;
-namespace D = pinstage::qwen3::detail;
+namespace D = pinstage::qwen3::kernels;
 
 constexpr int kLayers = 2;
 constexpr int kSeqLen = 300;  // not a multiple of 128: the last page is partly used

@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "golden_kernels.h"
+#include "pinstage/qwen3/kernels.h"
 #include "pinstage/dtype.h"
 #include "pinstage/error.h"
 
 namespace {
 
-namespace D = pinstage::qwen3::detail;
+namespace D = pinstage::qwen3::kernels;
 using pinstage::bf16_round;
 using pinstage::bf16_to_f32;
 using pinstage::f32_to_bf16;

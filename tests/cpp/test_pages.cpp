@@ -86,13 +86,17 @@ TEST(Pages, ThreadCountFollowsSizeAndRequest) {
   EXPECT_LE(automatic, 32);
 }
 
-TEST(Pages, FirstTouchAndPopulateMakePagesResident) {
-  MappedPages pages = map_pages(size_t{4} << 20, MapOptions{.prefault = false});
-  first_touch(pages.data, size_t{2} << 20, 2);
-  EXPECT_EQ(resident_pages(pages.data, size_t{2} << 20), (size_t{2} << 20) / page_size());
-  char* second = static_cast<char*>(pages.data) + (size_t{2} << 20);
-  if (populate_for_write(second, size_t{2} << 20))
-    EXPECT_EQ(resident_pages(second, size_t{2} << 20), (size_t{2} << 20) / page_size());
+TEST(Pages, EveryMethodMakesPagesResident) {
+  const size_t quarter = size_t{2} << 20;
+  MappedPages pages = map_pages(4 * quarter, MapOptions{.prefault = false});
+  char* base = static_cast<char*>(pages.data);
+  EXPECT_FALSE(prefault(base, quarter, 2, 0, PrefaultMethod::touch).populate_write);
+  EXPECT_EQ(resident_pages(base, quarter), quarter / page_size());
+  prefault(base + quarter, quarter, 2, 0, PrefaultMethod::populate);  // or a touch
+  EXPECT_EQ(resident_pages(base + quarter, quarter), quarter / page_size());
+  EXPECT_EQ(resident_pages(base + 2 * quarter, 2 * quarter), 0u);  // nothing else
+  if (populate_for_write(base + 2 * quarter, quarter))
+    EXPECT_EQ(resident_pages(base + 2 * quarter, quarter), quarter / page_size());
   EXPECT_TRUE(unmap_pages(pages));
 }
 

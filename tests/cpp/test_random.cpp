@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "pinstage/dtype.h"
-#include "tensor/random.h"
+#include "pinstage/random.h"
 #include "tensor_test_util.h"
 
-namespace pinstage::detail {
+namespace pinstage {
 namespace {
 
 constexpr GenIsa kAll[] = {GenIsa::generic, GenIsa::avx2, GenIsa::avx512, GenIsa::avx512bf16};
@@ -184,4 +184,4 @@ TEST(Random, IsAStandardNormal) {
 }
 
 }  // namespace
-}  // namespace pinstage::detail
+}  // namespace pinstage

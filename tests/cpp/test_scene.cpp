@@ -42,7 +42,7 @@ TEST_P(ScenePasses, EveryRoundMatchesTheGolden) {
     EXPECT_TRUE(round.comparison->ok) << round.comparison->message();
     EXPECT_TRUE(round.caches_intact);
     EXPECT_TRUE(round.bind.executed);
-    EXPECT_EQ(round.bind.uploaded_bytes, sizes(options.config).staged_bytes);
+    EXPECT_EQ(round.bind.uploaded_bytes, sizes(options.config).input_bytes);
   }
   EXPECT_TRUE(report.ok());
   EXPECT_EQ(report.storage, host_storage_name(storage));
@@ -220,7 +220,7 @@ TEST(SceneRegistry, Qwen3IsRegisteredWithItsParametersAndCallable) {
   EXPECT_EQ(values.at("seq_len"), kDefaultSeqLen);
   EXPECT_EQ(config_of(values).n_layers, 2);
   EXPECT_EQ(scene_values(config_of(values)), values);
-  EXPECT_EQ(task_sizes(s->tensors(values)).staged_bytes, 2048508736u);
+  EXPECT_EQ(task_sizes(s->tensors(values)).input_bytes, 2048508736u);
   EXPECT_EQ(s->describe(values), "2 layers, seq_len 3500, seed 1234");
   EXPECT_EQ(param_flag("seq_len"), "--seq-len");
 }

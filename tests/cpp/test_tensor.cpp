@@ -218,9 +218,9 @@ TEST(TaskArgsTest, OrderNamesAndTotals) {
   EXPECT_EQ(args.find("nope"), nullptr);
   EXPECT_EQ(args.find("out"), &args.at(2));
   EXPECT_EQ(args.total_bytes(), 256u + 400u + 256u);
-  EXPECT_EQ(args.staged_bytes(), 656u);
-  EXPECT_EQ(args.staged_count(), 2u);
-  EXPECT_EQ(args.summary(), "3 tensors, 2 staged, 656 bytes");
+  EXPECT_EQ(args.input_bytes(), 656u);
+  EXPECT_EQ(args.input_count(), 2u);
+  EXPECT_EQ(args.summary(), "3 tensors, 2 inputs, 656 bytes");
   std::vector<std::string> names;
   for (const Tensor& t : args) names.push_back(t.name());
   EXPECT_EQ(names, (std::vector<std::string>{"x", "cache", "out"}));

@@ -21,12 +21,7 @@ namespace pinstage {
 namespace {
 
 using test::error_of;
-
-std::vector<unsigned char> pattern(size_t n, unsigned seed) {
-  std::vector<unsigned char> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 2654435761u + seed) >> 7);
-  return v;
-}
+using test::pattern;
 
 class WorkerTest : public ::testing::Test {
  protected:

@@ -84,9 +84,9 @@ def test_header_lists_the_twenty_arguments_in_order(fixture_file):
         assert header[name]["dtype"] == dtype
         assert header[name]["shape"] == shape
         assert meta["pinstage.direction." + name] == direction
-    staged = sum(t.numel() * t.element_size() for k, t in tensors.items() if k != "out")
-    assert staged == report["staged_bytes"] == 1_027_153_728
-    assert report["summary"] == "20 tensors, 19 staged, 1,027,153,728 bytes"
+    inputs = sum(t.numel() * t.element_size() for k, t in tensors.items() if k != "out")
+    assert inputs == report["input_bytes"] == 1_027_153_728
+    assert report["summary"] == "20 tensors, 19 inputs, 1,027,153,728 bytes"
 
 
 def test_paging_tables(fixture_file):
@@ -273,7 +273,7 @@ def test_size_only_needs_no_memory(cli):
     done = run_cli(cli, "fixture", "qwen3-decode", "--layers", 40, "--size-only", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["staged_bytes"] == 40_859_999_040
+    assert report["input_bytes"] == 40_859_999_040
     assert report["total_bytes"] == 40_860_162_880
 
 

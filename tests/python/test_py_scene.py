@@ -198,7 +198,7 @@ def test_fixture_args_keep_their_worker_alive():
     gc.collect()
     assert args.worker.initialized
     assert args.seq_lens.tolist() == [16] * 16
-    assert qwen3.sizes(layers=1)["staged_bytes"] == args.staged_bytes == 1_027_153_728
+    assert qwen3.sizes(layers=1)["input_bytes"] == args.input_bytes == 1_027_153_728
     specs = qwen3.tensor_specs(layers=1)
     assert [s["name"] for s in specs] == args.names
     assert specs[2]["shape"] == (5120, 5120) and specs[2]["dtype"] == "bf16"

@@ -24,7 +24,7 @@ def test_add_and_zero_copy_access(alloc):
     assert info["x"] == {"name": "x", "dtype": "bf16", "shape": (4, 8), "direction": "IN",
                          "nbytes": 64, "pinned": True}
     assert info["y"]["pinned"] is False and info["y"]["direction"] == "OUT"
-    assert args.total_bytes == 64 + 24 and args.staged_bytes == 64 and args.staged_count == 1
+    assert args.total_bytes == 64 + 24 and args.input_bytes == 64 and args.input_count == 1
     view = args["x"]
     assert view.dtype == torch.bfloat16 and view.shape == (4, 8)
     assert view.data_ptr() == x.data_ptr()

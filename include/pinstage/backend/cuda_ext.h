@@ -30,6 +30,7 @@ typedef struct ps_cuda_pin_stats {
   uint64_t register_count, register_bytes; /* register mode */
   double register_seconds, register_free_seconds;
 
+  /* The last_* fields stay the tail of the struct: the backend copies them as one block. */
   int last_mode; /* ps_cuda_pin_mode of the latest allocation */
   uint64_t last_bytes;
   double last_seconds;          /* the whole host_alloc_pinned call */

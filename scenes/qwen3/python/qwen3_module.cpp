@@ -86,9 +86,9 @@ py::dict sizes_dict(int64_t layers, int64_t seq_len, int64_t seed) {
   const auto s = qwen3::sizes(make_config(layers, seq_len, seed, 0));
   py::dict d;
   d["tensors"] = s.tensors;
-  d["staged_tensors"] = s.staged_tensors;
+  d["input_tensors"] = s.input_tensors;
   d["total_bytes"] = s.total_bytes;
-  d["staged_bytes"] = s.staged_bytes;
+  d["input_bytes"] = s.input_bytes;
   return d;
 }
 

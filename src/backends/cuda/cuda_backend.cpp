@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -442,14 +443,10 @@ const ps_cuda_pin_stats& add_pinning(ps_cuda_pin_stats& s, const ps_cuda_pin_sta
     s.register_bytes += last.last_bytes;
     s.register_seconds += last.last_seconds;
   }
-  s.last_mode = last.last_mode;
-  s.last_bytes = last.last_bytes;
-  s.last_seconds = last.last_seconds;
-  s.last_map_seconds = last.last_map_seconds;
-  s.last_prefault_seconds = last.last_prefault_seconds;
-  s.last_register_seconds = last.last_register_seconds;
-  s.last_prefault_threads = last.last_prefault_threads;
-  s.last_populate_write = last.last_populate_write;
+  // The last_* fields are the struct's tail (cuda_ext.h): take them whole from `last`.
+  constexpr size_t kTail = offsetof(ps_cuda_pin_stats, last_mode);
+  std::memcpy(reinterpret_cast<char*>(&s) + kTail, reinterpret_cast<const char*>(&last) + kTail,
+              sizeof s - kTail);
   return s;
 }
 

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "pinstage/error.h"
+#include "pinstage/names.h"
 #include "pinstage/settings.h"
 
 namespace pinstage::cuda {
@@ -68,15 +69,8 @@ void apply(CudaConfig& config, std::string_view key, std::string_view value) {
 }  // namespace
 
 const char* pinned_mode_name(PinnedMode mode) {
-  switch (mode) {
-    case PinnedMode::auto_select:
-      return "auto";
-    case PinnedMode::alloc:
-      return "alloc";
-    case PinnedMode::reg:
-      return "register";
-  }
-  return "unknown";
+  static constexpr const char* kNames[] = {"auto", "alloc", "register"};  // PinnedMode order
+  return enum_name(mode, kNames, "unknown");
 }
 
 const char* config_keys() { return kKeys; }

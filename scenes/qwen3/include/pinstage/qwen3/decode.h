@@ -78,7 +78,7 @@ struct TensorSpec {
 PINSTAGE_API std::vector<TensorSpec> tensor_specs(const Config& config);
 
 // Counts and byte totals of the twenty arguments (size-only: nothing is allocated).
-// Staged = IN + INOUT, the bytes a run uploads.
+// Inputs = IN + INOUT, the bytes a run uploads.
 using Sizes = TaskSizes;
 PINSTAGE_API Sizes sizes(const Config& config);
 

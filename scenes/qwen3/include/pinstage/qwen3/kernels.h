@@ -1,13 +1,15 @@
-// Internal: the golden's hot loops (16-lane matrix product over bf16 weights, paged
+// The golden's hot loops (16-lane matrix product over bf16 weights, paged
 // attention for one lane and kv head), each in a portable form and an AVX-512 form chosen
-// at run time. See docs/golden.md ("Kernels"). Exported (PINSTAGE_API) only for the tests.
+// at run time, and the decode with a chosen kernel set. See docs/golden.md ("Kernels").
+// Public for the tests, tools and benchmarks that compare kernel sets.
 #pragma once
 
 #include <cstdint>
 
 #include "pinstage/export.h"
+#include "pinstage/qwen3/golden.h"
 
-namespace pinstage::qwen3::detail {
+namespace pinstage::qwen3::kernels {
 
 // Instruction set a kernel uses. generic is plain C++ (any x86-64 or other machine); avx2
 // is the same code compiled for AVX2+FMA; avx512 is the hand-written AVX-512F/BW form.
@@ -38,4 +40,11 @@ PINSTAGE_API void gemm16(Isa isa, const float* xT, int K, const uint16_t* w, int
 PINSTAGE_API void attend(Isa isa, const float* q, const uint16_t* const* krow,
                          const uint16_t* const* vrow, int S, float* scores, float* out);
 
-}  // namespace pinstage::qwen3::detail
+// run_decode with an explicit kernel set and thread count (0 = all cores).
+PINSTAGE_API void run_decode_with(const DecodeBuffers& buffers, int n_layers, bool write_cache,
+                                  Golden* golden, Isa isa, int threads);
+
+// The twenty argument names in signature order (ArgIndex).
+PINSTAGE_API extern const char* const kArgNames[kNumArgs];
+
+}  // namespace pinstage::qwen3::kernels

@@ -25,7 +25,7 @@
 
 #include "pinstage/export.h"
 
-namespace pinstage::detail {
+namespace pinstage {
 
 // One stream of standard normals.
 struct NormalStream {
@@ -59,4 +59,4 @@ PINSTAGE_API void fill_normal_f32_with(GenIsa isa, float* out, NormalStream stre
 PINSTAGE_API float normal_reference(NormalStream stream, uint64_t index, float std = 1.0f,
                                     float bias = 0.0f);
 
-}  // namespace pinstage::detail
+}  // namespace pinstage
