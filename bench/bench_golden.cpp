@@ -7,10 +7,10 @@
 #include <memory>
 #include <vector>
 
-#include "pinstage/qwen3/kernels.h"
 #include "pinstage/dtype.h"
 #include "pinstage/qwen3/decode.h"
 #include "pinstage/qwen3/golden.h"
+#include "pinstage/qwen3/kernels.h"
 #include "pinstage/tensor.h"
 
 namespace {

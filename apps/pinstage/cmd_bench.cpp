@@ -55,12 +55,12 @@ ab::BenchConfig make_config(const BenchArgs& a, int64_t size) {
   config.rounds = a.rounds;
   config.keep_cold = a.keep_cold;
   config.baseline = !a.no_baseline;
-  config.staging_buffers = a.staging_buffers;
+  config.bind.staging_buffers = a.staging_buffers;
   if (a.staging_buffer_mib < 1 || a.staging_buffer_mib > 1024)
     throw Error(ErrorCode::invalid_argument, "--staging-buffer-mib is " +
                                                  std::to_string(a.staging_buffer_mib) +
                                                  "; it must be in [1, 1024]");
-  config.staging_buffer_bytes = a.staging_buffer_mib << 20;
+  config.bind.staging_buffer_bytes = a.staging_buffer_mib << 20;
   ab::validate(config);
   return config;
 }

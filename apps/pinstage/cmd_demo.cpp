@@ -1,20 +1,16 @@
 // pinstage demo: the Worker's lifecycle in a few lines: pinned and device allocation,
 // a round trip checked byte for byte, and finalize reclaiming what is still out.
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 
 #include "commands.h"
+#include "pinstage/clock.h"
 #include "pinstage/log.h"
 #include "pinstage/tensor.h"
 #include "pinstage/worker.h"
 
 namespace pinstage::cli {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 void run_demo(const std::string& backend, size_t mib) {
   const size_t bytes = mib << 20;
@@ -23,22 +19,22 @@ void run_demo(const std::string& backend, size_t mib) {
   std::printf("worker: %s backend, device %d, chip level\n", worker.backend().name.c_str(),
               worker.device_id());
 
-  auto t0 = std::chrono::steady_clock::now();
+  Stopwatch watch;
   PinnedHostBuffer host = worker.alloc_pinned_host(bytes);
-  const double pin_seconds = seconds_since(t0);
+  const double pin_seconds = watch.seconds();
   std::printf("pinned %s bytes in %.3f s (page-locked: %s)\n", format_thousands(bytes).c_str(),
               pin_seconds, worker.capabilities().pinned_is_page_locked ? "yes" : "no");
   auto* data = static_cast<unsigned char*>(host.data());
   for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<unsigned char>(i * 131 + 7);
 
   DeviceBuffer device = worker.alloc_device(bytes);
-  t0 = std::chrono::steady_clock::now();
+  watch.restart();
   worker.copy_to_device(device, 0, host.data(), bytes);
-  const double up = seconds_since(t0);
+  const double up = watch.seconds();
   PinnedHostBuffer back = worker.alloc_pinned_host(bytes);
-  t0 = std::chrono::steady_clock::now();
+  watch.restart();
   worker.copy_to_host(back.data(), device, 0, bytes);
-  const double down = seconds_since(t0);
+  const double down = watch.seconds();
   const bool same = std::memcmp(host.data(), back.data(), bytes) == 0;
   std::printf("host->device %.2f GB/s, device->host %.2f GB/s, round trip %s\n", bytes / up / 1e9,
               bytes / down / 1e9, same ? "bit-exact" : "CORRUPTED");

@@ -45,9 +45,9 @@ PINSTAGE_API double reduction(double reference_seconds, double seconds);
 // is the cold one). upload and baseline may be empty (not measured).
 struct Timings {
   std::vector<std::string> arms;
-  size_t reference = 0;       // arm the reductions are measured against (pageable)
+  size_t reference = 0;      // arm the reductions are measured against (pageable)
   uint64_t input_bytes = 0;  // bytes one bind uploads
-  bool keep_cold = false;     // false: round 0 of every arm in every group is dropped
+  bool keep_cold = false;    // false: round 0 of every arm in every group is dropped
   std::vector<std::vector<std::vector<double>>> latency;   // whole bind, seconds
   std::vector<std::vector<std::vector<double>>> upload;    // the bind's upload phase
   std::vector<std::vector<std::vector<double>>> baseline;  // plain all-cores memcpy
@@ -130,8 +130,9 @@ struct BenchConfig {
   int rounds = 6;
   bool keep_cold = false;
   bool baseline = true;  // measure the memcpy baseline next to every arm
-  size_t staging_buffers = 4;
-  size_t staging_buffer_bytes = size_t{8} << 20;
+  // The binds' options (the staging ring's size, copy threads, ...); each arm sets the
+  // upload path itself (direct, or staged for the staged arm).
+  BindOptions bind;
 };
 
 // Checks everything that needs no memory figures; throws Error(invalid_argument) naming

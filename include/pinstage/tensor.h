@@ -142,7 +142,7 @@ class PINSTAGE_API TaskArgs {
   auto begin() const noexcept { return tensors_.begin(); }
   auto end() const noexcept { return tensors_.end(); }
 
-  uint64_t total_bytes() const noexcept;   // all tensors
+  uint64_t total_bytes() const noexcept;  // all tensors
   uint64_t input_bytes() const noexcept;  // IN + INOUT
   size_t input_count() const noexcept;
   // "20 tensors, 19 inputs, 40,859,999,040 bytes" (bytes = input bytes).

@@ -114,7 +114,7 @@ std::optional<uint64_t> setting_sim_device_capacity() {
 }
 
 std::optional<std::string> setting_choice(Setting id) {
-  const auto text = setting_text(id);
+  auto text = setting_text(id);
   if (!text) return std::nullopt;
   const SettingInfo& info = setting_info(id);
   const std::string_view accepts = info.accepts;

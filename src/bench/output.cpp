@@ -42,10 +42,9 @@ std::string header(const BenchResult& r) {
   if (!r.plan.reason.empty()) out += r.plan.reason + "\n";
   out +=
       "args: " + std::to_string(r.sizes.tensors) + " tensors, " +
-      std::to_string(r.sizes.input_tensors) + " inputs, " +
-      format_thousands(r.sizes.input_bytes) + " bytes per bind; " +
-      std::to_string(r.config.groups) + " groups x " + std::to_string(r.config.rounds) +
-      " rounds per arm, " +
+      std::to_string(r.sizes.input_tensors) + " inputs, " + format_thousands(r.sizes.input_bytes) +
+      " bytes per bind; " + std::to_string(r.config.groups) + " groups x " +
+      std::to_string(r.config.rounds) + " rounds per arm, " +
       (r.config.keep_cold ? "cold round kept"
                           : "cold round dropped (" + std::to_string(s.rounds_used) + " measured)") +
       "\n";
@@ -186,8 +185,8 @@ json config_json(const BenchResult& r) {
       {"keep_cold", r.config.keep_cold},
       {"baseline", r.config.baseline},
       {"baseline_kind", r.baseline_kind},
-      {"staging_buffers", r.config.staging_buffers},
-      {"staging_buffer_bytes", r.config.staging_buffer_bytes},
+      {"staging_buffers", r.config.bind.staging_buffers},
+      {"staging_buffer_bytes", r.config.bind.staging_buffer_bytes},
       {"threads", r.threads},
   };
   for (const auto& [name, value] : r.params) config[name] = value;

@@ -188,10 +188,7 @@ void validate(const BenchConfig& config) {
     throw Error(ErrorCode::invalid_argument,
                 "the size is " + std::to_string(config.size) +
                     "; it must be at least 1 (or omitted for the automatic size)");
-  BindOptions bind;
-  bind.staging_buffers = config.staging_buffers;
-  bind.staging_buffer_bytes = config.staging_buffer_bytes;
-  validate(bind);
+  validate(config.bind);
 }
 
 uint64_t read_mem_available() {
@@ -218,7 +215,8 @@ MemoryNeed memory_need(const BenchConfig& config, const BenchTask& task, int64_t
   need.host_args = sizes.total_bytes + sizes.tensors * kPage;
   need.device = sizes.total_bytes + sizes.tensors * bind.arena_alignment;
   if (has_arm(config, Arm::staged))
-    need.staging = static_cast<uint64_t>(config.staging_buffers) * config.staging_buffer_bytes;
+    need.staging =
+        static_cast<uint64_t>(config.bind.staging_buffers) * config.bind.staging_buffer_bytes;
   need.host_total = need.host_args + need.staging;
   if (budget.device_is_host)
     need.host_total += need.device;  // the baseline reuses device memory after the bind

@@ -31,13 +31,11 @@ class Baseline {
       size += t.nbytes();
     }
     if (size == 0) return;
-    if (device_is_host) {
+    if (device_is_host)
       device_ = worker.alloc_device(size);
-      dst_ = static_cast<unsigned char*>(device_.data());
-    } else {
+    else
       host_ = PageableAllocator().allocate(size);
-      dst_ = static_cast<unsigned char*>(host_->data());
-    }
+    dst_ = static_cast<unsigned char*>(device_ ? device_.data() : host_->data());
   }
 
   // One timed round.
@@ -110,10 +108,8 @@ ArmRun run_arm(Worker& worker, const BenchConfig& config, const ArgsFactory& mak
   }
   steps.done(g, arm, "generate");
 
-  BindOptions options;
+  BindOptions options = config.bind;
   options.upload = arm == Arm::staged ? UploadPath::staged : UploadPath::direct;
-  options.staging_buffers = config.staging_buffers;
-  options.staging_buffer_bytes = config.staging_buffer_bytes;
   Binder binder(worker, options);
   const size_t rounds = static_cast<size_t>(config.rounds);
   for (size_t r = 0; r < rounds; ++r) {

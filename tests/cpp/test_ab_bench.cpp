@@ -177,7 +177,7 @@ TEST(AbConfig, Validate) {
   c.arms.clear();
   expect_error([&] { validate(c); }, ErrorCode::invalid_argument, "--arms");
   c = BenchConfig{};
-  c.staging_buffers = 0;
+  c.bind.staging_buffers = 0;
   EXPECT_THROW(validate(c), Error);
 }
 
@@ -307,7 +307,7 @@ TEST(AbRun, SmallRunProducesTableAndJson) {
   c.groups = 2;
   c.rounds = 2;
   c.arms = {Arm::pageable, Arm::staged, Arm::pinned};
-  c.staging_buffer_bytes = 1 << 20;
+  c.bind.staging_buffer_bytes = 1 << 20;
   size_t calls = 0, last_done = 0, total = 0;
   const BenchResult r = run_ab(worker, c, small_task, [&](const Progress& p) {
     ++calls;

@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "pinstage/qwen3/kernels.h"
 #include "pinstage/dtype.h"
 #include "pinstage/error.h"
 #include "pinstage/parallel.h"
 #include "pinstage/qwen3/decode.h"
 #include "pinstage/qwen3/golden.h"
+#include "pinstage/qwen3/kernels.h"
 #include "pinstage/tensor.h"
 
 namespace {

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "pinstage/qwen3/kernels.h"
 #include "pinstage/dtype.h"
 #include "pinstage/error.h"
+#include "pinstage/qwen3/kernels.h"
 
 namespace {
 

@@ -303,7 +303,7 @@ json run_probe(const Args& a) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   CLI::App app{"pinstage_gpu_probe: the GPU check's link and pinning measurements, as JSON"};
   Args args;
   add_options(app, args);
@@ -324,4 +324,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pinstage_gpu_probe: error: %s\n", e.what());
   }
   return 1;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (...) {  // building the command line itself failed (out of memory)
+    std::fprintf(stderr, "%s: fatal error\n", "pinstage_gpu_probe");
+    return 1;
+  }
 }

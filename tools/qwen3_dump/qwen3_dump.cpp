@@ -64,7 +64,7 @@ void dump(const Options& o, size_t s, PageableAllocator& allocator) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   CLI::App app{"qwen3_dump: a Qwen3 decode fixture and its goldens, for the PyTorch checks"};
   Options o;
   app.add_option("--layers", o.layers, "Decoder layers")->required()->check(CLI::Range(1, 1 << 20));
@@ -88,4 +88,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (...) {  // building the command line itself failed (out of memory)
+    std::fprintf(stderr, "%s: fatal error\n", "qwen3_dump");
+    return 1;
+  }
 }

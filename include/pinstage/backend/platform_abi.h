@@ -139,7 +139,7 @@ static inline const char* ps_fault_kind_name(int kind) {
       PS_FAULT_KIND_LIST(PS_FAULT_NAME_)
 #undef PS_FAULT_NAME_
   };
-  return kind >= 0 && kind < PS_FAULT_KIND_COUNT ? names[kind] : (const char*)0;
+  return kind >= 0 && kind < PS_FAULT_KIND_COUNT ? names[kind] : NULL; /* NOLINT: C header */
 }
 
 /* One allocation as the runtime records it. A backend fills ptr and, when it needs
