@@ -460,7 +460,9 @@ void* device_range(const runtime::WorkerState& state, const DeviceBuffer& buffer
                     ") is outside the device buffer of " + std::to_string(buffer.size()) +
                     " bytes");
   void* ptr = static_cast<char*>(buffer.data()) + offset;
-  state.require_device_range(ptr, std::max<size_t>(bytes, 1), what);
+  // Ownership: a buffer of another worker is not in this table. A 0-byte range at the
+  // buffer's end is valid, so the check then asks about the buffer's first byte.
+  state.require_device_range(bytes > 0 ? ptr : buffer.data(), std::max<size_t>(bytes, 1), what);
   return ptr;
 }
 

@@ -114,6 +114,11 @@ TEST_F(Conformance, CopiesOutsideAnAllocationOfThisWorkerAreRefused) {
   EXPECT_TRUE(contains(e.what(), "not inside one device allocation of this worker")) << e.what();
   EXPECT_EQ(error_of([&] { worker.copy_to_host(nullptr, dev, 0, 16); }).code(),
             ErrorCode::invalid_argument);
+  EXPECT_EQ(error_of([&] { worker.copy_to_device(dev, 0, nullptr, 10); }).code(),
+            ErrorCode::invalid_argument);
+  EXPECT_EQ(error_of([&] { worker.copy_to_host(host.data(), dev, 4097, 0); }).code(),
+            ErrorCode::invalid_argument);  // past the end, even for 0 bytes
+  EXPECT_NO_THROW(worker.copy_to_host(host.data(), dev, 4096, 0));  // at the end: a no-op
 }
 
 TEST_F(Conformance, AsyncCopiesCompleteInOrderAtEvents) {
