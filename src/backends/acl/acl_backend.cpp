@@ -1,0 +1,827 @@
+// The acl platform backend: the platform ABI (pinstage/backend/platform_abi.h) on the
+// Ascend runtime (libascendcl), loaded with dlopen (acl_runtime.h), so it builds and loads
+// with no CANN present. See docs/acl.md.
+//
+// Note [Process, device, context]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// aclInit runs once per process: the plugin counts the contexts alive and calls
+// aclFinalize when the last one goes (ACL_ERROR_REPEAT_INITIALIZE from a runtime someone
+// else initialised is harmless). Each context opens its device with aclrtSetDevice and
+// makes its own aclrtContext; that context is made current on the calling thread at the
+// start of every slot, since the binder's copy threads and Python threads call in and the
+// runtime's current context is per thread.
+//
+// Note [Teardown order]
+// ~~~~~~~~~~~~~~~~~~~~~
+// The runtime destroys streams and events, frees device memory, then pinned host memory,
+// then calls destroy_context (platform_abi.h). destroy_context then destroys the context
+// and resets the device. A pinned block kept past aclrtResetDevice once hung the next
+// process on the card, so a release that failed is not forgotten: the slot keeps the object
+// on the context's retry list (Note [Releases that failed]) and destroy_context retries it,
+// in the same order, before the context and the device go. Each later step runs even when
+// an earlier one failed.
+//
+// Note [Releases that failed]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The backend keeps no table of its allocations (the runtime does). The one exception is
+// this retry list: objects whose release call failed, so still held by the runtime of the
+// card. The runtime may hand such an object back again (Worker::free keeps a failed one for
+// finalize); each release call first takes the object off the list and puts it back only
+// if it fails again, so nothing is released twice.
+//
+// Note [Pinned ranges]
+// ~~~~~~~~~~~~~~~~~~~~
+// aclrtMemcpyAsync needs page-locked host memory; pageable memory takes aclrtMemcpy. The
+// ABI does not say which kind an async slot gets, so the plugin keeps the start and size
+// of each pinned buffer it made (process-wide: pinned memory serves every context) and
+// sends anything else through a stream sync plus aclrtMemcpy, which keeps stream order.
+//
+// destMax is always `bytes`: the runtime has checked that the device side lies inside one
+// allocation, and the ABI passes no room beyond that, so `bytes` is the room the plugin
+// knows to be real. The test double refuses a destMax larger than the real room.
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "backends/acl/acl_ext.h"
+#include "backends/acl/acl_runtime.h"
+#include "backends/cuda/cuda_config.h"
+#include "pinstage/backend/faults.h"
+#include "pinstage/backend/platform_abi.h"
+#include "pinstage/backend/slot.h"
+#include "pinstage/clock.h"
+#include "pinstage/error.h"
+#include "pinstage/log.h"
+#include "pinstage/pages.h"
+
+using pinstage::acl::aclError;
+using pinstage::acl::Runtime;
+using PinConfig = pinstage::cuda::CudaConfig;  // the pin-mode keys are shared with cuda
+using pinstage::cuda::PinnedMode;
+
+struct ps_stream {
+  pinstage::acl::aclrtStream stream = nullptr;
+};
+
+struct ps_event {
+  pinstage::acl::aclrtEvent event = nullptr;
+};
+
+namespace {
+
+// ps_allocation.handle of a register-mode buffer: the mapping and its registered chunks.
+struct RegisteredPages {
+  pinstage::MappedPages pages;
+  std::vector<std::pair<void*, size_t>> chunks;  // registered, in order
+};
+
+// One release that failed (Note [Releases that failed]).
+enum class Retry { stream, event, device, host };
+struct RetryItem {
+  Retry kind;
+  ps_allocation a;  // ptr is the ps_stream*/ps_event* for queues
+};
+
+}  // namespace
+
+struct ps_device_ctx {
+  int device = 0;
+  PinConfig config;
+  uint64_t capacity = 0;
+  pinstage::acl::aclrtContext context = nullptr;
+
+  std::mutex mu;                    // guards everything below
+  uint64_t committed = 0;           // includes reservations of aclrtMalloc calls in flight
+  pinstage::backend::FaultCountdowns faults;  // the fault hook (backend/faults.h)
+  ps_acl_pin_stats pin_stats{};
+  bool register_unsupported = false;  // the runtime answered FEATURE_NOT_SUPPORT once
+  std::vector<RetryItem> retry;
+};
+
+namespace {
+
+using pinstage::backend::fail;
+using pinstage::backend::require;
+namespace acl = pinstage::acl;
+
+thread_local std::string t_last_error;
+
+template <class Body>
+int guarded(Body&& body) noexcept {
+  return pinstage::backend::guarded(t_last_error, "acl", std::forward<Body>(body));
+}
+
+// ---- process-wide state (Note [Process, device, context], Note [Pinned ranges]) ----
+
+struct Process {
+  std::mutex mu;
+  std::unique_ptr<Runtime> rt;                        // loaded once, never unloaded
+  int contexts = 0;                                   // alive; aclFinalize when it drops to 0
+  std::map<const char*, size_t, std::less<>> pinned;  // start -> bytes
+};
+
+Process& process() {
+  static Process* p = new Process();  // never destroyed: slots may run at exit
+  return *p;
+}
+
+const Runtime& runtime() { return *process().rt; }
+
+std::string dev_name(const ps_device_ctx* ctx) { return "device " + std::to_string(ctx->device); }
+
+// Fails with the call's name, code, code name and aclGetRecentErrMsg unless `code` is 0.
+template <class What>
+void check(aclError code, What&& what, ps_status fallback = PS_ERR_BACKEND) {
+  if (code == acl::ACL_SUCCESS) return;
+  std::string call;
+  if constexpr (std::is_invocable_v<What>)
+    call = what();
+  else
+    call = what;
+  fail(acl::status_from_acl(code, fallback), "acl: " + acl::call_error(runtime(), call, code));
+}
+
+ps_device_ctx* require_ctx(ps_device_ctx* ctx) {
+  require(ctx != nullptr, "device context is NULL");
+  return ctx;
+}
+
+// Note [Process, device, context]: every slot that calls the runtime starts here.
+void use_ctx(const ps_device_ctx* ctx) {
+  check(runtime().aclrtSetCurrentContext(ctx->context),
+        [ctx] { return "aclrtSetCurrentContext for " + dev_name(ctx); });
+}
+
+bool fault_hits(ps_device_ctx* ctx, ps_fault_kind kind) { return ctx->faults.hits(kind); }
+
+void maybe_fault(ps_device_ctx* ctx, ps_fault_kind kind, const char* what) {
+  ctx->faults.maybe_fail(kind, what);
+}
+
+void add_pinned(const void* ptr, size_t bytes) {
+  std::lock_guard lock(process().mu);
+  process().pinned[static_cast<const char*>(ptr)] = bytes;
+}
+
+void remove_pinned(const void* ptr) {
+  std::lock_guard lock(process().mu);
+  process().pinned.erase(static_cast<const char*>(ptr));
+}
+
+// True when [ptr, ptr+bytes) lies inside one pinned buffer of this plugin.
+bool is_pinned(const void* ptr, size_t bytes) {
+  const auto* p = static_cast<const char*>(ptr);
+  std::lock_guard lock(process().mu);
+  auto it = process().pinned.upper_bound(p);
+  if (it == process().pinned.begin()) return false;
+  --it;
+  return p + bytes <= it->first + it->second;
+}
+
+// ---- retry list (Note [Releases that failed]) ----
+
+// Takes `ptr` off the retry list (the runtime hands it back now).
+void unlist(ps_device_ctx* ctx, const void* ptr) {
+  std::lock_guard lock(ctx->mu);
+  std::erase_if(ctx->retry, [ptr](const RetryItem& r) { return r.a.ptr == ptr; });
+}
+
+void relist(ps_device_ctx* ctx, Retry kind, const ps_allocation& a) noexcept {
+  try {
+    std::lock_guard lock(ctx->mu);
+    ctx->retry.push_back(RetryItem{kind, a});
+  } catch (...) {  // no memory to remember it: the release error is still reported
+  }
+}
+
+// Runs a release body; on failure the object goes on the retry list.
+template <class Body>
+int release(ps_device_ctx* ctx, Retry kind, const ps_allocation& a, Body&& body) {
+  unlist(ctx, a.ptr);
+  const int status = guarded(std::forward<Body>(body));
+  if (status != PS_OK) relist(ctx, kind, a);
+  return status;
+}
+
+// ---- process init and context set-up ----
+
+// Loads the runtime if needed and counts one more context; aclInit for the first.
+void acquire_process() {
+  Process& p = process();
+  std::lock_guard lock(p.mu);
+  if (!p.rt) {
+    // Error(no_device) naming every candidate; guarded() keeps its code.
+    p.rt = acl::load_runtime(acl::search_inputs_from_environment());
+    pinstage::log(pinstage::LogLevel::info,
+                  "acl: loaded " + p.rt->path + " (from " + p.rt->origin + ")");
+  }
+  if (p.contexts == 0) {
+    const aclError code = p.rt->aclInit(nullptr);
+    if (code != acl::ACL_SUCCESS && code != acl::ACL_ERROR_REPEAT_INITIALIZE)
+      fail(acl::status_from_acl(code, PS_ERR_NO_DEVICE),
+           "acl: " + acl::call_error(*p.rt, "aclInit", code));
+  }
+  ++p.contexts;
+}
+
+// One context fewer; aclFinalize after the last. Returns the error text, or empty.
+std::string release_process() noexcept {
+  Process& p = process();
+  std::lock_guard lock(p.mu);
+  if (p.contexts == 0 || --p.contexts > 0) return {};
+  const aclError code = p.rt->aclFinalize();
+  return code == acl::ACL_SUCCESS ? std::string() : acl::call_error(*p.rt, "aclFinalize", code);
+}
+
+void require_device(int device_id) {
+  uint32_t count = 0;
+  check(runtime().aclrtGetDeviceCount(&count), "aclrtGetDeviceCount", PS_ERR_NO_DEVICE);
+  if (count == 0) fail(PS_ERR_NO_DEVICE, "acl: aclrtGetDeviceCount found no Ascend device");
+  if (static_cast<uint32_t>(device_id) >= count)
+    fail(PS_ERR_NO_DEVICE, "acl: Ascend device " + std::to_string(device_id) + " does not exist: " +
+                               std::to_string(count) + " device(s) visible (ids 0.." +
+                               std::to_string(count - 1) + "; see ASCEND_RT_VISIBLE_DEVICES)");
+}
+
+// Opens the device, makes the context and reads the memory size. `ctx` may be half made
+// when this throws: teardown() undoes what is there.
+void open_device(ps_device_ctx* ctx, uint64_t requested, bool& device_set) {
+  const Runtime& rt = runtime();
+  const std::string dev = std::to_string(ctx->device);
+  check(rt.aclrtSetDevice(ctx->device), "aclrtSetDevice(" + dev + ")", PS_ERR_NO_DEVICE);
+  device_set = true;
+  check(rt.aclrtCreateContext(&ctx->context, ctx->device), "aclrtCreateContext(" + dev + ")");
+  use_ctx(ctx);
+  size_t free_bytes = 0, total_bytes = 0;
+  check(rt.aclrtGetMemInfo(acl::ACL_HBM_MEM, &free_bytes, &total_bytes),
+        "aclrtGetMemInfo(ACL_HBM_MEM) on device " + dev);
+  ctx->capacity = requested == 0 ? total_bytes : std::min<uint64_t>(requested, total_bytes);
+  pinstage::log(pinstage::LogLevel::info,
+                "acl: device " + dev + " has " + std::to_string(total_bytes >> 20) + " MiB (" +
+                    std::to_string(free_bytes >> 20) + " free), capacity " +
+                    std::to_string(ctx->capacity >> 20) + " MiB, pinned_mode=" +
+                    pinstage::cuda::pinned_mode_name(ctx->config.pinned_mode));
+}
+
+// ---- releases, shared by the slots and the retry at teardown ----
+
+void destroy_stream(const ps_device_ctx* ctx, ps_stream* s) {
+  const Runtime& rt = runtime();
+  // The ABI promises queued copies are done when this returns (their buffers go next).
+  // A failed sync still destroys the stream (which ends its work), so the memory its
+  // copies use can go next; the sync's error is logged.
+  const aclError synced = rt.aclrtSynchronizeStream(s->stream);
+  const std::string sync_error =
+      synced == acl::ACL_SUCCESS
+          ? std::string()
+          : acl::call_error(rt,
+                            "aclrtSynchronizeStream before destroying a stream on " + dev_name(ctx),
+                            synced);
+  check(rt.aclrtDestroyStream(s->stream),
+        "aclrtDestroyStream on " + dev_name(ctx) +
+            (sync_error.empty() ? "" : " (after " + sync_error + ")"));
+  delete s;
+  if (!sync_error.empty()) pinstage::log(pinstage::LogLevel::error, "acl: " + sync_error);
+}
+
+void destroy_event(const ps_device_ctx* ctx, ps_event* e) {
+  check(runtime().aclrtDestroyEvent(e->event), "aclrtDestroyEvent on " + dev_name(ctx));
+  delete e;
+}
+
+void free_device(ps_device_ctx* ctx, const ps_allocation& a) {
+  // On failure the memory may still be held: it stays committed.
+  check(runtime().aclrtFree(a.ptr),
+        [&] { return "aclrtFree of " + std::to_string(a.bytes) + " bytes on " + dev_name(ctx); });
+  std::lock_guard lock(ctx->mu);
+  ctx->committed -= std::min<uint64_t>(a.bytes, ctx->committed);
+}
+
+// Unregisters what is still registered (last chunk first), then unmaps. A failure leaves
+// the rest registered and mapped, for the retry: unmapping locked memory is not safe.
+void unpin_registered(const ps_device_ctx* ctx, RegisteredPages* record) {
+  while (!record->chunks.empty()) {
+    const auto [ptr, bytes] = record->chunks.back();
+    check(runtime().aclrtHostUnregister(ptr), [&, bytes = bytes] {
+      return "aclrtHostUnregister of a " + std::to_string(bytes) + " byte pinned chunk on " +
+             dev_name(ctx);
+    });
+    record->chunks.pop_back();
+  }
+  std::string error;
+  if (!pinstage::unmap_pages(record->pages, &error))
+    fail(PS_ERR_BACKEND, "acl: releasing a pinned buffer on " + dev_name(ctx) + ": " + error);
+  delete record;
+}
+
+void free_host(const ps_device_ctx* ctx, const ps_allocation& a) {
+  auto* record = static_cast<RegisteredPages*>(a.handle);
+  if (record != nullptr) {
+    require(a.ptr == record->pages.data,
+            "host_free_pinned: the pointer does not match its allocation's handle");
+    unpin_registered(ctx, record);
+  } else {
+    check(runtime().aclrtFreeHost(a.ptr), [&] {
+      return "aclrtFreeHost of a " + std::to_string(a.bytes) + " byte pinned buffer on " +
+             dev_name(ctx);
+    });
+  }
+  remove_pinned(a.ptr);
+}
+
+void release_item(ps_device_ctx* ctx, const RetryItem& item) {
+  switch (item.kind) {
+    case Retry::stream:
+      return destroy_stream(ctx, static_cast<ps_stream*>(item.a.ptr));
+    case Retry::event:
+      return destroy_event(ctx, static_cast<ps_event*>(item.a.ptr));
+    case Retry::device:
+      return free_device(ctx, item.a);
+    case Retry::host:
+      return free_host(ctx, item.a);
+  }
+}
+
+// Runs one teardown step; its error text joins `errors` and the next step still runs.
+template <class Step>
+void step(std::string& errors, Step&& body) noexcept {
+  const int status = guarded(std::forward<Step>(body));
+  if (status != PS_OK) errors += (errors.empty() ? "" : "; ") + t_last_error;
+}
+
+// Runs a teardown call; a failure is logged and the call made once more.
+template <class Call>
+void try_twice(const std::string& what, Call&& call) {
+  const aclError first = call();
+  if (first == acl::ACL_SUCCESS) return;
+  pinstage::log(pinstage::LogLevel::warn,
+                "acl: " + acl::call_error(runtime(), what, first) + "; trying once more");
+  check(call(), what + " (second try)");
+}
+
+// Note [Teardown order]: retries, then the context, then the device, then the process.
+// Each of the last calls is tried twice: one transient failure must not leave the card
+// held. Returns the errors that remained, joined ("" when none).
+std::string teardown(ps_device_ctx* ctx, bool device_set) noexcept {
+  std::string errors;
+  const Runtime& rt = runtime();
+  if (ctx->context != nullptr) {
+    step(errors, [&] { use_ctx(ctx); });
+    for (Retry kind : {Retry::stream, Retry::event, Retry::device, Retry::host}) {
+      std::vector<RetryItem> items;
+      for (const RetryItem& r : ctx->retry)
+        if (r.kind == kind) items.push_back(r);
+      for (const RetryItem& r : items) step(errors, [&] { release_item(ctx, r); });
+    }
+    step(errors, [&] {
+      try_twice("aclrtDestroyContext on " + dev_name(ctx),
+                [&] { return rt.aclrtDestroyContext(ctx->context); });
+    });
+  }
+  if (device_set)
+    step(errors, [&] {
+      try_twice("aclrtResetDevice(" + std::to_string(ctx->device) + ")",
+                [&] { return rt.aclrtResetDevice(ctx->device); });
+    });
+  const std::string finalize = release_process();
+  if (!finalize.empty()) errors += (errors.empty() ? "" : "; ") + finalize;
+  return errors;
+}
+
+// ---- slots ----
+
+const char* acl_last_error() { return t_last_error.c_str(); }
+
+int acl_create_context(int device_id, const ps_context_options* options, ps_device_ctx** out) {
+  return guarded([&] {
+    require(out != nullptr, "create_context: output pointer is NULL");
+    *out = nullptr;
+    if (device_id < 0)
+      fail(PS_ERR_INVALID_ARGUMENT, "device id must be >= 0, got " + std::to_string(device_id));
+    auto ctx = std::make_unique<ps_device_ctx>();
+    ctx->device = device_id;
+    if (options != nullptr) {
+      require(options->config != nullptr || options->config_count == 0,
+              "create_context: config is NULL but config_count is not 0");
+      // Checked before the runtime is looked for: a typo fails the same everywhere.
+      ctx->config = pinstage::cuda::parse_config({options->config, options->config_count});
+    }
+    acquire_process();
+    bool device_set = false;
+    try {
+      require_device(device_id);
+      open_device(ctx.get(), options != nullptr ? options->device_capacity_bytes : 0, device_set);
+    } catch (...) {
+      const std::string left = teardown(ctx.get(), device_set);
+      if (!left.empty())
+        pinstage::log(pinstage::LogLevel::error,
+                      "acl: undoing a failed "
+                      "create_context: " +
+                          left);
+      throw;
+    }
+    *out = ctx.release();
+  });
+}
+
+int acl_destroy_context(ps_device_ctx* ctx) {
+  return guarded([&] {
+    require_ctx(ctx);
+    std::unique_ptr<ps_device_ctx> owned(ctx);
+    const std::string errors = teardown(ctx, true);
+    if (!errors.empty())
+      fail(PS_ERR_BACKEND, "destroying the acl context of " + dev_name(ctx) + ": " + errors);
+  });
+}
+
+int acl_device_malloc(ps_device_ctx* ctx, size_t bytes, ps_allocation* out) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(out != nullptr, "device_malloc: output pointer is NULL");
+    *out = ps_allocation{nullptr, bytes, nullptr};
+    require(bytes > 0, "device_malloc: cannot allocate 0 bytes");
+    maybe_fault(ctx, PS_FAULT_DEVICE_MALLOC, "device_malloc");
+    use_ctx(ctx);
+    {
+      std::lock_guard lock(ctx->mu);  // reserve first: two requests cannot both fit
+      if (bytes > ctx->capacity - ctx->committed)
+        fail(PS_ERR_OUT_OF_MEMORY,
+             "device_malloc of " + std::to_string(bytes) + " bytes on " + dev_name(ctx) +
+                 " exceeds the capacity: " + std::to_string(ctx->committed) + " of " +
+                 std::to_string(ctx->capacity) + " bytes already committed");
+      ctx->committed += bytes;
+    }
+    void* ptr = nullptr;
+    const aclError code = runtime().aclrtMalloc(&ptr, bytes, acl::ACL_MEM_MALLOC_HUGE_FIRST);
+    if (code != acl::ACL_SUCCESS) {
+      {
+        std::lock_guard lock(ctx->mu);
+        ctx->committed -= bytes;
+      }
+      check(code, "aclrtMalloc(" + std::to_string(bytes) +
+                      " bytes, ACL_MEM_MALLOC_HUGE_FIRST) on " + dev_name(ctx));
+    }
+    out->ptr = ptr;
+  });
+}
+
+int acl_device_free(ps_device_ctx* ctx, const ps_allocation* allocation) {
+  if (ctx == nullptr || allocation == nullptr || allocation->ptr == nullptr)
+    return guarded([] { require(false, "device_free: context, allocation or pointer is NULL"); });
+  return release(ctx, Retry::device, *allocation, [&] {
+    maybe_fault(ctx, PS_FAULT_DEVICE_FREE, "device_free");
+    use_ctx(ctx);
+    free_device(ctx, *allocation);
+  });
+}
+
+// The corrupt_h2d fault: flip one bit of the upload's middle byte once it has landed.
+void corrupt_middle_byte(const ps_device_ctx* ctx, void* dst, size_t bytes) {
+  const Runtime& rt = runtime();
+  unsigned char byte = 0;
+  auto* where = static_cast<unsigned char*>(dst) + bytes / 2;
+  check(rt.aclrtMemcpy(&byte, 1, where, 1, acl::ACL_MEMCPY_DEVICE_TO_HOST),
+        "aclrtMemcpy (corrupt_h2d fault read) on " + dev_name(ctx));
+  byte ^= 0x40;
+  check(rt.aclrtMemcpy(where, 1, &byte, 1, acl::ACL_MEMCPY_HOST_TO_DEVICE),
+        "aclrtMemcpy (corrupt_h2d fault write) on " + dev_name(ctx));
+}
+
+// One copy: synchronous (aclrtMemcpy) when `stream` is null, else aclrtMemcpyAsync when
+// the host side is pinned (Note [Pinned ranges]). destMax is `bytes` (see the top).
+int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, ps_stream* stream,
+            bool to_device) {
+  const char* what = to_device ? "host-to-device copy" : "device-to-host copy";
+  return guarded([&] {
+    require_ctx(ctx);
+    require(dst != nullptr && src != nullptr, to_device ? "host-to-device copy: a pointer is NULL"
+                                                        : "device-to-host copy: a pointer is NULL");
+    if (bytes == 0) return;
+    maybe_fault(ctx, to_device ? PS_FAULT_COPY_H2D : PS_FAULT_COPY_D2H, what);
+    use_ctx(ctx);
+    const Runtime& rt = runtime();
+    const auto kind = to_device ? acl::ACL_MEMCPY_HOST_TO_DEVICE : acl::ACL_MEMCPY_DEVICE_TO_HOST;
+    auto desc = [&](const char* call) {
+      return std::string(call) + " (" + what + " of " + std::to_string(bytes) + " bytes on " +
+             dev_name(ctx) + ")";
+    };
+    const void* host = to_device ? src : dst;
+    if (stream != nullptr && is_pinned(host, bytes)) {
+      check(
+          rt.aclrtMemcpyAsync(dst, bytes, src, bytes, kind, stream->stream),
+          [&] { return desc("aclrtMemcpyAsync"); }, PS_ERR_COPY_FAILED);
+    } else {
+      if (stream != nullptr)  // pageable: keep the stream's order, then copy synchronously
+        check(
+            rt.aclrtSynchronizeStream(stream->stream),
+            [&] { return desc("aclrtSynchronizeStream before aclrtMemcpy"); }, PS_ERR_COPY_FAILED);
+      check(
+          rt.aclrtMemcpy(dst, bytes, src, bytes, kind), [&] { return desc("aclrtMemcpy"); },
+          PS_ERR_COPY_FAILED);
+    }
+    if (to_device && fault_hits(ctx, PS_FAULT_CORRUPT_H2D)) {
+      if (stream != nullptr)
+        check(rt.aclrtSynchronizeStream(stream->stream), desc("aclrtSynchronizeStream"));
+      corrupt_middle_byte(ctx, dst, bytes);
+    }
+  });
+}
+
+int acl_copy_h2d(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes) {
+  return do_copy(ctx, dst, src, bytes, nullptr, true);
+}
+
+int acl_copy_d2h(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes) {
+  return do_copy(ctx, dst, src, bytes, nullptr, false);
+}
+
+int acl_copy_h2d_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+                       ps_stream* stream) {
+  if (stream == nullptr)
+    return guarded(
+        [] { fail(PS_ERR_INVALID_ARGUMENT, "host-to-device async copy: stream is NULL"); });
+  return do_copy(ctx, dst, src, bytes, stream, true);
+}
+
+int acl_copy_d2h_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+                       ps_stream* stream) {
+  if (stream == nullptr)
+    return guarded(
+        [] { fail(PS_ERR_INVALID_ARGUMENT, "device-to-host async copy: stream is NULL"); });
+  return do_copy(ctx, dst, src, bytes, stream, false);
+}
+
+int acl_stream_create(ps_device_ctx* ctx, ps_stream** out) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(out != nullptr, "stream_create: output pointer is NULL");
+    *out = nullptr;
+    use_ctx(ctx);
+    auto s = std::make_unique<ps_stream>();
+    check(runtime().aclrtCreateStream(&s->stream), "aclrtCreateStream on " + dev_name(ctx));
+    *out = s.release();
+  });
+}
+
+int acl_stream_destroy(ps_device_ctx* ctx, ps_stream* stream) {
+  if (ctx == nullptr || stream == nullptr)
+    return guarded([] { require(false, "stream_destroy: context or stream is NULL"); });
+  return release(ctx, Retry::stream, ps_allocation{stream, 0, nullptr}, [&] {
+    use_ctx(ctx);
+    destroy_stream(ctx, stream);
+  });
+}
+
+int acl_stream_sync(ps_device_ctx* ctx, ps_stream* stream) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(stream != nullptr, "stream_sync: stream is NULL");
+    use_ctx(ctx);
+    check(
+        runtime().aclrtSynchronizeStream(stream->stream),
+        [ctx] { return "aclrtSynchronizeStream on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
+  });
+}
+
+int acl_event_create(ps_device_ctx* ctx, ps_event** out) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(out != nullptr, "event_create: output pointer is NULL");
+    *out = nullptr;
+    use_ctx(ctx);
+    auto e = std::make_unique<ps_event>();
+    check(runtime().aclrtCreateEvent(&e->event), "aclrtCreateEvent on " + dev_name(ctx));
+    *out = e.release();
+  });
+}
+
+int acl_event_destroy(ps_device_ctx* ctx, ps_event* event) {
+  if (ctx == nullptr || event == nullptr)
+    return guarded([] { require(false, "event_destroy: context or event is NULL"); });
+  return release(ctx, Retry::event, ps_allocation{event, 0, nullptr}, [&] {
+    use_ctx(ctx);
+    destroy_event(ctx, event);
+  });
+}
+
+int acl_event_record(ps_device_ctx* ctx, ps_event* event, ps_stream* stream) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(event != nullptr && stream != nullptr, "event_record: event or stream is NULL");
+    use_ctx(ctx);
+    check(runtime().aclrtRecordEvent(event->event, stream->stream),
+          [ctx] { return "aclrtRecordEvent on " + dev_name(ctx); });
+  });
+}
+
+int acl_event_sync(ps_device_ctx* ctx, ps_event* event) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(event != nullptr, "event_sync: event is NULL");
+    use_ctx(ctx);
+    check(
+        runtime().aclrtSynchronizeEvent(event->event),
+        [ctx] { return "aclrtSynchronizeEvent on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
+  });
+}
+
+// ---- pinned host memory ----
+
+void* pin_by_malloc_host(const ps_device_ctx* ctx, size_t bytes) {
+  void* ptr = nullptr;
+  check(runtime().aclrtMallocHost(&ptr, bytes), [&] {
+    return "aclrtMallocHost of " + std::to_string(bytes) + " bytes for " + dev_name(ctx) +
+           " (in a container, raise RLIMIT_MEMLOCK)";
+  });
+  return ptr;
+}
+
+// Register mode: the one parallel pre-fault, then aclrtHostRegister per chunk. Returns
+// nullptr when the runtime answers ACL_ERROR_RT_FEATURE_NOT_SUPPORT (nothing is left
+// mapped or registered then), so the caller falls back.
+std::unique_ptr<RegisteredPages> pin_by_register(const ps_device_ctx* ctx, size_t bytes) {
+  auto record = std::make_unique<RegisteredPages>();
+  pinstage::MapOptions options;
+  options.threads = ctx->config.prefault_threads;
+  options.huge_pages = ctx->config.register_thp;
+  options.method = pinstage::PrefaultMethod::populate;
+  record->pages = pinstage::map_pages(bytes, options);
+  auto* data = static_cast<char*>(record->pages.data);
+  const size_t total = record->pages.bytes, chunk = ctx->config.register_chunk_bytes;
+  for (size_t done = 0; done < total; done += chunk) {
+    const size_t n = std::min(chunk, total - done);
+    void* dev_ptr = nullptr;
+    const aclError code = runtime().aclrtHostRegister(data + done, n, 0, &dev_ptr);
+    if (code == acl::ACL_SUCCESS) {
+      record->chunks.emplace_back(data + done, n);
+      continue;
+    }
+    std::string text = acl::call_error(
+        runtime(), "aclrtHostRegister of " + std::to_string(n) + " bytes for " + dev_name(ctx),
+        code);
+    bool undone = true;
+    RegisteredPages* raw = record.release();
+    try {
+      unpin_registered(ctx, raw);  // deletes the record
+    } catch (const pinstage::backend::SlotError& e) {
+      text += "; then " + e.message;  // left registered and mapped: never reused
+      undone = false;
+    }
+    if (undone && code == acl::ACL_ERROR_RT_FEATURE_NOT_SUPPORT) return nullptr;
+    fail(acl::status_from_acl(code, PS_ERR_BACKEND), "acl: " + text);
+  }
+  return record;
+}
+
+void count_pinning(ps_device_ctx* ctx, ps_acl_pin_mode mode, size_t bytes, double seconds) {
+  std::lock_guard lock(ctx->mu);
+  ps_acl_pin_stats& s = ctx->pin_stats;
+  if (mode == PS_ACL_PIN_REGISTER) {
+    ++s.register_count;
+    s.register_bytes += bytes;
+  } else {
+    ++s.malloc_host_count;
+    s.malloc_host_bytes += bytes;
+  }
+  if (mode == PS_ACL_PIN_FALLBACK) {
+    ++s.fallback_count;
+    s.fallback_bytes += bytes;
+    ctx->register_unsupported = true;
+  }
+  s.last_mode = mode;
+  s.last_seconds = seconds;
+}
+
+int acl_host_alloc_pinned(ps_device_ctx* ctx, size_t bytes, ps_allocation* out) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(out != nullptr, "host_alloc_pinned: output pointer is NULL");
+    *out = ps_allocation{nullptr, bytes, nullptr};
+    require(bytes > 0, "host_alloc_pinned: cannot allocate 0 bytes");
+    maybe_fault(ctx, PS_FAULT_HOST_ALLOC, "host_alloc_pinned");
+    use_ctx(ctx);
+    const pinstage::Stopwatch watch;
+    ps_acl_pin_mode mode = PS_ACL_PIN_MALLOC_HOST;
+    bool skip_register;
+    {
+      std::lock_guard lock(ctx->mu);
+      skip_register = ctx->register_unsupported;
+    }
+    if (pinstage::cuda::choose_pinned_mode(ctx->config, bytes) == PinnedMode::reg) {
+      std::unique_ptr<RegisteredPages> record;
+      if (!skip_register) record = pin_by_register(ctx, bytes);
+      if (record) {
+        mode = PS_ACL_PIN_REGISTER;
+        out->ptr = record->pages.data;
+        out->handle = record.release();
+      } else {
+        mode = PS_ACL_PIN_FALLBACK;
+        pinstage::log(pinstage::LogLevel::info,
+                      "acl: aclrtHostRegister answered ACL_ERROR_RT_FEATURE_NOT_SUPPORT on " +
+                          dev_name(ctx) + "; pinned memory falls back to aclrtMallocHost");
+      }
+    }
+    if (out->ptr == nullptr) out->ptr = pin_by_malloc_host(ctx, bytes);
+    add_pinned(out->ptr, bytes);
+    count_pinning(ctx, mode, bytes, watch.seconds());
+  });
+}
+
+int acl_host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
+  if (ctx == nullptr || allocation == nullptr || allocation->ptr == nullptr)
+    return guarded(
+        [] { require(false, "host_free_pinned: context, allocation or pointer is NULL"); });
+  return release(ctx, Retry::host, *allocation, [&] {
+    maybe_fault(ctx, PS_FAULT_HOST_FREE, "host_free_pinned");
+    use_ctx(ctx);
+    free_host(ctx, *allocation);
+  });
+}
+
+int acl_mem_info(ps_device_ctx* ctx, uint64_t* capacity, uint64_t* committed) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(capacity != nullptr && committed != nullptr, "mem_info: an output pointer is NULL");
+    std::lock_guard lock(ctx->mu);
+    *capacity = ctx->capacity;
+    *committed = ctx->committed;
+  });
+}
+
+int acl_get_capabilities(ps_device_ctx* ctx, ps_capabilities* out) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(out != nullptr, "get_capabilities: output pointer is NULL");
+    *out = ps_capabilities{
+        .pinned_is_page_locked = 1,
+        .async_copy = 1,
+        .execute = 0,  // no host callables: a scene on acl checks integrity only
+        .device_memory_is_host = 0,
+    };
+  });
+}
+
+int acl_inject_fault(ps_device_ctx* ctx, int kind, uint64_t nth) {
+  return guarded([&] {
+    require_ctx(ctx);
+    ctx->faults.set(kind, nth);
+  });
+}
+
+int acl_pin_stats(ps_device_ctx* ctx, ps_acl_pin_stats* out) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(out != nullptr, "acl.pin_stats: output pointer is NULL");
+    std::lock_guard lock(ctx->mu);
+    *out = ctx->pin_stats;
+  });
+}
+
+void* acl_get_proc_address(const char* name) {
+  if (name != nullptr && std::strcmp(name, PS_ACL_PIN_STATS_NAME) == 0) {
+    const ps_acl_pin_stats_fn fn = acl_pin_stats;  // checks the documented signature
+    return reinterpret_cast<void*>(fn);
+  }
+  return nullptr;
+}
+
+constexpr ps_platform_api kApi = {
+    .api_version = PINSTAGE_PLATFORM_API_VERSION,
+    .name = "acl",
+    .last_error = acl_last_error,
+    .get_proc_address = acl_get_proc_address,
+    .create_context = acl_create_context,
+    .destroy_context = acl_destroy_context,
+    .device_malloc = acl_device_malloc,
+    .device_free = acl_device_free,
+    .copy_h2d = acl_copy_h2d,
+    .copy_d2h = acl_copy_d2h,
+    .stream_create = acl_stream_create,
+    .stream_destroy = acl_stream_destroy,
+    .stream_sync = acl_stream_sync,
+    .copy_h2d_async = acl_copy_h2d_async,
+    .copy_d2h_async = acl_copy_d2h_async,
+    .event_create = acl_event_create,
+    .event_destroy = acl_event_destroy,
+    .event_record = acl_event_record,
+    .event_sync = acl_event_sync,
+    .host_alloc_pinned = acl_host_alloc_pinned,
+    .host_free_pinned = acl_host_free_pinned,
+    .mem_info = acl_mem_info,
+    .get_capabilities = acl_get_capabilities,
+    .host_execute = nullptr,  // the acl backend only stages data
+    .inject_fault = acl_inject_fault,
+};
+
+}  // namespace
+
+extern "C" PINSTAGE_PLUGIN_EXPORT const ps_platform_api* pinstage_platform_entry(void) {
+  return &kApi;
+}

@@ -1,0 +1,470 @@
+// The acl backend over the libascendcl double (PINSTAGE_ACL_LIBRARY, set by ctest):
+//  - DoubleRules.*: each rule of the double broken on purpose, straight through the ACL
+//    functions, is answered with its error code and recorded as a violation.
+//  - AclPlugin.*: the plugin through pinstage::Worker keeps every rule (no violation),
+//    makes its context current on every thread, tears down in order even when a step
+//    fails, falls back to aclrtMallocHost, and names the failing call in its errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/acl/acl_ext.h"
+#include "fake_acl_client.h"
+#include "pinstage/worker.h"
+#include "tensor_test_util.h"
+
+namespace pinstage {
+namespace {
+
+using namespace pinstage::acl;  // NOLINT: ACL names
+using test::error_of;
+using test::fake_acl;
+using test::pattern;
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The double's defaults, and a clean record, for every test.
+void reset_double() {
+  fake_acl().reset();
+  fake_acl().configure(2, uint64_t{1} << 30, 0, 1);
+  fake_acl().trace_on(0);
+}
+
+// ---- the double's rules, broken on purpose ----
+
+class DoubleRules : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    reset_double();
+    ASSERT_EQ(rt.aclInit(nullptr), ACL_SUCCESS);
+    ASSERT_EQ(rt.aclrtSetDevice(0), ACL_SUCCESS);
+    ASSERT_EQ(rt.aclrtCreateContext(&ctx, 0), ACL_SUCCESS);
+    ASSERT_EQ(rt.aclrtMalloc(&dev, 64, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+    ASSERT_EQ(rt.aclrtMallocHost(&pinned, 4096), ACL_SUCCESS);
+  }
+  void TearDown() override {
+    rt.aclFinalize();  // releases whatever a test left (a leak there is not this test's)
+    fake_acl().reset();
+  }
+  // Exactly one violation, of `kind`.
+  void expect_only(fake_acl_violation kind) {
+    EXPECT_EQ(fake_acl().violations(kind), 1u) << fake_acl().all_violations();
+    EXPECT_EQ(fake_acl().violations(-1), 1u) << fake_acl().all_violations();
+  }
+  const Runtime& rt = *fake_acl().rt;
+  aclrtContext ctx = nullptr;
+  void* dev = nullptr;
+  void* pinned = nullptr;
+  std::vector<unsigned char> pageable = std::vector<unsigned char>(256, 7);
+};
+
+TEST_F(DoubleRules, ACallFromAThreadWithNoContextIsRefused) {
+  aclError code = ACL_SUCCESS;
+  std::thread([&] {
+    code = rt.aclrtMemcpy(dev, 64, pageable.data(), 16, ACL_MEMCPY_HOST_TO_DEVICE);
+  }).join();
+  EXPECT_EQ(code, ACL_ERROR_RT_CONTEXT_NULL);
+  expect_only(FAKE_ACL_NO_CONTEXT);
+}
+
+TEST_F(DoubleRules, ACopyOfMoreThanDestMaxIsRefused) {
+  EXPECT_EQ(rt.aclrtMemcpy(dev, 8, pageable.data(), 16, ACL_MEMCPY_HOST_TO_DEVICE),
+            ACL_ERROR_INVALID_PARAM);
+  expect_only(FAKE_ACL_COPY_OVERFLOW);
+}
+
+TEST_F(DoubleRules, ACopyLeavingItsAllocationIsRefused) {
+  auto* mid = static_cast<char*>(dev) + 32;
+  EXPECT_EQ(rt.aclrtMemcpy(mid, 64, pageable.data(), 64, ACL_MEMCPY_HOST_TO_DEVICE),
+            ACL_ERROR_RT_PARAM_INVALID);
+  expect_only(FAKE_ACL_COPY_OUTSIDE);
+}
+
+TEST_F(DoubleRules, ADestMaxBeyondTheRealRoomIsRefused) {
+  EXPECT_EQ(rt.aclrtMemcpy(dev, 128, pageable.data(), 16, ACL_MEMCPY_HOST_TO_DEVICE),
+            ACL_ERROR_INVALID_PARAM);
+  expect_only(FAKE_ACL_DESTMAX_OVERSTATED);
+}
+
+TEST_F(DoubleRules, AnAsyncCopyFromPageableMemoryIsRefused) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(rt.aclrtCreateStream(&s), ACL_SUCCESS);
+  EXPECT_EQ(rt.aclrtMemcpyAsync(dev, 64, pageable.data(), 64, ACL_MEMCPY_HOST_TO_DEVICE, s),
+            ACL_ERROR_RT_PARAM_INVALID);
+  expect_only(FAKE_ACL_ASYNC_PAGEABLE);
+}
+
+TEST_F(DoubleRules, AnUnalignedRegisterIsRefused) {
+  void* base = std::aligned_alloc(4096, 8192);
+  void* dev_ptr = nullptr;
+  EXPECT_EQ(rt.aclrtHostRegister(static_cast<char*>(base) + 64, 4096, 0, &dev_ptr),
+            ACL_ERROR_RT_DRV_INTERNAL_ERROR);
+  expect_only(FAKE_ACL_REGISTER_UNALIGNED);
+  std::free(base);
+}
+
+TEST_F(DoubleRules, UnregisteringWhatWasNeverRegisteredIsRefused) {
+  EXPECT_EQ(rt.aclrtHostUnregister(pageable.data()), ACL_ERROR_RT_PARAM_INVALID);
+  expect_only(FAKE_ACL_UNREGISTER_UNKNOWN);
+}
+
+TEST_F(DoubleRules, RegisteringTwiceIsRefused) {
+  void* base = std::aligned_alloc(4096, 8192);
+  void* dev_ptr = nullptr;
+  ASSERT_EQ(rt.aclrtHostRegister(base, 8192, 0, &dev_ptr), ACL_SUCCESS);
+  EXPECT_EQ(rt.aclrtHostRegister(base, 4096, 0, &dev_ptr), ACL_ERROR_RT_PARAM_INVALID);
+  expect_only(FAKE_ACL_REGISTER_OVERLAP);
+  EXPECT_EQ(rt.aclrtHostUnregister(base), ACL_SUCCESS);
+  std::free(base);
+}
+
+TEST_F(DoubleRules, FreeingAnUnknownPointerIsRefused) {
+  EXPECT_EQ(rt.aclrtFree(pageable.data()), ACL_ERROR_RT_MEMORY_FREE);
+  expect_only(FAKE_ACL_FREE_UNKNOWN);
+  EXPECT_EQ(rt.aclrtFree(static_cast<char*>(dev) + 1), ACL_ERROR_RT_MEMORY_FREE);  // not a start
+  EXPECT_EQ(fake_acl().violations(FAKE_ACL_FREE_UNKNOWN), 2u);
+}
+
+TEST_F(DoubleRules, FreeHostOfMemoryMallocHostDidNotGiveIsRefused) {
+  EXPECT_EQ(rt.aclrtFreeHost(dev), ACL_ERROR_RT_MEMORY_FREE);  // device memory
+  expect_only(FAKE_ACL_FREEHOST_NOT_MALLOCHOST);
+}
+
+TEST_F(DoubleRules, ResettingADeviceWithLivePinnedMemoryIsRefused) {
+  ASSERT_EQ(rt.aclrtFree(dev), ACL_SUCCESS);
+  ASSERT_EQ(rt.aclrtDestroyContext(ctx), ACL_SUCCESS);
+  // The pinned block is still alive: "the card would hang".
+  EXPECT_EQ(rt.aclrtResetDevice(0), ACL_ERROR_RT_DRV_INTERNAL_ERROR);
+  expect_only(FAKE_ACL_RESET_WITH_LIVE);
+  EXPECT_TRUE(has(fake_acl().all_violations(), "1 aclrtMallocHost")) << fake_acl().all_violations();
+  // Freed first, the reset goes through.
+  ASSERT_EQ(rt.aclrtSetDevice(0), ACL_SUCCESS);  // the default context, to free from
+  ASSERT_EQ(rt.aclrtFreeHost(pinned), ACL_SUCCESS);
+  EXPECT_EQ(rt.aclrtResetDevice(0), ACL_SUCCESS);
+  EXPECT_EQ(rt.aclrtResetDevice(0), ACL_SUCCESS);
+  EXPECT_EQ(fake_acl().live(0).device_refs, 0u);
+}
+
+TEST_F(DoubleRules, FinalizingWithLiveObjectsIsALeak) {
+  EXPECT_EQ(rt.aclFinalize(), ACL_ERROR_INTERNAL_ERROR);
+  expect_only(FAKE_ACL_LEAK_AT_FINALIZE);
+  EXPECT_TRUE(has(fake_acl().all_violations(), "1 aclrtMallocHost, 0 registered, 1 aclrtMalloc"))
+      << fake_acl().all_violations();
+  uint32_t count = 0;
+  EXPECT_EQ(rt.aclrtGetDeviceCount(&count), ACL_ERROR_UNINITIALIZE);  // and it is final
+  EXPECT_EQ(fake_acl().violations(FAKE_ACL_UNINITIALIZED), 1u);
+}
+
+TEST_F(DoubleRules, ReleasingMemoryAQueuedCopyUsesIsRefused) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(rt.aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_EQ(rt.aclrtMemcpyAsync(dev, 64, pinned, 64, ACL_MEMCPY_HOST_TO_DEVICE, s), ACL_SUCCESS);
+  EXPECT_EQ(rt.aclrtFreeHost(pinned), ACL_ERROR_RT_MEMORY_FREE);
+  expect_only(FAKE_ACL_FREE_IN_USE);
+}
+
+TEST_F(DoubleRules, AsyncCopiesLandOnlyAtASynchronize) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(rt.aclrtCreateStream(&s), ACL_SUCCESS);
+  std::memset(pinned, 0x33, 64);
+  ASSERT_EQ(rt.aclrtMemcpy(dev, 64, pinned, 64, ACL_MEMCPY_HOST_TO_DEVICE), ACL_SUCCESS);
+  std::memset(pinned, 0x44, 64);
+  ASSERT_EQ(rt.aclrtMemcpyAsync(dev, 64, pinned, 64, ACL_MEMCPY_HOST_TO_DEVICE, s), ACL_SUCCESS);
+  unsigned char back[64];
+  ASSERT_EQ(rt.aclrtMemcpy(back, 64, dev, 64, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+  EXPECT_EQ(back[0], 0x33);  // not yet
+  ASSERT_EQ(rt.aclrtSynchronizeStream(s), ACL_SUCCESS);
+  ASSERT_EQ(rt.aclrtMemcpy(back, 64, dev, 64, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+  EXPECT_EQ(back[0], 0x44);
+  EXPECT_EQ(fake_acl().violations(-1), 0u) << fake_acl().all_violations();
+}
+
+TEST_F(DoubleRules, DeviceMemoryUsedFromAnotherDevicesContextIsRefused) {
+  ASSERT_EQ(rt.aclrtSetDevice(1), ACL_SUCCESS);  // device 1's default context is current
+  EXPECT_EQ(rt.aclrtMemcpy(dev, 64, pageable.data(), 64, ACL_MEMCPY_HOST_TO_DEVICE),
+            ACL_ERROR_RT_PARAM_INVALID);
+  expect_only(FAKE_ACL_WRONG_DEVICE);
+}
+
+TEST_F(DoubleRules, InjectedFailuresHitTheNthCallOnceAndMemlockIsLimited) {
+  fake_acl().fail_nth("aclrtMalloc", 2, ACL_ERROR_RT_MEMORY_ALLOCATION);
+  void* a = nullptr;
+  EXPECT_EQ(rt.aclrtMalloc(&a, 16, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  EXPECT_EQ(rt.aclrtMalloc(&a, 16, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_RT_MEMORY_ALLOCATION);
+  EXPECT_EQ(rt.aclrtMalloc(&a, 16, ACL_MEM_MALLOC_HUGE_FIRST), ACL_SUCCESS);
+  fake_acl().configure(2, uint64_t{1} << 30, 8192, 1);  // 4096 already locked
+  void* p = nullptr;
+  EXPECT_EQ(rt.aclrtMallocHost(&p, 8192), ACL_ERROR_RT_MEMORY_ALLOCATION);
+  EXPECT_EQ(rt.aclrtMallocHost(&p, 4096), ACL_SUCCESS);
+  EXPECT_EQ(fake_acl().violations(-1), 0u);  // limits and injections are errors, not rule breaks
+}
+
+// ---- the plugin over the double ----
+
+class AclPlugin : public ::testing::Test {
+ protected:
+  void SetUp() override { reset_double(); }
+  void TearDown() override {
+    EXPECT_EQ(fake_acl().violations(-1), 0u) << fake_acl().all_violations();
+    const fake_acl_live left = fake_acl().live();
+    EXPECT_EQ(left.host_allocs + left.registrations + left.device_allocs + left.streams +
+                  left.events + left.contexts + left.device_refs,
+              0u);
+  }
+  static WorkerOptions register_mode() {
+    WorkerOptions o;
+    o.config = {{"pinned_mode", "register"}};
+    return o;
+  }
+  static ps_acl_pin_stats pin_stats(const Worker& w) {
+    auto fn = reinterpret_cast<ps_acl_pin_stats_fn>(w.backend_extension(PS_ACL_PIN_STATS_NAME));
+    ps_acl_pin_stats s{};
+    EXPECT_NE(fn, nullptr);
+    if (fn != nullptr) {
+      EXPECT_EQ(fn(w.native_context(), &s), PS_OK);
+    }
+    return s;
+  }
+};
+
+TEST_F(AclPlugin, EveryThreadOfACopyPoolGetsTheContext) {
+  Worker worker;
+  worker.init("acl");
+  constexpr size_t kSlice = 64 << 10;
+  constexpr int kThreads = 8;
+  DeviceBuffer dev = worker.alloc_device(kSlice * kThreads);
+  PinnedHostBuffer staging = worker.alloc_pinned_host(kSlice * kThreads);
+  const uint64_t sets_before = fake_acl().calls("aclrtSetCurrentContext");
+  std::vector<int> ok(kThreads, 0);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < kThreads; ++t)
+    pool.emplace_back([&, t] {
+      const auto src = pattern(kSlice, static_cast<unsigned>(t + 1));
+      auto* mine = static_cast<unsigned char*>(staging.data()) + t * kSlice;
+      std::memcpy(mine, src.data(), kSlice);
+      Stream stream = worker.create_stream();
+      worker.copy_to_device_async(dev, t * kSlice, mine, kSlice, stream);  // pinned: async
+      worker.synchronize(stream);
+      std::vector<unsigned char> back(kSlice);
+      worker.copy_to_host(back.data(), dev, t * kSlice, kSlice);  // pageable: sync
+      ok[t] = back == src;
+    });
+  for (auto& th : pool) th.join();
+  EXPECT_EQ(std::count(ok.begin(), ok.end(), 1), kThreads);  // the bytes arrived
+  EXPECT_GE(fake_acl().calls("aclrtSetCurrentContext") - sets_before, 4u * kThreads);
+  EXPECT_EQ(fake_acl().calls("aclrtMemcpyAsync"), static_cast<uint64_t>(kThreads));
+}
+
+// The releases and resets of a teardown, in the order they ran.
+const std::vector<std::string> kTeardownCalls = {"aclrtSynchronizeStream",
+                                                 "aclrtDestroyStream",
+                                                 "aclrtDestroyEvent",
+                                                 "aclrtFree",
+                                                 "aclrtHostUnregister",
+                                                 "aclrtFreeHost",
+                                                 "aclrtDestroyContext",
+                                                 "aclrtResetDevice",
+                                                 "aclFinalize"};
+
+// auto mode with a 1 MiB threshold: 1 MiB registers, 4096 bytes takes aclrtMallocHost.
+WorkerOptions both_pin_modes() {
+  WorkerOptions o;
+  o.config = {{"register_threshold_mb", "1"}};
+  return o;
+}
+
+// A worker holding one of everything, with a copy still queued.
+struct Holdings {
+  PinnedHostBuffer registered, malloc_host;
+  DeviceBuffer dev;
+  Stream stream;
+  Event event;
+};
+
+void hold_everything(Worker& w, Holdings& h) {
+  h.dev = w.alloc_device(1 << 20);
+  h.registered = w.alloc_pinned_host(1 << 20);
+  h.malloc_host = w.alloc_pinned_host(4096);
+  h.stream = w.create_stream();
+  h.event = w.create_event();
+  w.copy_to_device_async(h.dev, 0, h.registered.data(), 1 << 20, h.stream);
+  w.record(h.event, h.stream);
+}
+
+TEST_F(AclPlugin, TeardownRunsInOrderOnTheHealthyPath) {
+  Worker worker;
+  worker.init("acl", 0, both_pin_modes());
+  Holdings h;
+  hold_everything(worker, h);
+  fake_acl().trace_on(1);
+  worker.finalize();
+  std::vector<std::string> calls = fake_acl().trace(kTeardownCalls);
+  ASSERT_EQ(calls.size(), 9u) << testing::PrintToString(calls);
+  // The two pinned buffers go in the runtime's table order; both after device memory.
+  std::sort(calls.begin() + 4, calls.begin() + 6);
+  EXPECT_EQ(calls, (std::vector<std::string>{
+                       "aclrtSynchronizeStream=0", "aclrtDestroyStream=0", "aclrtDestroyEvent=0",
+                       "aclrtFree=0", "aclrtFreeHost=0", "aclrtHostUnregister=0",
+                       "aclrtDestroyContext=0", "aclrtResetDevice=0", "aclFinalize=0"}));
+}
+
+class AclTeardownFailure : public AclPlugin, public ::testing::WithParamInterface<const char*> {};
+
+// One teardown call fails once: it is reported, retried before the reset, and the rest
+// still runs, so nothing outlives the device (no violation, nothing alive afterwards:
+// AclPlugin::TearDown checks both).
+TEST_P(AclTeardownFailure, IsReportedAndEverythingIsStillReleasedBeforeTheReset) {
+  const std::string failing = GetParam();
+  Worker worker;
+  worker.init("acl", 0, both_pin_modes());
+  Holdings h;
+  hold_everything(worker, h);
+  fake_acl().fail_nth(failing.c_str(), 1, ACL_ERROR_INTERNAL_ERROR);
+  fake_acl().trace_on(1);
+  testing::internal::CaptureStderr();
+  worker.finalize();
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(has(log, failing + " ") || has(log, failing + "(")) << log;
+  EXPECT_TRUE(has(log, "500000 ACL_ERROR_INTERNAL_ERROR (fake ascendcl: " + failing)) << log;
+  const auto calls = fake_acl().trace(kTeardownCalls);
+  const auto failed = std::find(calls.begin(), calls.end(), failing + "=500000");
+  ASSERT_NE(failed, calls.end()) << testing::PrintToString(calls);
+  // Retried (a failed sync still destroys the stream), after the failure.
+  const std::string redone =
+      failing == "aclrtSynchronizeStream" ? "aclrtDestroyStream=0" : failing + "=0";
+  EXPECT_NE(std::find(failed, calls.end(), redone), calls.end()) << testing::PrintToString(calls);
+  // Pinned memory is gone before the device is reset.
+  const auto reset = std::find(calls.begin(), calls.end(), "aclrtResetDevice=0");
+  ASSERT_NE(reset, calls.end()) << testing::PrintToString(calls);
+  for (const char* release : {"aclrtFreeHost=0", "aclrtHostUnregister=0", "aclrtFree=0",
+                              "aclrtDestroyStream=0", "aclrtDestroyEvent=0"})
+    EXPECT_LT(std::find(calls.begin(), calls.end(), release) - calls.begin(), reset - calls.begin())
+        << release << " after the reset: " << testing::PrintToString(calls);
+}
+
+INSTANTIATE_TEST_SUITE_P(EachStep, AclTeardownFailure,
+                         ::testing::Values("aclrtSynchronizeStream", "aclrtDestroyStream",
+                                           "aclrtDestroyEvent", "aclrtFree", "aclrtHostUnregister",
+                                           "aclrtFreeHost", "aclrtDestroyContext",
+                                           "aclrtResetDevice"));
+
+TEST_F(AclPlugin, RegisterFallsBackToMallocHostWhenUnsupported) {
+  fake_acl().configure(2, uint64_t{1} << 30, 0, 0);  // aclrtHostRegister: FEATURE_NOT_SUPPORT
+  Worker worker;
+  worker.init("acl", 0, register_mode());
+  PinnedHostBuffer a = worker.alloc_pinned_host(1 << 20);
+  PinnedHostBuffer b = worker.alloc_pinned_host(3 << 20);
+  ps_acl_pin_stats s = pin_stats(worker);
+  EXPECT_EQ(s.fallback_count, 2u);
+  EXPECT_EQ(s.fallback_bytes, 4u << 20);
+  EXPECT_EQ(s.malloc_host_count, 2u);
+  EXPECT_EQ(s.register_count, 0u);
+  EXPECT_EQ(s.last_mode, PS_ACL_PIN_FALLBACK);
+  EXPECT_EQ(fake_acl().calls("aclrtHostRegister"), 1u);  // remembered: asked once
+  EXPECT_EQ(fake_acl().live(0).host_allocs, 2u);
+  // The memory is real pinned memory of the runtime: an async upload from it works.
+  DeviceBuffer dev = worker.alloc_device(1 << 20);
+  const auto src = pattern(1 << 20, 9);
+  std::memcpy(a.data(), src.data(), src.size());
+  Stream stream = worker.create_stream();
+  worker.copy_to_device_async(dev, 0, a.data(), src.size(), stream);
+  worker.synchronize(stream);
+  std::vector<unsigned char> back(src.size());
+  worker.copy_to_host(back.data(), dev, 0, back.size());
+  EXPECT_EQ(back, src);
+}
+
+TEST_F(AclPlugin, RegisterModeRegistersPageAlignedChunksAndCountsThem) {
+  WorkerOptions options;
+  options.config = {{"pinned_mode", "register"}, {"register_chunk_mb", "1"}};
+  Worker worker;
+  worker.init("acl", 0, options);
+  PinnedHostBuffer a = worker.alloc_pinned_host((3 << 20) + 5);
+  EXPECT_EQ(fake_acl().live(0).registrations, 4u);
+  const ps_acl_pin_stats s = pin_stats(worker);
+  EXPECT_EQ(s.register_count, 1u);
+  EXPECT_EQ(s.register_bytes, (3u << 20) + 5);
+  EXPECT_EQ(s.last_mode, PS_ACL_PIN_REGISTER);
+  a.reset();
+  EXPECT_EQ(fake_acl().live(0).registrations, 0u);
+}
+
+TEST_F(AclPlugin, ErrorsNameTheCallTheCodeAndTheRuntimesMessage) {
+  Worker worker;
+  worker.init("acl");
+  fake_acl().fail_nth("aclrtMalloc", 1, ACL_ERROR_RT_MEMORY_ALLOCATION);
+  const Error e = error_of([&] { worker.alloc_device(4096); });
+  EXPECT_EQ(e.code(), ErrorCode::out_of_memory);
+  EXPECT_TRUE(has(e.what(),
+                  "aclrtMalloc(4096 bytes, ACL_MEM_MALLOC_HUGE_FIRST) on device 0 "
+                  "failed: 207001 ACL_ERROR_RT_MEMORY_ALLOCATION (fake ascendcl: "
+                  "aclrtMalloc: injected failure)"))
+      << e.what();
+  fake_acl().configure(2, uint64_t{1} << 30, 1 << 20, 1);  // a 1 MiB memlock limit
+  const Error m = error_of([&] { worker.alloc_pinned_host(2 << 20); });
+  EXPECT_EQ(m.code(), ErrorCode::out_of_memory);
+  EXPECT_TRUE(has(m.what(), "aclrtMallocHost of 2097152 bytes for device 0")) << m.what();
+  EXPECT_TRUE(has(m.what(), "raise RLIMIT_MEMLOCK")) << m.what();
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
+}
+
+TEST_F(AclPlugin, InitOncePerProcessAndFinalizeAfterTheLastWorker) {
+  Worker a, b;
+  a.init("acl");
+  b.init("acl", 1);
+  EXPECT_EQ(fake_acl().calls("aclInit"), 1u);
+  a.finalize();
+  EXPECT_EQ(fake_acl().calls("aclFinalize"), 0u);
+  EXPECT_EQ(fake_acl().live().initialized, 1);
+  b.finalize();
+  EXPECT_EQ(fake_acl().calls("aclFinalize"), 1u);
+  EXPECT_EQ(fake_acl().live().initialized, 0);
+}
+
+TEST_F(AclPlugin, ARuntimeInitialisedElsewhereIsFine) {
+  ASSERT_EQ(fake_acl().rt->aclInit(nullptr), ACL_SUCCESS);  // someone else's aclInit
+  Worker worker;
+  worker.init("acl");  // answered ACL_ERROR_REPEAT_INITIALIZE: harmless
+  EXPECT_NO_THROW(worker.alloc_device(64));
+}
+
+TEST_F(AclPlugin, DevicesAreCountedAndABadOneIsRefusedByName) {
+  fake_acl().configure(1, uint64_t{1} << 30, 0, 1);
+  Worker worker;
+  const Error e = error_of([&] { worker.init("acl", 1); });
+  EXPECT_EQ(e.code(), ErrorCode::no_device);
+  EXPECT_TRUE(has(e.what(), "Ascend device 1 does not exist: 1 device(s) visible")) << e.what();
+  EXPECT_EQ(fake_acl().live().initialized, 0);  // undone: aclFinalize after the failed init
+  fake_acl().fail_nth("aclrtCreateContext", 1, ACL_ERROR_RT_NO_DEVICE);
+  Worker again;
+  const Error c = error_of([&] { again.init("acl", 0); });
+  EXPECT_TRUE(has(c.what(), "aclrtCreateContext(0) failed: 207004 ACL_ERROR_RT_NO_DEVICE"))
+      << c.what();
+  EXPECT_EQ(fake_acl().live().device_refs, 0u);  // the device was reset again
+}
+
+TEST_F(AclPlugin, PageableAsyncCopiesTakeTheSynchronousPathInOrder) {
+  Worker worker;
+  worker.init("acl");
+  DeviceBuffer dev = worker.alloc_device(4096);
+  PinnedHostBuffer pinned = worker.alloc_pinned_host(4096);
+  std::memset(pinned.data(), 1, 4096);
+  const auto src = pattern(4096, 3);
+  Stream stream = worker.create_stream();
+  worker.copy_to_device_async(dev, 0, pinned.data(), 4096, stream);  // queued
+  worker.copy_to_device_async(dev, 0, src.data(), 4096, stream);     // pageable: after it
+  std::vector<unsigned char> back(4096);
+  worker.copy_to_host(back.data(), dev, 0, 4096);
+  EXPECT_EQ(back, src);  // the pageable copy landed last, as queued
+  EXPECT_EQ(fake_acl().calls("aclrtMemcpyAsync"), 1u);
+}
+
+}  // namespace
+}  // namespace pinstage
