@@ -2,7 +2,11 @@
 // every malformed header is refused with Error(io) and nothing stays allocated.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cstdio>
 #include <cstdlib>
@@ -171,7 +175,9 @@ std::vector<Malformed> malformed_files() {
       {"not JSON", file_of("{\"a\": [1, 2", data8), "not valid JSON"},
       {"not an object", file_of("[1, 2, 3]", data8), "JSON object"},
       {"unknown dtype",
-       file_of(one(R"("a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]})"), data8), "F64"},
+       file_of(one(R"("a":{"dtype":"F128","shape":[1],"data_offsets":[0,8]})"), data8), "F128"},
+      {"a lower-case dtype (the format spells them upper-case)",
+       file_of(one(R"("a":{"dtype":"f64","shape":[1],"data_offsets":[0,8]})"), data8), "f64"},
       {"shape and bytes differ",
        file_of(one(R"("a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]})"), data8), "span 8"},
       {"offsets past the data",
@@ -205,7 +211,7 @@ std::vector<Malformed> malformed_files() {
       {"unknown field",
        file_of(one(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1})"), data8),
        "unknown field"},
-      {"duplicate names", file_of(one(ok_entry + "," + ok_entry), data8), "twice"},
+      {"duplicate names", file_of(one(ok_entry + "," + ok_entry), data8), "repeats the key 'a'"},
       {"bad direction",
        file_of(one(ok_entry + R"(,"__metadata__":{"pinstage.direction.a":"SIDEWAYS"})"), data8),
        "SIDEWAYS"},
@@ -286,6 +292,170 @@ TEST_F(Safetensors, NegativeReaderThreadsAreRefusedBeforeAllocating) {
   EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
   EXPECT_NE(std::string(e.what()).find("threads must be >= 0"), std::string::npos);
   EXPECT_EQ(alloc.live(), 0);
+}
+
+// ---- issue 14: defects 4 (deep nesting), 5 (writes destroy data), 7 (silent acceptance) ----
+
+// 100,000 levels of nesting: refused by the depth cap with a short message, no stack
+// overflow (before the fix the message path recursed over the value and crashed).
+TEST_F(Safetensors, DeepNestingInAShapeIsRefusedNotACrash) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  write_file(path("deep.safetensors"),
+             file_of(R"({"a":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})", ""));
+  CountingAllocator alloc;
+  const Error e = error_of([&] { load_safetensors(path("deep.safetensors"), alloc); });
+  EXPECT_EQ(e.code(), ErrorCode::io);
+  EXPECT_NE(std::string(e.what()).find("nests deeper than 32 levels"), std::string::npos)
+      << e.what();
+  EXPECT_LT(std::string(e.what()).size(), 300u) << "no value dumped into the message";
+}
+
+TEST_F(Safetensors, DeepNestingInMetadataIsRefusedNotACrash) {
+  const std::string deep = std::string(100000, '{');
+  std::string nested;
+  for (int i = 0; i < 100000; ++i) nested += "{\"k\":";
+  nested += "1" + std::string(100000, '}');
+  write_file(path("deep.safetensors"), file_of(R"({"__metadata__":{"x":)" + nested + "}}", ""));
+  const Error e = error_of([&] { read_safetensors_layout(path("deep.safetensors")); });
+  EXPECT_NE(std::string(e.what()).find("nests deeper"), std::string::npos) << e.what();
+}
+
+// A huge untrusted value is never printed whole.
+TEST_F(Safetensors, MessagesQuoteUntrustedTextBounded) {
+  const std::string big(1 << 20, 'x');
+  write_file(
+      path("m.safetensors"),
+      file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"n":[")" +
+                  big + R"("]}})",
+              std::string(8, '\0')));
+  const Error e = error_of([&] { read_safetensors_layout(path("m.safetensors")); });
+  EXPECT_NE(std::string(e.what()).find("an array of 1 items"), std::string::npos) << e.what();
+  EXPECT_LT(std::string(e.what()).size(), 400u);
+  write_file(path("n.safetensors"),
+             file_of(R"({")" + big + R"(":{"dtype":"F64x","shape":[1],"data_offsets":[0,8]}})",
+                     std::string(8, '\0')));
+  const Error n = error_of([&] { read_safetensors_layout(path("n.safetensors")); });
+  EXPECT_NE(std::string(n.what()).find("(1048576 bytes)"), std::string::npos) << n.what();
+  EXPECT_LT(std::string(n.what()).size(), 600u);
+}
+
+TEST_F(Safetensors, RepeatedKeyInsideATensorEntryIsRefused) {
+  write_file(path("m.safetensors"),
+             file_of(R"({"a":{"dtype":"F32","shape":[2],"dtype":"I32","data_offsets":[0,8]}})",
+                     std::string(8, '\0')));
+  const Error e = error_of([&] { read_safetensors_layout(path("m.safetensors")); });
+  EXPECT_NE(std::string(e.what()).find("repeats the key 'dtype' inside one object"),
+            std::string::npos)
+      << e.what();
+}
+
+TEST_F(Safetensors, RepeatedKeyInMetadataIsRefused) {
+  write_file(path("m.safetensors"),
+             file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                     R"("__metadata__":{"format":"pt","format":"np"}})",
+                     std::string(8, '\0')));
+  const Error e = error_of([&] { read_safetensors_layout(path("m.safetensors")); });
+  EXPECT_NE(std::string(e.what()).find("repeats the key 'format'"), std::string::npos) << e.what();
+}
+
+TEST_F(Safetensors, NulInANameIsRefused) {
+  write_file(path("m.safetensors"),
+             file_of(R"({"a\u0000b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                     std::string(8, '\0')));
+  const Error e = error_of([&] { read_safetensors_layout(path("m.safetensors")); });
+  EXPECT_NE(std::string(e.what()).find("'a?b' holds a NUL byte"), std::string::npos) << e.what();
+  write_file(
+      path("k.safetensors"),
+      file_of(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"x\u0000":"1"}})",
+          std::string(8, '\0')));
+  EXPECT_NE(std::string(error_of([&] { read_safetensors_layout(path("k.safetensors")); }).what())
+                .find("NUL"),
+            std::string::npos);
+}
+
+TEST_F(Safetensors, LeadingByteOrderMarkIsRefused) {
+  write_file(path("m.safetensors"),
+             file_of("\xEF\xBB\xBF"
+                     R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                     std::string(8, '\0')));
+  const Error e = error_of([&] { read_safetensors_layout(path("m.safetensors")); });
+  EXPECT_NE(std::string(e.what()).find("byte-order mark"), std::string::npos) << e.what();
+}
+
+TEST_F(Safetensors, WriterRecordsEachTensorsXxh3) {
+  PageableAllocator pageable;
+  const TaskArgs args = sample_args(pageable);
+  save_safetensors(args, path("a.safetensors"));
+  const SafetensorsHeader h = read_safetensors_layout(path("a.safetensors"));
+  size_t found = 0;
+  for (const auto& [k, v] : h.metadata)
+    if (k.rfind(kSafetensorsXxh3Key, 0) == 0) {
+      const Tensor& t = args.get(k.substr(std::strlen(kSafetensorsXxh3Key)));
+      EXPECT_EQ(v, xxh3_hex(xxh3_64(t.data(), t.nbytes()))) << k;
+      ++found;
+    }
+  EXPECT_EQ(found, args.size());
+  // The standard XXH3_64bits, seed 0: known values of the reference implementation.
+  EXPECT_EQ(xxh3_64(nullptr, 0), 0x2d06800538d394c2ull);
+  EXPECT_EQ(xxh3_64("a", 1), 0xe6c632b61e964e1full);
+  Xxh3Stream s;
+  s.update("a", 1);
+  EXPECT_EQ(s.digest(), 0xe6c632b61e964e1full);
+}
+
+// A failed write leaves the previous file as it was (it used to be truncated, then
+// unlinked). The write fails for real: RLIMIT_FSIZE makes it EFBIG part way.
+TEST_F(Safetensors, FailedSaveLeavesThePreviousFileIntact) {
+  PageableAllocator pageable;
+  TaskArgs big;
+  big.add(Tensor::empty("x", DType::f32, {1 << 20}, Direction::in, pageable));
+  write_file(path("keep.safetensors"), "previous contents");
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 64 << 10;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const Error e = error_of([&] { save_safetensors(big, path("keep.safetensors")); });
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous_handler);
+  EXPECT_EQ(e.code(), ErrorCode::io);
+  EXPECT_EQ(read_file(path("keep.safetensors")), "previous contents");
+  size_t files = 0;
+  for (const auto& f : fs::directory_iterator(dir_)) files += f.is_regular_file();
+  EXPECT_EQ(files, 1u) << "no temporary file left behind";
+}
+
+TEST_F(Safetensors, NonRegularTargetIsRefusedBeforeAnyWork) {
+  PageableAllocator pageable;
+  const TaskArgs args = sample_args(pageable);
+  // Not /dev/full: the old code unlinked the target after a failed write.
+  for (const char* target : {"/dev/null"}) {
+    SCOPED_TRACE(target);
+    struct stat before {};
+    ASSERT_EQ(::stat(target, &before), 0);
+    const Error e = error_of([&] { save_safetensors(args, target); });
+    EXPECT_EQ(e.code(), ErrorCode::io);
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    struct stat after {};
+    ASSERT_EQ(::stat(target, &after), 0) << "the device is still there";
+    EXPECT_TRUE(S_ISCHR(after.st_mode));
+  }
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
+  EXPECT_EQ(error_of([&] { save_safetensors(args, path("fifo")); }).code(), ErrorCode::io);
+  EXPECT_EQ(error_of([&] { save_safetensors(args, dir_.string()); }).code(), ErrorCode::io);
+}
+
+TEST_F(Safetensors, HeaderParserFromMemoryMatchesTheFileReader) {
+  const std::string header = R"({"b":{"dtype":"F8_E5M2","shape":[3],"data_offsets":[2,5]},)"
+                             R"("a":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})";
+  const SafetensorsHeader h = parse_safetensors_header(header, 5, "memory");
+  ASSERT_EQ(h.tensors.size(), 2u);
+  EXPECT_EQ(h.tensors[0].name, "a");
+  EXPECT_EQ(h.tensors[1].dtype, "F8_E5M2");
+  EXPECT_EQ(h.data_start, 8 + header.size());
+  EXPECT_EQ(error_of([&] { parse_safetensors_header(header, 6, "memory"); }).code(), ErrorCode::io);
 }
 
 }  // namespace

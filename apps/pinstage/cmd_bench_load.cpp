@@ -1,0 +1,299 @@
+// pinstage bench load PATH: four ways to get a checkpoint into pinned memory or onto the
+// device, warm and cold, interleaved in rounds, next to the raw parallel pread and the
+// all-core memcpy of the same bytes. See docs/loading.md ("Benchmark").
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "pinstage/checkpoint.h"
+#include "pinstage/clock.h"
+#include "pinstage/error.h"
+#include "pinstage/pages.h"
+#include "pinstage/parallel.h"
+
+namespace pinstage::cli {
+
+namespace {
+
+struct BenchLoadArgs {
+  std::string path;
+  BackendArgs backend;
+  int rounds = 3;
+  int threads = 0;
+  int64_t chunk_mib = 8;
+  bool no_cold = false;
+  ReportArgs report;
+  CLI::App* cmd = nullptr;
+};
+
+[[noreturn]] void bench_io(const std::string& path, const char* what) {
+  throw Error(ErrorCode::io, "bench load: '" + path + "': " + what + ": " + std::strerror(errno));
+}
+
+// Drops every file from the page cache; returns the fraction of its pages still resident
+// afterwards (mincore over a mapping), so the report says whether the drop took effect.
+double drop_cache(const Checkpoint& c) {
+  uint64_t pages = 0, resident = 0;
+  for (const CheckpointFile& f : c.files()) {
+    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) bench_io(f.path, "open");
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    void* map = f.size > 0 ? ::mmap(nullptr, f.size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (map != MAP_FAILED) {
+      const size_t n = (f.size + page_size() - 1) / page_size();
+      std::vector<unsigned char> v(n);
+      if (::mincore(map, f.size, v.data()) == 0)
+        for (unsigned char b : v) resident += b & 1;
+      pages += n;
+      ::munmap(map, f.size);
+    }
+    ::close(fd);
+  }
+  return pages > 0 ? static_cast<double>(resident) / static_cast<double>(pages) : 0.0;
+}
+
+// Arm a: read() each whole file into fresh pageable memory, then copy each tensor into
+// its own pinned storage (what a Python user does by hand).
+void arm_read_then_copy(const Checkpoint& c, HostAllocator& pinned) {
+  std::vector<std::shared_ptr<Storage>> out;
+  PageableAllocator pageable;
+  for (size_t f = 0; f < c.files().size(); ++f) {
+    const CheckpointFile& file = c.files()[f];
+    const auto buf = pageable.allocate(file.size);
+    const int fd = ::open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) bench_io(file.path, "open");
+    auto* p = static_cast<unsigned char*>(buf->data());
+    for (uint64_t done = 0; done < file.size;) {
+      const ssize_t r = ::read(fd, p + done, std::min<uint64_t>(file.size - done, 1 << 30));
+      if (r <= 0) {
+        ::close(fd);
+        bench_io(file.path, "read");
+      }
+      done += static_cast<uint64_t>(r);
+    }
+    ::close(fd);
+    for (const CheckpointTensor& t : c.tensors()) {
+      if (t.file != f) continue;
+      out.push_back(pinned.allocate(t.bytes));
+      if (t.bytes > 0) std::memcpy(out.back()->data(), p + t.offset, t.bytes);
+    }
+  }
+}
+
+// Arm b: mmap each file and copy each tensor out of the mapping into pinned storage (what
+// safetensors' safe_open does, into pinned memory here so every arm ends in the same place).
+void arm_mmap_copy(const Checkpoint& c, HostAllocator& pinned) {
+  std::vector<std::shared_ptr<Storage>> out;
+  for (size_t f = 0; f < c.files().size(); ++f) {
+    const CheckpointFile& file = c.files()[f];
+    const int fd = ::open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) bench_io(file.path, "open");
+    void* map = ::mmap(nullptr, file.size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (map == MAP_FAILED) bench_io(file.path, "mmap");
+    for (const CheckpointTensor& t : c.tensors()) {
+      if (t.file != f) continue;
+      out.push_back(pinned.allocate(t.bytes));
+      if (t.bytes > 0) std::memcpy(out.back()->data(), static_cast<char*>(map) + t.offset, t.bytes);
+    }
+    ::munmap(map, file.size);
+  }
+}
+
+// The disk or page-cache limit: every tensor's bytes by parallel pread into one
+// preallocated, pre-faulted buffer.
+void raw_pread(const Checkpoint& c, unsigned char* dst, const CheckpointLoadOptions& o) {
+  std::vector<ReadTarget> targets;
+  uint64_t off = 0;
+  for (const CheckpointTensor& t : c.tensors()) {
+    targets.push_back({&t, dst + off});
+    off += t.bytes;
+  }
+  CheckpointLoadOptions plain = o;
+  plain.verify = false;
+  read_checkpoint(c, targets, plain);
+}
+
+// Device copies alone: the checkpoint's bytes from one 64 MiB pinned buffer.
+void upload_alone(Worker& worker, uint64_t bytes, const PinnedHostBuffer& src, DeviceBuffer& dst) {
+  Stream stream = worker.create_stream();
+  for (uint64_t done = 0; done < bytes; done += src.size())
+    worker.copy_to_device_async(dst, 0, src.data(), std::min<uint64_t>(src.size(), bytes - done),
+                                stream);
+  worker.synchronize(stream);
+}
+
+struct Series {
+  std::vector<double> seconds;
+  std::vector<double> resident;  // cold rounds: fraction of pages still cached
+  double best() const {
+    return seconds.empty() ? 0 : *std::min_element(seconds.begin(), seconds.end());
+  }
+  double median() const {
+    if (seconds.empty()) return 0;
+    std::vector<double> s = seconds;
+    std::sort(s.begin(), s.end());
+    return s[s.size() / 2];
+  }
+};
+
+using Arms = std::vector<std::pair<std::string, std::function<void()>>>;
+
+// Every round runs every arm warm, then (unless --no-cold) every arm cold.
+std::map<std::string, Series> run_rounds(const Checkpoint& c, const BenchLoadArgs& a,
+                                         const Arms& arms, ProgressBar& bar) {
+  std::map<std::string, Series> out;
+  const int modes = a.no_cold ? 1 : 2;
+  const int steps = a.rounds * modes * static_cast<int>(arms.size());
+  int step = 0;
+  drop_cache(c);
+  for (const auto& arm : arms) arm.second();  // warm-up: fills the page cache, faults code in
+  for (int r = 0; r < a.rounds; ++r) {
+    for (int m = 0; m < modes; ++m) {
+      const std::string mode = m == 0 ? "warm" : "cold";
+      for (const auto& [name, fn] : arms) {
+        bar.show(static_cast<double>(step++) / steps,
+                 "round " + std::to_string(r + 1) + " " + mode + " " + name);
+        Series& s = out[name + "/" + mode];
+        if (m == 1) s.resident.push_back(drop_cache(c));
+        const Stopwatch clock;
+        fn();
+        s.seconds.push_back(clock.seconds());
+      }
+    }
+  }
+  bar.clear();
+  return out;
+}
+
+nlohmann::ordered_json summarize(const std::map<std::string, Series>& series, uint64_t bytes,
+                                 FILE* text, bool print) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [key, s] : series) {
+    const double gbps = s.best() > 0 ? static_cast<double>(bytes) / s.best() / 1e9 : 0;
+    j[key] = {{"seconds", s.seconds},
+              {"best_s", s.best()},
+              {"median_s", s.median()},
+              {"best_gbps", gbps}};
+    if (!s.resident.empty()) {
+      const double worst = *std::max_element(s.resident.begin(), s.resident.end());
+      j[key]["resident_after_drop"] = worst;
+      j[key]["drop_took_effect"] = worst < 0.05;
+    }
+    if (print)
+      std::fprintf(text, "  %-24s best %8.3f s  %7.2f GB/s  median %8.3f s%s\n", key.c_str(),
+                   s.best(), gbps, s.median(),
+                   s.resident.empty()
+                       ? ""
+                       : (*std::max_element(s.resident.begin(), s.resident.end()) < 0.05
+                              ? "  (cache dropped)"
+                              : "  (cache NOT dropped)"));
+  }
+  return j;
+}
+
+// The ratios the targets are stated in (docs/loading.md).
+nlohmann::ordered_json targets(const std::map<std::string, Series>& s, FILE* text, bool print) {
+  auto best = [&](const std::string& k) { return s.count(k) ? s.at(k).best() : 0.0; };
+  auto ratio = [](double num, double den) { return den > 0 ? num / den : 0.0; };
+  nlohmann::ordered_json t;
+  t["warm_c_over_memcpy_speed"] =
+      ratio(best("memcpy_all_cores/warm"), best("c_pinstage_host/warm"));
+  t["warm_c_over_a_speed"] = ratio(best("a_read_then_copy/warm"), best("c_pinstage_host/warm"));
+  if (s.count("c_pinstage_host/cold"))
+    t["cold_c_over_raw_pread_speed"] = ratio(best("raw_pread/cold"), best("c_pinstage_host/cold"));
+  const double alone = std::max(best("raw_pread/warm"), best("upload_alone/warm"));
+  t["warm_d_over_max_read_upload_time"] = ratio(best("d_pinstage_device/warm"), alone);
+  if (print)
+    for (const auto& [k, v] : t.items())
+      std::fprintf(text, "  %-36s %.3f\n", k.c_str(), v.get<double>());
+  return t;
+}
+
+void run_bench_load(BenchLoadArgs& a) {
+  check_report_args(a.report);
+  if (a.rounds < 1 || a.rounds > 1000)
+    throw Error(ErrorCode::invalid_argument,
+                "--rounds is " + std::to_string(a.rounds) + "; it must be in 1..1000");
+  if (a.chunk_mib < 1 || a.chunk_mib > 4096)
+    throw Error(ErrorCode::invalid_argument,
+                "--chunk-mib is " + std::to_string(a.chunk_mib) + "; it must be in 1..4096");
+  const WorkerOptions wo = worker_options(a.backend);
+  const Checkpoint c = Checkpoint::open(a.path);
+  Worker worker;
+  worker.init(a.backend.name, 0, wo);
+  PinnedAllocator pinned(worker);
+  CheckpointLoadOptions o;
+  o.threads = a.threads;
+  o.chunk_bytes = static_cast<uint64_t>(a.chunk_mib) << 20;
+  const uint64_t bytes = c.total_bytes();
+  const MappedPages scratch = map_pages(std::max<uint64_t>(bytes, 1));
+  const MappedPages copy_dst = map_pages(std::max<uint64_t>(bytes, 1));
+  PinnedHostBuffer upload_src = worker.alloc_pinned_host(size_t{64} << 20);
+  DeviceBuffer upload_dst = worker.alloc_device(size_t{64} << 20);
+  const Arms arms = {
+      {"a_read_then_copy", [&] { arm_read_then_copy(c, pinned); }},
+      {"b_mmap_copy", [&] { arm_mmap_copy(c, pinned); }},
+      {"c_pinstage_host", [&] { load_to_host(c, pinned, o); }},
+      {"d_pinstage_device", [&] { load_to_device(c, worker, o); }},
+      {"raw_pread", [&] { raw_pread(c, static_cast<unsigned char*>(scratch.data), o); }},
+      {"memcpy_all_cores", [&] { parallel_memcpy(copy_dst.data, scratch.data, bytes, a.threads); }},
+      {"upload_alone", [&] { upload_alone(worker, bytes, upload_src, upload_dst); }},
+  };
+  ProgressBar bar(a.report);
+  const auto series = run_rounds(c, a, arms, bar);
+  FILE* text = text_out(a.report);
+  const bool print = !a.report.quiet || a.report.json.empty();
+  if (print)
+    std::fprintf(text, "bench load %s: %s in %s and %s, %d round(s)\n", a.path.c_str(),
+                 format_bytes(bytes).c_str(), plural(c.tensors().size(), "tensor").c_str(),
+                 plural(c.files().size(), "file").c_str(), a.rounds);
+  nlohmann::ordered_json doc;
+  doc["path"] = a.path;
+  doc["bytes"] = bytes;
+  doc["tensors"] = c.tensors().size();
+  doc["files"] = c.files().size();
+  doc["rounds"] = a.rounds;
+  doc["arms"] = summarize(series, bytes, text, print);
+  doc["targets"] = targets(series, text, print);
+  unmap_pages(scratch);
+  unmap_pages(copy_dst);
+  write_report(a.report, doc, collect_run_info(&worker, command_options(*a.cmd)));
+  finish_worker(worker);
+}
+
+}  // namespace
+
+void add_bench_load_command(CLI::App& bench) {
+  auto a = std::make_shared<BenchLoadArgs>();
+  CLI::App* q = bench.add_subcommand(
+      "load",
+      "Checkpoint loading: read()+copy, mmap+copy, pinstage into pinned memory and onto "
+      "the device, warm and cold, next to raw parallel pread and all-core memcpy");
+  a->cmd = q;
+  q->add_option("PATH", a->path, "A .safetensors file, or a directory of shards")->required();
+  add_backend_args(*q, a->backend);
+  q->add_option("--rounds", a->rounds, "Rounds; each runs every arm warm then cold")
+      ->capture_default_str();
+  q->add_option("--threads", a->threads, "Reader and copy threads (0 = all cores)")
+      ->capture_default_str();
+  q->add_option("--chunk-mib", a->chunk_mib, "MiB per pread, 1..4096")->capture_default_str();
+  q->add_flag("--no-cold", a->no_cold, "Skip the cold (page cache dropped) runs");
+  add_report_options(*q, a->report);
+  q->callback([a] { run_bench_load(*a); });
+}
+
+}  // namespace pinstage::cli

@@ -1,0 +1,163 @@
+// pinstage load PATH: open and validate a checkpoint, load it into a worker's pinned host
+// memory or stream it onto the device, and print bytes, seconds and GB/s per phase.
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "pinstage/checkpoint.h"
+#include "pinstage/error.h"
+
+namespace pinstage::cli {
+
+namespace {
+
+struct LoadArgs {
+  std::string path;
+  BackendArgs backend;
+  std::string to = "host";
+  int threads = 0;
+  int64_t chunk_mib = 8;
+  int64_t ring_mib = 64;
+  bool direct = false;
+  bool verify = false;
+  ReportArgs report;
+  CLI::App* cmd = nullptr;
+};
+
+CheckpointLoadOptions load_options(const LoadArgs& a) {
+  if (a.threads < 0 || a.threads > 1024)
+    throw Error(ErrorCode::invalid_argument, "--threads is " + std::to_string(a.threads) +
+                                                 "; it must be in 0..1024 (0 = all cores)");
+  CheckpointLoadOptions o;
+  o.threads = a.threads;
+  if (a.chunk_mib < 1 || a.chunk_mib > 4096)
+    throw Error(ErrorCode::invalid_argument,
+                "--chunk-mib is " + std::to_string(a.chunk_mib) + "; it must be in 1..4096");
+  if (a.ring_mib < 1 || a.ring_mib > 65536)
+    throw Error(ErrorCode::invalid_argument,
+                "--ring-mib is " + std::to_string(a.ring_mib) + "; it must be in 1..65536");
+  o.chunk_bytes = static_cast<uint64_t>(a.chunk_mib) << 20;
+  o.ring_bytes = static_cast<uint64_t>(a.ring_mib) << 20;
+  o.direct = a.direct;
+  o.verify = a.verify;
+  return o;
+}
+
+std::string phase(const char* name, uint64_t bytes, double s) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "  %-8s %8.3f s  %7.2f GB/s\n", name, s,
+                s > 0 ? static_cast<double>(bytes) / s / 1e9 : 0.0);
+  return buf;
+}
+
+nlohmann::ordered_json report_json(const Checkpoint& c, const LoadReport& r,
+                                   const std::string& to) {
+  nlohmann::ordered_json j;
+  j["path"] = c.path();
+  j["layout"] = checkpoint_layout_name(c.layout());
+  j["to"] = to;
+  j["files"] = r.files;
+  j["tensors"] = r.tensors;
+  j["bytes"] = r.bytes;
+  j["threads"] = r.threads;
+  j["chunk_bytes"] = r.chunk_bytes;
+  j["total_s"] = r.total_s;
+  j["total_gbps"] = r.gbps(r.total_s);
+  j["alloc_s"] = r.alloc_s;
+  j["read_s"] = r.read_s;
+  j["read_gbps"] = r.gbps(r.read_s);
+  j["verify_s"] = r.verify_s;
+  if (to == "device") {
+    j["upload_s"] = r.upload_s;
+    j["overlap"] = r.overlap;
+    j["ring_pinned_bytes"] = r.ring_pinned_bytes;
+    j["peak_pinned_bytes"] = r.peak_pinned_bytes;
+  }
+  j["direct"] = r.direct;
+  j["direct_note"] = r.direct_note;
+  j["verified"] = r.verified;
+  j["unverified_tensors"] = r.unverified;
+  return j;
+}
+
+void print_report(FILE* out, const Checkpoint& c, const LoadReport& r, const std::string& to) {
+  std::fprintf(out, "loaded %s, %s (%s bytes) from %s (%s) %s\n",
+               plural(r.tensors, "tensor").c_str(), format_bytes(r.bytes).c_str(),
+               format_thousands(r.bytes).c_str(), plural(r.files, "file").c_str(),
+               checkpoint_layout_name(c.layout()),
+               to == "device" ? "onto the device" : "into pinned host memory");
+  std::fputs(phase("total", r.bytes, r.total_s).c_str(), out);
+  std::fputs(phase("read", r.bytes, r.read_s).c_str(), out);
+  if (to == "device") {
+    std::fputs(phase("upload", r.bytes, r.upload_s).c_str(), out);
+    std::fprintf(out, "  overlap  %.0f%% of the read time ran with copies queued; ring %s pinned\n",
+                 r.overlap * 100, format_bytes(r.ring_pinned_bytes).c_str());
+  }
+  std::fprintf(out, "  alloc    %8.3f s\n", r.alloc_s);
+  if (r.verify_s > 0) std::fprintf(out, "  verify   %8.3f s\n", r.verify_s);
+  if (!r.direct_note.empty()) std::fprintf(out, "  %s\n", r.direct_note.c_str());
+  if (r.verified)
+    std::fprintf(out, "  every tensor's xxh3-64 matches the recorded one\n");
+  else if (r.unverified > 0)
+    std::fprintf(out, "  %s had no recorded xxh3-64 and could not be checked\n",
+                 plural(r.unverified, "tensor").c_str());
+}
+
+void run_load(LoadArgs& a) {
+  check_report_args(a.report);
+  CheckpointLoadOptions o = load_options(a);
+  const WorkerOptions wo = worker_options(a.backend);
+  const Checkpoint c = Checkpoint::open(a.path);  // validated before any memory is taken
+  Worker worker;
+  worker.init(a.backend.name, 0, wo);
+  ProgressBar bar(a.report);
+  int shown = -1;
+  o.progress = [&](uint64_t done, uint64_t total) {
+    const int pct = total > 0 ? static_cast<int>(done * 100 / total) : 100;
+    if (pct == shown) return;
+    shown = pct;
+    bar.show(static_cast<double>(pct) / 100.0, format_bytes(done) + " of " + format_bytes(total));
+  };
+  LoadReport r;
+  if (a.to == "device") {
+    r = load_to_device(c, worker, o).report;
+  } else {
+    PinnedAllocator pinned(worker);
+    r = load_to_host(c, pinned, o).report;
+  }
+  bar.clear();
+  if (!a.report.quiet || a.report.json.empty()) print_report(text_out(a.report), c, r, a.to);
+  write_report(a.report, report_json(c, r, a.to),
+               collect_run_info(&worker, command_options(*a.cmd)));
+  finish_worker(worker);
+}
+
+}  // namespace
+
+void add_load_command(CLI::App& app) {
+  auto a = std::make_shared<LoadArgs>();
+  CLI::App* q = app.add_subcommand(
+      "load",
+      "Load a checkpoint (a .safetensors file or a directory of shards) into pinned "
+      "host memory or onto the device; prints bytes, seconds and GB/s per phase");
+  a->cmd = q;
+  q->add_option("PATH", a->path, "A .safetensors file, or a directory of shards")->required();
+  add_backend_args(*q, a->backend);
+  q->add_option("--to", a->to, "host (pinned memory) or device (streamed through the ring)")
+      ->transform(kLowerCase)
+      ->check(CLI::IsMember({"host", "device"}))
+      ->capture_default_str();
+  q->add_option("--threads", a->threads, "Reader threads (0 = all cores)")->capture_default_str();
+  q->add_option("--chunk-mib", a->chunk_mib, "MiB per pread, 1..4096")->capture_default_str();
+  q->add_option("--ring-mib", a->ring_mib, "Pinned MiB of the staging ring (--to device)")
+      ->capture_default_str();
+  q->add_flag("--direct", a->direct, "O_DIRECT reads (falls back, with a message, where refused)");
+  q->add_flag("--verify", a->verify, "Check each tensor's recorded xxh3-64");
+  add_report_options(*q, a->report);
+  q->callback([a] { run_load(*a); });
+}
+
+}  // namespace pinstage::cli

@@ -1,0 +1,209 @@
+// Checkpoints: a .safetensors file, a directory with a Hugging Face style
+// model.safetensors.index.json and its shards, or a directory of *.safetensors files,
+// validated up front and loaded by parallel pread into pinned host memory or streamed
+// through a StagingRing onto the device. See docs/loading.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "pinstage/export.h"
+#include "pinstage/tensor.h"
+#include "pinstage/worker.h"
+
+namespace pinstage {
+
+// The index file name a sharded checkpoint directory holds.
+inline constexpr const char* kCheckpointIndexName = "model.safetensors.index.json";
+// Largest index file accepted (real ones are well under 1 MiB).
+inline constexpr uint64_t kCheckpointMaxIndexBytes = uint64_t{64} << 20;
+
+// How a checkpoint was laid out on disk.
+enum class CheckpointLayout { single_file, indexed_directory, shard_directory };
+// CheckpointLayout::indexed_directory -> "indexed_directory".
+PINSTAGE_API const char* checkpoint_layout_name(CheckpointLayout layout);
+
+// A parsed model.safetensors.index.json: {"metadata": {...}, "weight_map": {tensor: shard}}.
+struct CheckpointIndex {
+  // "metadata" values as text (strings as they are, numbers and booleans as JSON text),
+  // sorted by key.
+  std::vector<std::pair<std::string, std::string>> metadata;
+  std::vector<std::pair<std::string, std::string>> weight_map;  // tensor -> shard file name
+};
+
+// Parses index JSON `text` from memory, naming `source` in errors: the entry point of the
+// index fuzz target. Throws Error(io) for: text over kCheckpointMaxIndexBytes, a leading
+// byte-order mark, bad JSON, nesting deeper than kSafetensorsMaxJsonDepth, a repeated key
+// at any level, a missing or non-object weight_map, an unknown top-level key, a tensor
+// name that is empty or holds a NUL, a shard that is not a plain file name ending in
+// .safetensors (no '/', no "..", no NUL), and a metadata value that is an array or object.
+PINSTAGE_API CheckpointIndex parse_checkpoint_index(std::string_view text,
+                                                    const std::string& source);
+
+// One file of a checkpoint.
+struct CheckpointFile {
+  std::string path;
+  uint64_t size = 0;                                          // bytes of the whole file
+  uint64_t data_start = 0;                                    // file offset of its data section
+  std::vector<std::pair<std::string, std::string>> metadata;  // its __metadata__
+};
+
+// One tensor: where its bytes are.
+struct CheckpointTensor {
+  std::string name;
+  std::string dtype;  // safetensors spelling: BOOL, U8, ..., F8_E5M2
+  size_t element_size = 0;
+  std::vector<int64_t> shape;
+  size_t file = 0;      // index into Checkpoint::files()
+  uint64_t offset = 0;  // absolute file offset of the first byte
+  uint64_t bytes = 0;
+  std::optional<uint64_t> xxh3;  // the hash the writer recorded, if any
+};
+
+// A validated checkpoint. Opening reads only headers (and the index), never tensor data.
+class PINSTAGE_API Checkpoint {
+ public:
+  // Opens `path` (a file, or a directory with or without the index) and validates
+  // everything before returning. Throws Error(io) naming the file and the tensor for: a
+  // path that is neither, an empty directory, a missing, truncated or malformed shard
+  // (every read_safetensors_layout error), a tensor the index puts in a shard that does
+  // not hold it, a shard tensor the index does not list, a shard the index never names, a
+  // tensor listed twice (in the index or in two shards), and conflicting __metadata__.
+  static Checkpoint open(const std::string& path);
+
+  CheckpointLayout layout() const noexcept { return layout_; }
+  const std::string& path() const noexcept { return path_; }
+  const std::vector<CheckpointFile>& files() const noexcept { return files_; }
+  // Every tensor, ordered by file then data offset (the order reads go in).
+  const std::vector<CheckpointTensor>& tensors() const noexcept { return tensors_; }
+  // The index's "metadata" merged with every file's __metadata__ (a key given twice with
+  // different values is refused at open).
+  const std::vector<std::pair<std::string, std::string>>& metadata() const noexcept {
+    return metadata_;
+  }
+  // nullptr / Error(not_found) naming the tensor and the checkpoint.
+  const CheckpointTensor* find(std::string_view name) const noexcept;
+  const CheckpointTensor& get(std::string_view name) const;
+  uint64_t total_bytes() const noexcept;
+
+ private:
+  CheckpointLayout layout_ = CheckpointLayout::single_file;
+  std::string path_;
+  std::vector<CheckpointFile> files_;
+  std::vector<CheckpointTensor> tensors_;
+  std::vector<std::pair<std::string, std::string>> metadata_;
+};
+
+// How a checkpoint is read.
+struct CheckpointLoadOptions {
+  int threads = 0;                           // reader threads; 0 = all cores; at most 1024
+  uint64_t chunk_bytes = uint64_t{8} << 20;  // one pread; > 0
+  // O_DIRECT reads (page cache bypassed) in aligned chunks through a per-thread aligned
+  // bounce buffer, since tensors start anywhere in a file. Where the file system refuses
+  // O_DIRECT, the load falls back to buffered reads and says so in the report.
+  bool direct = false;
+  bool verify = false;  // check each tensor's xxh3-64 against the recorded one
+  // Device loads: pinned bytes of the StagingRing (split into ring_buffers buffers).
+  uint64_t ring_bytes = uint64_t{64} << 20;
+  size_t ring_buffers = 4;
+  // Called from the loading thread with the bytes done so far and the total.
+  std::function<void(uint64_t done, uint64_t total)> progress;
+};
+
+// What a load did. Seconds are wall time of the whole load and of each phase; on a device
+// load read and upload overlap, so overlap = (read_s + upload_s - total_s) / min(read_s,
+// upload_s) (1 = the shorter phase fully hidden, 0 = none), where upload_s is the time the
+// loader waited for device copies plus the copies' own issue time.
+struct LoadReport {
+  uint64_t bytes = 0;
+  size_t tensors = 0;
+  size_t files = 0;
+  double total_s = 0;
+  double alloc_s = 0;              // taking pinned host or device memory
+  double read_s = 0;               // pread time (all threads' wall time, not summed)
+  double verify_s = 0;             // xxh3 checks not overlapped with reading
+  double upload_s = 0;             // device loads: issuing copies and waiting for the ring
+  double overlap = 0;              // device loads, see above
+  bool direct = false;             // O_DIRECT was used for every file
+  std::string direct_note;         // why it was not, when asked for
+  bool verified = false;           // every tensor had a recorded hash and it matched
+  size_t unverified = 0;           // tensors without a recorded hash (verify on)
+  uint64_t ring_pinned_bytes = 0;  // device loads: pinned bytes of the ring
+  uint64_t peak_pinned_bytes = 0;  // worker's pinned bytes at the peak of the load
+  int threads = 0;
+  uint64_t chunk_bytes = 0;
+  double gbps(double seconds) const {
+    return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
+  }
+};
+
+// A tensor in host memory: its description and its storage (exactly its bytes).
+struct HostTensor {
+  CheckpointTensor info;
+  std::shared_ptr<Storage> storage;
+};
+
+// The result of load_to_host.
+struct HostLoad {
+  std::vector<HostTensor> tensors;  // in Checkpoint::tensors() order
+  LoadReport report;
+};
+
+// One read: a tensor of the checkpoint and where its bytes go (tensor.bytes writable).
+struct ReadTarget {
+  const CheckpointTensor* tensor = nullptr;
+  void* dst = nullptr;
+};
+
+// Reads the targets' bytes by parallel pread straight into dst, in chunks of
+// options.chunk_bytes spread over options.threads threads, checking hashes when asked.
+// Throws Error(invalid_argument) for bad options, Error(io) naming the file (and the
+// tensor for a hash mismatch) when a read fails or a file is shorter than at open.
+PINSTAGE_API LoadReport read_checkpoint(const Checkpoint& checkpoint,
+                                        const std::vector<ReadTarget>& targets,
+                                        const CheckpointLoadOptions& options = {});
+
+// Allocates every tensor from `allocator` (exactly its bytes, one storage each) and reads
+// it there with read_checkpoint. On any error nothing stays allocated.
+PINSTAGE_API HostLoad load_to_host(const Checkpoint& checkpoint, HostAllocator& allocator,
+                                   const CheckpointLoadOptions& options = {});
+
+// The same tensors as TaskArgs (direction IN), sharing the storages; every safetensors
+// dtype maps onto a DType (raw storage for those pinstage does not compute on).
+PINSTAGE_API TaskArgs to_task_args(const HostLoad& load);
+
+// A tensor in device memory, owned by the caller (an empty buffer for 0 bytes).
+struct DeviceTensor {
+  CheckpointTensor info;
+  DeviceBuffer buffer;
+};
+
+struct DeviceLoad {
+  std::vector<DeviceTensor> tensors;  // in Checkpoint::tensors() order
+  LoadReport report;
+};
+
+// Streams the checkpoint onto `worker`'s device through a StagingRing of
+// options.ring_bytes of pinned memory, whatever the checkpoint size: chunk k+1 is read
+// into the next ring buffer while chunk k's device copy runs. Hashes are checked as the
+// bytes pass (verify). On any error (a read, an allocation, a copy) every device buffer
+// and the ring are released before the Error propagates.
+PINSTAGE_API DeviceLoad load_to_device(const Checkpoint& checkpoint, Worker& worker,
+                                       const CheckpointLoadOptions& options = {});
+
+// Writes `args` as a sharded checkpoint in directory `dir` (created if missing): shards
+// model-0000i-of-0000N.safetensors of at most `shard_bytes` of tensor data each (a larger
+// tensor gets a shard of its own), and model.safetensors.index.json with
+// metadata.total_size and the weight_map. Every file goes through the atomic writer.
+// Returns the number of shards. Error(invalid_argument) for shard_bytes 0.
+PINSTAGE_API size_t save_sharded_checkpoint(const TaskArgs& args, const std::string& dir,
+                                            uint64_t shard_bytes);
+
+}  // namespace pinstage

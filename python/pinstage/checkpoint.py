@@ -1,0 +1,135 @@
+"""safe_open / load_file: safetensors checkpoints read straight into a Worker's pinned memory.
+
+The API follows the safetensors package, so its users know it already:
+
+    with pinstage.safe_open("model/", framework="pt", worker=w) as f:
+        for name in f.keys():
+            t = f.get_tensor(name)      # a torch tensor in w's pinned memory, zero-copy
+    tensors = pinstage.load_file("model/", worker=w)          # {name: tensor}
+    dev = pinstage.load_to_device("model/", worker=w)         # report + device buffers
+
+PATH is a .safetensors file, a directory with model.safetensors.index.json, or a directory
+of *.safetensors files; everything is validated when it is opened. Each tensor owns one
+PinnedHostBuffer of exactly its bytes (one byte for an empty tensor, so it is still
+pinned), viewed by torch through DLPack: the same lifetime rules as PinnedTorchAllocator
+(the tensor keeps the buffer and the worker alive, and finalize() refuses while it lives).
+See docs/loading.md.
+"""
+import torch
+
+from . import _pinstage
+from ._pinstage import InvalidArgumentError, Worker
+
+_DTYPES = {
+    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
+    "I32": torch.int32, "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F32": torch.float32, "F64": torch.float64,
+    # 1-byte floats: torch's own dtype where this torch has it, else their raw bytes as
+    # uint8 of the same shape (Debian's torch 2.x predates float8).
+    "F8_E4M3": getattr(torch, "float8_e4m3fn", torch.uint8),
+    "F8_E5M2": getattr(torch, "float8_e5m2", torch.uint8),
+}
+
+
+def _torch_dtype(name, tensor):
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        raise InvalidArgumentError(
+            f"tensor {tensor!r} is {name}, which this torch ({torch.__version__}) has no dtype for")
+    return dtype
+
+
+def _check_worker(worker, who):
+    if not isinstance(worker, Worker):
+        raise TypeError(f"{who} needs worker=pinstage.Worker, got {type(worker).__name__}")
+    _pinstage.require_chip_worker(worker, who)
+
+
+def _check_framework(framework, who):
+    if framework != "pt":
+        raise InvalidArgumentError(f"{who}: framework must be 'pt' (torch), got {framework!r}")
+
+
+def _view(buffer, info, name):
+    """The torch view of a buffer holding tensor `name`'s bytes."""
+    nbytes = info["nbytes"]
+    flat = torch.from_dlpack(buffer)  # uint8 [len(buffer)]: one counted view of the buffer
+    return flat[:nbytes].view(_torch_dtype(info["dtype"], name)).view(info["shape"])
+
+
+def _read(checkpoint, worker, names, threads, chunk_bytes, verify, direct):
+    infos = [checkpoint.info(n) for n in names]
+    for n, info in zip(names, infos):
+        _torch_dtype(info["dtype"], n)  # refused before any memory is taken
+    buffers = [worker.alloc_pinned_host(max(info["nbytes"], 1)) for info in infos]
+    checkpoint.read_into(names, buffers, threads=threads, chunk_bytes=chunk_bytes,
+                         verify=verify, direct=direct)
+    return {n: _view(b, info, n) for n, b, info in zip(names, buffers, infos)}
+
+
+class safe_open:  # noqa: N801 (the safetensors name)
+    """A checkpoint opened for reading tensors one at a time into `worker`'s pinned memory.
+
+    `verify=True` checks each tensor's recorded xxh3-64 as it is read."""
+
+    def __init__(self, path, framework="pt", worker=None, device="cpu", verify=False,
+                 threads=0, chunk_bytes=8 << 20):
+        _check_framework(framework, "safe_open")
+        _check_worker(worker, "safe_open")
+        if device != "cpu":
+            raise InvalidArgumentError(
+                f"safe_open: device must be 'cpu' (pinned host memory), got {device!r}; "
+                "use pinstage.load_to_device for the device")
+        self._checkpoint = _pinstage._Checkpoint(str(path))
+        self._worker = worker
+        self._verify = verify
+        self._threads = threads
+        self._chunk_bytes = chunk_bytes
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def keys(self):
+        """Tensor names in file order."""
+        return self._checkpoint.keys()
+
+    def metadata(self):
+        """The merged __metadata__ (and the index's metadata) as {str: str}."""
+        return self._checkpoint.metadata()
+
+    def info(self, name):
+        """{dtype, shape, file, offset, nbytes, xxh3} of one tensor."""
+        return self._checkpoint.info(name)
+
+    def get_tensor(self, name):
+        """Tensor `name` read into fresh pinned memory of exactly its bytes."""
+        return _read(self._checkpoint, self._worker, [name], self._threads, self._chunk_bytes,
+                     self._verify, False)[name]
+
+
+def load_file(path, worker=None, device="cpu", verify=False, threads=0, chunk_bytes=8 << 20,
+              direct=False):
+    """Every tensor of the checkpoint at `path` as {name: torch tensor} in `worker`'s pinned
+    memory, read by parallel pread straight into place."""
+    _check_worker(worker, "load_file")
+    if device != "cpu":
+        raise InvalidArgumentError(
+            f"load_file: device must be 'cpu' (pinned host memory), got {device!r}; "
+            "use pinstage.load_to_device for the device")
+    checkpoint = _pinstage._Checkpoint(str(path))
+    return _read(checkpoint, worker, checkpoint.keys(), threads, chunk_bytes, verify, direct)
+
+
+def load_to_device(path, worker=None, verify=False, threads=0, chunk_bytes=8 << 20,
+                   direct=False, ring_bytes=64 << 20):
+    """Streams the checkpoint onto `worker`'s device through a staging ring of `ring_bytes`
+    of pinned memory. Returns an object with .report (bytes, seconds per phase, overlap,
+    ring_pinned_bytes...), .keys(), .nbytes(name), .device_ptr(name), .to_bytes(name) and
+    close(); it owns the device buffers until closed or garbage collected."""
+    _check_worker(worker, "load_to_device")
+    checkpoint = _pinstage._Checkpoint(str(path))
+    return checkpoint.load_to_device(worker, threads=threads, chunk_bytes=chunk_bytes,
+                                     verify=verify, direct=direct, ring_bytes=ring_bytes)

@@ -1,0 +1,188 @@
+// Checkpoint loading for Python: the validated Checkpoint, parallel reads straight into
+// PinnedHostBuffers (which torch views zero-copy, see python/pinstage/checkpoint.py), and
+// device loads that hand back the report and the owned device buffers. docs/loading.md.
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "common.h"
+#include "pinstage/checkpoint.h"
+#include "pinstage/safetensors.h"
+
+namespace pinstage::python {
+
+namespace {
+
+py::dict report_dict(const LoadReport& r) {
+  py::dict d;
+  d["bytes"] = r.bytes;
+  d["tensors"] = r.tensors;
+  d["files"] = r.files;
+  d["total_s"] = r.total_s;
+  d["alloc_s"] = r.alloc_s;
+  d["read_s"] = r.read_s;
+  d["verify_s"] = r.verify_s;
+  d["upload_s"] = r.upload_s;
+  d["overlap"] = r.overlap;
+  d["direct"] = r.direct;
+  d["direct_note"] = r.direct_note;
+  d["verified"] = r.verified;
+  d["unverified"] = r.unverified;
+  d["ring_pinned_bytes"] = r.ring_pinned_bytes;
+  d["peak_pinned_bytes"] = r.peak_pinned_bytes;
+  d["threads"] = r.threads;
+  d["chunk_bytes"] = r.chunk_bytes;
+  return d;
+}
+
+CheckpointLoadOptions load_options(int threads, uint64_t chunk_bytes, bool verify, bool direct,
+                                   uint64_t ring_bytes) {
+  CheckpointLoadOptions o;
+  o.threads = threads;
+  o.chunk_bytes = chunk_bytes;
+  o.verify = verify;
+  o.direct = direct;
+  o.ring_bytes = ring_bytes;
+  return o;
+}
+
+py::dict tensor_dict(const Checkpoint& c, const CheckpointTensor& t) {
+  py::dict d;
+  d["dtype"] = t.dtype;
+  d["shape"] = py::tuple(py::cast(t.shape));
+  d["file"] = c.files()[t.file].path;
+  d["offset"] = t.offset;
+  d["nbytes"] = t.bytes;
+  d["xxh3"] = t.xxh3 ? py::cast(xxh3_hex(*t.xxh3)) : py::none();
+  return d;
+}
+
+// Reads tensors `names` into `buffers` (PinnedHostBuffers of at least their bytes) without
+// the GIL; the buffers' workers count the call as busy, so finalize() waits or refuses.
+py::dict read_into(const Checkpoint& c, const std::vector<std::string>& names,
+                   const std::vector<py::object>& buffers, int threads, uint64_t chunk_bytes,
+                   bool verify, bool direct) {
+  if (names.size() != buffers.size())
+    throw Error(ErrorCode::invalid_argument, "read_into: " + std::to_string(names.size()) +
+                                                 " names but " + std::to_string(buffers.size()) +
+                                                 " buffers");
+  std::vector<ReadTarget> targets;
+  std::vector<std::unique_ptr<Busy>> busy;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const CheckpointTensor& t = c.get(names[i]);
+    if (!py::isinstance<PyBuffer>(buffers[i]))
+      throw py::type_error("read_into: buffers must be pinstage.PinnedHostBuffer objects");
+    auto& b = buffers[i].cast<PyBuffer&>();
+    b.require_open("read_into");
+    if (b.nbytes < t.bytes)
+      throw Error(ErrorCode::invalid_argument, "read_into: the buffer for tensor '" + t.name +
+                                                   "' has " + std::to_string(b.nbytes) +
+                                                   " bytes; it needs " + std::to_string(t.bytes));
+    targets.push_back({&t, b.buffer.data()});
+    busy.push_back(std::make_unique<Busy>(b.worker));
+  }
+  const CheckpointLoadOptions o = load_options(threads, chunk_bytes, verify, direct, 0);
+  LoadReport r;
+  {
+    GilReleased nogil;
+    r = read_checkpoint(c, targets, o);
+  }
+  return report_dict(r);
+}
+
+// A device load kept alive from Python: the buffers, and the worker that owns them.
+struct PyDeviceLoad {
+  py::object worker_obj;  // declared first: released last
+  DeviceLoad load;
+};
+
+std::unique_ptr<PyDeviceLoad> to_device(const Checkpoint& c, py::object worker_obj, int threads,
+                                        uint64_t chunk_bytes, bool verify, bool direct,
+                                        uint64_t ring_bytes) {
+  PyWorker& w = as_worker(worker_obj, "load_to_device");
+  const CheckpointLoadOptions o = load_options(threads, chunk_bytes, verify, direct, ring_bytes);
+  auto out = std::make_unique<PyDeviceLoad>();
+  out->worker_obj = worker_obj;
+  Busy busy(&w);
+  GilReleased nogil;
+  out->load = load_to_device(c, w.worker, o);
+  return out;
+}
+
+const DeviceTensor& device_tensor(const PyDeviceLoad& d, const std::string& name) {
+  for (const DeviceTensor& t : d.load.tensors)
+    if (t.info.name == name) return t;
+  throw Error(ErrorCode::not_found, "the device load has no tensor '" + name + "'");
+}
+
+void bind_device_load(py::module_& m) {
+  py::class_<PyDeviceLoad>(m, "_DeviceLoad")
+      .def_property_readonly("report",
+                             [](const PyDeviceLoad& d) { return report_dict(d.load.report); })
+      .def("keys",
+           [](const PyDeviceLoad& d) {
+             std::vector<std::string> names;
+             for (const DeviceTensor& t : d.load.tensors) names.push_back(t.info.name);
+             return names;
+           })
+      .def("nbytes", [](const PyDeviceLoad& d,
+                        const std::string& n) { return device_tensor(d, n).info.bytes; })
+      .def("device_ptr",
+           [](const PyDeviceLoad& d, const std::string& n) {
+             return reinterpret_cast<uintptr_t>(device_tensor(d, n).buffer.data());
+           })
+      .def("to_bytes",
+           [](const PyDeviceLoad& d, const std::string& n) {
+             const DeviceTensor& t = device_tensor(d, n);
+             std::string out(t.info.bytes, '\0');
+             if (t.info.bytes > 0) {
+               PyWorker& w = d.worker_obj.cast<PyWorker&>();
+               w.worker.copy_to_host(out.data(), t.buffer, 0, t.info.bytes);
+             }
+             return py::bytes(out);
+           })
+      .def("close", [](PyDeviceLoad& d) { d.load.tensors.clear(); });
+}
+
+}  // namespace
+
+void bind_checkpoint(py::module_& m) {
+  py::class_<Checkpoint>(m, "_Checkpoint")
+      .def(py::init([](const std::string& path) { return Checkpoint::open(path); }),
+           py::arg("path"))
+      .def_property_readonly("layout",
+                             [](const Checkpoint& c) { return checkpoint_layout_name(c.layout()); })
+      .def_property_readonly("files",
+                             [](const Checkpoint& c) {
+                               std::vector<std::string> paths;
+                               for (const CheckpointFile& f : c.files()) paths.push_back(f.path);
+                               return paths;
+                             })
+      .def_property_readonly("total_bytes", &Checkpoint::total_bytes)
+      .def("keys",
+           [](const Checkpoint& c) {
+             std::vector<std::string> names;
+             for (const CheckpointTensor& t : c.tensors()) names.push_back(t.name);
+             return names;
+           })
+      .def("metadata",
+           [](const Checkpoint& c) {
+             py::dict d;
+             for (const auto& [k, v] : c.metadata()) d[py::str(k)] = v;
+             return d;
+           })
+      .def("info",
+           [](const Checkpoint& c, const std::string& n) { return tensor_dict(c, c.get(n)); })
+      .def("read_into", &read_into, py::arg("names"), py::arg("buffers"), py::arg("threads") = 0,
+           py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
+           py::arg("direct") = false)
+      .def("load_to_device", &to_device, py::arg("worker"), py::arg("threads") = 0,
+           py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
+           py::arg("direct") = false, py::arg("ring_bytes") = uint64_t{64} << 20);
+  bind_device_load(m);
+}
+
+}  // namespace pinstage::python

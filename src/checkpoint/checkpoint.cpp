@@ -1,0 +1,302 @@
+// Checkpoint: opening and validating the three layouts, the index parser, and the
+// sharded writer. Reading tensor data is in load.cpp.
+#include "pinstage/checkpoint.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "pinstage/atomic_file.h"
+#include "pinstage/error.h"
+#include "pinstage/safetensors.h"
+#include "tensor/strict_json.h"
+
+namespace pinstage {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] void ckpt_error(const std::string& where, const std::string& what) {
+  throw Error(ErrorCode::io, "checkpoint '" + where + "': " + what);
+}
+
+using detail::shown;
+
+// Index JSON with the same guards as a safetensors header: depth cap, repeated keys.
+nlohmann::json parse_index_json(std::string_view text, const std::string& source) {
+  if (text.size() > kCheckpointMaxIndexBytes)
+    ckpt_error(source, "the index is " + std::to_string(text.size()) + " bytes, over the " +
+                           std::to_string(kCheckpointMaxIndexBytes >> 20) + " MiB limit");
+  try {
+    return detail::parse_strict_json(text, "the index", kSafetensorsMaxJsonDepth);
+  } catch (const detail::StrictJsonError& e) {
+    ckpt_error(source, e.message);
+  }
+}
+
+void check_shard_name(const std::string& tensor, const std::string& shard,
+                      const std::string& source) {
+  const bool plain = !shard.empty() && shard.find('/') == std::string::npos &&
+                     shard.find('\0') == std::string::npos && shard != "." && shard != ".." &&
+                     shard.size() > 12 && shard.ends_with(".safetensors");
+  if (!plain)
+    ckpt_error(source, "the weight_map puts tensor " + shown(tensor) + " in " + shown(shard) +
+                           ", which is not a plain *.safetensors file name in the directory");
+}
+
+std::vector<std::pair<std::string, std::string>> index_metadata(const nlohmann::json& v,
+                                                                const std::string& source) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!v.is_object()) ckpt_error(source, "the index's \"metadata\" must be an object");
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    if (it.key().empty() || it.key().find('\0') != std::string::npos)
+      ckpt_error(source, "a metadata key is empty or holds a NUL byte");
+    if (it.value().is_structured())
+      ckpt_error(source, "metadata " + shown(it.key()) + " must be a string, number or boolean");
+    out.emplace_back(it.key(),
+                     it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
+  }
+  return out;
+}
+
+// Adds `kv` to `into`; the same key with another value is an error naming both places.
+void merge_metadata(std::vector<std::pair<std::string, std::string>>& into,
+                    std::map<std::string, std::string>& origin,
+                    const std::vector<std::pair<std::string, std::string>>& kv,
+                    const std::string& from) {
+  for (const auto& entry : kv) {
+    const std::string& key = entry.first;
+    const std::string& value = entry.second;
+    const auto it =
+        std::find_if(into.begin(), into.end(), [&](const auto& p) { return p.first == key; });
+    if (it == into.end()) {
+      into.emplace_back(key, value);
+      origin[key] = from;
+    } else if (it->second != value) {
+      ckpt_error(from, "metadata " + shown(key) + " is " + shown(value) + " here but " +
+                           shown(it->second) + " in '" + origin[key] + "'");
+    }
+  }
+}
+
+std::string read_index_text(const std::string& path) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec) ckpt_error(path, "cannot read the index: " + ec.message());
+  if (size > kCheckpointMaxIndexBytes)
+    ckpt_error(path, "the index is " + std::to_string(size) + " bytes, over the " +
+                         std::to_string(kCheckpointMaxIndexBytes >> 20) + " MiB limit");
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  if (!in.good() && !in.eof()) ckpt_error(path, "cannot read the index");
+  return text;
+}
+
+// The shard files of a directory without an index: every *.safetensors, sorted.
+std::vector<std::string> shard_files(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".safetensors" && e.is_regular_file())
+      out.push_back(e.path().string());
+  if (ec) ckpt_error(dir, "cannot list the directory: " + ec.message());
+  std::sort(out.begin(), out.end());
+  if (out.empty())
+    ckpt_error(dir, std::string("the directory holds neither ") + kCheckpointIndexName +
+                        " nor any *.safetensors file");
+  return out;
+}
+
+}  // namespace
+
+const char* checkpoint_layout_name(CheckpointLayout layout) {
+  switch (layout) {
+    case CheckpointLayout::single_file:
+      return "single_file";
+    case CheckpointLayout::indexed_directory:
+      return "indexed_directory";
+    case CheckpointLayout::shard_directory:
+      return "shard_directory";
+  }
+  return "?";
+}
+
+CheckpointIndex parse_checkpoint_index(std::string_view text, const std::string& source) {
+  const nlohmann::json doc = parse_index_json(text, source);
+  if (!doc.is_object()) ckpt_error(source, "the index must be a JSON object");
+  CheckpointIndex out;
+  bool have_map = false;
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    if (it.key() == "metadata") {
+      out.metadata = index_metadata(it.value(), source);
+    } else if (it.key() == "weight_map") {
+      if (!it.value().is_object()) ckpt_error(source, "\"weight_map\" must be an object");
+      have_map = true;
+      for (auto w = it.value().begin(); w != it.value().end(); ++w) {
+        if (w.key().empty() || w.key().find('\0') != std::string::npos)
+          ckpt_error(source, "a weight_map tensor name is empty or holds a NUL byte");
+        if (!w.value().is_string())
+          ckpt_error(source, "the weight_map entry of " + shown(w.key()) + " must be a file name");
+        check_shard_name(w.key(), w.value().get<std::string>(), source);
+        out.weight_map.emplace_back(w.key(), w.value().get<std::string>());
+      }
+    } else {
+      ckpt_error(source, "the index has an unknown key " + shown(it.key()) +
+                             " (expected metadata, weight_map)");
+    }
+  }
+  if (!have_map) ckpt_error(source, "the index has no \"weight_map\"");
+  return out;
+}
+
+namespace {
+
+// Reads every file's header and lists its tensors; a tensor in two files is refused.
+void add_files(std::vector<CheckpointFile>& files, std::vector<CheckpointTensor>& tensors,
+               const std::vector<std::string>& paths) {
+  std::map<std::string, size_t> where;  // tensor -> file
+  for (const std::string& p : paths) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0)
+      ckpt_error(p, std::string("the shard is missing: ") + std::strerror(errno));
+    const SafetensorsHeader h = read_safetensors_layout(p);
+    const size_t file = files.size();
+    files.push_back({p, h.data_start + h.data_size, h.data_start, h.metadata});
+    std::map<std::string, uint64_t> hashes;
+    for (const auto& [k, v] : h.metadata)
+      if (k.rfind(kSafetensorsXxh3Key, 0) == 0)
+        hashes[k.substr(std::strlen(kSafetensorsXxh3Key))] = *parse_xxh3_hex(v);
+    for (const SafetensorsTensorInfo& t : h.tensors) {
+      const auto [it, fresh] = where.emplace(t.name, file);
+      if (!fresh)
+        ckpt_error(p, "tensor " + shown(t.name) + " is listed twice: also in '" +
+                          files[it->second].path + "'");
+      CheckpointTensor ct{t.name,          t.dtype,     t.element_size,
+                          t.shape,         file,        h.data_start + t.begin,
+                          t.end - t.begin, std::nullopt};
+      if (const auto hash = hashes.find(t.name); hash != hashes.end()) ct.xxh3 = hash->second;
+      tensors.push_back(std::move(ct));
+    }
+  }
+}
+
+// The index and the shards must agree tensor for tensor.
+void check_against_index(const CheckpointIndex& index, const std::vector<CheckpointFile>& files,
+                         const std::vector<CheckpointTensor>& tensors, const std::string& dir) {
+  std::map<std::string, std::string> listed(index.weight_map.begin(), index.weight_map.end());
+  for (const CheckpointTensor& t : tensors) {
+    const std::string shard = fs::path(files[t.file].path).filename().string();
+    const auto it = listed.find(t.name);
+    if (it == listed.end())
+      ckpt_error(files[t.file].path,
+                 "holds tensor " + shown(t.name) +
+                     ", which the index does not list: it does not match the index");
+    if (it->second != shard)
+      ckpt_error(files[t.file].path, "holds tensor " + shown(t.name) +
+                                         " but the index puts it in " + shown(it->second));
+    listed.erase(it);
+  }
+  if (!listed.empty())
+    ckpt_error(dir + "/" + listed.begin()->second,
+               "the index puts tensor " + shown(listed.begin()->first) +
+                   " in this shard, which does not hold it: it does not match the index");
+}
+
+}  // namespace
+
+Checkpoint Checkpoint::open(const std::string& path) {
+  Checkpoint c;
+  c.path_ = path;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) ckpt_error(path, "no such file or directory");
+  std::vector<std::string> paths;
+  std::optional<CheckpointIndex> index;
+  if (fs::is_regular_file(st)) {
+    paths.push_back(path);
+  } else if (fs::is_directory(st)) {
+    const std::string index_path = (fs::path(path) / kCheckpointIndexName).string();
+    if (fs::exists(index_path)) {
+      c.layout_ = CheckpointLayout::indexed_directory;
+      index = parse_checkpoint_index(read_index_text(index_path), index_path);
+      std::set<std::string> seen;
+      for (const auto& [tensor, shard] : index->weight_map)
+        if (seen.insert(shard).second) paths.push_back((fs::path(path) / shard).string());
+      std::sort(paths.begin(), paths.end());
+      if (paths.empty()) ckpt_error(index_path, "the weight_map is empty");
+    } else {
+      c.layout_ = CheckpointLayout::shard_directory;
+      paths = shard_files(path);
+    }
+  } else {
+    ckpt_error(path, "neither a regular file nor a directory");
+  }
+  add_files(c.files_, c.tensors_, paths);
+  std::map<std::string, std::string> origin;
+  if (index) {
+    check_against_index(*index, c.files_, c.tensors_, path);
+    merge_metadata(c.metadata_, origin, index->metadata, path + "/" + kCheckpointIndexName);
+  }
+  for (const CheckpointFile& f : c.files_) merge_metadata(c.metadata_, origin, f.metadata, f.path);
+  return c;
+}
+
+const CheckpointTensor* Checkpoint::find(std::string_view name) const noexcept {
+  for (const CheckpointTensor& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+const CheckpointTensor& Checkpoint::get(std::string_view name) const {
+  const CheckpointTensor* t = find(name);
+  if (t == nullptr)
+    throw Error(ErrorCode::not_found, "checkpoint '" + path_ + "' has no tensor " + shown(name));
+  return *t;
+}
+
+uint64_t Checkpoint::total_bytes() const noexcept {
+  uint64_t n = 0;
+  for (const CheckpointTensor& t : tensors_) n += t.bytes;
+  return n;
+}
+
+size_t save_sharded_checkpoint(const TaskArgs& args, const std::string& dir, uint64_t shard_bytes) {
+  if (shard_bytes == 0)
+    throw Error(ErrorCode::invalid_argument, "save_sharded_checkpoint: the shard size must be > 0");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(ErrorCode::io, "checkpoint '" + dir + "': cannot create: " + ec.message());
+  check_output_path((fs::path(dir) / kCheckpointIndexName).string());
+  // Tensors in order, a new shard when the next one would pass shard_bytes.
+  std::vector<TaskArgs> shards(1);
+  uint64_t in_shard = 0;
+  for (const Tensor& t : args) {
+    if (!shards.back().empty() && in_shard + t.nbytes() > shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().add(t);
+    in_shard += t.nbytes();
+  }
+  char name[64];
+  nlohmann::ordered_json index;
+  index["metadata"] = {{"total_size", args.total_bytes()}};
+  index["weight_map"] = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    save_safetensors(shards[i], (fs::path(dir) / name).string());
+    for (const Tensor& t : shards[i]) index["weight_map"][t.name()] = name;
+  }
+  write_file_atomically((fs::path(dir) / kCheckpointIndexName).string(), index.dump(2) + "\n");
+  return shards.size();
+}
+
+}  // namespace pinstage

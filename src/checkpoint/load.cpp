@@ -1,0 +1,448 @@
+// Loading a validated Checkpoint: parallel pread into host storage (read_checkpoint,
+// load_to_host) and streaming onto the device through a StagingRing (load_to_device).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+
+#include "pinstage/checkpoint.h"
+#include "pinstage/clock.h"
+#include "pinstage/error.h"
+#include "pinstage/parallel.h"
+#include "pinstage/safetensors.h"
+#include "pinstage/staging_ring.h"
+
+namespace pinstage {
+
+namespace {
+
+constexpr uint64_t kDirectAlign = 4096;  // O_DIRECT offset, length and address alignment
+constexpr int kMaxThreads = 1024;
+
+[[noreturn]] void read_error(const std::string& path, const std::string& what) {
+  throw Error(ErrorCode::io, "checkpoint file '" + path + "': " + what);
+}
+
+void check_options(const CheckpointLoadOptions& o, bool device) {
+  if (o.threads < 0 || o.threads > kMaxThreads)
+    throw Error(ErrorCode::invalid_argument, "checkpoint load: threads is " +
+                                                 std::to_string(o.threads) + "; it must be in 0.." +
+                                                 std::to_string(kMaxThreads) + " (0 = all cores)");
+  if (o.chunk_bytes == 0)
+    throw Error(ErrorCode::invalid_argument, "checkpoint load: the chunk size must be > 0 bytes");
+  if (device && (o.ring_buffers < 2 || o.ring_bytes / std::max<size_t>(o.ring_buffers, 1) == 0))
+    throw Error(ErrorCode::invalid_argument,
+                "checkpoint load: the staging ring needs at least 2 buffers of at least 1 byte, "
+                "got " +
+                    std::to_string(o.ring_buffers) + " buffers in " + std::to_string(o.ring_bytes) +
+                    " bytes");
+}
+
+// The open files of a load: buffered or O_DIRECT descriptors, closed on every path out.
+class Files {
+ public:
+  Files(const Checkpoint& c, bool direct, LoadReport& report) {
+    report.direct = direct;
+    for (const CheckpointFile& f : c.files()) {
+      int fd = direct ? open_direct(f.path, report) : -1;
+      if (fd < 0) fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) read_error(f.path, std::string("cannot open: ") + std::strerror(errno));
+      fds_.push_back(fd);
+      direct_.push_back(fd_is_direct_);
+      struct stat st {};
+      if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != f.size)
+        read_error(f.path, "its size changed since the checkpoint was opened (" +
+                               std::to_string(f.size) + " bytes then, " +
+                               std::to_string(st.st_size) + " now)");
+    }
+  }
+  ~Files() {
+    for (int fd : fds_) ::close(fd);
+  }
+  Files(const Files&) = delete;
+  Files& operator=(const Files&) = delete;
+  int fd(size_t file) const { return fds_[file]; }
+  bool direct(size_t file) const { return direct_[file]; }
+
+ private:
+  // O_DIRECT descriptor, or -1 with the reason in the report when the file system
+  // refuses it (at open, or at a first aligned read).
+  int open_direct(const std::string& path, LoadReport& report) {
+    fd_is_direct_ = false;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    int err = fd < 0 ? errno : 0;
+    if (fd >= 0) {
+      void* probe = std::aligned_alloc(kDirectAlign, kDirectAlign);
+      if (probe != nullptr && ::pread(fd, probe, kDirectAlign, 0) < 0) err = errno;
+      std::free(probe);
+      if (err == 0) {
+        fd_is_direct_ = true;
+        return fd;
+      }
+      ::close(fd);
+    }
+    report.direct = false;
+    report.direct_note = "O_DIRECT refused for '" + path + "' (" + std::strerror(err) +
+                         "); reading through the page cache instead";
+    return -1;
+  }
+
+  std::vector<int> fds_;
+  std::vector<bool> direct_;
+  bool fd_is_direct_ = false;
+};
+
+// Buffered: exactly `bytes` at `offset` into dst.
+void pread_all(int fd, void* dst, uint64_t bytes, uint64_t offset, const std::string& path) {
+  auto* p = static_cast<unsigned char*>(dst);
+  while (bytes > 0) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(bytes, uint64_t{1} << 30));
+    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) read_error(path, std::string("read failed: ") + std::strerror(errno));
+    if (r == 0)
+      read_error(path, "the file ended at byte " + std::to_string(offset) +
+                           " (was it truncated after the checkpoint was opened?)");
+    p += r;
+    bytes -= static_cast<uint64_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+}
+
+// O_DIRECT: the aligned range around [offset, offset + bytes) into a per-thread aligned
+// bounce buffer, then the wanted bytes into dst.
+void pread_direct(int fd, void* dst, uint64_t bytes, uint64_t offset, const std::string& path) {
+  struct Bounce {
+    void* data = nullptr;
+    size_t size = 0;
+    ~Bounce() { std::free(data); }
+  };
+  thread_local Bounce bounce;
+  const uint64_t begin = offset / kDirectAlign * kDirectAlign;
+  const uint64_t end = (offset + bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  if (bounce.size < end - begin) {
+    std::free(bounce.data);
+    bounce.size = 0;
+    bounce.data = std::aligned_alloc(kDirectAlign, end - begin);
+    if (bounce.data == nullptr) throw Error(ErrorCode::out_of_memory, "O_DIRECT bounce buffer");
+    bounce.size = end - begin;
+  }
+  auto* b = static_cast<unsigned char*>(bounce.data);
+  if (b == nullptr) throw Error(ErrorCode::out_of_memory, "O_DIRECT bounce buffer");
+  uint64_t have = 0;  // bytes from `begin` read so far
+  while (begin + have < offset + bytes) {
+    const ssize_t r = ::pread(fd, b + have, end - begin - have, static_cast<off_t>(begin + have));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) read_error(path, std::string("O_DIRECT read failed: ") + std::strerror(errno));
+    if (r == 0) read_error(path, "the file ended at byte " + std::to_string(begin + have));
+    have += static_cast<uint64_t>(r);
+  }
+  std::memcpy(dst, b + (offset - begin), bytes);
+}
+
+// One pread of a load: bytes of a file into dst.
+struct Chunk {
+  size_t file;
+  uint64_t offset;
+  uint64_t bytes;
+  unsigned char* dst;
+};
+
+// Runs body() on `threads` threads (the caller is one of them). Reads block in the kernel,
+// so they get threads of their own rather than the CPU pool (parallel_for stops at one
+// thread per core, and a cold disk wants more requests in flight than that). The first
+// exception is rethrown after every thread stopped; a thread that cannot start is an
+// error after the started ones are joined.
+void run_readers(int threads, const std::function<void()>& body) {
+  std::exception_ptr first;
+  std::mutex mutex;
+  auto guarded = [&] {
+    try {
+      body();
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(mutex);
+      if (!first) first = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  try {
+    for (int i = 1; i < threads; ++i) pool.emplace_back(guarded);
+  } catch (const std::system_error& e) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    first = std::make_exception_ptr(Error(
+        ErrorCode::out_of_memory, "checkpoint load: could only start " +
+                                      std::to_string(pool.size() + 1) + " of " +
+                                      std::to_string(threads) + " reader threads: " + e.what()));
+  }
+  if (!first) guarded();
+  for (std::thread& t : pool) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+// Reads the chunks on `threads` threads, each taking the next one until none are left or
+// one failed; progress (one caller at a time) after each.
+void read_chunks(const Checkpoint& c, const Files& files, const std::vector<Chunk>& chunks,
+                 int threads, const CheckpointLoadOptions& o, uint64_t* done_bytes,
+                 uint64_t total) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::atomic<uint64_t> done{*done_bytes};
+  std::mutex progress_mutex;
+  const int n = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), chunks.size()));
+  run_readers(std::max(n, 1), [&] {
+    try {
+      for (size_t i = next.fetch_add(1); i < chunks.size() && !failed; i = next.fetch_add(1)) {
+        const Chunk& k = chunks[i];
+        const std::string& path = c.files()[k.file].path;
+        if (files.direct(k.file))
+          pread_direct(files.fd(k.file), k.dst, k.bytes, k.offset, path);
+        else
+          pread_all(files.fd(k.file), k.dst, k.bytes, k.offset, path);
+        const uint64_t now = done.fetch_add(k.bytes) + k.bytes;
+        if (o.progress) {
+          const std::lock_guard<std::mutex> lock(progress_mutex);
+          o.progress(now, total);
+        }
+      }
+    } catch (...) {
+      failed = true;
+      throw;
+    }
+  });
+  *done_bytes = done.load();
+}
+
+[[noreturn]] void hash_mismatch(const Checkpoint& c, const CheckpointTensor& t, uint64_t got) {
+  throw Error(ErrorCode::io, "checkpoint file '" + c.files()[t.file].path + "': tensor '" +
+                                 t.name.substr(0, 96) + "' fails its integrity check: xxh3-64 " +
+                                 xxh3_hex(got) + " read, " + xxh3_hex(*t.xxh3) +
+                                 " recorded (the file is corrupt)");
+}
+
+int thread_count(const CheckpointLoadOptions& o) {
+  return o.threads > 0 ? o.threads : default_thread_count();
+}
+
+}  // namespace
+
+LoadReport read_checkpoint(const Checkpoint& c, const std::vector<ReadTarget>& targets,
+                           const CheckpointLoadOptions& o) {
+  check_options(o, false);
+  const Stopwatch total;
+  LoadReport r;
+  r.files = c.files().size();
+  r.threads = thread_count(o);
+  r.chunk_bytes = o.chunk_bytes;
+  const Files files(c, o.direct, r);
+  std::vector<Chunk> chunks;
+  for (const ReadTarget& t : targets) {
+    r.bytes += t.tensor->bytes;
+    ++r.tensors;
+    for (uint64_t off = 0; off < t.tensor->bytes; off += o.chunk_bytes)
+      chunks.push_back({t.tensor->file, t.tensor->offset + off,
+                        std::min(o.chunk_bytes, t.tensor->bytes - off),
+                        static_cast<unsigned char*>(t.dst) + off});
+  }
+  uint64_t done = 0;
+  const Stopwatch read;
+  read_chunks(c, files, chunks, r.threads, o, &done, r.bytes);
+  r.read_s = read.seconds();
+  if (o.verify) {
+    const Stopwatch verify;
+    std::atomic<size_t> unverified{0};
+    parallel_for(
+        targets.size(), 1,
+        [&](size_t b, size_t e) {
+          for (size_t i = b; i < e; ++i) {
+            const CheckpointTensor& t = *targets[i].tensor;
+            if (!t.xxh3) {
+              ++unverified;
+              continue;
+            }
+            const uint64_t got = xxh3_64(targets[i].dst, t.bytes);
+            if (got != *t.xxh3) hash_mismatch(c, t, got);
+          }
+        },
+        r.threads);
+    r.verify_s = verify.seconds();
+    r.unverified = unverified.load();
+    r.verified = r.unverified == 0;
+  }
+  r.total_s = total.seconds();
+  return r;
+}
+
+HostLoad load_to_host(const Checkpoint& c, HostAllocator& allocator,
+                      const CheckpointLoadOptions& o) {
+  check_options(o, false);
+  const Stopwatch total;
+  HostLoad out;
+  std::vector<ReadTarget> targets;
+  const Stopwatch alloc;
+  for (const CheckpointTensor& t : c.tensors()) {
+    out.tensors.push_back({t, allocator.allocate(static_cast<size_t>(t.bytes))});
+    targets.push_back({&t, out.tensors.back().storage->data()});
+  }
+  const double alloc_s = alloc.seconds();
+  out.report = read_checkpoint(c, targets, o);
+  out.report.alloc_s = alloc_s;
+  out.report.total_s = total.seconds();
+  return out;
+}
+
+TaskArgs to_task_args(const HostLoad& load) {
+  TaskArgs args;
+  for (const HostTensor& t : load.tensors) {
+    const std::optional<DType> dtype = parse_dtype(t.info.dtype);
+    if (!dtype || t.info.dtype != dtype_safetensors_name(*dtype))
+      throw Error(ErrorCode::invalid_argument,
+                  "tensor '" + t.info.name + "' has the unknown dtype " + t.info.dtype);
+    args.add(Tensor(t.info.name, *dtype, t.info.shape, Direction::in, t.storage));
+  }
+  return args;
+}
+
+namespace {
+
+// One ring buffer's worth of a device load: consecutive bytes of one file, cut into the
+// tensors they belong to.
+struct Segment {
+  size_t tensor;
+  uint64_t tensor_offset;
+  uint64_t bytes;
+  uint64_t buffer_offset;
+};
+struct Piece {
+  size_t file = 0;
+  uint64_t file_offset = 0;
+  uint64_t bytes = 0;
+  std::vector<Segment> segments;
+};
+
+// The next piece from tensor *i at byte *off on: at most `room` bytes, one file.
+Piece next_piece(const std::vector<CheckpointTensor>& tensors, size_t* i, uint64_t* off,
+                 uint64_t room) {
+  Piece p;
+  while (*i < tensors.size() && tensors[*i].bytes == 0) ++*i;
+  if (*i == tensors.size()) return p;
+  p.file = tensors[*i].file;
+  p.file_offset = tensors[*i].offset + *off;
+  while (*i < tensors.size() && p.bytes < room) {
+    const CheckpointTensor& t = tensors[*i];
+    if (t.file != p.file) break;
+    const uint64_t take = std::min(room - p.bytes, t.bytes - *off);
+    if (take > 0) p.segments.push_back({*i, *off, take, p.bytes});
+    p.bytes += take;
+    *off += take;
+    if (*off == t.bytes) {
+      ++*i;
+      *off = 0;
+    }
+  }
+  return p;
+}
+
+// Reads a piece into `buffer` split over the threads (pieces of 256 KiB at least).
+void read_piece(const Checkpoint& c, const Files& files, const Piece& p, unsigned char* buffer,
+                int threads, const CheckpointLoadOptions& o, uint64_t* done, uint64_t total) {
+  const uint64_t part = std::max<uint64_t>(
+      std::min(o.chunk_bytes, (p.bytes + threads - 1) / static_cast<uint64_t>(threads)),
+      uint64_t{256} << 10);
+  std::vector<Chunk> chunks;
+  for (uint64_t off = 0; off < p.bytes; off += part)
+    chunks.push_back({p.file, p.file_offset + off, std::min(part, p.bytes - off), buffer + off});
+  read_chunks(c, files, chunks, threads, o, done, total);
+}
+
+// Queues a piece's device copies. The ring's enqueue copies from the buffer's start, so
+// the first segment goes last through it and records the buffer's event after all.
+void upload_piece(Worker& worker, Stream& stream, StagingRing& ring, const Piece& p,
+                  const unsigned char* buffer, std::vector<DeviceTensor>& out) {
+  for (size_t s = 1; s < p.segments.size(); ++s) {
+    const Segment& g = p.segments[s];
+    worker.copy_to_device_async(out[g.tensor].buffer, g.tensor_offset, buffer + g.buffer_offset,
+                                g.bytes, stream);
+  }
+  const Segment& first = p.segments.front();
+  ring.enqueue_to_device(out[first.tensor].buffer, first.tensor_offset, first.bytes);
+}
+
+void check_hashes(const Checkpoint& c, std::vector<Xxh3Stream>& hashes, LoadReport& r) {
+  for (size_t i = 0; i < c.tensors().size(); ++i) {
+    const CheckpointTensor& t = c.tensors()[i];
+    if (!t.xxh3) {
+      ++r.unverified;
+      continue;
+    }
+    const uint64_t got = t.bytes == 0 ? xxh3_64(nullptr, 0) : hashes[i].digest();
+    if (got != *t.xxh3) hash_mismatch(c, t, got);
+  }
+  r.verified = r.unverified == 0;
+}
+
+}  // namespace
+
+DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointLoadOptions& o) {
+  check_options(o, true);
+  require_chip_worker(worker, "load_to_device");
+  const Stopwatch total;
+  DeviceLoad out;
+  LoadReport& r = out.report;
+  r.files = c.files().size();
+  r.threads = thread_count(o);
+  r.chunk_bytes = o.chunk_bytes;
+  r.bytes = c.total_bytes();
+  r.tensors = c.tensors().size();
+  const Files files(c, o.direct, r);
+  const Stopwatch alloc;
+  for (const CheckpointTensor& t : c.tensors())
+    out.tensors.push_back({t, t.bytes > 0 ? worker.alloc_device(t.bytes) : DeviceBuffer{}});
+  // Declared after the tensors: on an error the ring drains its copies before they go.
+  Stream stream = worker.create_stream();
+  StagingRing ring(worker, stream, o.ring_buffers, o.ring_bytes / o.ring_buffers, 1);
+  r.alloc_s = alloc.seconds();
+  r.ring_pinned_bytes = ring.pinned_bytes();
+  r.peak_pinned_bytes = worker.stats().pinned_bytes;
+  std::vector<Xxh3Stream> hashes(o.verify ? c.tensors().size() : 0);
+  size_t i = 0;
+  uint64_t off = 0;
+  uint64_t done = 0;
+  double overlapped_read_s = 0;
+  size_t queued = 0;  // pieces whose copies may still run
+  for (Piece p = next_piece(c.tensors(), &i, &off, ring.buffer_bytes()); p.bytes > 0;
+       p = next_piece(c.tensors(), &i, &off, ring.buffer_bytes())) {
+    Stopwatch phase;
+    auto* buffer = static_cast<unsigned char*>(ring.advance());
+    r.upload_s += phase.restart();
+    read_piece(c, files, p, buffer, r.threads, o, &done, r.bytes);
+    const double read_s = phase.restart();
+    r.read_s += read_s;
+    if (queued > 0) overlapped_read_s += read_s;
+    for (const Segment& g : p.segments)
+      if (o.verify) hashes[g.tensor].update(buffer + g.buffer_offset, g.bytes);
+    r.verify_s += phase.restart();
+    upload_piece(worker, stream, ring, p, buffer, out.tensors);
+    r.upload_s += phase.seconds();
+    ++queued;
+  }
+  const Stopwatch drain;
+  ring.drain();
+  r.upload_s += drain.seconds();
+  r.overlap = r.read_s > 0 ? overlapped_read_s / r.read_s : 0;
+  if (o.verify) check_hashes(c, hashes, r);
+  r.total_s = total.seconds();
+  return out;
+}
+
+}  // namespace pinstage

@@ -1,0 +1,654 @@
+// Checkpoints: the three layouts open and list every tensor; every validation error is its
+// own test naming the file and the tensor; loads into host memory and onto the (sim)
+// device give back the bytes written, for every dtype, thread count and chunk size; faults
+// during read and upload leave nothing allocated or locked; xxh3 catches a flipped byte.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "pinstage/checkpoint.h"
+#include "pinstage/safetensors.h"
+#include "pinstage/worker.h"
+#include "tensor_test_util.h"
+
+namespace pinstage {
+namespace {
+
+using test::CountingAllocator;
+using test::error_of;
+namespace fs = std::filesystem;
+
+uint64_t locked_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmLck:", 0) == 0) return std::stoull(line.substr(6));
+  return 0;
+}
+
+// A raw tensor for hand-built files: any safetensors dtype.
+struct Raw {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+};
+
+uint64_t raw_bytes(const Raw& r) {
+  uint64_t n = safetensors_dtype_size(r.dtype);
+  for (int64_t d : r.shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+// Byte `i` of tensor number `k`: differs between tensors and positions.
+unsigned char byte_at(size_t k, uint64_t i) {
+  return static_cast<unsigned char>((i * 2654435761u + k * 97 + (i >> 13)) >> 5);
+}
+
+std::string file_of(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i, n >>= 8) out[i] = static_cast<char>(n & 0xff);
+  return out + header + data;
+}
+
+void write_bytes(const std::string& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string read_bytes(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Writes tensors `raws` (numbered from `first` for their bytes) as one safetensors file,
+// with their xxh3 recorded unless `hashes` is false.
+void write_raw(const std::string& path, const std::vector<Raw>& raws, size_t first = 0,
+               bool hashes = true) {
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  std::string data;
+  for (size_t k = 0; k < raws.size(); ++k) {
+    const uint64_t n = raw_bytes(raws[k]);
+    std::string bytes(n, '\0');
+    for (uint64_t i = 0; i < n; ++i) bytes[i] = static_cast<char>(byte_at(first + k, i));
+    h[raws[k].name] = {{"dtype", raws[k].dtype},
+                       {"shape", raws[k].shape},
+                       {"data_offsets", {data.size(), data.size() + n}}};
+    if (hashes)
+      h["__metadata__"][kSafetensorsXxh3Key + raws[k].name] = xxh3_hex(xxh3_64(bytes.data(), n));
+    data += bytes;
+  }
+  write_bytes(path, file_of(h.dump(), data));
+}
+
+// Every loaded byte is the one written (tensors numbered in checkpoint order).
+void expect_bytes(const std::vector<HostTensor>& tensors, size_t first = 0) {
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const auto* p = static_cast<const unsigned char*>(tensors[k].storage->data());
+    ASSERT_EQ(tensors[k].storage->bytes(), tensors[k].info.bytes) << tensors[k].info.name;
+    for (uint64_t i = 0; i < tensors[k].info.bytes; ++i)
+      if (p[i] != byte_at(first + k, i)) {
+        ADD_FAILURE() << tensors[k].info.name << " byte " << i;
+        return;
+      }
+  }
+}
+
+std::vector<Raw> every_dtype() {
+  return {{"bool", "BOOL", {3}},    {"u8", "U8", {5}},         {"i8", "I8", {2, 3}},
+          {"i16", "I16", {7}},      {"i32", "I32", {3, 1}},    {"i64", "I64", {2}},
+          {"f16", "F16", {9}},      {"bf16", "BF16", {1, 5}},  {"f32", "F32", {3}},
+          {"f64", "F64", {2, 2}},   {"e4m3", "F8_E4M3", {11}}, {"e5m2", "F8_E5M2", {13}},
+          {"empty", "F32", {0, 7}}, {"scalar", "F64", {}}};
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("pinstage_ckpt_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Three shards of every_dtype() with an index.
+  std::string indexed(const std::string& name = "model") {
+    const std::string d = path(name);
+    fs::create_directories(d);
+    const auto all = every_dtype();
+    nlohmann::ordered_json index = {{"metadata", {{"total_size", 0}}},
+                                    {"weight_map", nlohmann::ordered_json::object()}};
+    for (size_t s = 0; s < 3; ++s) {
+      std::vector<Raw> part;
+      for (size_t k = s * 5; k < std::min(all.size(), s * 5 + 5); ++k) part.push_back(all[k]);
+      const std::string shard = "model-0000" + std::to_string(s + 1) + "-of-00003.safetensors";
+      write_raw(d + "/" + shard, part, s * 5);
+      for (const Raw& r : part) index["weight_map"][r.name] = shard;
+    }
+    write_bytes(d + "/" + kCheckpointIndexName, index.dump());
+    return d;
+  }
+
+  fs::path dir_;
+};
+
+// The message names every given word.
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& words,
+                  ErrorCode code = ErrorCode::io) {
+  const Error e = error_of(fn);
+  EXPECT_EQ(e.code(), code) << e.what();
+  for (const std::string& w : words)
+    EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << "'" << w << "' in: " << e.what();
+}
+
+TEST_F(CheckpointTest, SingleFileListsEveryTensorAndTheMetadata) {
+  write_raw(path("m.safetensors"), every_dtype());
+  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  EXPECT_EQ(c.layout(), CheckpointLayout::single_file);
+  ASSERT_EQ(c.tensors().size(), every_dtype().size());
+  const CheckpointTensor& e4 = c.get("e4m3");
+  EXPECT_EQ(e4.dtype, "F8_E4M3");
+  EXPECT_EQ(e4.bytes, 11u);
+  EXPECT_TRUE(e4.xxh3.has_value());
+  EXPECT_EQ(c.get("f64").shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(c.files().size(), 1u);
+  EXPECT_EQ(c.files()[0].size, fs::file_size(path("m.safetensors")));
+  // Byte ranges: each tensor where its data_offsets say, in file order.
+  uint64_t next = c.files()[0].data_start;
+  for (const CheckpointTensor& t : c.tensors()) {
+    EXPECT_EQ(t.offset, next) << t.name;
+    next += t.bytes;
+  }
+  EXPECT_EQ(next, c.files()[0].size);
+  EXPECT_EQ(c.metadata().size(), every_dtype().size());
+  EXPECT_EQ(error_of([&] { c.get("nope"); }).code(), ErrorCode::not_found);
+}
+
+TEST_F(CheckpointTest, IndexedDirectoryAndPlainShardDirectoryLoadEveryDtype) {
+  const std::string d = indexed();
+  const Checkpoint c = Checkpoint::open(d);
+  EXPECT_EQ(c.layout(), CheckpointLayout::indexed_directory);
+  EXPECT_EQ(c.files().size(), 3u);
+  EXPECT_EQ(c.tensors().size(), every_dtype().size());
+  CheckpointLoadOptions o;
+  o.verify = true;
+  PageableAllocator pageable;
+  const HostLoad load = load_to_host(c, pageable, o);
+  expect_bytes(load.tensors);
+  EXPECT_TRUE(load.report.verified);
+  EXPECT_EQ(load.report.bytes, c.total_bytes());
+  // The same shards without the index: a directory of *.safetensors.
+  fs::remove(d + "/" + kCheckpointIndexName);
+  const Checkpoint plain = Checkpoint::open(d);
+  EXPECT_EQ(plain.layout(), CheckpointLayout::shard_directory);
+  expect_bytes(load_to_host(plain, pageable, o).tensors);
+}
+
+TEST_F(CheckpointTest, RoundTripThroughTheShardedWriterIntoPinnedMemory) {
+  PageableAllocator pageable;
+  TaskArgs args;
+  for (int i = 0; i < 7; ++i) {
+    args.add(Tensor::empty("t" + std::to_string(i), i % 2 ? DType::bf16 : DType::f32, {i * 333 + 1},
+                           Direction::in, pageable));
+    auto* p = static_cast<unsigned char*>(args.at(i).data());
+    for (uint64_t b = 0; b < args.at(i).nbytes(); ++b) p[b] = byte_at(i, b);
+  }
+  args.add(Tensor::empty("zero", DType::i32, {0}, Direction::in, pageable));
+  const size_t shards = save_sharded_checkpoint(args, path("sharded"), 4000);
+  EXPECT_GT(shards, 2u);
+  const auto index =
+      nlohmann::json::parse(read_bytes(path("sharded") + "/" + kCheckpointIndexName));
+  EXPECT_EQ(index["metadata"]["total_size"], args.total_bytes());
+  const Checkpoint c = Checkpoint::open(path("sharded"));
+  EXPECT_EQ(c.files().size(), shards);
+
+  Worker worker;
+  worker.init("sim");
+  const uint64_t locked_before = locked_kib();
+  PinnedAllocator pinned(worker);
+  CheckpointLoadOptions o;
+  o.verify = true;
+  HostLoad load = load_to_host(c, pinned, o);
+  EXPECT_TRUE(load.report.verified) << "pinstage's writer records every tensor's xxh3";
+  // Exactly the bytes needed are pinned: one allocation per non-empty tensor, its size.
+  EXPECT_EQ(worker.stats().pinned_bytes, args.total_bytes());
+  EXPECT_EQ(worker.stats().pinned_count, 7u);
+  EXPECT_GE(locked_kib(), locked_before + args.total_bytes() / 1024) << "really locked";
+  const TaskArgs back = to_task_args(load);
+  for (const Tensor& t : args) {
+    const Tensor& b = back.get(t.name());
+    ASSERT_EQ(b.nbytes(), t.nbytes());
+    EXPECT_EQ(b.dtype(), t.dtype());
+    if (t.nbytes() > 0) {
+      EXPECT_EQ(std::memcmp(b.data(), t.data(), t.nbytes()), 0) << t.name();
+      EXPECT_TRUE(b.pinned());
+    }
+  }
+}
+
+TEST_F(CheckpointTest, EveryThreadCountAndChunkSizeAroundTensorBoundaries) {
+  // Odd sizes: 1, 3, 5, ... bytes and one of 4099 (one past a page).
+  std::vector<Raw> raws;
+  for (int i = 0; i < 9; ++i) raws.push_back({"u" + std::to_string(i), "U8", {2 * i + 1}});
+  raws.push_back({"page_plus", "I8", {4099}});
+  raws.push_back({"none", "I16", {0}});
+  write_raw(path("odd.safetensors"), raws);
+  const Checkpoint c = Checkpoint::open(path("odd.safetensors"));
+  PageableAllocator pageable;
+  for (int threads = 1; threads <= 8; ++threads) {
+    for (uint64_t chunk : {1, 2, 3, 4, 5, 16, 4098, 4099, 4100, 1 << 20}) {
+      SCOPED_TRACE(std::to_string(threads) + " threads, chunk " + std::to_string(chunk));
+      CheckpointLoadOptions o;
+      o.threads = threads;
+      o.chunk_bytes = chunk;
+      o.verify = true;
+      const HostLoad load = load_to_host(c, pageable, o);
+      expect_bytes(load.tensors);
+      EXPECT_EQ(load.report.threads, threads);
+      EXPECT_TRUE(load.report.verified);
+    }
+  }
+}
+
+TEST_F(CheckpointTest, TenThousandTinyTensorsOnHostAndDevice) {
+  std::vector<Raw> raws;
+  for (int i = 0; i < 10000; ++i)
+    raws.push_back({"layer." + std::to_string(i) + ".w", i % 3 ? "BF16" : "U8", {i % 7}});
+  write_raw(path("tiny.safetensors"), raws);
+  const Checkpoint c = Checkpoint::open(path("tiny.safetensors"));
+  ASSERT_EQ(c.tensors().size(), 10000u);
+  PageableAllocator pageable;
+  CheckpointLoadOptions o;
+  o.verify = true;
+  expect_bytes(load_to_host(c, pageable, o).tensors);
+
+  Worker worker;
+  worker.init("sim");
+  o.ring_bytes = 4096;  // many tensors per ring buffer, and ring wrap-arounds
+  const DeviceLoad dev = load_to_device(c, worker, o);
+  EXPECT_TRUE(dev.report.verified);
+  for (size_t k = 0; k < dev.tensors.size(); ++k) {
+    const uint64_t n = dev.tensors[k].info.bytes;
+    if (n == 0) continue;
+    std::vector<unsigned char> back(n);
+    worker.copy_to_host(back.data(), dev.tensors[k].buffer, 0, n);
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(back[i], byte_at(k, i)) << k;
+  }
+}
+
+// Word i of the big tensor: a distinct value every 64 KiB, zero between (a sparse file,
+// so the test writes 128 KiB, not 1 GiB, and still sees any byte that lands elsewhere).
+constexpr uint64_t kMarkEvery = 8192;  // words
+uint64_t word_at(uint64_t i) { return i % kMarkEvery == 0 ? (i + 1) * 0x9E3779B97F4A7C15ull : 0; }
+
+// Writes a safetensors file of one U8 tensor of `n` bytes (a multiple of 64 KiB) made of
+// word_at(0), word_at(1), ...
+void write_big(const std::string& p, uint64_t n) {
+  nlohmann::ordered_json h = {{"big", {{"dtype", "U8"}, {"shape", {n}}, {"data_offsets", {0, n}}}}};
+  std::string header = h.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');
+  write_bytes(p, file_of(header, ""));
+  const uint64_t start = 8 + header.size();
+  ASSERT_EQ(::truncate(p.c_str(), static_cast<off_t>(start + n)), 0);
+  const int fd = ::open(p.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  for (uint64_t i = 0; i < n / 8; i += kMarkEvery) {
+    const uint64_t w = word_at(i);
+    ASSERT_EQ(::pwrite(fd, &w, 8, static_cast<off_t>(start + i * 8)), 8);
+  }
+  ::close(fd);
+}
+
+TEST_F(CheckpointTest, OneGigabyteTensor) {
+  const uint64_t n = uint64_t{1} << 30;
+  write_big(path("big.safetensors"), n);
+  const Checkpoint c = Checkpoint::open(path("big.safetensors"));
+  ASSERT_EQ(c.total_bytes(), n);
+  PageableAllocator pageable;
+  CheckpointLoadOptions o;
+  o.threads = 8;
+  o.chunk_bytes = (uint64_t{8} << 20) + 1;  // chunks that do not divide the tensor
+  const HostLoad load = load_to_host(c, pageable, o);
+  // Every word in its place (the storage is page aligned, so words are aligned).
+  const auto* p = static_cast<const uint64_t*>(load.tensors[0].storage->data());
+  uint64_t wrong = 0;
+  for (uint64_t i = 0; i < n / 8; ++i) wrong += p[i] != word_at(i);
+  EXPECT_EQ(wrong, 0u);
+}
+
+TEST_F(CheckpointTest, DeviceLoadIsBoundedByTheRingAndOverlaps) {
+  std::vector<Raw> raws;
+  for (int i = 0; i < 6; ++i) raws.push_back({"w" + std::to_string(i), "F32", {300000 + i}});
+  write_raw(path("m.safetensors"), raws);  // about 7 MB
+  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  Worker worker;
+  worker.init("sim");
+  CheckpointLoadOptions o;
+  o.ring_bytes = 1 << 20;  // 1 MiB for a 7 MB checkpoint
+  o.verify = true;
+  uint64_t peak = 0;
+  o.progress = [&](uint64_t, uint64_t) { peak = std::max(peak, worker.stats().pinned_bytes); };
+  const DeviceLoad dev = load_to_device(c, worker, o);
+  EXPECT_EQ(dev.report.ring_pinned_bytes, uint64_t{1} << 20);
+  EXPECT_LE(peak, uint64_t{1} << 20) << "pinned memory never exceeds the ring";
+  EXPECT_GT(peak, 0u);
+  EXPECT_EQ(dev.report.bytes, c.total_bytes());
+  EXPECT_TRUE(dev.report.verified);
+  EXPECT_GT(dev.report.overlap, 0.5) << "reads after the first ran with copies queued";
+  EXPECT_EQ(worker.stats().pinned_count, 0u) << "the ring is gone after the load";
+  EXPECT_EQ(worker.stats().device_count, raws.size());
+  for (size_t k = 0; k < dev.tensors.size(); ++k) {
+    std::vector<unsigned char> back(dev.tensors[k].info.bytes);
+    worker.copy_to_host(back.data(), dev.tensors[k].buffer, 0, back.size());
+    for (uint64_t i = 0; i < back.size(); ++i) ASSERT_EQ(back[i], byte_at(k, i)) << k << " " << i;
+  }
+}
+
+TEST_F(CheckpointTest, DeviceLoadDefaultRingIs64MiB) {
+  write_raw(path("m.safetensors"), every_dtype());
+  Worker worker;
+  worker.init("sim");
+  const DeviceLoad dev = load_to_device(Checkpoint::open(path("m.safetensors")), worker);
+  EXPECT_EQ(dev.report.ring_pinned_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(dev.report.peak_pinned_bytes, uint64_t{64} << 20);
+}
+
+// A fault while reading: the shard is truncated after the checkpoint was validated.
+TEST_F(CheckpointTest, ReadFaultLeavesNothingAllocatedOrLocked) {
+  std::vector<Raw> raws;
+  for (int i = 0; i < 4; ++i) raws.push_back({"w" + std::to_string(i), "U8", {1 << 20}});
+  write_raw(path("m.safetensors"), raws);
+  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  ASSERT_EQ(::truncate(path("m.safetensors").c_str(), static_cast<off_t>(c.files()[0].size - 10)),
+            0);
+  Worker worker;
+  worker.init("sim");
+  const uint64_t locked = locked_kib();
+  CheckpointLoadOptions o;
+  o.ring_bytes = 1 << 20;
+  expect_error([&] { load_to_device(c, worker, o); }, {"m.safetensors", "size changed"});
+  // The same fault mid-read: the file shrinks between open and the last chunk.
+  ASSERT_EQ(::truncate(path("m.safetensors").c_str(), static_cast<off_t>(c.files()[0].size)), 0);
+  o.progress = [&](uint64_t done, uint64_t) {
+    if (done > (2u << 20)) ::truncate(path("m.safetensors").c_str(), 100);
+  };
+  expect_error([&] { load_to_device(c, worker, o); }, {"m.safetensors", "ended"});
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
+  EXPECT_EQ(worker.stats().device_count, 0u);
+  EXPECT_EQ(locked_kib(), locked);
+  // Into pinned host memory: nothing stays pinned either.
+  ASSERT_EQ(::truncate(path("m.safetensors").c_str(), static_cast<off_t>(c.files()[0].size)), 0);
+  PinnedAllocator pinned(worker);
+  o.threads = 1;
+  o.chunk_bytes = 1 << 18;
+  expect_error([&] { load_to_host(c, pinned, o); }, {"m.safetensors", "ended"});
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
+  EXPECT_EQ(locked_kib(), locked);
+}
+
+TEST_F(CheckpointTest, UploadFaultLeavesNothingAllocatedOrLocked) {
+  std::vector<Raw> raws;
+  for (int i = 0; i < 4; ++i) raws.push_back({"w" + std::to_string(i), "U8", {1 << 20}});
+  write_raw(path("m.safetensors"), raws);
+  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  Worker worker;
+  worker.init("sim");
+  const uint64_t locked = locked_kib();
+  CheckpointLoadOptions o;
+  o.ring_bytes = 1 << 20;
+  for (uint64_t nth : {1, 3, 6}) {
+    SCOPED_TRACE(nth);
+    worker.inject_fault(FaultKind::copy_h2d, nth);
+    EXPECT_NE(error_of([&] { load_to_device(c, worker, o); }).code(), ErrorCode::io);
+    EXPECT_EQ(worker.stats().pinned_count, 0u);
+    EXPECT_EQ(worker.stats().device_count, 0u);
+    EXPECT_EQ(locked_kib(), locked);
+  }
+  worker.inject_fault(FaultKind::copy_h2d, 0);
+  worker.inject_fault(FaultKind::device_malloc, 3);
+  EXPECT_NE(error_of([&] { load_to_device(c, worker, o); }).code(), ErrorCode::io);
+  EXPECT_EQ(worker.stats().device_count, 0u);
+  worker.inject_fault(FaultKind::device_malloc, 0);
+  EXPECT_EQ(load_to_device(c, worker, o).tensors.size(), 4u) << "the next load succeeds";
+}
+
+TEST_F(CheckpointTest, ChecksumCatchesOneFlippedByteAndNamesTheTensor) {
+  write_raw(path("m.safetensors"), every_dtype());
+  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  std::string bytes = read_bytes(path("m.safetensors"));
+  const CheckpointTensor& t = c.get("f64");
+  bytes[t.offset + 17] ^= 0x01;
+  write_bytes(path("m.safetensors"), bytes);
+  PageableAllocator pageable;
+  CheckpointLoadOptions o;
+  EXPECT_NO_THROW(load_to_host(c, pageable, o)) << "no check unless asked";
+  o.verify = true;
+  expect_error([&] { load_to_host(c, pageable, o); }, {"'f64'", "m.safetensors", "integrity"});
+  Worker worker;
+  worker.init("sim");
+  expect_error([&] { load_to_device(c, worker, o); }, {"'f64'", "integrity"});
+  EXPECT_EQ(worker.stats().device_count, 0u);
+}
+
+TEST_F(CheckpointTest, VerifyCountsTensorsWithoutARecordedHash) {
+  write_raw(path("m.safetensors"), every_dtype(), 0, false);
+  PageableAllocator pageable;
+  CheckpointLoadOptions o;
+  o.verify = true;
+  const HostLoad load = load_to_host(Checkpoint::open(path("m.safetensors")), pageable, o);
+  EXPECT_FALSE(load.report.verified);
+  EXPECT_EQ(load.report.unverified, every_dtype().size());
+}
+
+TEST_F(CheckpointTest, DirectReadsWorkOrFallBackWithAMessage) {
+  std::vector<Raw> raws = every_dtype();
+  raws.push_back({"big", "U8", {3 << 20}});
+  write_raw(path("m.safetensors"), raws);
+  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  PageableAllocator pageable;
+  CheckpointLoadOptions o;
+  o.direct = true;
+  o.verify = true;
+  o.chunk_bytes = 1 << 20;
+  const HostLoad load = load_to_host(c, pageable, o);
+  expect_bytes(load.tensors);
+  if (load.report.direct) {
+    EXPECT_TRUE(load.report.direct_note.empty());
+  } else {
+    EXPECT_NE(load.report.direct_note.find("O_DIRECT"), std::string::npos);
+  }
+  std::printf("O_DIRECT here: %s %s\n", load.report.direct ? "used" : "refused",
+              load.report.direct_note.c_str());
+  Worker worker;
+  worker.init("sim");
+  o.ring_bytes = 1 << 20;
+  EXPECT_TRUE(load_to_device(c, worker, o).report.verified);
+}
+
+TEST_F(CheckpointTest, BadOptionsAreRefusedBeforeAnyWork) {
+  write_raw(path("m.safetensors"), every_dtype());
+  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  CountingAllocator alloc;
+  for (auto set : std::vector<std::function<void(CheckpointLoadOptions&)>>{
+           [](auto& o) { o.threads = -1; }, [](auto& o) { o.threads = 100000; },
+           [](auto& o) { o.chunk_bytes = 0; }}) {
+    CheckpointLoadOptions o;
+    set(o);
+    EXPECT_EQ(error_of([&] { load_to_host(c, alloc, o); }).code(), ErrorCode::invalid_argument);
+  }
+  EXPECT_EQ(alloc.calls(), 0);
+  Worker worker;
+  worker.init("sim");
+  CheckpointLoadOptions o;
+  o.ring_buffers = 1;
+  expect_error([&] { load_to_device(c, worker, o); }, {"2 buffers"}, ErrorCode::invalid_argument);
+  EXPECT_EQ(worker.stats().device_count, 0u);
+}
+
+// ---- validation: each error its own test, naming the file and the tensor ----
+
+TEST_F(CheckpointTest, MissingShard) {
+  const std::string d = indexed();
+  fs::remove(d + "/model-00002-of-00003.safetensors");
+  expect_error([&] { Checkpoint::open(d); }, {"model-00002-of-00003.safetensors", "missing"});
+}
+
+TEST_F(CheckpointTest, TruncatedShard) {
+  const std::string d = indexed();
+  const std::string shard = d + "/model-00003-of-00003.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) - 3);
+  expect_error([&] { Checkpoint::open(d); }, {"model-00003-of-00003.safetensors", "truncated"});
+}
+
+TEST_F(CheckpointTest, IndexPutsATensorInTheWrongShard) {
+  const std::string d = indexed();
+  auto index = nlohmann::ordered_json::parse(read_bytes(d + "/" + kCheckpointIndexName));
+  index["weight_map"]["u8"] = "model-00002-of-00003.safetensors";
+  write_bytes(d + "/" + kCheckpointIndexName, index.dump());
+  expect_error([&] { Checkpoint::open(d); },
+               {"model-00001-of-00003.safetensors", "'u8'", "model-00002-of-00003"});
+}
+
+TEST_F(CheckpointTest, ShardHoldsATensorTheIndexDoesNotList) {
+  const std::string d = indexed();
+  auto index = nlohmann::ordered_json::parse(read_bytes(d + "/" + kCheckpointIndexName));
+  index["weight_map"].erase("i16");
+  write_bytes(d + "/" + kCheckpointIndexName, index.dump());
+  expect_error([&] { Checkpoint::open(d); }, {"'i16'", "does not match the index"});
+}
+
+TEST_F(CheckpointTest, IndexListsATensorNoShardHolds) {
+  const std::string d = indexed();
+  auto index = nlohmann::ordered_json::parse(read_bytes(d + "/" + kCheckpointIndexName));
+  index["weight_map"]["ghost"] = "model-00001-of-00003.safetensors";
+  write_bytes(d + "/" + kCheckpointIndexName, index.dump());
+  expect_error([&] { Checkpoint::open(d); }, {"'ghost'", "model-00001-of-00003", "does not hold"});
+}
+
+TEST_F(CheckpointTest, TensorListedTwiceInTheIndex) {
+  const std::string d = indexed();
+  std::string text = read_bytes(d + "/" + kCheckpointIndexName);
+  text.replace(text.find("\"weight_map\":{") + 14, 0,
+               "\"u8\":\"model-00001-of-00003.safetensors\",");
+  write_bytes(d + "/" + kCheckpointIndexName, text);
+  expect_error([&] { Checkpoint::open(d); }, {kCheckpointIndexName, "repeats", "'u8'"});
+}
+
+TEST_F(CheckpointTest, TensorListedTwiceInTwoShards) {
+  write_raw(path("a.safetensors"), {{"x", "F32", {2}}, {"y", "F32", {1}}});
+  write_raw(path("b.safetensors"), {{"y", "F32", {1}}});
+  expect_error([&] { Checkpoint::open(dir_.string()); },
+               {"'y'", "listed twice", "a.safetensors", "b.safetensors"});
+}
+
+TEST_F(CheckpointTest, OverlappingData) {
+  write_bytes(path("m.safetensors"),
+              file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                      R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                      std::string(8, '\0')));
+  expect_error([&] { Checkpoint::open(path("m.safetensors")); },
+               {"m.safetensors", "'b'", "overlap"});
+}
+
+TEST_F(CheckpointTest, OutOfRangeData) {
+  write_bytes(
+      path("m.safetensors"),
+      file_of(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", std::string(8, '\0')));
+  expect_error([&] { Checkpoint::open(path("m.safetensors")); },
+               {"m.safetensors", "'a'", "past the end"});
+}
+
+TEST_F(CheckpointTest, UnknownDtype) {
+  write_bytes(path("m.safetensors"),
+              file_of(R"({"a":{"dtype":"F128","shape":[1],"data_offsets":[0,16]}})",
+                      std::string(16, '\0')));
+  expect_error([&] { Checkpoint::open(path("m.safetensors")); },
+               {"m.safetensors", "'a'", "unknown dtype 'F128'"});
+}
+
+TEST_F(CheckpointTest, HeaderTooLarge) {
+  const uint64_t n = uint64_t{101} << 20;
+  std::string len(8, '\0');
+  uint64_t v = n;
+  for (int i = 0; i < 8; ++i, v >>= 8) len[i] = static_cast<char>(v & 0xff);
+  write_bytes(path("m.safetensors"), len);
+  ASSERT_EQ(::truncate(path("m.safetensors").c_str(), static_cast<off_t>(8 + n)), 0);
+  expect_error([&] { Checkpoint::open(path("m.safetensors")); }, {"m.safetensors", "100 MiB"});
+}
+
+TEST_F(CheckpointTest, HeaderNestedTooDeeply) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  write_bytes(path("m.safetensors"),
+              file_of(R"({"a":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})", ""));
+  const Error e = error_of([&] { Checkpoint::open(path("m.safetensors")); });
+  EXPECT_NE(std::string(e.what()).find("nests deeper than 32"), std::string::npos) << e.what();
+  EXPECT_LT(std::string(e.what()).size(), 400u);
+}
+
+TEST_F(CheckpointTest, IndexNestedTooDeeply) {
+  const std::string d = indexed();
+  write_bytes(d + "/" + kCheckpointIndexName,
+              R"({"metadata":{"x":)" + std::string(100000, '[') + std::string(100000, ']') + "}}");
+  expect_error([&] { Checkpoint::open(d); }, {kCheckpointIndexName, "nests deeper"});
+}
+
+TEST_F(CheckpointTest, IndexShardOutsideTheDirectory) {
+  const std::string d = indexed();
+  write_bytes(d + "/" + kCheckpointIndexName,
+              R"({"weight_map":{"u8":"../model-00001-of-00003.safetensors"}})");
+  expect_error([&] { Checkpoint::open(d); }, {"'u8'", "not a plain"});
+}
+
+TEST_F(CheckpointTest, ConflictingMetadataBetweenShards) {
+  write_raw(path("a.safetensors"), {{"x", "F32", {2}}}, 0, false);
+  write_raw(path("b.safetensors"), {{"y", "F32", {1}}}, 0, false);
+  // Rewrite both with a "format" that differs.
+  for (const char* f : {"a", "b"}) {
+    std::string bytes = read_bytes(path(std::string(f) + ".safetensors"));
+    const std::string header = bytes.substr(8, bytes.size() - 8 - (f[0] == 'a' ? 8 : 4));
+    auto h = nlohmann::ordered_json::parse(header);
+    h["__metadata__"] = {{"format", f[0] == 'a' ? "pt" : "np"}};
+    write_bytes(path(std::string(f) + ".safetensors"),
+                file_of(h.dump(), bytes.substr(8 + header.size())));
+  }
+  expect_error([&] { Checkpoint::open(dir_.string()); },
+               {"'format'", "a.safetensors", "b.safetensors"});
+}
+
+TEST_F(CheckpointTest, EmptyDirectoryAndMissingPath) {
+  expect_error([&] { Checkpoint::open(dir_.string()); }, {"neither", kCheckpointIndexName});
+  expect_error([&] { Checkpoint::open(path("nope")); }, {"nope", "no such"});
+}
+
+TEST_F(CheckpointTest, IndexParserRefusesUnknownKeysAndBadValues) {
+  expect_error([] { parse_checkpoint_index(R"({"weight_map":{},"x":1})", "i"); },
+               {"unknown key 'x'"});
+  expect_error([] { parse_checkpoint_index(R"({"metadata":{}})", "i"); }, {"no \"weight_map\""});
+  expect_error([] { parse_checkpoint_index(R"({"weight_map":{"a":3}})", "i"); }, {"'a'"});
+  expect_error(
+      [] { parse_checkpoint_index(R"({"weight_map":{"a\u0000b":"x.safetensors"}})", "i"); },
+      {"NUL"});
+  expect_error([] { parse_checkpoint_index("\xEF\xBB\xBF{\"weight_map\":{}}", "i"); },
+               {"byte-order mark"});
+  const CheckpointIndex ok = parse_checkpoint_index(
+      R"({"metadata":{"total_size":12,"n":"x"},"weight_map":{"a":"s.safetensors"}})", "i");
+  EXPECT_NE(std::find(ok.metadata.begin(), ok.metadata.end(),
+                      std::pair<std::string, std::string>{"total_size", "12"}),
+            ok.metadata.end());
+  EXPECT_EQ(ok.weight_map[0].second, "s.safetensors");
+}
+
+}  // namespace
+}  // namespace pinstage

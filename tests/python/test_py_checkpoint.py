@@ -1,0 +1,174 @@
+"""safe_open / load_file / load_to_device against a hand-written reference parser of the
+safetensors format (below: 20 lines from the spec, sharing no code with pinstage), and the
+lifetime rules of the tensors they return (the PinnedTorchAllocator's)."""
+import gc
+import json
+import struct
+
+import pytest
+import torch
+
+import pinstage
+
+_REF_DTYPES = {
+    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
+    "I32": torch.int32, "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F32": torch.float32, "F64": torch.float64,
+    # No float8 in Debian's torch: the raw bytes, as pinstage documents.
+    "F8_E4M3": getattr(torch, "float8_e4m3fn", torch.uint8),
+    "F8_E5M2": getattr(torch, "float8_e5m2", torch.uint8),
+}
+
+
+def reference_parse(path):
+    """{name: tensor} and the __metadata__ of a .safetensors file, straight from the spec:
+    u64 little-endian header length, JSON header, data section."""
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    data = raw[8 + n:]
+    out = {}
+    for name, e in header.items():
+        b, end = e["data_offsets"]
+        buf = bytearray(data[b:end]) or bytearray(1)
+        t = torch.frombuffer(buf, dtype=torch.uint8)[:end - b]
+        out[name] = t.view(_REF_DTYPES[e["dtype"]]).reshape(e["shape"])
+    return out, meta
+
+
+def write_file(path, tensors, metadata=None):
+    """A .safetensors file written by hand (no pinstage), tensors as {name: torch tensor}
+    or {name: (torch tensor, safetensors dtype)}."""
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        t, dtype = t if isinstance(t, tuple) else (
+            t, next(k for k, v in _REF_DTYPES.items() if v == t.dtype))
+        b = raw(t)
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def raw(t):
+    """The bytes of a tensor, as the file holds them."""
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def sample():
+    g = torch.Generator().manual_seed(7)
+    return {
+        "w": torch.randn(33, 7, generator=g).to(torch.bfloat16),
+        "b": torch.randn(5, generator=g, dtype=torch.float64),
+        "h": torch.randn(3, 3, generator=g).half(),
+        "f": torch.randn(17, generator=g),
+        "ids": torch.randint(-9, 9, (11,), generator=g),
+        "i32": torch.randint(-9, 9, (2, 3), generator=g, dtype=torch.int32),
+        "i16": torch.randint(-9, 9, (3,), generator=g, dtype=torch.int16),
+        "i8": torch.randint(-9, 9, (5,), generator=g, dtype=torch.int8),
+        "u8": torch.randint(0, 255, (9,), generator=g, dtype=torch.uint8),
+        "mask": torch.rand(4, generator=g) > 0.5,
+        "e4m3": (torch.randint(0, 255, (6,), generator=g, dtype=torch.uint8), "F8_E4M3"),
+        "e5m2": (torch.randint(0, 255, (2, 3), generator=g, dtype=torch.uint8), "F8_E5M2"),
+        "empty": torch.zeros(0, 4),
+        "scalar": torch.tensor(3.5),
+    }
+
+
+def same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and raw(a) == raw(b)
+
+
+def test_safe_open_matches_the_reference_parser(worker, tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_file(path, sample(), {"format": "pt", "note": "hand written"})
+    ref, meta = reference_parse(path)
+    with pinstage.safe_open(path, framework="pt", worker=worker) as f:
+        assert f.keys() == list(ref)  # data order, which is the write order here
+        assert f.metadata() == meta
+        for name, want in ref.items():
+            got = f.get_tensor(name)
+            assert same(got, want), name
+            assert got.is_contiguous()
+            assert pinstage.is_pinned(got), name  # zero-copy view of a pinned buffer
+
+
+def test_load_file_matches_the_reference_and_the_cpp_reader(worker, tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_file(path, sample())
+    ref, _ = reference_parse(path)
+    got = pinstage.load_file(path, worker=worker, threads=3, chunk_bytes=5)
+    assert list(got) == list(ref)
+    for name in ref:
+        assert same(got[name], ref[name]), name
+    # Exactly one pinned buffer per tensor, of its bytes (1 for an empty tensor).
+    want = sum(max(t.numel() * t.element_size(), 1) for t in ref.values())  # noqa: E501
+    assert worker.stats().pinned_bytes == want
+    # The same bytes through the C++ loader's device path.
+    dev = pinstage.load_to_device(path, worker=worker)
+    for name, t in ref.items():
+        assert dev.to_bytes(name) == raw(t), name
+
+
+def test_tensors_keep_the_worker_pinned_memory_until_collected(worker, tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_file(path, {"x": torch.arange(1000, dtype=torch.float32)})
+    t = pinstage.load_file(path, worker=worker)["x"]
+    assert worker.stats().pinned_count == 1
+    with pytest.raises(BufferError, match="view"):
+        worker.finalize()  # the tensor is a live view: finalize refuses
+    assert t[999].item() == 999.0
+    del t
+    gc.collect()
+    assert worker.stats().pinned_count == 0
+    worker.finalize()
+
+
+def test_sharded_checkpoint_from_the_cli_writer(worker, tmp_path, cli):
+    import subprocess
+    out = tmp_path / "ckpt"
+    subprocess.run([str(cli), "fixture", "qwen3-decode", "--layers", "1", "--seq-len", "64",
+                    "--out", str(out), "--shard-size", "64M", "--quiet"], check=True,
+                   capture_output=True)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1
+    ref = {}
+    for s in shards:
+        ref.update(reference_parse(out / s)[0])
+    got = pinstage.load_file(out, worker=worker, verify=True)
+    assert set(got) == set(ref) == set(index["weight_map"])
+    for name in ref:
+        assert same(got[name], ref[name]), name
+    del got
+    # pinstage's writer recorded every tensor's xxh3: one flipped byte is caught and named.
+    first = next(n for n, s in index["weight_map"].items() if s == shards[-1])
+    raw = bytearray((out / shards[-1]).read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    begin = json.loads(raw[8:8 + n])[first]["data_offsets"][0]
+    raw[8 + n + begin] ^= 0x10
+    (out / shards[-1]).write_bytes(bytes(raw))
+    with pytest.raises(pinstage.Error, match=f"tensor '{first}' fails its integrity check"):
+        pinstage.load_file(out, worker=worker, verify=True)
+    gc.collect()
+    assert worker.stats().pinned_count == 0
+
+
+def test_bad_arguments(worker, tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_file(path, {"a": torch.zeros(2)})
+    with pytest.raises(pinstage.InvalidArgumentError, match="framework must be 'pt'"):
+        pinstage.safe_open(path, framework="np", worker=worker)
+    with pytest.raises(TypeError, match="needs worker=pinstage.Worker"):
+        pinstage.load_file(path, worker=None)
+    with pytest.raises(pinstage.Error, match="no tensor 'zz'"):
+        pinstage.safe_open(path, worker=worker).get_tensor("zz")
+    (tmp_path / "bad.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}x")
+    with pytest.raises(pinstage.Error, match="bad.safetensors"):
+        pinstage.load_file(tmp_path / "bad.safetensors", worker=worker)
+    assert worker.stats().pinned_count == 0
