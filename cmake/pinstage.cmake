@@ -8,6 +8,7 @@ function(pinstage_add_backend name)
   target_link_libraries(${target} PRIVATE pinstage_base ${ARG_LIBRARIES})
   target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/src)
   set_target_properties(${target} PROPERTIES PREFIX "lib" BUILD_RPATH "$ORIGIN")
+  pinstage_install(${target} PLUGIN)  # into <libdir>/pinstage (cmake/install.cmake)
 endfunction()
 
 # pinstage_add_gtest(NAME SOURCES ... [LABELS ...]): one GoogleTest binary whose tests are
@@ -16,5 +17,13 @@ function(pinstage_add_gtest name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LABELS;LIBRARIES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE pinstage pinstage_internal GTest::gtest_main ${ARG_LIBRARIES})
-  gtest_discover_tests(${name} PROPERTIES LABELS "${ARG_LABELS}" DISCOVERY_TIMEOUT 60)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60)
+  # Labels go on through a ctest include file run after discovery: gtest_discover_tests
+  # flattens its PROPERTIES, so LABELS "bind;concurrency" would keep only "bind".
+  if(ARG_LABELS)
+    set(file "${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake")
+    file(WRITE "${file}" "if(DEFINED ${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} "
+                         "PROPERTIES LABELS \"${ARG_LABELS}\")\nendif()\n")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${file}")
+  endif()
 endfunction()

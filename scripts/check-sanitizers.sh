@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The C++ suite under ASan+UBSan, and the concurrency tests under TSan.
+# The C++ suite under ASan+UBSan, the concurrency tests under TSan, each fuzz target for
+# 60 s (PINSTAGE_FUZZ_SECONDS) under ASan+UBSan.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINSTAGE_BUILD_BENCH=OFF -DPINSTAGE_BUILD_PYTHON=OFF)
@@ -16,9 +17,18 @@ common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINSTAGE_BUILD_BENCH=OFF -DPINSTAGE_
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   ctest --output-on-failure -j2 --timeout 1800)
 
-# TSan runs the concurrency tests only, so it builds only what they need.
+# TSan runs the tests labelled concurrency (the worker and thread pool, the Binder, the
+# staging ring), so it builds only the binaries that carry the label.
 cmake -S "$root" -B "$root/build-tsan" -G Ninja -DPython_EXECUTABLE=/usr/bin/python3 \
   "${common[@]}" -DPINSTAGE_SANITIZE=thread >"$root/build-tsan.configure.log"
-ninja -C "$root/build-tsan" -j"$(nproc)" test_runtime_concurrency pinstage_backend_sim
+mapfile -t tsan_targets < <(grep -l 'LABELS "[^"]*concurrency' "$root"/build-tsan/tests/cpp/*_labels.cmake |
+  sed 's|.*/\(.*\)_labels.cmake|\1|')
+[ "${#tsan_targets[@]}" -gt 0 ] || { echo "no test carries the concurrency label" >&2; exit 1; }
+ninja -C "$root/build-tsan" -j"$(nproc)" "${tsan_targets[@]}" pinstage_backend_sim
 (cd "$root/build-tsan" && TSAN_OPTIONS=halt_on_error=1 \
-  ctest --output-on-failure -L concurrency --timeout 1800)
+  ctest --output-on-failure -L concurrency --no-tests=error --timeout 1800)
+
+# Every libFuzzer target (fuzz/) for 60 s under ASan+UBSan, from the checked-in seeds.
+for target in $("$root/scripts/fuzz.sh" --list); do
+  "$root/scripts/fuzz.sh" "$target" "${PINSTAGE_FUZZ_SECONDS:-60}" "$root/build-fuzz"
+done

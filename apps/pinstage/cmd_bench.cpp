@@ -1,16 +1,16 @@
 // pinstage bench <task>: the pageable-vs-pinned A/B benchmark of the bind phase, for every
 // registered scene and for the synthetic task (K tensors of N bytes).
-#include <unistd.h>
-
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "pinstage/ab_bench.h"
+#include "pinstage/atomic_file.h"
 #include "pinstage/error.h"
+#include "pinstage/pages.h"
 #include "pinstage/settings.h"
 #include "pinstage/worker.h"
 
@@ -20,35 +20,22 @@ namespace {
 
 // The options every task shares.
 struct BenchArgs {
-  std::string backend = "sim";
+  BackendArgs backend;
+  ReportArgs report;
   std::string arms = "pageable,pinned";
   int groups = 5;
   int rounds = 6;
   bool keep_cold = false;
   bool no_baseline = false;
+  bool no_plot = false;
   size_t staging_buffers = 4;
   size_t staging_buffer_mib = 8;
-  std::string json_path;
-  bool no_progress = false;
+  const CLI::App* cmd = nullptr;  // for the report's option list
 };
-
-// A one-line bar on stderr, redrawn in place.
-void draw_progress(const ab::Progress& p, int groups) {
-  constexpr int kWidth = 30;
-  const double frac = p.total ? static_cast<double>(p.done) / static_cast<double>(p.total) : 1.0;
-  const int filled = static_cast<int>(frac * kWidth);
-  std::string bar(static_cast<size_t>(filled), '#');
-  bar += std::string(static_cast<size_t>(kWidth - filled), '.');
-  std::fprintf(stderr, "\r\033[K[%s] %3d%%  group %d/%d  %-8s %s", bar.c_str(),
-               static_cast<int>(frac * 100.0), p.group + 1, groups, ab::arm_name(p.arm),
-               p.step.c_str());
-  if (p.done == p.total) std::fprintf(stderr, "\r\033[K");
-  std::fflush(stderr);
-}
 
 ab::BenchConfig make_config(const BenchArgs& a, int64_t size) {
   ab::BenchConfig config;
-  config.backend = a.backend;
+  config.backend = a.backend.name;
   config.size = size;
   config.arms = ab::parse_arms(a.arms);
   config.groups = a.groups;
@@ -65,54 +52,78 @@ ab::BenchConfig make_config(const BenchArgs& a, int64_t size) {
   return config;
 }
 
-ab::ProgressFn start_progress(const BenchArgs& a, const ab::BenchConfig& config) {
-  if (a.no_progress || isatty(STDERR_FILENO) != 1) return {};
-  ab::Progress start;  // the first step (generating the args) takes a while: show it
-  start.total = 1;
-  start.arm = config.arms.front();
-  start.step = "generate";
-  draw_progress(start, config.groups);
+ab::ProgressFn progress_fn(ProgressBar& bar, const ab::BenchConfig& config) {
+  if (!bar.enabled()) return {};
+  bar.show(0.0, "group 1/" + std::to_string(config.groups) + "  generate");
   const int groups = config.groups;
-  return [groups](const ab::Progress& p) { draw_progress(p, groups); };
+  return [&bar, groups](const ab::Progress& p) {
+    const double frac = p.total ? static_cast<double>(p.done) / static_cast<double>(p.total) : 1.0;
+    bar.show(frac, "group " + std::to_string(p.group + 1) + "/" + std::to_string(groups) + "  " +
+                       ab::arm_name(p.arm) + "  " + p.step);
+  };
+}
+
+// The JSON report (with its "run" block) and, when matplotlib is there, the PNG next to
+// it. The report is rewritten after every group, so a run cut short keeps what it measured.
+void write_bench_json(const BenchArgs& a, const ab::BenchResult& result) {
+  if (a.report.json.empty() || a.report.json == "-") return;
+  write_file_atomically(a.report.json, ab::to_json(result));
+}
+
+void finish_report(const BenchArgs& a, const ab::BenchResult& result) {
+  FILE* text = text_out(a.report);
+  std::fputs(ab::format_table(result).c_str(), text);
+  if (a.report.json.empty()) return;
+  if (a.report.json == "-") {
+    std::fputs(ab::to_json(result).c_str(), stdout);
+    return;
+  }
+  write_bench_json(a, result);
+  std::fprintf(text, "report with every raw timing: %s\n", a.report.json.c_str());
+  if (a.no_plot) return;
+  const std::string png = plot_path_for(a.report.json);
+  std::string why;
+  if (plot_report(a.report.json, png, why))
+    std::fprintf(text, "picture: %s\n", png.c_str());
+  else
+    std::fprintf(text, "no picture: %s\n", why.c_str());
 }
 
 // Everything that needs no machine figures is checked (by make_task and make_config)
 // before the worker starts; the size is planned before any argument is allocated.
 void run_bench_command(const BenchArgs& a, const std::function<ab::BenchTask()>& make_task,
                        int64_t size) {
+  check_report_args(a.report);
   const ab::BenchTask task = make_task();
   const ab::BenchConfig config = make_config(a, size);
   Worker worker;
-  worker.init(config.backend);
+  worker.init(config.backend, 0, worker_options(a.backend));
   ab::MemoryBudget budget;
-  budget.host_available = ab::read_mem_available();
+  budget.host_available = available_memory_bytes();
   budget.device_is_host = worker.capabilities().device_memory_is_host;
   budget.device_capacity = worker.stats().device_capacity_bytes;
   const ab::SizePlan plan = ab::plan_size(config, task, budget);
   std::fprintf(stderr, "pinstage bench: %s\n", plan.reason.c_str());
 
-  // Opened before the run so a bad path fails now, not after minutes of binds.
-  std::unique_ptr<std::ofstream> json;
-  if (!a.json_path.empty()) {
-    json = std::make_unique<std::ofstream>(a.json_path);
-    if (!*json)
-      throw Error(ErrorCode::io, "--json: cannot open '" + a.json_path +
-                                     "' for writing; check that its directory exists");
-  }
-  const ab::BenchResult result =
-      ab::run_bench(worker, config, task, plan, start_progress(a, config));
-  std::fputs(ab::format_table(result).c_str(), stdout);
-  if (json) {
-    *json << ab::to_json(result);
-    json->flush();
-    if (!*json) throw Error(ErrorCode::io, "--json: writing '" + a.json_path + "' failed");
-    std::printf("raw timings written to %s\n", a.json_path.c_str());
-  }
+  const RunInfo run = collect_run_info(&worker, command_options(*a.cmd));
+  ProgressBar bar(a.report);
+  ab::BenchResult result = ab::run_bench(worker, config, task, plan, progress_fn(bar, config),
+                                         [&](const ab::BenchResult& partial) {
+                                           ab::BenchResult copy = partial;
+                                           copy.run = run;
+                                           write_bench_json(a, copy);
+                                         });
+  bar.clear();
+  result.run = run;
+  finish_report(a, result);
+  finish_worker(worker);
 }
 
 void add_common_options(CLI::App& q, BenchArgs& args) {
-  q.add_option("--backend", args.backend, "Backend plugin (sim, cuda)")->capture_default_str();
+  args.cmd = &q;
+  add_backend_args(q, args.backend);
   q.add_option("--arms", args.arms, "Comma-separated arms in run order: pageable,pinned,staged")
+      ->transform(kLowerCase)
       ->capture_default_str();
   q.add_option("--groups", args.groups, "Groups; each runs every arm once")->capture_default_str();
   q.add_option("--rounds", args.rounds, "Binds per arm per group")->capture_default_str();
@@ -124,8 +135,8 @@ void add_common_options(CLI::App& q, BenchArgs& args) {
   q.add_option("--staging-buffer-mib", args.staging_buffer_mib,
                "Size of each staging buffer in MiB (staged arm)")
       ->capture_default_str();
-  q.add_option("--json", args.json_path, "Write the config, stats and every raw timing here");
-  q.add_flag("--no-progress", args.no_progress, "No progress bar even on a terminal");
+  add_report_options(q, args.report);
+  q.add_flag("--no-plot", args.no_plot, "Do not draw the PNG next to the --json report");
 }
 
 void add_scene_bench(CLI::App& bench, const std::shared_ptr<const Scene>& scene) {
@@ -176,6 +187,8 @@ void add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   for (const auto& scene : registered_scenes()) add_scene_bench(*bench, scene);
   add_synthetic_bench(*bench);
+  add_bench_compare_command(*bench);
+  add_bench_load_command(*bench);
 }
 
 }  // namespace pinstage::cli

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "pinstage/clock.h"
 #include "pinstage/log.h"
@@ -49,7 +50,7 @@ void run_demo(const std::string& backend, size_t mib) {
   // destruction is a harmless no-op.
   if (log_level() > LogLevel::info) set_log_level(LogLevel::info);
   std::fflush(stdout);  // keep the finalize log after the lines above
-  worker.finalize();
+  finish_worker(worker);
   std::printf("finalized; buffers released afterwards are no-ops (valid: %s)\n",
               host.valid() ? "yes" : "no");
   if (!same) throw Error(ErrorCode::mismatch, "round trip corrupted the data");

@@ -8,13 +8,17 @@
 #include <string>
 #include <vector>
 
+#include "cli_common.h"
 #include "commands.h"
+#include "pinstage/ab_bench.h"
+#include "pinstage/checkpoint.h"
 #include "pinstage/clock.h"
 #include "pinstage/error.h"
 #include "pinstage/pages.h"
 #include "pinstage/parallel.h"
 #include "pinstage/safetensors.h"
 #include "pinstage/scene.h"
+#include "pinstage/settings.h"
 #include "pinstage/worker.h"
 
 namespace pinstage::cli {
@@ -28,8 +32,11 @@ struct FixtureArgs {
   bool size_only = false;
   bool first_touch = false;
   int repeat = 1;
-  bool json = false;
+  ReportArgs report;
   std::string out;
+  bool out_given = false;
+  std::string shard_size;  // --shard-size: --out is a sharded checkpoint directory
+  const CLI::App* cmd = nullptr;
 };
 
 // Best (smallest) of the runs' seconds.
@@ -61,25 +68,28 @@ double population_floor(HostAllocator& allocator, const std::vector<SceneTensor>
   return s;
 }
 
-void print_table(const std::vector<SceneTensor>& tensors) {
-  std::printf("%-3s %-17s %-5s %-6s %-20s %18s\n", "#", "name", "dtype", "dir", "shape", "bytes");
+void print_table(FILE* out, const std::vector<SceneTensor>& tensors) {
+  std::fprintf(out, "%-3s %-17s %-5s %-6s %-20s %18s\n", "#", "name", "dtype", "dir", "shape",
+               "bytes");
   int i = 1;
   for (const auto& t : tensors) {
-    std::printf("%-3d %-17s %-5s %-6s %-20s %18s\n", i++, t.name.c_str(), dtype_name(t.dtype),
-                direction_name(t.dir), format_shape(t.shape).c_str(),
-                format_thousands(t.nbytes).c_str());
+    std::fprintf(out, "%-3d %-17s %-5s %-6s %-20s %18s\n", i++, t.name.c_str(), dtype_name(t.dtype),
+                 direction_name(t.dir), format_shape(t.shape).c_str(),
+                 format_thousands(t.nbytes).c_str());
   }
 }
 
 // Every option is checked before any memory is taken.
 void check_options(const FixtureArgs& a) {
+  check_report_args(a.report);
+  if (a.out_given && a.shard_size.empty()) check_out_option("--out", a.out);
   if (a.repeat < 1)
     throw Error(ErrorCode::invalid_argument,
                 "--repeat is " + std::to_string(a.repeat) + "; it must be >= 1");
   if (a.threads < 0)
     throw Error(ErrorCode::invalid_argument,
                 "--threads is " + std::to_string(a.threads) + "; it must be >= 0 (0 = all cores)");
-  if (a.size_only && (!a.out.empty() || a.first_touch || a.pinned || a.repeat != 1))
+  if (a.size_only && (a.out_given || a.first_touch || a.pinned || a.repeat != 1))
     throw Error(ErrorCode::invalid_argument,
                 "--size-only allocates nothing: it cannot be combined with --out, --first-touch, "
                 "--pinned or --repeat");
@@ -104,31 +114,33 @@ Runs generate_runs(const Scene& scene, const FixtureArgs& a, HostAllocator& allo
     const Stopwatch clock;
     runs.args.emplace(scene.make_args(allocator, a.values, a.threads));
     runs.generate.push_back(clock.seconds());
-    if (!a.json && a.repeat > 1) {
-      std::printf("  run %d/%d: generate %s", r + 1, a.repeat,
-                  rate(total_bytes, runs.generate.back()).c_str());
+    if (a.repeat > 1) {
+      std::fprintf(text_out(a.report), "  run %d/%d: generate %s", r + 1, a.repeat,
+                   rate(total_bytes, runs.generate.back()).c_str());
       if (a.first_touch)
-        std::printf(", first-touch %s", rate(total_bytes, runs.floor.back()).c_str());
-      std::printf("\n");
+        std::fprintf(text_out(a.report), ", first-touch %s",
+                     rate(total_bytes, runs.floor.back()).c_str());
+      std::fprintf(text_out(a.report), "\n");
     }
   }
   return runs;
 }
 
 void print_runs(const Runs& runs, const FixtureArgs& a, uint64_t total) {
+  FILE* out = text_out(a.report);
   const double gen_best = best(runs.generate);
   const char* best_note = a.repeat > 1 ? " (best run)" : "";
-  std::printf("%s\n", runs.args->summary().c_str());
-  std::printf("generate: %s bytes in %s%s\n", format_thousands(total).c_str(),
-              rate(total, gen_best).c_str(), best_note);
+  std::fprintf(out, "%s\n", runs.args->summary().c_str());
+  std::fprintf(out, "generate: %s in %s%s\n", format_bytes(total).c_str(),
+               rate(total, gen_best).c_str(), best_note);
   if (!a.first_touch) return;
   const double fb = best(runs.floor);
   const double pb = best(runs.populate);
-  std::printf("first-touch floor: %s fresh bytes in %s%s; generate / floor = %.2fx\n",
-              format_thousands(total).c_str(), rate(total, fb).c_str(), best_note,
-              fb > 0 ? gen_best / fb : 0.0);
-  std::printf("populate only (MADV_POPULATE_WRITE): %s; generate / populate = %.2fx\n",
-              rate(total, pb).c_str(), pb > 0 ? gen_best / pb : 0.0);
+  std::fprintf(out, "first-touch floor: %s of fresh memory in %s%s; generate / floor = %.2fx\n",
+               format_bytes(total).c_str(), rate(total, fb).c_str(), best_note,
+               fb > 0 ? gen_best / fb : 0.0);
+  std::fprintf(out, "populate only (MADV_POPULATE_WRITE): %s; generate / populate = %.2fx\n",
+               rate(total, pb).c_str(), pb > 0 ? gen_best / pb : 0.0);
 }
 
 void add_runs(nlohmann::ordered_json& report, const Runs& runs, bool first_touch, uint64_t total) {
@@ -147,22 +159,60 @@ void add_runs(nlohmann::ordered_json& report, const Runs& runs, bool first_touch
 
 void write_out(const FixtureArgs& a, const TaskArgs& args, nlohmann::ordered_json& report) {
   const Stopwatch clock;
-  const uint64_t file_bytes = save_safetensors(args, a.out);
+  if (!a.shard_size.empty())  // shards + model.safetensors.index.json (docs/loading.md)
+    report["shards"] =
+        save_sharded_checkpoint(args, a.out, parse_byte_count(a.shard_size, "--shard-size"));
+  const uint64_t file_bytes =
+      a.shard_size.empty() ? save_safetensors(args, a.out) : args.total_bytes();
   const double s = clock.seconds();
   report["out"] = a.out;
   report["file_bytes"] = file_bytes;
   report["write_s"] = s;
-  if (!a.json)
-    std::printf("wrote %s: %s bytes in %s\n", a.out.c_str(), format_thousands(file_bytes).c_str(),
-                rate(file_bytes, s).c_str());
+  std::fprintf(text_out(a.report), "wrote %s: %s in %s\n", a.out.c_str(),
+               format_bytes(file_bytes).c_str(), rate(file_bytes, s).c_str());
+}
+
+// The size knob when it was omitted (0): the same automatic size as the bench, the
+// largest that fits in half of MemAvailable. A given size must fit in all of it. Nothing
+// is allocated when it does not fit.
+void plan_fixture_size(const Scene& scene, FixtureArgs& a) {
+  const auto knob = size_param(scene);
+  if (!knob) return;
+  int64_t& value = a.values[knob->name];
+  if (a.size_only) {
+    if (value == 0) value = knob->default_value;  // sizes only: the whole model
+    return;
+  }
+  ab::BenchConfig config;
+  config.arms = {ab::Arm::pageable};
+  config.baseline = false;
+  config.groups = 1;
+  config.rounds = 2;
+  config.size = value;
+  ab::MemoryBudget budget;
+  budget.host_available = available_memory_bytes();
+  const ab::SizePlan plan = ab::plan_size(config, ab::scene_task(scene, a.values), budget);
+  if (value == 0) std::fprintf(stderr, "pinstage fixture: %s\n", plan.reason.c_str());
+  value = plan.size;
+}
+
+void print_size_only(const Scene& scene, const FixtureArgs& a,
+                     const std::vector<SceneTensor>& tensors, const TaskSizes& sizes) {
+  FILE* out = text_out(a.report);
+  std::fprintf(out, "%s fixture (size only): %s\n", scene.name().c_str(),
+               scene.describe(a.values).c_str());
+  print_table(out, tensors);
+  std::fprintf(out, "%s, %s, %s; all tensors %s\n", plural(sizes.tensors, "tensor").c_str(),
+               plural(sizes.input_tensors, "input").c_str(),
+               format_bytes(sizes.input_bytes).c_str(), format_bytes(sizes.total_bytes).c_str());
 }
 
 void run_fixture(const Scene& scene, FixtureArgs a) {
-  a.values = resolve_params(scene, a.values);
   check_options(a);
+  plan_fixture_size(scene, a);
+  a.values = resolve_params(scene, a.values);
   const std::vector<SceneTensor> tensors = scene.tensors(a.values);
   const TaskSizes sizes = task_sizes(tensors);
-  const std::string what = scene.name() + " fixture";
   nlohmann::ordered_json report;
   for (const auto& [name, value] : a.values) report[name] = value;
   report["tensors"] = sizes.tensors;
@@ -172,12 +222,8 @@ void run_fixture(const Scene& scene, FixtureArgs a) {
 
   if (a.size_only) {
     report["size_only"] = true;
-    if (a.json) return (void)std::printf("%s\n", report.dump(2).c_str());
-    std::printf("%s (size only): %s\n", what.c_str(), scene.describe(a.values).c_str());
-    print_table(tensors);
-    std::printf("%zu tensors, %zu inputs, %s bytes; all %zu tensors %s bytes\n", sizes.tensors,
-                sizes.input_tensors, format_thousands(sizes.input_bytes).c_str(), sizes.tensors,
-                format_thousands(sizes.total_bytes).c_str());
+    print_size_only(scene, a, tensors, sizes);
+    write_report(a.report, report, collect_run_info(nullptr, command_options(*a.cmd)));
     return;
   }
 
@@ -193,18 +239,29 @@ void run_fixture(const Scene& scene, FixtureArgs a) {
   }
   const int threads = a.threads > 0 ? a.threads : default_thread_count();
   const std::string generator = scene.generator();
-  if (!a.json)
-    std::printf("%s: %s, %s memory, %d thread(s)%s\n", what.c_str(),
-                scene.describe(a.values).c_str(), allocator->name().c_str(), threads,
-                generator.empty() ? "" : (", " + generator).c_str());
-  const Runs runs = generate_runs(scene, a, *allocator, tensors, sizes.total_bytes);
-  if (!a.json) print_runs(runs, a, sizes.total_bytes);
+  std::fprintf(text_out(a.report), "%s fixture: %s, %s memory, %s%s\n", scene.name().c_str(),
+               scene.describe(a.values).c_str(), allocator->name().c_str(),
+               plural(static_cast<size_t>(threads), "thread").c_str(),
+               generator.empty() ? "" : (", " + generator).c_str());
+  std::fflush(text_out(a.report));
+  Runs runs;
+  {
+    ProgressTicker ticker(a.report, "generating " + format_bytes(sizes.total_bytes));
+    runs = generate_runs(scene, a, *allocator, tensors, sizes.total_bytes);
+  }
+  print_runs(runs, a, sizes.total_bytes);
   report["allocator"] = allocator->name();
   report["threads"] = threads;
   report["generator"] = generator;
   add_runs(report, runs, a.first_touch, sizes.total_bytes);
-  if (!a.out.empty()) write_out(a, *runs.args, report);
-  if (a.json) std::printf("%s\n", report.dump(2).c_str());
+  if (a.out_given) {
+    ProgressTicker ticker(a.report, "writing " + a.out);
+    write_out(a, *runs.args, report);
+  }
+  write_report(a.report, report,
+               collect_run_info(worker ? &*worker : nullptr, command_options(*a.cmd)));
+  runs.args.reset();  // the pinned args go back before the worker finalizes
+  if (worker) finish_worker(*worker);
 }
 
 }  // namespace
@@ -216,7 +273,7 @@ void add_fixture_command(CLI::App& app) {
     auto args = std::make_shared<FixtureArgs>();
     CLI::App* q = fixture->add_subcommand(
         scene->name(), scene->description() + ": prints bytes, seconds and GB/s");
-    add_scene_options(*q, *scene, args->values, SizeDefault::param);
+    add_scene_options(*q, *scene, args->values, SizeDefault::automatic);
     q->add_option("--threads", args->threads, "Generation threads (0 = all cores)")
         ->capture_default_str();
     q->add_flag("--pinned", args->pinned, "Generate into pinned memory of a sim worker");
@@ -225,8 +282,12 @@ void add_fixture_command(CLI::App& app) {
                 "Also time the floor: allocating the same bytes and touching every page");
     q->add_option("--repeat", args->repeat, "Runs (each on fresh memory); the best is reported")
         ->capture_default_str();
-    q->add_flag("--json", args->json, "Print one JSON object instead of text");
-    q->add_option("--out", args->out, "Write the arguments to this .safetensors file");
+    add_report_options(*q, args->report);
+    q->add_option("--out", args->out, "Write the arguments to this .safetensors file")
+        ->each([a = args.get()](const std::string&) { a->out_given = true; });
+    q->add_option("--shard-size", args->shard_size,
+                  "With --out DIR: write a sharded checkpoint, shards of at most SIZE (2G, 512M)");
+    args->cmd = q;
     q->callback([scene, args] { run_fixture(*scene, *args); });
   }
 }

@@ -5,65 +5,125 @@
 #include <cstdio>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "cli_common.h"
 #include "commands.h"
 #include "pinstage/backend/platform_abi.h"
 #include "pinstage/pages.h"
 #include "pinstage/parallel.h"
 #include "pinstage/tensor.h"
+#include "pinstage/version.h"
 #include "pinstage/worker.h"
 
 namespace pinstage::cli {
 namespace {
 
-std::string limit_text(rlim_t value) {
-  return value == RLIM_INFINITY ? "unlimited" : format_thousands(value) + " bytes";
+// Whether a worker can start on the backend, and why not: the plugin may load and still
+// find no driver or no device.
+nlohmann::ordered_json probe_backend(const std::string& name, const std::string& path) {
+  nlohmann::ordered_json entry = {{"name", name}, {"path", path}};
+  try {
+    const BackendInfo info = load_backend(name, path);
+    entry["api_version"] = info.api_version;
+  } catch (const Error& e) {
+    entry["usable"] = false;
+    entry["why"] = e.what();
+    return entry;
+  }
+  try {
+    Worker worker;
+    worker.init(name);
+    entry["usable"] = true;
+    entry["device_capacity_bytes"] = worker.stats().device_capacity_bytes;
+    entry["pinned_is_page_locked"] = worker.capabilities().pinned_is_page_locked;
+  } catch (const Error& e) {
+    entry["usable"] = false;
+    entry["why"] = e.what();
+  }
+  return entry;
 }
 
-void run_info() {
-  std::printf("pinstage 0.1.0 (platform API %u)\n", PINSTAGE_PLATFORM_API_VERSION);
-  std::printf("library folder: %s\n\nbackends:\n", library_dir().c_str());
+nlohmann::ordered_json machine_json() {
+  rlimit memlock{};
+  getrlimit(RLIMIT_MEMLOCK, &memlock);
+  const auto limit = [](rlim_t v) -> nlohmann::ordered_json {
+    if (v == RLIM_INFINITY) return "unlimited";
+    return static_cast<uint64_t>(v);
+  };
+  return {{"cores", default_thread_count()},
+          {"physical_memory_bytes", physical_memory_bytes()},
+          {"available_memory_bytes", available_memory_bytes()},
+          {"rlimit_memlock_soft", limit(memlock.rlim_cur)},
+          {"rlimit_memlock_hard", limit(memlock.rlim_max)}};
+}
+
+void print_info(FILE* out, const nlohmann::ordered_json& doc) {
+  std::fprintf(out, "pinstage %s (platform API %u)\n", version(), PINSTAGE_PLATFORM_API_VERSION);
+  std::fprintf(out, "library folder: %s\n\nbackends:\n", library_dir().c_str());
+  for (const auto& b : doc["backends"]) {
+    const std::string name = b["name"];
+    if (b["usable"].get<bool>())
+      std::fprintf(out, "  %-6s usable: device 0, capacity %s  (%s)\n", name.c_str(),
+                   format_bytes(b["device_capacity_bytes"].get<uint64_t>()).c_str(),
+                   b["path"].get<std::string>().c_str());
+    else
+      std::fprintf(out, "  %-6s not usable: %s\n", name.c_str(),
+                   b["why"].get<std::string>().c_str());
+  }
+  const auto& m = doc["machine"];
+  const auto limit = [](const nlohmann::ordered_json& v) {
+    return v.is_string() ? v.get<std::string>() : format_bytes(v.get<uint64_t>());
+  };
+  std::fprintf(out, "\nmachine:\n  cores: %d\n", m["cores"].get<int>());
+  std::fprintf(out, "  physical memory: %s\n",
+               format_bytes(m["physical_memory_bytes"].get<uint64_t>()).c_str());
+  std::fprintf(out, "  available memory: %s\n",
+               format_bytes(m["available_memory_bytes"].get<uint64_t>()).c_str());
+  std::fprintf(out, "  RLIMIT_MEMLOCK: soft %s, hard %s\n", limit(m["rlimit_memlock_soft"]).c_str(),
+               limit(m["rlimit_memlock_hard"]).c_str());
+  const auto& sim = doc["sim"];
+  std::fprintf(out, "\nsim backend:\n  pinned memory page-locked: %s\n",
+               sim["pinned_is_page_locked"].get<bool>()
+                   ? "yes"
+                   : "no (mlock refused: raise RLIMIT_MEMLOCK or grant CAP_IPC_LOCK)");
+  std::fprintf(out, "  async copies: %s, host callables: %s\n",
+               sim["async_copy"].get<bool>() ? "yes" : "no",
+               sim["execute"].get<bool>() ? "yes" : "no");
+}
+
+void run_info(const ReportArgs& report, const CLI::App& cmd) {
+  check_report_args(report);
+  nlohmann::ordered_json doc;
+  doc["backends"] = nlohmann::ordered_json::array();
   for (const std::string& path : discover_backends()) {
     const std::string file = path.substr(path.rfind('/') + 1);
     const std::string name = file.substr(20, file.size() - 20 - 3);  // libpinstage_backend_X.so
-    try {
-      const BackendInfo info = load_backend(name, path);
-      std::printf("  %-6s api %u  %s\n", info.name.c_str(), info.api_version, path.c_str());
-    } catch (const Error& e) {
-      std::printf("  %-6s unusable: %s\n", name.c_str(), e.what());
-    }
+    doc["backends"].push_back(probe_backend(name, path));
   }
-
-  std::printf("\nmachine:\n  cores: %d\n", default_thread_count());
-  std::printf("  physical memory: %s bytes\n", format_thousands(physical_memory_bytes()).c_str());
-  std::printf("  available memory: %s bytes\n", format_thousands(available_memory_bytes()).c_str());
-  rlimit memlock{};
-  getrlimit(RLIMIT_MEMLOCK, &memlock);
-  std::printf("  RLIMIT_MEMLOCK: soft %s, hard %s\n", limit_text(memlock.rlim_cur).c_str(),
-              limit_text(memlock.rlim_max).c_str());
-
+  doc["machine"] = machine_json();
   Worker worker;
   worker.init("sim");
   // Lock a real buffer bigger than a typical RLIMIT_MEMLOCK so the answer is what
   // staging will see, not what a single page gets.
   PinnedHostBuffer probe = worker.alloc_pinned_host(size_t{64} << 20);
   const Capabilities caps = worker.capabilities();
-  const WorkerStats stats = worker.stats();
-  std::printf("\nsim backend:\n  device capacity: %s bytes\n",
-              format_thousands(stats.device_capacity_bytes).c_str());
-  std::printf("  pinned memory page-locked: %s\n",
-              caps.pinned_is_page_locked
-                  ? "yes"
-                  : "no (mlock refused: raise RLIMIT_MEMLOCK or grant CAP_IPC_LOCK)");
-  std::printf("  async copies: %s, host callables: %s\n", caps.async_copy ? "yes" : "no",
-              caps.execute ? "yes" : "no");
-  std::printf("  device memory is host RAM: %s\n", caps.device_memory_is_host ? "yes" : "no");
+  doc["sim"] = {{"pinned_is_page_locked", caps.pinned_is_page_locked},
+                {"async_copy", caps.async_copy},
+                {"execute", caps.execute},
+                {"device_memory_is_host", caps.device_memory_is_host}};
+  print_info(text_out(report), doc);
+  write_report(report, doc, collect_run_info(&worker, command_options(cmd)));
 }
 
 }  // namespace
 
 void add_info_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("info", "Backends found and this machine's memory facts");
-  cmd->callback(run_info);
+  auto* cmd = app.add_subcommand(
+      "info", "Backends found (and whether a device is usable) and this machine's memory facts");
+  auto report = std::make_shared<ReportArgs>();
+  add_report_options(*cmd, *report);
+  cmd->callback([cmd, report] { run_info(*report, *cmd); });
 }
 
 }  // namespace pinstage::cli

@@ -6,6 +6,9 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "cli_common.h"
 #include "commands.h"
 #include "pinstage/scene.h"
 
@@ -14,47 +17,85 @@ namespace {
 
 struct SceneArgs {
   SceneValues values;
-  std::string backend = "sim";
+  BackendArgs backend;
+  ReportArgs report;
   int threads = 0;
   int rounds = 1;
   std::string storage = "pinned";
   std::string upload = "direct";
   bool skip_golden = false;
   std::string save_golden;
+  bool save_golden_given = false;
+  const CLI::App* cmd = nullptr;
 };
 
-void print_round(const SceneRound& round) {
+void print_round(FILE* out, const SceneRound& round) {
   const BindReport& b = round.bind;
-  std::printf(
+  std::fprintf(
+      out,
       "round %d: alloc %.3f s | upload %.3f s (%.2f GB/s) | verify %.3f s | execute %.3f s | "
       "download %.3f s | release %.3f s | check %.3f s | ",
       round.index, b.phase(BindPhase::device_alloc), b.phase(BindPhase::upload), b.upload_gbps(),
       b.phase(BindPhase::verify), b.phase(BindPhase::execute), b.phase(BindPhase::download),
       b.phase(BindPhase::release), round.check_seconds);
   if (!round.ok()) {
-    std::printf("FAILED\n  %s\n", round.failure.c_str());
+    std::fprintf(out, "FAILED\n  %s\n", round.failure.c_str());
   } else if (round.comparison) {
-    std::printf("matches golden\n");
-    for (const auto& t : round.comparison->tensors) std::printf("  %s\n", t.message().c_str());
+    std::fprintf(out, "matches golden\n");
+    for (const auto& t : round.comparison->tensors)
+      std::fprintf(out, "  %s\n", t.message().c_str());
   } else {
-    std::printf("bytes intact (golden skipped)\n");
+    std::fprintf(out, "bytes intact (golden skipped)\n");
   }
-  std::fflush(stdout);
+  std::fflush(out);
 }
 
 // Peak resident memory against what the run holds: the args, and the device copy where
 // device memory is host RAM (sim).
-void print_memory(const SceneReport& report, bool device_is_host) {
+double print_memory(FILE* out, const SceneReport& report, bool device_is_host) {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   const double peak = static_cast<double>(usage.ru_maxrss) * 1024.0;
   const double fixture = static_cast<double>(report.sizes.total_bytes);
   const double device = device_is_host ? fixture : 0.0;
-  std::printf("peak resident memory %.3f GB = %.3f x (fixture %.3f GB + device %.3f GB in RAM)\n",
-              peak / 1e9, peak / (fixture + device), fixture / 1e9, device / 1e9);
+  std::fprintf(out,
+               "peak resident memory %.3f GB = %.3f x (fixture %.3f GB + device %.3f GB in RAM)\n",
+               peak / 1e9, peak / (fixture + device), fixture / 1e9, device / 1e9);
+  return peak;
+}
+
+nlohmann::ordered_json report_json(const SceneReport& report, double peak_rss) {
+  nlohmann::ordered_json rounds = nlohmann::ordered_json::array();
+  for (const SceneRound& r : report.rounds) {
+    nlohmann::ordered_json phases;
+    for (size_t p = 0; p < kBindPhaseCount; ++p)
+      phases[bind_phase_name(static_cast<BindPhase>(p))] = r.bind.phase_seconds[p];
+    rounds.push_back({{"round", r.index},
+                      {"ok", r.ok()},
+                      {"failure", r.failure},
+                      {"bind_seconds", r.bind.total_seconds},
+                      {"upload_gbps", r.bind.upload_gbps()},
+                      {"phases", phases},
+                      {"check_seconds", r.check_seconds},
+                      {"golden_compared", r.comparison.has_value()}});
+  }
+  return {{"scene", report.scene},
+          {"storage", report.storage},
+          {"args", report.args_summary},
+          {"tensors", report.sizes.tensors},
+          {"total_bytes", report.sizes.total_bytes},
+          {"input_bytes", report.sizes.input_bytes},
+          {"generate_seconds", report.generate_seconds},
+          {"golden_seconds", report.golden_seconds},
+          {"peak_rss_bytes", peak_rss},
+          {"ok", report.ok()},
+          {"integrity_only", report.integrity_only},
+          {"rounds", rounds}};
 }
 
 int run(const Scene& scene, const SceneArgs& a) {
+  check_report_args(a.report);
+  if (a.save_golden_given) check_out_option("--save-golden", a.save_golden);
   SceneRunOptions options;
   options.values = a.values;
   options.threads = a.threads;
@@ -67,17 +108,32 @@ int run(const Scene& scene, const SceneArgs& a) {
   options.values = resolve_params(scene, options.values);
 
   Worker worker;
-  worker.init(a.backend);
-  std::printf("%s scene: %s, %s storage, %s backend\n", scene.name().c_str(),
-              scene.describe(options.values).c_str(), a.storage.c_str(),
-              worker.backend().name.c_str());
-  std::fflush(stdout);
-  const SceneReport report = run_scene(worker, scene, options, print_round);
-  std::printf("generated %s in %.3f s; golden %.3f s\n", report.args_summary.c_str(),
-              report.generate_seconds, report.golden_seconds);
-  if (!a.save_golden.empty()) std::printf("golden written to %s\n", a.save_golden.c_str());
-  print_memory(report, worker.capabilities().device_memory_is_host);
-  std::printf("%s\n", report.ok() ? "PASS" : "FAIL");
+  worker.init(a.backend.name, 0, worker_options(a.backend));
+  FILE* out = text_out(a.report);
+  std::fprintf(out, "%s scene: %s, %s storage, %s backend\n", scene.name().c_str(),
+               scene.describe(options.values).c_str(), a.storage.c_str(),
+               worker.backend().name.c_str());
+  std::fflush(out);
+  SceneReport report;
+  {
+    ProgressTicker ticker(
+        a.report, "generate, golden, then " + plural(static_cast<size_t>(a.rounds), "round"));
+    report = run_scene(worker, scene, options, [out](const SceneRound& r) { print_round(out, r); });
+  }
+  if (report.integrity_only)
+    std::fprintf(out,
+                 "integrity check only: the %s backend runs no host callables, so no execute "
+                 "step and no golden comparison; every upload was read back and compared byte "
+                 "for byte\n",
+                 worker.backend().name.c_str());
+  std::fprintf(out, "generated %s in %.3f s; golden %.3f s\n", report.args_summary.c_str(),
+               report.generate_seconds, report.golden_seconds);
+  if (!a.save_golden.empty()) std::fprintf(out, "golden written to %s\n", a.save_golden.c_str());
+  const double peak = print_memory(out, report, worker.capabilities().device_memory_is_host);
+  std::fprintf(out, "%s\n", report.ok() ? "PASS" : "FAIL");
+  write_report(a.report, report_json(report, peak),
+               collect_run_info(&worker, command_options(*a.cmd)));
+  finish_worker(worker);
   return report.ok() ? 0 : 1;
 }
 
@@ -89,17 +145,23 @@ void add_scene_command(CLI::App& app) {
   for (const auto& scene : registered_scenes()) {
     auto a = std::make_shared<SceneArgs>();
     auto* cmd = scene_cmd->add_subcommand(scene->name(), scene->description());
-    cmd->add_option("--backend", a->backend, "Backend plugin")->capture_default_str();
+    a->cmd = cmd;
+    add_backend_args(*cmd, a->backend);
     add_scene_options(*cmd, *scene, a->values, SizeDefault::scene);
     cmd->add_option("--threads", a->threads, "Generation threads (0 = all cores)")
         ->capture_default_str();
     cmd->add_option("--rounds", a->rounds, "Bind/execute/compare rounds (>= 1)")
         ->capture_default_str();
     cmd->add_option("--storage", a->storage, "Host storage: pageable or pinned")
+        ->transform(kLowerCase)
         ->capture_default_str();
-    cmd->add_option("--upload", a->upload, "Upload path: direct or staged")->capture_default_str();
+    cmd->add_option("--upload", a->upload, "Upload path: direct or staged")
+        ->transform(kLowerCase)
+        ->capture_default_str();
     cmd->add_flag("--skip-golden", a->skip_golden, "Check byte integrity only");
-    cmd->add_option("--save-golden", a->save_golden, "Write the golden to FILE.safetensors");
+    cmd->add_option("--save-golden", a->save_golden, "Write the golden to FILE.safetensors")
+        ->each([p = a.get()](const std::string&) { p->save_golden_given = true; });
+    add_report_options(*cmd, a->report);
     cmd->callback([scene, a] {
       const int status = run(*scene, *a);
       if (status != 0) throw CLI::RuntimeError(status);

@@ -3,19 +3,65 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <charconv>
+#include <cstdlib>
+#include <string>
+#include <system_error>
 
 #include "pinstage/scene.h"
 
 namespace pinstage::cli {
 
-void add_info_command(CLI::App& app);     // pinstage info
-void add_demo_command(CLI::App& app);     // pinstage demo
-void add_fixture_command(CLI::App& app);  // pinstage fixture <scene>
-void add_bench_command(CLI::App& app);    // pinstage bench <scene> | synthetic
-void add_scene_command(CLI::App& app);    // pinstage scene <scene>
+void add_info_command(CLI::App& app);             // pinstage info
+void add_demo_command(CLI::App& app);             // pinstage demo
+void add_fixture_command(CLI::App& app);          // pinstage fixture <scene>
+void add_bench_command(CLI::App& app);            // pinstage bench <scene> | synthetic
+void add_scene_command(CLI::App& app);            // pinstage scene <scene>
+void add_report_commands(CLI::App& app);          // pinstage plot
+void add_bench_compare_command(CLI::App& bench);  // pinstage bench compare A.json B.json
+void add_load_command(CLI::App& app);             // pinstage load PATH
+void add_bench_load_command(CLI::App& bench);     // pinstage bench load PATH
+
+// The PNG path next to a JSON report (x.json -> x.png).
+std::string plot_path_for(const std::string& json_path);
+// Draws `json_path` into `png_path` with the Python module pinstage.plot; false with the
+// reason in `why` (no python3, no matplotlib, ...).
+bool plot_report(const std::string& json_path, const std::string& png_path, std::string& why);
 
 // Which default a scene's size knob gets on a command.
 enum class SizeDefault { param, scene, automatic };
+
+// A size knob given as 0 or less is an error, never "automatic": the automatic size is
+// what omitting the option means.
+inline CLI::Validator positive_size(const std::string& flag, SizeDefault size_default) {
+  const std::string hint =
+      size_default == SizeDefault::automatic ? " (omit the option for the automatic size)" : "";
+  return CLI::Validator(
+      [flag, hint](const std::string& text) {
+        char* end = nullptr;
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        if (end != text.c_str() && *end == '\0' && v < 1)
+          return flag + " " + text + " is not a size: it must be at least 1" + hint;
+        return std::string();
+      },
+      "", "positive size");
+}
+
+// Scene parameters are int64: a value that is not a whole number in that range (a seed of
+// 2^64) is an error, never saturated by the conversion.
+inline CLI::Validator strict_int64(const std::string& flag) {
+  return CLI::Validator(
+      [flag](const std::string& text) {
+        int64_t v = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (ec == std::errc::result_out_of_range)
+          return flag + " " + text + " is out of range (a signed 64-bit integer)";
+        if (ec != std::errc() || end != text.data() + text.size())
+          return flag + " " + text + " is not a whole number";
+        return std::string();
+      },
+      "", "int64");
+}
 
 // One option per scene parameter (--seq-len for seq_len), bound to values[name], which
 // gets the parameter's default first.
@@ -33,6 +79,8 @@ inline void add_scene_options(CLI::App& cmd, const Scene& scene, SceneValues& va
     }
     CLI::Option* option = cmd.add_option(param_flag(p.name), value, help);
     if (!(p.size && size_default == SizeDefault::automatic)) option->capture_default_str();
+    option->check(strict_int64(param_flag(p.name)));
+    if (p.size) option->check(positive_size(param_flag(p.name), size_default));
   }
 }
 

@@ -5,17 +5,23 @@
 #include "commands.h"
 #include "pinstage/error.h"
 #include "pinstage/settings.h"
+#include "pinstage/version.h"
 
 namespace {
 
 int run(int argc, char** argv) {
   CLI::App app{"pinstage: stage a large model's arguments onto an accelerator at link speed"};
   app.require_subcommand(1);
+  // `pinstage --version` -> "pinstage 0.2.0": the loaded library's version (version.h).
+  app.set_version_flag("--version", std::string("pinstage ") + pinstage::version(),
+                       "Print the pinstage version and exit");
   pinstage::cli::add_info_command(app);
   pinstage::cli::add_demo_command(app);
   pinstage::cli::add_fixture_command(app);
   pinstage::cli::add_bench_command(app);
   pinstage::cli::add_scene_command(app);
+  pinstage::cli::add_report_commands(app);
+  pinstage::cli::add_load_command(app);
   try {
     pinstage::check_settings();  // a bad PINSTAGE_* variable is reported before any work
     app.parse(argc, argv);

@@ -14,6 +14,7 @@
 
 #include "pinstage/bind.h"
 #include "pinstage/export.h"
+#include "pinstage/run_info.h"
 #include "pinstage/scene.h"
 #include "pinstage/worker.h"
 
@@ -50,6 +51,7 @@ struct Timings {
   bool keep_cold = false;    // false: round 0 of every arm in every group is dropped
   std::vector<std::vector<std::vector<double>>> latency;   // whole bind, seconds
   std::vector<std::vector<std::vector<double>>> upload;    // the bind's upload phase
+  std::vector<std::vector<std::vector<double>>> alloc;     // the bind's device_alloc phase
   std::vector<std::vector<std::vector<double>>> baseline;  // plain all-cores memcpy
 };
 
@@ -60,7 +62,8 @@ struct GroupArmStats {
   double gbps = 0.0;         // effective: input bytes / min latency
   double reduction = 0.0;    // vs the reference arm's min in the same group
   double upload_min_seconds = 0.0;
-  double upload_gbps = 0.0;  // input bytes / min upload phase
+  double upload_gbps = 0.0;        // input bytes / min upload phase
+  double alloc_min_seconds = 0.0;  // min device_alloc phase: allocation, apart from transport
   double memcpy_min_seconds = 0.0;
   double memcpy_gbps = 0.0;       // input bytes / min memcpy; 0 when not measured
   double upload_vs_memcpy = 0.0;  // upload_gbps / memcpy_gbps; 0 when not measured
@@ -78,8 +81,13 @@ struct ArmSummary {
   // Cross-range, most conservative: this arm's worst group min against the reference's
   // best group min (1 - max_seconds / reference min_seconds).
   double conservative_reduction = 0.0;
-  size_t groups_agreeing = 0;            // groups whose reduction has the median's sign
-  bool direction_agrees = false;         // every group agrees in direction
+  size_t groups_agreeing = 0;     // groups whose reduction has the median's sign
+  bool direction_agrees = false;  // every group agrees in direction
+  // At least 3 groups and at least 4 in 5 of them agree with the median's direction
+  // (a paired sign test that one noisy group cannot overturn).
+  bool conclusive = false;
+  double median_alloc_seconds = 0.0;     // median over groups of alloc_min_seconds
+  double median_upload_gbps = 0.0;       // median over groups of upload_gbps
   double median_upload_vs_memcpy = 0.0;  // 0 when not measured
   double worst_upload_vs_memcpy = 0.0;
 };
@@ -94,6 +102,10 @@ struct Stats {
 // Throws Error(invalid_argument) when the timings are ragged or the cold drop leaves no
 // round.
 PINSTAGE_API Stats compute_stats(const Timings& timings);
+
+// The one way the bench words a reduction against the reference: "12.3% faster" or
+// "4.0% slower" (of bind latency); "no change" at 0.
+PINSTAGE_API std::string describe_reduction(double reduction);
 
 // ---------------------------------------------------------------------------------------
 // The task, the configuration and the automatic size.
@@ -141,13 +153,10 @@ PINSTAGE_API void validate(const BenchConfig& config);
 
 // What the machine offers.
 struct MemoryBudget {
-  uint64_t host_available = 0;   // MemAvailable
+  uint64_t host_available = 0;   // MemAvailable (available_memory_bytes() in pages.h)
   bool device_is_host = false;   // Capabilities::device_memory_is_host of the backend
   uint64_t device_capacity = 0;  // what the device may commit (0 = unknown)
 };
-
-// MemAvailable from /proc/meminfo in bytes; Error(io) when it cannot be read.
-PINSTAGE_API uint64_t read_mem_available();
 
 // Memory one arm needs at `size` (only one arm's args exist at a time).
 struct MemoryNeed {
@@ -190,8 +199,12 @@ struct ArmRun {
   Arm arm = Arm::pageable;
   double generate_seconds = 0.0;  // building the args in the arm's storage
   std::vector<RoundRecord> binds;
-  std::vector<double> memcpy_seconds;  // baseline rounds (empty when off)
-  std::string bind_summary;            // BindReport::summary() of the last round
+  std::vector<double> memcpy_seconds;     // baseline rounds (empty when off)
+  std::string bind_summary;               // BindReport::summary() of the last round
+  std::vector<TensorBindReport> tensors;  // per-tensor rows of the last timed round
+  // The untimed verification bind after the timed rounds read every input back and found
+  // it identical (a mismatch throws instead, failing the bench).
+  bool verified = false;
 };
 
 struct PINSTAGE_API BenchResult {
@@ -205,6 +218,7 @@ struct PINSTAGE_API BenchResult {
   std::string baseline_kind;  // what the memcpy baseline copies into
   int threads = 0;            // copy threads (all cores)
   TaskSizes sizes;            // of the task's arguments (measured from the built args)
+  RunInfo run;                // where and how it ran (the report's "run" block)
   std::vector<std::vector<ArmRun>> groups;  // [group][arm]
   Stats stats;
 
@@ -220,20 +234,27 @@ struct Progress {
   std::string step;  // "generate", "bind 3/6", "memcpy 3/6"
 };
 using ProgressFn = std::function<void(const Progress&)>;
+// Called after each group with the result so far (stats over the groups done), so that a
+// caller can save partial results: a run cut short keeps what it measured.
+using GroupDoneFn = std::function<void(const BenchResult&)>;
 
 // Builds one arm's arguments in `allocator`'s storage; called once per arm per group and
 // must build the same tensors every time.
 using ArgsFactory = std::function<TaskArgs(HostAllocator& allocator)>;
 
 // Runs the A/B benchmark of any task on an initialized chip worker: for each group, each
-// arm in order builds its args, binds them config.rounds times, runs as many memcpy
-// baseline rounds, and frees them before the next arm starts. config.size is not used.
+// arm in order builds its args, binds them config.rounds times, verifies the uploaded
+// bytes once (an untimed bind with verify_upload; a difference throws Error(mismatch)
+// naming the arm, group and tensor), runs as many memcpy baseline rounds, and frees the
+// args before the next arm starts. config.size is not used.
 PINSTAGE_API BenchResult run_ab(Worker& worker, const BenchConfig& config,
-                                const ArgsFactory& make_args, const ProgressFn& progress = {});
+                                const ArgsFactory& make_args, const ProgressFn& progress = {},
+                                const GroupDoneFn& group_done = {});
 
 // run_ab on `task` at plan.size (a plan from plan_size).
 PINSTAGE_API BenchResult run_bench(Worker& worker, const BenchConfig& config, const BenchTask& task,
-                                   const SizePlan& plan, const ProgressFn& progress = {});
+                                   const SizePlan& plan, const ProgressFn& progress = {},
+                                   const GroupDoneFn& group_done = {});
 
 // The readable group table and the summary lines.
 PINSTAGE_API std::string format_table(const BenchResult& result);

@@ -16,6 +16,8 @@ PINSTAGE_API int default_thread_count();
 // Calls fn(begin, end) over [0, n) split into contiguous chunks of at least `grain`
 // items, on up to `threads` threads (0 = default_thread_count()). Runs inline when one
 // chunk suffices. The first exception thrown by fn is rethrown after all chunks finish.
+// The pool starts on first use; when it cannot start every thread it throws
+// Error(out_of_memory) (and tries again on the next call).
 PINSTAGE_API void parallel_for(size_t n, size_t grain,
                                const std::function<void(size_t, size_t)>& fn, int threads = 0);
 

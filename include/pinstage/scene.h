@@ -209,6 +209,10 @@ struct PINSTAGE_API SceneReport {
   TaskSizes sizes;
   double generate_seconds = 0.0;
   double golden_seconds = 0.0;  // 0 with skip_golden
+  // The backend runs no host callables (Capabilities::execute is false, e.g. acl): no
+  // execute step and no golden comparison, only the uploads read back and compared byte
+  // for byte and the caches checked intact.
+  bool integrity_only = false;
   std::vector<SceneRound> rounds;
   bool ok() const noexcept;
 };

@@ -23,6 +23,8 @@ enum class Setting {
   sim_fault,            // PINSTAGE_SIM_FAULT: "kind:nth,..." faults for the sim backend
   gen_isa,              // PINSTAGE_GEN_ISA: generic|avx2|avx512|avx512bf16
   golden_isa,           // PINSTAGE_GOLDEN_ISA: generic|avx2|avx512
+  acl_library,          // PINSTAGE_ACL_LIBRARY: path of the Ascend runtime (acl backend)
+  pin_policy,           // PINSTAGE_PIN_POLICY: strict|fallback (a pin over budget)
 };
 
 // One row of the table: the variable's name, what it takes and what it does.

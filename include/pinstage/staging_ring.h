@@ -89,6 +89,8 @@ class PINSTAGE_API StagingRing {
   // Host to device: src[0, bytes) to dst[dst_offset, +bytes) in pieces of buffer_bytes(),
   // each copied into the next buffer (split across copy_threads) while earlier pieces'
   // device copies run. Returns once the last piece is queued; drain() waits for it.
+  // Uploads may follow each other without a drain() between them: the ring keeps
+  // flowing from one to the next (the Binder drains once per bind).
   void upload(const void* src, size_t bytes, const DeviceBuffer& dst, size_t dst_offset);
   // Device to host: src[src_offset, +bytes) in pieces of buffer_bytes(); on_piece(offset,
   // data, length) for each piece once it arrived, in order, the last ones from drain().

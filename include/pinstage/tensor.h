@@ -154,6 +154,9 @@ class PINSTAGE_API TaskArgs {
 
 // 40859999040 -> "40,859,999,040".
 PINSTAGE_API std::string format_thousands(uint64_t value);
+// Human units, decimal like link rates (GB/s): 40859999040 -> "40.86 GB", 4096 -> "4.10 kB",
+// 17 -> "17 B". Reports print these; JSON keeps exact bytes.
+PINSTAGE_API std::string format_bytes(uint64_t bytes);
 // {16, 5120} -> "[16, 5120]".
 PINSTAGE_API std::string format_shape(const std::vector<int64_t>& shape);
 

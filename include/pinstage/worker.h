@@ -41,18 +41,20 @@ struct WorkerOptions {
   // Device memory the worker may commit; 0 = the backend's default (sim: the
   // PINSTAGE_SIM_DEVICE_CAPACITY environment variable, else 80% of physical memory).
   uint64_t device_capacity_bytes = 0;
-  // Plugin file to load; empty = libpinstage_backend_<name>.so next to libpinstage.
+  // Plugin file to load; empty = default_backend_path(name).
   std::string plugin_path;
   // Backend-specific settings, handed to the backend as key/value entries.
   BackendConfig config;
 };
 
-// Folder holding libpinstage and the backend plugins built or installed beside it.
+// Folder holding libpinstage.
 PINSTAGE_API std::string library_dir();
 // Where `backend` is looked for when WorkerOptions::plugin_path is empty:
-// <library_dir>/libpinstage_backend_<backend>.so.
+// <library_dir>/pinstage/libpinstage_backend_<backend>.so when <library_dir>/pinstage
+// exists (an installed tree), else <library_dir>/libpinstage_backend_<backend>.so (the
+// build tree).
 PINSTAGE_API std::string default_backend_path(const std::string& backend);
-// Every libpinstage_backend_*.so in library_dir(), sorted by path.
+// Every libpinstage_backend_*.so in that plugin folder, sorted by path.
 PINSTAGE_API std::vector<std::string> discover_backends();
 
 // The loaded plugin.
@@ -83,7 +85,41 @@ struct WorkerStats {
   uint64_t device_count = 0;            // outstanding device allocations
   uint64_t device_committed_bytes = 0;  // what the backend reports committed
   uint64_t device_capacity_bytes = 0;   // what the backend may commit
+  // Releases the backend refused: the memory is still the backend's (and still locked),
+  // no longer usable, and finalize releases it again.
+  uint64_t failed_free_count = 0;
+  uint64_t failed_free_bytes = 0;
+  // Every release the backend refused since init, finalize's retries included; never
+  // decreases. Non-zero means memory may have leaked: the CLI exits non-zero.
+  uint64_t free_failures = 0;
+  // Pinned requests over the pin budget served with pageable memory
+  // (PINSTAGE_PIN_POLICY=fallback): outstanding ones, and every one since init.
+  uint64_t pageable_fallback_count = 0;
+  uint64_t pageable_fallback_bytes = 0;
+  uint64_t pageable_fallbacks = 0;
 };
+
+// What a pinned request must fit (docs/worker.md, "Pin budget"). UINT64_MAX = no limit.
+struct PinBudget {
+  // RLIMIT_MEMLOCK's soft limit where it applies: the backend locks with mlock(2) (its
+  // device memory is host memory, as sim's) and the process lacks CAP_IPC_LOCK.
+  uint64_t memlock_limit_bytes = UINT64_MAX;
+  uint64_t locked_bytes = 0;  // VmLck of this process now
+  // memory.max of this process's cgroup v2 (the lowest along its ancestors) and the
+  // memory.current of that cgroup.
+  uint64_t cgroup_limit_bytes = UINT64_MAX;
+  uint64_t cgroup_used_bytes = 0;
+  std::string cgroup_path;                // the cgroup whose memory.max is the limit
+  uint64_t available_bytes = UINT64_MAX;  // MemAvailable
+};
+
+// The budget now. `memlock_applies`: the backend pins with mlock(2).
+PINSTAGE_API PinBudget read_pin_budget(bool memlock_applies);
+// Why a pinned request of `bytes` (page-rounded: what the kernel locks) does not fit
+// `budget`: names the limit, the figures and how to raise it. Empty when it fits.
+PINSTAGE_API std::string pin_budget_refusal(uint64_t bytes, const PinBudget& budget);
+// VmLck of this process in bytes (/proc/self/status): memory really locked now.
+PINSTAGE_API uint64_t locked_memory_bytes();
 
 // Backend operations the fault hook can fail: the ABI's one list (PS_FAULT_KIND_LIST),
 // value for value. corrupt_h2d is not a failure: the nth upload flips one byte.
@@ -207,8 +243,13 @@ class PINSTAGE_API Worker {
   const BackendInfo& backend() const;
   Capabilities capabilities() const;
   WorkerStats stats() const;
+  // WorkerStats::free_failures, readable at any time, after finalize too (finalize's
+  // retries count): the CLI's exit status.
+  uint64_t free_failures() const noexcept;
 
-  // Pinned host memory; bytes must be in [1, physical memory].
+  // Pinned host memory; bytes must be in [1, physical memory]. The request must fit the
+  // pin budget (read_pin_budget): otherwise Error(out_of_memory) naming the limit, or,
+  // with PINSTAGE_PIN_POLICY=fallback, pageable memory with a warning (stats count it).
   PinnedHostBuffer alloc_pinned_host(size_t bytes);
   // Device memory; bytes must be > 0. Error(out_of_memory) past the capacity.
   DeviceBuffer alloc_device(size_t bytes);

@@ -9,6 +9,7 @@ The API reference is docs/python.md. Quick start:
 """
 import sys as _sys
 
+from ._pinstage import __version__ as _pinstage_version
 from ._pinstage import (  # noqa: F401
     Binder,
     BindError,
@@ -44,12 +45,16 @@ _sys.modules[__name__ + ".qwen3"] = qwen3
 
 from . import scene  # noqa: E402,F401
 
-__version__ = "0.1.0"
+__version__ = _pinstage_version  # project(VERSION) in CMakeLists.txt, via libpinstage
 
 # torch is imported only when a torch-facing name is first used, so `import pinstage`
 # stays cheap and works without torch.
 _LAZY = {
     "PinnedTorchAllocator": ("torch_alloc", "PinnedTorchAllocator"),
+    "is_pinned": ("torch_alloc", "is_pinned"),
+    "safe_open": ("checkpoint", "safe_open"),
+    "load_file": ("checkpoint", "load_file"),
+    "load_to_device": ("checkpoint", "load_to_device"),
 }
 
 
@@ -69,9 +74,10 @@ def __dir__():
 
 __all__ = [
     "Binder", "BindError", "BindReport", "Capabilities", "Error", "InvalidArgumentError",
-    "PinnedHostBuffer", "PinnedTorchAllocator", "TaskArgs", "TensorBindReport", "Worker",
+    "PinnedHostBuffer", "PinnedTorchAllocator", "TaskArgs", "is_pinned", "TensorBindReport", "Worker",
     "WorkerStats", "error_code_names", "qwen3", "require_chip_worker", "scene",
     "Comparison", "TensorComparison", "SceneRound", "SceneReport", "SceneGolden", "scene_names",
     "scene_params", "scene_describe", "scene_callable", "scene_make_args",
     "scene_compute_golden", "scene_compare", "run_scene",
+    "safe_open", "load_file", "load_to_device",
 ]

@@ -10,6 +10,7 @@ calls ``generate_args``, so cases written before the hook existed keep working. 
 receive the same parsed ``SceneParams``: parameters are parsed once, in ``parse_params``.
 """
 import dataclasses
+import functools
 from collections.abc import Mapping
 
 from . import _pinstage
@@ -17,28 +18,21 @@ from ._pinstage import Binder, InvalidArgumentError
 
 qwen3 = _pinstage.qwen3
 
-_PARAM_NAMES = ("seed", "seq_len", "layers")
-
-
-@dataclasses.dataclass(frozen=True)
-class SceneParams:
-    """The parameters every scene takes. Ranges are the case's to check
-    (SceneTestCase.validate_params)."""
-
-    seed: int = qwen3.DEFAULT_SEED
-    seq_len: int = qwen3.DEFAULT_SEQ_LEN
-    layers: int = qwen3.DEFAULT_LAYERS
+class ParamsBase:
+    """What every parameter class shares: parse(). A parameter class is a frozen dataclass
+    of int fields with defaults (SceneParams, or one made by params_class())."""
 
     @classmethod
     def parse(cls, params=None, base=None, **overrides):
-        """SceneParams from None (the defaults), a SceneParams, a mapping or a
+        """An instance from None (the defaults), an instance, a mapping or a
         "seed=1,seq_len=64,layers=1" string, then keyword overrides; fields not given keep
-        `base`'s values (default SceneParams()). Values are ints or decimal strings;
-        anything else, or an unknown name, is InvalidArgumentError."""
+        `base`'s values (default cls()). Values are ints (NumPy ints too) or decimal
+        strings; anything else, or a name that is not a field, is InvalidArgumentError."""
+        names = [f.name for f in dataclasses.fields(cls)]
         values = dataclasses.asdict(base if base is not None else cls())
         if params is None:
             given = {}
-        elif isinstance(params, SceneParams):
+        elif isinstance(params, ParamsBase) and dataclasses.is_dataclass(params):
             given = dataclasses.asdict(params)
         elif isinstance(params, str):
             given = _parse_pairs(params)
@@ -50,11 +44,31 @@ class SceneParams:
                 f"string, got {type(params).__name__}")
         given.update(overrides)
         for name, value in given.items():
-            if name not in _PARAM_NAMES:
+            if name not in names:
                 raise InvalidArgumentError(
-                    f"unknown scene parameter '{name}' (valid: {', '.join(_PARAM_NAMES)})")
+                    f"unknown scene parameter '{name}' (valid: {', '.join(names)})")
             values[name] = _to_int(name, value)
         return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class SceneParams(ParamsBase):
+    """The parameters of a hand-written SceneTestCase unless it sets `params_class`.
+    Ranges are the case's to check (SceneTestCase.validate_params)."""
+
+    seed: int = qwen3.DEFAULT_SEED
+    seq_len: int = qwen3.DEFAULT_SEQ_LEN
+    layers: int = qwen3.DEFAULT_LAYERS
+
+
+@functools.lru_cache(maxsize=None)
+def params_class(scene):
+    """The parameter class of a registered scene: one int field per parameter the scene
+    registry declares (pinstage.scene_params), with its default, in order."""
+    declared = _pinstage.scene_params(scene)
+    name = "".join(part.capitalize() for part in scene.replace("-", "_").split("_")) + "Params"
+    fields = [(p["name"], int, dataclasses.field(default=p["default"])) for p in declared]
+    return dataclasses.make_dataclass(name, fields, bases=(ParamsBase,), frozen=True)
 
 
 def _parse_pairs(text):
@@ -73,6 +87,8 @@ def _to_int(name, value):
         raise InvalidArgumentError(f"scene parameter {name} must be an int, got {value!r}")
     if isinstance(value, int):
         return value
+    if hasattr(value, "__index__") and not isinstance(value, str):
+        return value.__index__()  # NumPy integers
     if isinstance(value, str):
         try:
             return int(value, 10)
@@ -109,13 +125,14 @@ class SceneTestCase:
     """Base class of scene test cases. Subclasses set `name` and override the hooks."""
 
     name = "scene"
-    default_params = SceneParams()
+    params_class = SceneParams  # the case's parameters: free-form, any ParamsBase dataclass
+    default_params = None  # None: params_class()
 
     # ---- parameters: parsed once, shared by every hook ----
 
     def parse_params(self, params=None, **overrides):
-        """SceneParams.parse over `default_params`, then validate_params()."""
-        parsed = SceneParams.parse(params, base=self.default_params, **overrides)
+        """params_class.parse over `default_params`, then validate_params()."""
+        parsed = self.params_class.parse(params, base=self.default_params, **overrides)
         self.validate_params(parsed)
         return parsed
 
@@ -181,9 +198,10 @@ class SceneTestCase:
 
 
 class RegisteredSceneCase(SceneTestCase):
-    """A scene from the C++ registry (pinstage.scene_names()): arguments, golden,
-    comparison and execute callable all come from the scene's registration. The
-    worker-aware hook generates the arguments straight into the worker's pinned memory."""
+    """A scene from the C++ registry (pinstage.scene_names()): its parameters (the
+    params_class, whatever the scene declares), arguments, golden, comparison and execute
+    callable all come from the scene's registration. The worker-aware hook generates the
+    arguments straight into the worker's pinned memory."""
 
     def __init__(self, name=None):
         if name is not None:
@@ -192,14 +210,12 @@ class RegisteredSceneCase(SceneTestCase):
             raise InvalidArgumentError(
                 f"no scene named '{self.name}' (registered: "
                 f"{', '.join(_pinstage.scene_names())})")
-        self._names = [p["name"] for p in _pinstage.scene_params(self.name)]
-        defaults = {p["name"]: p["default"] for p in _pinstage.scene_params(self.name)
-                    if p["name"] in _PARAM_NAMES}
-        self.default_params = SceneParams.parse(defaults)
+        self.params_class = params_class(self.name)
+        self.default_params = None
 
     def _values(self, params):
-        """The SceneParams fields this scene takes, as the C++ registry wants them."""
-        return {k: v for k, v in dataclasses.asdict(params).items() if k in self._names}
+        """The parameters as the C++ registry wants them."""
+        return dataclasses.asdict(params)
 
     def validate_params(self, params):
         _pinstage.scene_describe(self.name, self._values(params))

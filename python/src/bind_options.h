@@ -31,12 +31,7 @@ namespace bind_options_detail {
 // Anything with __index__ (int, numpy integers), as pybind11's int64_t parameters took.
 inline int64_t as_int(std::string_view key, py::handle v) {
   if (py::isinstance<py::bool_>(v) || !PyIndex_Check(v.ptr())) wrong_type(key, "an int", v);
-  try {
-    return v.cast<int64_t>();
-  } catch (const py::cast_error&) {
-    throw Error(ErrorCode::invalid_argument,
-                "Binder option " + std::string(key) + " is out of range");
-  }
+  return int_arg(v, "Binder option " + std::string(key));
 }
 
 inline std::string as_str(std::string_view key, py::handle v) {
@@ -71,8 +66,9 @@ inline void assign(size_t& f, std::string_view key, py::handle v) {
 inline void assign(int& f, std::string_view key, py::handle v) {
   const int64_t n = as_int(key, v);
   if (n < 0 || n > INT_MAX)
-    throw Error(ErrorCode::invalid_argument,
-                "Binder option " + std::string(key) + " must be >= 0, got " + std::to_string(n));
+    throw Error(ErrorCode::invalid_argument, "Binder option " + std::string(key) +
+                                                 " must be in [0, " + std::to_string(INT_MAX) +
+                                                 "], got " + std::to_string(n));
   f = static_cast<int>(n);
 }
 

@@ -32,6 +32,23 @@ struct PyBuffer;
 struct ViewHolder {
   virtual ~ViewHolder() = default;
   int64_t views = 0;
+  int64_t args_views = 0;  // of `views`, those TaskArgs hold (named by finalize()'s refusal)
+};
+
+// Releases the GIL for a C++ call. Unlike py::gil_scoped_release its destructor may
+// throw: a daemon thread that takes the GIL back while the interpreter finalizes is ended
+// by a forced unwind (pthread_exit), which must not cross a noexcept frame (the implicit
+// noexcept of a destructor turns it into std::terminate). Never use it in a destructor:
+// destructors keep the GIL instead.
+class GilReleased {
+ public:
+  GilReleased() : state_(PyEval_SaveThread()) {}
+  ~GilReleased() noexcept(false) { PyEval_RestoreThread(state_); }
+  GilReleased(const GilReleased&) = delete;
+  GilReleased& operator=(const GilReleased&) = delete;
+
+ private:
+  PyThreadState* state_;
 };
 
 // The Python Worker: the C++ Worker plus what Python holds of its memory.
@@ -48,12 +65,21 @@ struct PyWorker {
   // Binders on this worker: finalize() releases them first (their staging ring and
   // stream), so a Binder kept in Python never outlives its worker's context.
   std::unordered_set<std::unique_ptr<Binder>*> binders;
-  int64_t busy = 0;  // calls running without the GIL that read this worker's pinned memory
+  // Calls running without the GIL that read or allocate this worker's pinned memory.
+  int64_t busy = 0;
+  // finalize() on a worker never initialized: terminal all the same (the C++ Worker has no
+  // state to mark then).
+  bool finalized_early = false;
+
+  bool finalized() const { return finalized_early || worker.finalized(); }
 
   // Counts holders with live views and the views; finalize() refuses while any exist.
   void count_views(int64_t* holders_with_views, int64_t* views) const;
   // Raises BufferError (as a C++ exception pybind11 maps) naming what is alive.
   void require_no_views(const char* what) const;
+  // "buffer 0x... (4096 bytes): 2 view(s); TaskArgs (3 tensors): 1 view(s)": the holders
+  // with live views, for finalize()'s refusal.
+  std::string describe_views() const;
 };
 
 // A PinnedHostBuffer as Python sees it. Holds a reference to its Python Worker, so the
@@ -75,15 +101,42 @@ struct PyBuffer : ViewHolder {
 };
 
 // Open buffers by start address (all workers), to find out whether memory is pinned.
-// Touched only under the GIL.
+// Touched only under the GIL. An entry is erased only by the buffer it names, so a stale
+// entry can never remove another buffer's (see PyBuffer's constructor).
 std::map<uintptr_t, PyBuffer*>& open_buffers();
 // The open buffer holding [ptr, ptr + bytes), or null.
 PyBuffer* find_pinned(const void* ptr, uint64_t bytes);
 
+// One counted view of a holder for as long as this object lives: what the buffer
+// protocol hands out as Py_buffer.obj (consumers such as torch.frombuffer keep only that
+// reference and release the Py_buffer at once), and what TaskArgs holds for a tensor in
+// pinned memory. Python type pinstage._pinstage.BufferExport.
+struct Lease {
+  Lease(py::object owner, ViewHolder* holder, bool by_args);
+  ~Lease();
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+
+  py::object owner;  // keeps the holder (and its worker) alive
+  ViewHolder* holder;
+  bool by_args;  // held by TaskArgs
+};
+// A new Lease on `holder` (whose Python object is `owner`), as a Python object.
+py::object make_lease(py::object owner, ViewHolder* holder, bool by_args = false);
+
+// How export_dlpack shares the memory.
+struct DLPackRequest {
+  bool versioned = false;  // DLPack >= 1.0 capsule ("dltensor_versioned")
+  bool copy = false;       // a private copy (IS_COPIED); no view is counted
+  bool read_only = false;
+};
+
 // DLPack export of [data, ...) owned by `owner` (a Python object whose C++ side is
 // `holder`): one more view until the consumer's deleter runs.
 py::capsule export_dlpack(py::object owner, ViewHolder* holder, void* data, DLDataType dtype,
-                          std::vector<int64_t> shape, DLDevice device);
+                          std::vector<int64_t> shape, DLDevice device, DLPackRequest request = {});
+// The bytes of one element of `dtype`.
+uint64_t dl_itemsize(DLDataType dtype);
 
 // False at interpreter shutdown, when Python objects must no longer be touched from a
 // deleter (the process is about to release everything anyway).
@@ -95,10 +148,15 @@ inline bool interpreter_usable() {
 #endif
 }
 
+// An int argument (anything with __index__: int, NumPy integers; never bool) as int64:
+// Error(invalid_argument) naming `what` for another type or a value outside int64.
+int64_t int_arg(const py::handle& value, const std::string& what);
+
 // Exception classes (pinstage.Error and its subclasses), created at import.
 void register_errors(py::module_& m);
 
 void bind_worker(py::module_& m);
+void bind_lease(py::module_& m);    // BufferExport, before bind_worker
 void bind_tensors(py::module_& m);  // TaskArgs and Binder; scenes via bind_scene_run
 
 void bind_scene_run(py::module_& m);  // the scene registry's Python side (run_scene, ...)

@@ -1,65 +1,148 @@
-// DLPack export: every capsule (and, once consumed, every tensor made from it) is one live
-// view of its holder until the deleter runs. See Note [Python view lifetime] in worker.cpp.
+// DLPack export and buffer-export leases: every capsule (and, once consumed, every tensor
+// made from it) and every Lease is one live view of its holder until the deleter runs or
+// the Lease dies. See Note [Python view lifetime] in worker.cpp.
+#include <cstring>
+
 #include "common.h"
 
 namespace pinstage::python {
 
+// ---- Lease ----
+
+Lease::Lease(py::object owner_, ViewHolder* holder_, bool by_args_)
+    : owner(std::move(owner_)), holder(holder_), by_args(by_args_) {
+  ++holder->views;
+  if (by_args) ++holder->args_views;
+}
+
+// Runs under the GIL (pybind11's dealloc); keeps it: a destructor never releases the GIL.
+Lease::~Lease() {
+  --holder->views;
+  if (by_args) --holder->args_views;
+}
+
+py::object make_lease(py::object owner, ViewHolder* holder, bool by_args) {
+  return py::cast(std::make_unique<Lease>(std::move(owner), holder, by_args));
+}
+
+void bind_lease(py::module_& m) {
+  py::class_<Lease>(m, "BufferExport",
+                    "One counted view of a PinnedHostBuffer: the object a memoryview's .obj "
+                    "(and torch.frombuffer) holds. The memory stays allocated while it lives.",
+                    py::is_final())
+      .def_property_readonly(
+          "buffer", [](const Lease& l) { return l.owner; },
+          "The PinnedHostBuffer (or TaskArgs) whose memory this export views.")
+      .def("__repr__", [](const Lease& l) {
+        return "<pinstage.BufferExport of " + py::repr(l.owner).cast<std::string>() + ">";
+      });
+}
+
 namespace {
 
 // What one export owns: a reference to the holder's Python object (so the memory and the
-// worker stay alive) and the shape the DLTensor points at.
+// worker stay alive; none for a copy), the shape and strides the DLTensor points at, a
+// copy's bytes, and one of the two managed-tensor layouts.
 struct ExportContext {
   py::object owner;
-  ViewHolder* holder;
+  ViewHolder* holder = nullptr;  // null for a copy: no view counted
   std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  std::unique_ptr<uint8_t[]> copied;
   DLManagedTensor managed{};
+  DLManagedTensorVersioned versioned{};
 };
 
-// Called by the consumer (any thread, GIL or not) or by the capsule when never consumed.
-void delete_export(DLManagedTensor* self) {
-  if (self == nullptr) return;
-  auto* context = static_cast<ExportContext*>(self->manager_ctx);
+// Both deleters, called by the consumer (any thread, GIL or not) or by the capsule when
+// never consumed.
+void delete_context(ExportContext* context) {
   // At interpreter shutdown the process is about to release everything anyway: touching
   // Python objects then is unsafe, so the context is left behind.
   if (!interpreter_usable()) return;
   const PyGILState_STATE gil = PyGILState_Ensure();
-  --context->holder->views;
+  if (context->holder != nullptr) --context->holder->views;
   delete context;  // drops the owner reference, possibly releasing the buffer
   PyGILState_Release(gil);
 }
 
-// A capsule still named "dltensor" was never consumed: its tensor is still ours to delete.
+void delete_export(DLManagedTensor* self) {
+  if (self != nullptr) delete_context(static_cast<ExportContext*>(self->manager_ctx));
+}
+
+void delete_versioned_export(DLManagedTensorVersioned* self) {
+  if (self != nullptr) delete_context(static_cast<ExportContext*>(self->manager_ctx));
+}
+
+// A capsule still under its original name was never consumed: its tensor is still ours.
 void capsule_destructor(PyObject* capsule) {
-  if (!PyCapsule_IsValid(capsule, kDLTensorCapsuleName)) return;
   PyObject *type, *value, *traceback;
   PyErr_Fetch(&type, &value, &traceback);
-  auto* managed =
-      static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kDLTensorCapsuleName));
-  if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
+  if (PyCapsule_IsValid(capsule, kDLTensorCapsuleName)) {
+    auto* managed =
+        static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kDLTensorCapsuleName));
+    if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
+  } else if (PyCapsule_IsValid(capsule, kDLTensorVersionedCapsuleName)) {
+    auto* managed = static_cast<DLManagedTensorVersioned*>(
+        PyCapsule_GetPointer(capsule, kDLTensorVersionedCapsuleName));
+    if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
+  }
   PyErr_Restore(type, value, traceback);
 }
 
 }  // namespace
 
+uint64_t dl_itemsize(DLDataType dtype) {
+  return (static_cast<uint64_t>(dtype.bits) * dtype.lanes + 7) / 8;
+}
+
 py::capsule export_dlpack(py::object owner, ViewHolder* holder, void* data, DLDataType dtype,
-                          std::vector<int64_t> shape, DLDevice device) {
+                          std::vector<int64_t> shape, DLDevice device, DLPackRequest request) {
   auto context = std::make_unique<ExportContext>();
-  context->owner = std::move(owner);
-  context->holder = holder;
   context->shape = std::move(shape);
-  DLTensor& t = context->managed.dl_tensor;
+  context->strides.assign(context->shape.size(), 1);  // row-major, in elements
+  uint64_t count = 1;
+  for (size_t i = context->shape.size(); i-- > 0;) {
+    context->strides[i] = static_cast<int64_t>(count);
+    count *= static_cast<uint64_t>(context->shape[i]);
+  }
+  if (request.copy) {
+    const uint64_t bytes = count * dl_itemsize(dtype);
+    context->copied.reset(new uint8_t[bytes == 0 ? 1 : bytes]);
+    if (bytes > 0) std::memcpy(context->copied.get(), data, bytes);
+    data = context->copied.get();
+  } else {
+    context->owner = std::move(owner);
+    context->holder = holder;
+  }
+  DLTensor t{};
   t.data = data;
   t.device = device;
   t.ndim = static_cast<int32_t>(context->shape.size());
   t.dtype = dtype;
   t.shape = context->shape.empty() ? nullptr : context->shape.data();
-  t.strides = nullptr;  // compact row-major
+  t.strides = context->strides.empty() ? nullptr : context->strides.data();
   t.byte_offset = 0;
-  context->managed.manager_ctx = context.get();
-  context->managed.deleter = &delete_export;
-  PyObject* capsule = PyCapsule_New(&context->managed, kDLTensorCapsuleName, &capsule_destructor);
+  void* pointer = nullptr;
+  const char* name = nullptr;
+  if (request.versioned) {
+    auto& v = context->versioned;
+    v.version = {kDLPackMajorVersion, kDLPackMinorVersion};
+    v.manager_ctx = context.get();
+    v.deleter = &delete_versioned_export;
+    v.flags = (request.copy ? kDLFlagIsCopied : 0) | (request.read_only ? kDLFlagReadOnly : 0);
+    v.dl_tensor = t;
+    pointer = &v;
+    name = kDLTensorVersionedCapsuleName;
+  } else {
+    context->managed.dl_tensor = t;
+    context->managed.manager_ctx = context.get();
+    context->managed.deleter = &delete_export;
+    pointer = &context->managed;
+    name = kDLTensorCapsuleName;
+  }
+  PyObject* capsule = PyCapsule_New(pointer, name, &capsule_destructor);
   if (capsule == nullptr) throw py::error_already_set();
-  ++holder->views;
+  if (context->holder != nullptr) ++context->holder->views;
   context.release();  // owned by the capsule, then by whoever consumes it
   return py::reinterpret_steal<py::capsule>(capsule);
 }

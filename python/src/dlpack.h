@@ -1,6 +1,8 @@
-// The DLPack ABI (v0.x, the unversioned layout PyTorch 1.13 and NumPy consume), written
-// from the public specification: only what the exporter needs. Capsules are named
-// "dltensor"; a consumer renames the capsule it took to "used_dltensor".
+// The DLPack ABI, written from the public specification: only what the exporter needs.
+// Two layouts: the unversioned DLManagedTensor (v0.x, capsule "dltensor", what PyTorch
+// 1.13 and NumPy < 2.1 consume) and DLPack 1.0's DLManagedTensorVersioned (capsule
+// "dltensor_versioned", with a version and flags), given to a consumer that passes
+// max_version >= (1, 0). A consumer renames the capsule it took to "used_" + the name.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@ enum DLDataTypeCode : uint8_t {
   kDLUInt = 1,
   kDLFloat = 2,
   kDLBfloat = 4,
+  kDLBool = 6,
 };
 
 struct DLDataType {
@@ -37,7 +40,7 @@ struct DLTensor {
   int32_t ndim;
   DLDataType dtype;
   int64_t* shape;
-  int64_t* strides;  // null: compact row-major
+  int64_t* strides;  // always set (row-major): DLPack 1.0 no longer allows null
   uint64_t byte_offset;
 };
 
@@ -47,7 +50,26 @@ struct DLManagedTensor {
   void (*deleter)(DLManagedTensor* self);
 };
 
+struct DLPackVersion {
+  uint32_t major;
+  uint32_t minor;
+};
+
+struct DLManagedTensorVersioned {
+  DLPackVersion version;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensorVersioned* self);
+  uint64_t flags;  // kDLFlag*
+  DLTensor dl_tensor;
+};
+
+inline constexpr uint64_t kDLFlagReadOnly = 1ULL << 0;
+inline constexpr uint64_t kDLFlagIsCopied = 1ULL << 1;
+inline constexpr uint32_t kDLPackMajorVersion = 1;  // the version exported
+inline constexpr uint32_t kDLPackMinorVersion = 0;
+
 inline constexpr const char* kDLTensorCapsuleName = "dltensor";
 inline constexpr const char* kDLTensorUsedCapsuleName = "used_dltensor";
+inline constexpr const char* kDLTensorVersionedCapsuleName = "dltensor_versioned";
 
 }  // namespace pinstage::python

@@ -3,13 +3,22 @@
 #include <pybind11/stl.h>
 
 #include "common.h"
+#include "pinstage/version.h"
+
+namespace pinstage::python {
+void bind_checkpoint(py::module_& m);  // checkpoint.cpp: safe_open, load_file
+}
 
 PYBIND11_MODULE(_pinstage, m) {
   using namespace pinstage::python;
   m.doc() = "pinstage C++ runtime bindings (use the pinstage package, not this module)";
+  // The version of the libpinstage loaded (project(VERSION) of CMakeLists.txt).
+  m.attr("__version__") = pinstage::version();
   register_errors(m);
+  bind_lease(m);
   bind_worker(m);
   bind_tensors(m);
+  bind_checkpoint(m);
   m.def("error_code_names", [] {
     std::vector<std::string> names;
     for (int c = 0; c <= static_cast<int>(pinstage::ErrorCode::mismatch); ++c)

@@ -37,11 +37,11 @@ SceneValues scene_values(const py::object& params) {
   if (!py::isinstance<py::dict>(params))
     throw py::type_error("scene params must be a dict of name -> int or None");
   for (auto item : params.cast<py::dict>()) {
+    if (!py::isinstance<py::str>(item.first))
+      throw py::type_error("scene params: a parameter name must be a str, got " +
+                           py::repr(item.first).cast<std::string>());
     const auto name = item.first.cast<std::string>();
-    if (!py::isinstance<py::int_>(item.second) || py::isinstance<py::bool_>(item.second))
-      throw Error(ErrorCode::invalid_argument, "scene parameter " + name + " must be an int, got " +
-                                                   py::repr(item.second).cast<std::string>());
-    values[name] = item.second.cast<int64_t>();
+    values[name] = int_arg(item.second, "scene parameter " + name);
   }
   return values;
 }
@@ -138,7 +138,10 @@ std::unique_ptr<PyArgs> make_args(const std::string& name, const py::object& par
   }
   TaskArgs args;
   {
-    py::gil_scoped_release nogil;
+    // Busy: the generator writes into the worker's pinned memory without the GIL, so the
+    // worker's finalize() must refuse until it is done.
+    Busy busy(w);
+    GilReleased nogil;
     args = scene->make_args(*allocator, values, static_cast<int>(threads));
   }
   return std::make_unique<PyArgs>(std::move(args), w ? worker_obj : py::none(), w);
@@ -149,14 +152,14 @@ PyGolden compute_golden(const std::string& name, const PyArgs& a, const py::obje
   const SceneValues values = resolve_params(*scene, scene_values(params));
   a.require_usable("scene_compute_golden");
   Busy busy(a.worker);
-  py::gil_scoped_release nogil;
+  GilReleased nogil;
   return PyGolden{scene, scene->compute_golden(a.args, values)};
 }
 
 Comparison compare(const PyArgs& a, const PyGolden& golden) {
   a.require_usable("scene_compare");
   Busy busy(a.worker);
-  py::gil_scoped_release nogil;
+  GilReleased nogil;
   return golden.scene->compare(a.args, *golden.golden);
 }
 
@@ -184,7 +187,7 @@ SceneReport run(const py::object& worker_obj, const std::string& name, const py:
   validate(*scene, options);
   // The run's args live in the worker's pinned memory: finalize() must wait.
   Busy busy(&w);
-  py::gil_scoped_release nogil;
+  GilReleased nogil;
   return run_scene(w.worker, *scene, options);
 }
 

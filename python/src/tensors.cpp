@@ -13,6 +13,7 @@
 #include "bind_options.h"
 #include "common.h"
 #include "pinstage/bind.h"
+#include "pinstage/random.h"
 #include "pinstage/tensor.h"
 
 namespace pinstage::python {
@@ -41,6 +42,19 @@ DLDataType dl_dtype(DType dtype) {
       return {kDLInt, 32, 1};
     case DType::i64:
       return {kDLInt, 64, 1};
+    case DType::boolean:
+      return {kDLBool, 8, 1};
+    case DType::u8:
+      return {kDLUInt, 8, 1};
+    case DType::i8:
+      return {kDLInt, 8, 1};
+    case DType::i16:
+      return {kDLInt, 16, 1};
+    case DType::f64:
+      return {kDLFloat, 64, 1};
+    case DType::f8_e4m3:
+    case DType::f8_e5m2:
+      return {kDLUInt, 8, 1};  // raw storage: DLPack 1.0 has no fp8 code
   }
   throw Error(ErrorCode::internal, "unknown dtype");
 }
@@ -51,13 +65,42 @@ std::optional<DType> dtype_from_torch(const std::string& name) {
   if (name == "torch.float32") return DType::f32;
   if (name == "torch.int32") return DType::i32;
   if (name == "torch.int64") return DType::i64;
+  if (name == "torch.bool") return DType::boolean;
+  if (name == "torch.uint8") return DType::u8;
+  if (name == "torch.int8") return DType::i8;
+  if (name == "torch.int16") return DType::i16;
+  if (name == "torch.float64") return DType::f64;
+  if (name == "torch.float8_e4m3fn") return DType::f8_e4m3;
+  if (name == "torch.float8_e5m2") return DType::f8_e5m2;
   return std::nullopt;
 }
 
 py::object torch_module() { return py::module_::import("torch"); }
 
-void add_tensor(PyArgs& a, const std::string& name, const py::object& tensor,
-                const std::string& direction) {
+std::string type_name(const py::handle& value) {
+  return py::type::of(value).attr("__name__").cast<std::string>();
+}
+
+// A tensor name as the safetensors format can store it: a non-empty str without NUL,
+// not the header's reserved key.
+std::string tensor_name(const py::object& name) {
+  if (!py::isinstance<py::str>(name))
+    throw py::type_error("TaskArgs.add: name must be a str, got " + type_name(name));
+  auto text = name.cast<std::string>();
+  if (text.empty() || text.find('\0') != std::string::npos || text == "__metadata__")
+    throw Error(ErrorCode::invalid_argument,
+                "TaskArgs.add: tensor name " + py::repr(name).cast<std::string>() +
+                    " is not allowed (empty, a NUL character, or the reserved '__metadata__')");
+  return text;
+}
+
+void add_tensor(PyArgs& a, const py::object& name_obj, const py::object& tensor,
+                const py::object& direction_obj) {
+  const std::string name = tensor_name(name_obj);
+  if (!py::isinstance<py::str>(direction_obj))
+    throw py::type_error("TaskArgs.add: direction must be a str ('in', 'inout', 'out'), got " +
+                         type_name(direction_obj));
+  const auto direction = direction_obj.cast<std::string>();
   const std::optional<Direction> dir = parse_direction(direction);
   if (!dir)
     throw Error(ErrorCode::invalid_argument,
@@ -65,7 +108,12 @@ void add_tensor(PyArgs& a, const std::string& name, const py::object& tensor,
   py::object torch = torch_module();
   if (!py::isinstance(tensor, torch.attr("Tensor")))
     throw py::type_error("TaskArgs.add: '" + name + "' must be a torch.Tensor, got " +
-                         py::type::of(tensor).attr("__name__").cast<std::string>());
+                         type_name(tensor));
+  if (!tensor.attr("layout").equal(torch.attr("strided")))
+    throw Error(ErrorCode::invalid_argument,
+                "TaskArgs.add: '" + name + "' has layout " +
+                    py::str(tensor.attr("layout")).cast<std::string>() +
+                    "; dense (torch.strided) tensors only: pass tensor.to_dense()");
   const auto device = tensor.attr("device").attr("type").cast<std::string>();
   if (device != "cpu")
     throw Error(ErrorCode::invalid_argument,
@@ -86,10 +134,16 @@ void add_tensor(PyArgs& a, const std::string& name, const py::object& tensor,
   const auto nbytes =
       tensor.attr("numel")().cast<uint64_t>() * tensor.attr("element_size")().cast<uint64_t>();
   void* data = nbytes == 0 ? nullptr : reinterpret_cast<void*>(address);
-  const bool pinned = nbytes > 0 && find_pinned(data, nbytes) != nullptr;
-  // The storage holds the tensor itself: a pinned tensor's DLPack view stays counted (its
-  // worker's finalize() refuses) for as long as these args hold it.
-  auto storage = std::make_shared<Storage>(data, nbytes, pinned, python_owner(tensor));
+  PyBuffer* buffer = nbytes > 0 ? find_pinned(data, nbytes) : nullptr;
+  // The storage holds the tensor and, for pinned bytes, a Lease on their buffer: however
+  // the tensor was made (DLPack, frombuffer, a raw pointer), the buffer cannot be closed
+  // nor its worker finalized while these args hold it, so "pinned" stays true.
+  py::object owner = tensor;
+  if (buffer != nullptr) {
+    py::object buffer_obj = py::cast(buffer, py::return_value_policy::reference);
+    owner = py::make_tuple(tensor, make_lease(buffer_obj, buffer, /*by_args=*/true));
+  }
+  auto storage = std::make_shared<Storage>(data, nbytes, buffer != nullptr, python_owner(owner));
   a.args.add(Tensor(name, *dtype, std::move(shape), *dir, std::move(storage)));
 }
 
@@ -149,7 +203,9 @@ struct PyBinder {
 void bind_tensors(py::module_& m) {
   py::class_<PyArgs>(m, "TaskArgs", "The ordered, named arguments of one task.")
       .def(py::init<>())
-      .def("add", &add_tensor, py::arg("name"), py::arg("tensor"), py::arg("direction") = "in")
+      .def("add", &add_tensor, py::arg("name"), py::arg("tensor"), py::arg("direction") = "in",
+           "add(name: str, tensor: torch.Tensor, direction: str = 'in') -> None\n\nAppends a "
+           "contiguous, dense CPU tensor ('in', 'inout' or 'out'); no copy.")
       .def("__getitem__", &tensor_view, py::arg("name"))
       .def("__getattr__",
            [](py::object self, const std::string& name) -> py::object {
@@ -244,7 +300,7 @@ void bind_tensors(py::module_& m) {
             Binder& binder = b.get("Binder.run");
             Busy args_busy(a.worker);
             Busy worker_busy(b.worker);
-            py::gil_scoped_release nogil;
+            GilReleased nogil;
             return binder.run(a.args);
           },
           py::arg("args"))
@@ -252,6 +308,19 @@ void bind_tensors(py::module_& m) {
       .def_property_readonly("staging_bytes", [](const PyBinder& b) {
         return b.binder ? b.binder->staging_bytes() : 0;
       });
+
+  // Internal (PinnedTorchAllocator.randn): `count` elements at `address` from the
+  // counter-based generator (include/pinstage/random.h), GIL released.
+  m.def("_fill_normal", [](uintptr_t address, uint64_t count, const std::string& dtype,
+                           uint64_t seed, uint64_t stream, float std, float bias) {
+    if (find_pinned(reinterpret_cast<void*>(address), count * (dtype == "bf16" ? 2 : 4)) == nullptr)
+      throw Error(ErrorCode::invalid_argument, "_fill_normal: not an open pinned buffer's range");
+    GilReleased nogil;
+    if (dtype == "bf16")
+      fill_normal_bf16(reinterpret_cast<uint16_t*>(address), {seed, stream}, 0, count, std, bias);
+    else
+      fill_normal_f32(reinterpret_cast<float*>(address), {seed, stream}, 0, count, std, bias);
+  });
 
   bind_scenes(m);
 }

@@ -4,22 +4,31 @@
 //  - A PinnedHostBuffer holds a reference to its Python Worker, so the worker (and the
 //    plugin that allocated the memory) outlives every buffer: `del worker` while tensors
 //    exist is safe; the worker finalizes when the last buffer and the user's reference go.
-//  - Every view is counted on its holder (ViewHolder::views): the buffer protocol
-//    (memoryview, NumPy) counts from getbuffer to releasebuffer, DLPack (torch) from the
-//    export to the consumer's deleter. A view also holds a reference to its holder.
+//  - Every view is counted on its holder (ViewHolder::views): the buffer protocol hands out
+//    a Lease (Py_buffer.obj, a BufferExport) that counts for as long as it lives, because
+//    consumers such as torch.frombuffer keep only that reference and release the
+//    Py_buffer at once; DLPack (torch) counts from the export to the consumer's deleter.
+//    A view also holds a reference to its holder.
 //  - close() with live views raises BufferError naming the count, like mmap.close().
 //  - Worker.finalize() with live views anywhere in its pinned memory refuses with
 //    BufferError naming the holders and views; otherwise it closes the open buffers and
 //    finalizes the C++ worker. Holders without views are reclaimed (their later use is an
 //    error, never a read of released memory).
 //  - Releases go through the C++ Buffer: a failed release is logged to stderr, never thrown.
+//  - A call that allocates or reads a worker's pinned memory without the GIL counts as
+//    busy, so finalize() refuses rather than reclaiming under it.
+//  - Destructors never release the GIL (see GilReleased in common.h).
 // Counts and the registries change only under the GIL; the DLPack deleter takes the GIL.
 #include <Python.h>
 
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <climits>
 #include <sstream>
+#include <thread>
 
+#include "args.h"
 #include "common.h"
 #include "pinstage/bind.h"
 
@@ -52,10 +61,9 @@ PyWorker::PyWorker(WorkerLevel level, std::string backend, int device_id_, Worke
       options(std::move(options_)),
       worker(level) {}
 
-PyWorker::~PyWorker() {
-  py::gil_scoped_release nogil;
-  worker.finalize();
-}
+// Keeps the GIL: a destructor that took it back at interpreter exit would be ended by a
+// forced unwind through its noexcept frame (std::terminate).
+PyWorker::~PyWorker() { worker.finalize(); }
 
 void PyWorker::count_views(int64_t* holders_with_views, int64_t* views) const {
   *holders_with_views = 0;
@@ -70,15 +78,35 @@ void PyWorker::count_views(int64_t* holders_with_views, int64_t* views) const {
   for (const ViewHolder* holder : holders) add(holder);
 }
 
+std::string PyWorker::describe_views() const {
+  std::ostringstream out;
+  const char* sep = "";
+  for (const PyBuffer* b : buffers) {
+    if (b->views == 0) continue;
+    out << sep << "PinnedHostBuffer at 0x" << std::hex
+        << reinterpret_cast<uintptr_t>(b->buffer.data()) << std::dec << " (" << b->nbytes
+        << " bytes): " << b->views << " view(s)";
+    if (b->args_views > 0) out << ", " << b->args_views << " of them held by TaskArgs";
+    sep = "; ";
+  }
+  for (const ViewHolder* h : holders) {
+    if (h->views == 0) continue;
+    out << sep << "TaskArgs: " << h->views << " view(s)";
+    sep = "; ";
+  }
+  return out.str();
+}
+
 void PyWorker::require_no_views(const char* what) const {
   int64_t holders_with_views = 0, views = 0;
   count_views(&holders_with_views, &views);
   if (views > 0)
-    throw py::buffer_error(std::string("cannot ") + what + ": " +
-                           std::to_string(holders_with_views) + " pinned buffer(s) still have " +
-                           std::to_string(views) +
-                           " live view(s) (memoryview, NumPy array, torch tensor or DLPack "
-                           "capsule); delete them first (del, then gc.collect() for cycles)");
+    throw py::buffer_error(
+        std::string("cannot ") + what + ": " + std::to_string(holders_with_views) +
+        " pinned buffer(s) still have " + std::to_string(views) +
+        " live view(s) (memoryview, NumPy array, torch tensor, DLPack "
+        "capsule or TaskArgs): " +
+        describe_views() + "; delete them first (del, then gc.collect() for cycles)");
   if (busy > 0)
     throw py::buffer_error(std::string("cannot ") + what + ": " + std::to_string(busy) +
                            " call(s) on other threads are still reading this worker's pinned "
@@ -93,22 +121,26 @@ PyBuffer::PyBuffer(py::object worker_obj_, PyWorker* worker_, PinnedHostBuffer b
       buffer(std::move(buffer_)),
       nbytes(buffer.size()) {
   worker->buffers.insert(this);
+  // An entry left at this address can only be a buffer whose memory is gone (reclaimed):
+  // the new, live buffer takes the address over.
   open_buffers()[reinterpret_cast<uintptr_t>(buffer.data())] = this;
 }
 
 // Unregisters (under the GIL) and empties the buffer; the caller releases what it returns,
-// without the GIL, so no other thread can see a half-released buffer.
+// so no other thread can see a half-released buffer. Only this buffer's own entry is
+// erased: the address may since belong to another worker's buffer.
 static PinnedHostBuffer take(PyBuffer& b) {
-  if (b.buffer) open_buffers().erase(reinterpret_cast<uintptr_t>(b.buffer.data()));
+  if (b.buffer) {
+    auto& registry = open_buffers();
+    auto it = registry.find(reinterpret_cast<uintptr_t>(b.buffer.data()));
+    if (it != registry.end() && it->second == &b) registry.erase(it);
+  }
   b.worker->buffers.erase(&b);
   return std::move(b.buffer);
 }
 
-PyBuffer::~PyBuffer() {
-  PinnedHostBuffer dying = take(*this);
-  py::gil_scoped_release nogil;
-  dying.reset();  // logs a failed release, never throws
-}
+// Keeps the GIL (see ~PyWorker); the release logs a failure, never throws.
+PyBuffer::~PyBuffer() { take(*this).reset(); }
 
 void PyBuffer::require_open(const char* what) const {
   if (!open())
@@ -124,7 +156,7 @@ void PyBuffer::close() {
                            " live view(s) (memoryview, NumPy array, torch tensor or DLPack "
                            "capsule) still use it; delete them first");
   PinnedHostBuffer dying = take(*this);
-  py::gil_scoped_release nogil;
+  GilReleased nogil;
   dying.reset();
 }
 
@@ -140,6 +172,8 @@ PyBuffer* as_buffer(PyObject* self) {
   }
 }
 
+// Py_buffer.obj is a fresh Lease: the view counts for as long as whoever holds that
+// reference keeps it (a memoryview until release(), torch.frombuffer for its tensor's life).
 int get_buffer(PyObject* self, Py_buffer* view, int flags) {
   view->obj = nullptr;
   PyBuffer* buffer = as_buffer(self);
@@ -153,16 +187,21 @@ int get_buffer(PyObject* self, Py_buffer* view, int flags) {
                     "released it)");
     return -1;
   }
-  if (PyBuffer_FillInfo(view, self, buffer->buffer.data(), static_cast<Py_ssize_t>(buffer->nbytes),
-                        0, flags) != 0)
-    return -1;
-  ++buffer->views;
-  return 0;
+  try {
+    py::object lease = make_lease(py::reinterpret_borrow<py::object>(self), buffer);
+    return PyBuffer_FillInfo(view, lease.ptr(), buffer->buffer.data(),
+                             static_cast<Py_ssize_t>(buffer->nbytes), 0, flags);
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_BufferError, e.what());
+  }
+  return -1;
 }
 
-void release_buffer(PyObject* self, Py_buffer*) {
-  if (PyBuffer* buffer = as_buffer(self)) --buffer->views;
-}
+// Never called for our views (their obj is the Lease); present so that NumPy's frombuffer
+// sees a releasing exporter and keeps a memoryview (and so the Lease) as the array's base.
+void release_buffer(PyObject*, Py_buffer*) {}
 
 FaultKind parse_fault_kind(const std::string& name) {
   std::string valid;
@@ -175,33 +214,54 @@ FaultKind parse_fault_kind(const std::string& name) {
               "unknown fault kind '" + name + "' (valid: " + valid + ")");
 }
 
-// A dict of str -> str/int as the backend's key/value settings.
+std::string type_name(const py::handle& value) {
+  return py::type::of(value).attr("__name__").cast<std::string>();
+}
+
+// A str argument (TypeError naming `what` otherwise; never pybind11's "Unable to cast").
+std::string str_arg(const py::handle& value, const std::string& what) {
+  if (!py::isinstance<py::str>(value))
+    throw py::type_error(what + " must be a str, got " + type_name(value));
+  return value.cast<std::string>();
+}
+
+// A dict of str -> str/int/float/bool as the backend's key/value settings.
 BackendConfig backend_config(const py::handle& value) {
   if (!py::isinstance<py::dict>(value))
-    throw Error(ErrorCode::invalid_argument,
-                "option config must be a dict of backend settings, e.g. "
-                "{'pinned_mode': 'register'}");
+    throw py::type_error(
+        "Worker option config must be a dict of backend settings, e.g. "
+        "{'pinned_mode': 'register'}, got " +
+        type_name(value));
   BackendConfig config;
-  for (auto item : value.cast<py::dict>())
-    config.emplace_back(py::str(item.first).cast<std::string>(),
-                        py::str(item.second).cast<std::string>());
+  for (auto item : value.cast<py::dict>()) {
+    const std::string key = str_arg(item.first, "Worker option config: a key");
+    const py::handle v = item.second;
+    if (!py::isinstance<py::str>(v) && !py::isinstance<py::int_>(v) &&
+        !py::isinstance<py::float_>(v))
+      throw py::type_error("Worker option config['" + key + "'] must be a str, int or float, got " +
+                           type_name(v));
+    config.emplace_back(key, py::str(v).cast<std::string>());
+  }
   return config;
 }
 
-// An int argument as int64: Error(invalid_argument) for a non-int (bool included) and for
-// a value outside int64.
+}  // namespace
+
 int64_t int_arg(const py::handle& value, const std::string& what) {
-  if (!py::isinstance<py::int_>(value) || py::isinstance<py::bool_>(value))
-    throw Error(
-        ErrorCode::invalid_argument,
-        what + " must be an int, got " + py::type::of(value).attr("__name__").cast<std::string>());
+  // Anything with __index__ (int, NumPy integers), never bool.
+  if (py::isinstance<py::bool_>(value) || !PyIndex_Check(value.ptr()))
+    throw Error(ErrorCode::invalid_argument, what + " must be an int, got " + type_name(value));
+  py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(value.ptr()));
+  if (!index) throw py::error_already_set();
   int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
   if (overflow != 0)
-    throw Error(ErrorCode::invalid_argument,
-                what + " = " + py::repr(value).cast<std::string>() + " is out of range");
+    throw Error(ErrorCode::invalid_argument, what + " = " + py::repr(value).cast<std::string>() +
+                                                 " is out of range (int64: [-2**63, 2**63 - 1])");
   return v;
 }
+
+namespace {
 
 uint64_t non_negative(const py::handle& value, const char* name) {
   const int64_t v = int_arg(value, std::string("option ") + name);
@@ -218,7 +278,7 @@ WorkerOptions parse_options(const py::kwargs& kwargs) {
     if (key == "device_capacity_bytes")
       options.device_capacity_bytes = non_negative(item.second, "device_capacity_bytes");
     else if (key == "plugin_path")
-      options.plugin_path = item.second.cast<std::string>();
+      options.plugin_path = str_arg(item.second, "Worker option plugin_path");
     else if (key == "config")
       options.config = backend_config(item.second);
     else
@@ -229,17 +289,57 @@ WorkerOptions parse_options(const py::kwargs& kwargs) {
 }
 
 // Holds the GIL: the C++ init() must not race with any other call on the same worker.
-void init_worker(PyWorker& w) { w.worker.init(w.backend_name, w.device_id, w.options); }
+void init_worker(PyWorker& w) {
+  if (w.finalized_early)
+    throw Error(ErrorCode::finalized,
+                "worker was finalized: finalize is terminal, create a new Worker");
+  w.worker.init(w.backend_name, w.device_id, w.options);
+}
 
-void finalize_worker(PyWorker& w) {
-  if (!w.worker.initialized()) return;  // idempotent, like the C++ finalize()
+// Waits (GIL released between looks, so other threads can drop their views) until no view
+// or busy call is left, or `timeout` seconds passed (negative: no limit).
+void wait_for_views(PyWorker& w, double timeout) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  py::module_ gc = py::module_::import("gc");
+  for (;;) {
+    int64_t holders = 0, views = 0;
+    w.count_views(&holders, &views);
+    if (views == 0 && w.busy == 0) return;
+    gc.attr("collect")();
+    w.count_views(&holders, &views);
+    if (views == 0 && w.busy == 0) return;
+    if (timeout >= 0 && std::chrono::duration<double>(clock::now() - start).count() >= timeout)
+      return;  // require_no_views then raises, naming the holders
+    GilReleased nogil;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+void finalize_worker(PyWorker& w, bool wait, const py::object& timeout) {
+  if (!w.worker.initialized()) {  // idempotent, like the C++ finalize(), and terminal
+    w.finalized_early = !w.worker.finalized();
+    return;
+  }
+  double limit = -1;
+  if (!timeout.is_none()) {
+    if (!py::isinstance<py::float_>(timeout) && !PyIndex_Check(timeout.ptr()))
+      throw py::type_error("Worker.finalize: timeout must be a number of seconds or None, got " +
+                           type_name(timeout));
+    limit = timeout.cast<double>();
+    if (!(limit >= 0))
+      throw Error(ErrorCode::invalid_argument,
+                  "Worker.finalize: timeout must be >= 0 seconds, got " +
+                      py::repr(timeout).cast<std::string>());
+  }
+  if (wait) wait_for_views(w, limit);
   w.require_no_views("finalize the worker");
   // Buffers without views are released one by one (so they read as closed), then the
   // worker reclaims whatever else it handed out.
   std::vector<PyBuffer*> open(w.buffers.begin(), w.buffers.end());
   for (PyBuffer* buffer : open) buffer->close();
   for (auto* binder : w.binders) binder->reset();
-  py::gil_scoped_release nogil;
+  GilReleased nogil;
   w.worker.finalize();
 }
 
@@ -248,13 +348,109 @@ std::string stats_repr(const WorkerStats& s) {
   out << "WorkerStats(pinned_bytes=" << s.pinned_bytes << ", pinned_count=" << s.pinned_count
       << ", device_bytes=" << s.device_bytes << ", device_count=" << s.device_count
       << ", device_committed_bytes=" << s.device_committed_bytes
-      << ", device_capacity_bytes=" << s.device_capacity_bytes << ")";
+      << ", device_capacity_bytes=" << s.device_capacity_bytes
+      << ", failed_free_count=" << s.failed_free_count << ", free_failures=" << s.free_failures
+      << ", pageable_fallback_count=" << s.pageable_fallback_count << ")";
   return out.str();
 }
 
 }  // namespace
 
-void bind_worker(py::module_& m) {
+namespace {
+
+// A DLPack device argument: a pair whose items have __index__ (ints or an IntEnum such as
+// the array API's DLDeviceType), or Enums whose .value is an int.
+std::pair<int64_t, int64_t> device_arg(const py::object& value) {
+  auto item = [](py::handle v, const char* what) {
+    py::object x = py::reinterpret_borrow<py::object>(v);
+    if (!PyIndex_Check(x.ptr()) && py::hasattr(x, "value")) x = x.attr("value");
+    return int_arg(x, std::string("__dlpack__: dl_device ") + what);
+  };
+  if (!py::isinstance<py::sequence>(value) || py::isinstance<py::str>(value) || py::len(value) != 2)
+    throw py::type_error(
+        "__dlpack__: dl_device must be a (device_type, device_id) pair, e.g. (1, 0), got " +
+        py::repr(value).cast<std::string>());
+  auto seq = value.cast<py::sequence>();
+  return {item(seq[0], "device_type"), item(seq[1], "device_id")};
+}
+
+// The DLPack device to export `b` as, for the consumer's dl_device (None: kDLCPU).
+DLDevice export_device(const PyBuffer& b, const py::object& dl_device) {
+  if (dl_device.is_none()) return DLDevice{kDLCPU, 0};
+  const auto [type, id] = device_arg(dl_device);
+  const auto& caps = b.worker->worker.capabilities();
+  const bool cuda_host = !caps.device_memory_is_host && caps.pinned_is_page_locked;
+  if (type != kDLCPU && !(type == kDLCUDAHost && cuda_host))
+    throw py::buffer_error("cannot export a PinnedHostBuffer of backend '" +
+                           b.worker->worker.backend().name + "' to DLPack device type " +
+                           std::to_string(type) +
+                           " (kDLCPU = 1 always; kDLCUDAHost = 3 for the cuda backend)");
+  if (id != 0)
+    throw py::buffer_error("cannot export a PinnedHostBuffer to DLPack device (" +
+                           std::to_string(type) + ", " + std::to_string(id) +
+                           "): host memory has device id 0 only");
+  return DLDevice{static_cast<int32_t>(type), 0};
+}
+
+// True when max_version asks for DLPack >= 1.0 (a (major, minor) pair; None: no).
+bool wants_versioned(const py::object& max_version) {
+  if (max_version.is_none()) return false;
+  if (!py::isinstance<py::tuple>(max_version) || py::len(max_version) != 2)
+    throw py::type_error("__dlpack__: max_version must be a (major, minor) tuple or None, got " +
+                         py::repr(max_version).cast<std::string>());
+  auto t = max_version.cast<py::tuple>();
+  return int_arg(t[0], "__dlpack__: max_version major") >= 1;
+}
+
+py::capsule buffer_dlpack(py::object self, const py::object& stream, const py::object& max_version,
+                          const py::object& dl_device, const py::object& copy) {
+  (void)stream;  // host memory: nothing is queued, so no stream to order against
+  auto& b = self.cast<PyBuffer&>();
+  b.require_open("__dlpack__");
+  DLPackRequest request;
+  request.versioned = wants_versioned(max_version);
+  if (!copy.is_none()) {
+    if (!py::isinstance<py::bool_>(copy))
+      throw py::type_error("__dlpack__: copy must be True, False or None, got " + type_name(copy));
+    request.copy = copy.cast<bool>();
+  }
+  const DLDevice device = export_device(b, dl_device);
+  return export_dlpack(self, &b, b.buffer.data(), DLDataType{kDLUInt, 8, 1},
+                       {static_cast<int64_t>(b.nbytes)}, device, request);
+}
+
+// Installs the buffer slots before the type is readied (so Python 3.12+ derives
+// __buffer__ from them); pybind11's own slots only serve def_buffer().
+void buffer_type_setup(PyHeapTypeObject* heap) {
+  heap->as_buffer.bf_getbuffer = &get_buffer;
+  heap->as_buffer.bf_releasebuffer = &release_buffer;
+  heap->ht_type.tp_as_buffer = &heap->as_buffer;
+}
+
+py::object alloc_pinned(py::object self, const py::object& nbytes) {
+  auto& w = self.cast<PyWorker&>();
+  const int64_t n = int_arg(nbytes, "alloc_pinned_host: nbytes");
+  if (n < 1)
+    throw Error(ErrorCode::invalid_argument,
+                "alloc_pinned_host: nbytes must be >= 1, got " + std::to_string(n));
+  if (w.finalized_early)
+    throw Error(ErrorCode::finalized, "alloc_pinned_host: the worker was finalized");
+  PinnedHostBuffer buffer;
+  {
+    // Busy: finalize() refuses until the buffer is registered, so it can never reclaim
+    // memory that is about to become a PinnedHostBuffer.
+    Busy busy(&w);
+    GilReleased nogil;  // pre-faulting and locking take time
+    buffer = w.worker.alloc_pinned_host(static_cast<size_t>(n));
+  }
+  return py::cast(std::make_unique<PyBuffer>(self, &w, std::move(buffer)));
+}
+
+const char* state_name(const PyWorker& w) {
+  return w.worker.initialized() ? "initialized" : w.finalized() ? "finalized" : "not initialized";
+}
+
+void bind_info(py::module_& m) {
   py::class_<Capabilities>(m, "Capabilities", "What the worker's backend can do.")
       .def_readonly("pinned_is_page_locked", &Capabilities::pinned_is_page_locked)
       .def_readonly("async_copy", &Capabilities::async_copy)
@@ -266,7 +462,6 @@ void bind_worker(py::module_& m) {
                ", async_copy=" + b(c.async_copy) + ", execute=" + b(c.execute) +
                ", device_memory_is_host=" + b(c.device_memory_is_host) + ")";
       });
-
   py::class_<WorkerStats>(m, "WorkerStats", "Outstanding allocations of a worker.")
       .def_readonly("pinned_bytes", &WorkerStats::pinned_bytes)
       .def_readonly("pinned_count", &WorkerStats::pinned_count)
@@ -274,40 +469,61 @@ void bind_worker(py::module_& m) {
       .def_readonly("device_count", &WorkerStats::device_count)
       .def_readonly("device_committed_bytes", &WorkerStats::device_committed_bytes)
       .def_readonly("device_capacity_bytes", &WorkerStats::device_capacity_bytes)
+      .def_readonly("failed_free_count", &WorkerStats::failed_free_count)
+      .def_readonly("failed_free_bytes", &WorkerStats::failed_free_bytes)
+      .def_readonly("free_failures", &WorkerStats::free_failures)
+      .def_readonly("pageable_fallback_count", &WorkerStats::pageable_fallback_count)
+      .def_readonly("pageable_fallback_bytes", &WorkerStats::pageable_fallback_bytes)
+      .def_readonly("pageable_fallbacks", &WorkerStats::pageable_fallbacks)
       .def("__repr__", &stats_repr);
+}
 
-  py::class_<PyWorker>(m, "Worker", "One device through a backend plugin, and its pinned memory.")
-      .def(py::init([](const std::string& level, const std::string& backend, int device_id,
-                       bool initialize, const py::kwargs& kwargs) {
-             auto w = std::make_unique<PyWorker>(parse_worker_level(level), backend, device_id,
-                                                 parse_options(kwargs));
-             if (initialize) init_worker(*w);
-             return w;
-           }),
-           py::arg("level") = "chip", py::arg("backend") = "sim", py::arg("device_id") = 0,
-           py::kw_only(), py::arg("initialize") = true)
-      .def("init", &init_worker)
-      .def("finalize", &finalize_worker)
+void bind_worker_lifetime(py::class_<PyWorker>& c) {
+  c.def(py::init([](const std::string& level, const std::string& backend,
+                    const py::object& device_id, bool initialize, const py::kwargs& kwargs) {
+          const int64_t id = int_arg(device_id, "Worker: device_id");
+          // Negative ids reach the C++ check ("device id must be >= 0").
+          if (id < INT32_MIN || id > INT32_MAX)
+            throw Error(ErrorCode::invalid_argument,
+                        "Worker: device id must be in [0, 2**31 - 1], got " + std::to_string(id));
+          auto w = std::make_unique<PyWorker>(parse_worker_level(level), backend,
+                                              static_cast<int>(id), parse_options(kwargs));
+          if (initialize) init_worker(*w);
+          return w;
+        }),
+        py::arg("level") = "chip", py::arg("backend") = "sim", py::arg("device_id") = 0,
+        py::kw_only(), py::arg("initialize") = true,
+        "Worker(level: str = 'chip', backend: str = 'sim', device_id: int = 0, *, "
+        "initialize: bool = True, **options) -> None\n\nOne device through a backend plugin. "
+        "options: device_capacity_bytes (int), plugin_path (str), config (dict[str, str]).")
+      .def("init", &init_worker, "init() -> None\n\nLoads the plugin and creates the context.")
+      .def("finalize", &finalize_worker, py::arg("wait") = false, py::arg("timeout") = py::none(),
+           "finalize(wait: bool = False, timeout: float | None = None) -> None\n\n"
+           "Terminal and idempotent. BufferError naming the holders while views of the "
+           "worker's pinned memory exist; with wait=True first waits (collecting garbage) "
+           "for them to go, up to timeout seconds (None: no limit).")
       .def("__enter__",
            [](py::object self) {
              auto& w = self.cast<PyWorker&>();
-             if (!w.worker.initialized() && !w.worker.finalized()) init_worker(w);
+             if (!w.worker.initialized()) init_worker(w);  // Error(finalized) if it was
              return self;
            })
-      .def("__exit__",
-           [](PyWorker& w, py::handle exc_type, py::handle, py::handle) {
-             // With an exception already on its way, leave a worker whose memory is still
-             // viewed alone (it finalizes when its last reference goes) rather than hide
-             // that exception behind a BufferError.
-             int64_t holders = 0, views = 0;
-             w.count_views(&holders, &views);
-             if (!exc_type.is_none() && (views > 0 || w.busy > 0)) return false;
-             finalize_worker(w);
-             return false;
-           })
-      .def_property_readonly("initialized",
-                             [](const PyWorker& w) { return w.worker.initialized(); })
-      .def_property_readonly("finalized", [](const PyWorker& w) { return w.worker.finalized(); })
+      .def("__exit__", [](PyWorker& w, py::handle exc_type, py::handle, py::handle) {
+        // With an exception already on its way, leave a worker whose memory is still
+        // viewed alone (it finalizes when its last reference goes) rather than hide
+        // that exception behind a BufferError.
+        int64_t holders = 0, views = 0;
+        w.count_views(&holders, &views);
+        if (!exc_type.is_none() && (views > 0 || w.busy > 0)) return false;
+        finalize_worker(w, false, py::none());
+        return false;
+      });
+}
+
+void bind_worker_class(py::class_<PyWorker>& c) {
+  bind_worker_lifetime(c);
+  c.def_property_readonly("initialized", [](const PyWorker& w) { return w.worker.initialized(); })
+      .def_property_readonly("finalized", &PyWorker::finalized)
       .def_property_readonly("level",
                              [](const PyWorker& w) { return worker_level_name(w.worker.level()); })
       .def_property_readonly("backend",
@@ -320,7 +536,9 @@ void bind_worker(py::module_& m) {
       .def_property_readonly("device_id", [](const PyWorker& w) { return w.device_id; })
       .def_property_readonly("capabilities",
                              [](const PyWorker& w) { return w.worker.capabilities(); })
-      .def("stats", [](const PyWorker& w) { return w.worker.stats(); })
+      .def(
+          "stats", [](const PyWorker& w) { return w.worker.stats(); },
+          "stats() -> WorkerStats\n\nOutstanding allocations.")
       .def_property_readonly("live_views",
                              [](const PyWorker& w) {
                                int64_t holders = 0, views = 0;
@@ -328,112 +546,94 @@ void bind_worker(py::module_& m) {
                                return views;
                              })
       .def_property_readonly("open_buffers", [](const PyWorker& w) { return w.buffers.size(); })
-      .def(
-          "alloc_pinned_host",
-          [](py::object self, const py::object& nbytes) {
-            auto& w = self.cast<PyWorker&>();
-            const int64_t n = int_arg(nbytes, "alloc_pinned_host: nbytes");
-            if (n < 1)
-              throw Error(ErrorCode::invalid_argument,
-                          "alloc_pinned_host: nbytes must be >= 1, got " + std::to_string(n));
-            const auto bytes = static_cast<size_t>(n);
-            PinnedHostBuffer buffer;
-            {
-              py::gil_scoped_release nogil;  // pre-faulting and locking take time
-              buffer = w.worker.alloc_pinned_host(bytes);
-            }
-            return std::make_unique<PyBuffer>(self, &w, std::move(buffer));
-          },
-          py::arg("nbytes"))
+      .def_property_readonly("busy_calls", [](const PyWorker& w) { return w.busy; })
+      .def("alloc_pinned_host", &alloc_pinned, py::arg("nbytes"),
+           "alloc_pinned_host(nbytes: int) -> PinnedHostBuffer\n\nA new PinnedHostBuffer of "
+           "nbytes (>= 1) bytes; the GIL is released while it pins.")
       .def(
           "inject_fault",
-          [](PyWorker& w, const std::string& kind, uint64_t nth) {
-            w.worker.inject_fault(parse_fault_kind(kind), nth);
+          [](PyWorker& w, const py::object& kind, const py::object& nth) {
+            const int64_t n = int_arg(nth, "inject_fault: nth");
+            if (n < 1)
+              throw Error(ErrorCode::invalid_argument,
+                          "inject_fault: nth must be >= 1, got " + std::to_string(n));
+            w.worker.inject_fault(parse_fault_kind(str_arg(kind, "inject_fault: kind")),
+                                  static_cast<uint64_t>(n));
           },
-          py::arg("kind"), py::arg("nth") = 1)
+          py::arg("kind"), py::arg("nth") = 1,
+          "inject_fault(kind: str, nth: int = 1) -> None\n\nTests: the nth next backend call "
+          "of kind fails.")
       .def("__repr__", [](const PyWorker& w) {
-        const char* state = w.worker.initialized() ? "initialized"
-                            : w.worker.finalized() ? "finalized"
-                                                   : "not initialized";
         return std::string("<pinstage.Worker level=") + worker_level_name(w.worker.level()) +
                " backend=" + w.backend_name + " device_id=" + std::to_string(w.device_id) + " " +
-               state + ">";
+               state_name(w) + ">";
       });
+}
 
-  auto buffer_class =
-      py::class_<PyBuffer>(m, "PinnedHostBuffer", py::buffer_protocol(),
-                           "Pinned host memory of a Worker: writable 1-D bytes through the "
-                           "buffer protocol and DLPack.")
-          .def_property_readonly("nbytes", [](const PyBuffer& b) { return b.nbytes; })
-          .def("__len__", [](const PyBuffer& b) { return b.nbytes; })
-          .def_property_readonly("closed", [](const PyBuffer& b) { return !b.open(); })
-          .def_property_readonly("live_views", [](const PyBuffer& b) { return b.views; })
-          .def_property_readonly("worker", [](const PyBuffer& b) { return b.worker_obj; })
-          .def("close", &PyBuffer::close)
-          .def("__enter__", [](py::object self) { return self; })
-          .def("__exit__",
-               [](PyBuffer& b, py::handle exc_type, py::handle, py::handle) {
-                 if (!exc_type.is_none() && b.views > 0) return false;
-                 b.close();
-                 return false;
-               })
-          .def(
-              "__dlpack__",
-              [](py::object self, py::object stream, py::object max_version, py::object dl_device,
-                 py::object copy) {
-                (void)stream;       // host memory: nothing is queued, so no stream to order against
-                (void)max_version;  // always the unversioned capsule, which every consumer takes
-                auto& b = self.cast<PyBuffer&>();
-                b.require_open("__dlpack__");
-                if (!copy.is_none() && copy.cast<bool>())
-                  throw py::buffer_error("PinnedHostBuffer exports are zero-copy only (copy=True)");
-                DLDevice device{kDLCPU, 0};
-                if (!dl_device.is_none()) {
-                  const auto wanted = dl_device.cast<std::pair<int, int>>();
-                  const bool cuda_host = wanted.first == kDLCUDAHost &&
-                                         !b.worker->worker.capabilities().device_memory_is_host &&
-                                         b.worker->worker.capabilities().pinned_is_page_locked;
-                  if (wanted.first == kDLCUDAHost && cuda_host)
-                    device = DLDevice{kDLCUDAHost, 0};
-                  else if (wanted.first != kDLCPU)
-                    throw py::buffer_error(
-                        "cannot export a PinnedHostBuffer of backend '" +
-                        b.worker->worker.backend().name + "' to DLPack device type " +
-                        std::to_string(wanted.first) +
-                        " (kDLCPU = 1 always; kDLCUDAHost = 3 for the cuda backend)");
-                }
-                return export_dlpack(self, &b, b.buffer.data(), DLDataType{kDLUInt, 8, 1},
-                                     {static_cast<int64_t>(b.nbytes)}, device);
-              },
-              py::arg("stream") = py::none(), py::kw_only(), py::arg("max_version") = py::none(),
-              py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
-          .def("__dlpack_device__",
-               [](const PyBuffer& b) {
-                 b.require_open("__dlpack_device__");
-                 return py::make_tuple(static_cast<int>(kDLCPU), 0);
-               })
-          .def("__repr__", [](const PyBuffer& b) {
-            return std::string("<pinstage.PinnedHostBuffer nbytes=") + std::to_string(b.nbytes) +
-                   (b.open() ? "" : " closed") + " views=" + std::to_string(b.views) + ">";
-          });
-  // pybind11's buffer slots only serve def_buffer(); these count views and refuse a
-  // closed buffer.
-  auto* type = reinterpret_cast<PyTypeObject*>(buffer_class.ptr());
-  type->tp_as_buffer->bf_getbuffer = &get_buffer;
-  type->tp_as_buffer->bf_releasebuffer = &release_buffer;
-  PyType_Modified(type);
+void bind_buffer_class(py::class_<PyBuffer>& c) {
+  c.def_property_readonly("nbytes", [](const PyBuffer& b) { return b.nbytes; })
+      .def("__len__", [](const PyBuffer& b) { return b.nbytes; })
+      .def_property_readonly("closed", [](const PyBuffer& b) { return !b.open(); })
+      .def_property_readonly("live_views", [](const PyBuffer& b) { return b.views; })
+      .def_property_readonly("worker", [](const PyBuffer& b) { return b.worker_obj; })
+      .def("close", &PyBuffer::close,
+           "close() -> None\n\nReleases the memory now; BufferError while views exist.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__",
+           [](PyBuffer& b, py::handle exc_type, py::handle, py::handle) {
+             if (!exc_type.is_none() && b.views > 0) return false;
+             b.close();
+             return false;
+           })
+      .def("__dlpack__", &buffer_dlpack, py::arg("stream") = py::none(), py::kw_only(),
+           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
+           py::arg("copy") = py::none(),
+           "__dlpack__(stream=None, *, max_version: tuple[int, int] | None = None, "
+           "dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> "
+           "types.CapsuleType\n\nA DLPack capsule of the bytes: 'dltensor_versioned' (DLPack "
+           "1.0) when max_version >= (1, 0), else 'dltensor'; copy=True gives a private "
+           "copy.")
+      .def("__dlpack_device__",
+           [](const PyBuffer& b) {
+             b.require_open("__dlpack_device__");
+             return py::make_tuple(static_cast<int>(kDLCPU), 0);
+           })
+      .def("__repr__", [](const PyBuffer& b) {
+        return std::string("<pinstage.PinnedHostBuffer nbytes=") + std::to_string(b.nbytes) +
+               (b.open() ? "" : " closed") + " views=" + std::to_string(b.views) + ">";
+      });
+}
+
+}  // namespace
+
+void bind_worker(py::module_& m) {
+  bind_info(m);
+  // Both classes first, then their methods: docstrings then name the Python types.
+  py::class_<PyWorker> worker(m, "Worker",
+                              "One device through a backend plugin, and its pinned memory.");
+  py::class_<PyBuffer> buffer(m, "PinnedHostBuffer", py::is_final(),
+                              py::custom_type_setup(&buffer_type_setup),
+                              "Pinned host memory of a Worker: writable 1-D bytes through the "
+                              "buffer protocol and DLPack.");
+  bind_worker_class(worker);
+  bind_buffer_class(buffer);
 
   // The Worker whose open buffer holds [address, address + nbytes), or None (internal:
   // how is_pinned() and TaskArgs tell pinned tensors apart).
   m.def("_pinned_owner", [](uintptr_t address, uint64_t nbytes) -> py::object {
-    PyBuffer* buffer = find_pinned(reinterpret_cast<const void*>(address), nbytes);
-    return buffer ? buffer->worker_obj : py::object(py::none());
+    PyBuffer* found = find_pinned(reinterpret_cast<const void*>(address), nbytes);
+    return found ? found->worker_obj : py::object(py::none());
   });
 
   m.def(
       "require_chip_worker",
-      [](const PyWorker& w, const std::string& who) { require_chip_worker(w.worker, who); },
-      py::arg("worker"), py::arg("who"));
+      [](const py::object& w, const py::object& who) {
+        require_chip_worker(as_worker(w, "require_chip_worker").worker,
+                            str_arg(who, "require_chip_worker: who"));
+      },
+      py::arg("worker"), py::arg("who"),
+      "require_chip_worker(worker: Worker, who: str) -> None\n\nInvalidArgumentError unless "
+      "worker is an initialized chip-level Worker.");
 }
 
 }  // namespace pinstage::python

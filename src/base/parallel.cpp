@@ -6,9 +6,11 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "pinstage/error.h"
 #include "pinstage/settings.h"
 
 namespace pinstage {
@@ -21,17 +23,24 @@ thread_local bool t_in_job = false;
 // A fixed set of threads that run one job at a time; the caller works too.
 class Pool {
  public:
+  // All `workers` threads start, or none stay: a partial start joins the ones that did
+  // and throws (unwinding with joinable threads would terminate or hang).
   explicit Pool(int workers) {
-    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { loop(); });
-  }
-  ~Pool() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
+    try {
+      threads_.reserve(static_cast<size_t>(workers));
+      for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { loop(); });
+    } catch (const std::exception& e) {
+      const size_t started = threads_.size();
+      stop_all();
+      throw Error(ErrorCode::out_of_memory, "the thread pool could not start thread " +
+                                                std::to_string(started + 1) + " of " +
+                                                std::to_string(workers) + " (" + e.what() +
+                                                "); lower PINSTAGE_NUM_THREADS (now " +
+                                                std::to_string(default_thread_count()) +
+                                                " threads) or raise the memory or thread limit");
     }
-    wake_.notify_all();
-    for (auto& t : threads_) t.join();
   }
+  ~Pool() { stop_all(); }
   int size() const { return static_cast<int>(threads_.size()) + 1; }
 
   void run(size_t chunks, const std::function<void(size_t)>& chunk_fn) {
@@ -56,6 +65,16 @@ class Pool {
   }
 
  private:
+  void stop_all() noexcept {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
   void loop() {
     t_in_job = true;
     uint64_t seen = 0;
@@ -107,9 +126,12 @@ class Pool {
   std::exception_ptr error_;
 };
 
+// Never destroyed: at process exit, threads the program never joined (Python daemon
+// threads in a bind) may still be inside run(); destroying the pool under them would
+// join, or tear down locked mutexes, while they wait on it.
 Pool& pool() {
-  static Pool instance(default_thread_count() - 1);
-  return instance;
+  static Pool* instance = new Pool(default_thread_count() - 1);
+  return *instance;
 }
 
 }  // namespace

@@ -28,6 +28,11 @@ constexpr SettingInfo kSettings[] = {
      "ask the generator for a slower kernel set (default: the best this CPU has)"},
     {Setting::golden_isa, "PINSTAGE_GOLDEN_ISA", "generic|avx2|avx512",
      "ask the golden for a kernel set (default: the best this CPU has)"},
+    {Setting::acl_library, "PINSTAGE_ACL_LIBRARY", "a path to libascendcl.so",
+     "the Ascend runtime the acl backend loads; when set, the only one tried (docs/acl.md)"},
+    {Setting::pin_policy, "PINSTAGE_PIN_POLICY", "strict|fallback",
+     "a pinned request over the pin budget (RLIMIT_MEMLOCK, cgroup memory.max, available "
+     "memory) fails (strict, the default) or gets pageable memory with a warning (fallback)"},
 };
 
 [[noreturn]] void bad(std::string_view what, std::string_view text, const std::string& why) {
@@ -164,6 +169,7 @@ void check_settings() {
       case Setting::log:
       case Setting::gen_isa:
       case Setting::golden_isa:
+      case Setting::pin_policy:
         setting_choice(s.id);
         break;
       case Setting::num_threads:
@@ -174,6 +180,9 @@ void check_settings() {
         break;
       case Setting::sim_fault:
         setting_sim_faults();
+        break;
+      case Setting::acl_library:
+        setting_text(s.id);  // any non-empty path; the acl backend reports a bad one
         break;
     }
   }

@@ -20,7 +20,10 @@ std::string fmt(const char* format, double value) {
   return buf;
 }
 
-std::string pct(double fraction) { return fmt("%+.1f%%", fraction * 100.0); }
+// "1 group", "5 groups".
+std::string count(size_t n, const char* noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
 
 std::string cell(const std::string& s, size_t width, bool left = false) {
   if (s.size() >= width) return s + " ";
@@ -38,16 +41,16 @@ std::string header(const BenchResult& r) {
            (r.description.empty() ? "" : ", " + r.description);
   else
     out += "A/B bind benchmark: backend " + r.backend;
-  out += ", " + std::to_string(r.threads) + " copy thread" + (r.threads == 1 ? "" : "s") + "\n";
-  if (!r.plan.reason.empty()) out += r.plan.reason + "\n";
+  out += ", " + count(static_cast<size_t>(r.threads), "copy thread") + "\n";
+  // The plan's reason is printed by the command when it starts, not repeated here.
   out +=
-      "args: " + std::to_string(r.sizes.tensors) + " tensors, " +
-      std::to_string(r.sizes.input_tensors) + " inputs, " + format_thousands(r.sizes.input_bytes) +
-      " bytes per bind; " + std::to_string(r.config.groups) + " groups x " +
-      std::to_string(r.config.rounds) + " rounds per arm, " +
+      "args: " + count(r.sizes.tensors, "tensor") + ", " + count(r.sizes.input_tensors, "input") +
+      ", " + format_bytes(r.sizes.input_bytes) + " per bind; " +
+      count(r.stats.groups.size(), "group") + " x " +
+      count(static_cast<size_t>(r.config.rounds), "round") + " per arm, " +
       (r.config.keep_cold ? "cold round kept"
                           : "cold round dropped (" + std::to_string(s.rounds_used) + " measured)") +
-      "\n";
+      "; uploads verified once per group, untimed\n";
   if (r.config.baseline)
     out +=
         "memcpy baseline: a plain all-cores memcpy of the same bytes from the arm's host "
@@ -56,21 +59,23 @@ std::string header(const BenchResult& r) {
   return out + "\n";
 }
 
-// Per group and arm: min latency, GB/s, reduction, upload and memcpy GB/s.
+// Per group and arm: min bind latency, its allocation part, the transport (upload GB/s)
+// and the memcpy baseline, with the bind latency against the reference.
 std::string group_table(const BenchResult& r, const std::string& ref) {
   const Stats& s = r.stats;
   const auto& arms = r.config.arms;
   const bool baseline = r.config.baseline;
-  std::string out = cell("group", 6) + "  " + cell("arm", 9, true) + cell("min ms", 10) +
-                    cell("GB/s", 8) + cell("vs " + ref, 13) + cell("upload GB/s", 13);
+  std::string out = cell("group", 6) + "  " + cell("arm", 9, true) + cell("bind ms", 10) +
+                    cell("vs " + ref, 16) + cell("alloc ms", 10) + cell("upload GB/s", 13);
   if (baseline) out += cell("memcpy GB/s", 13) + cell("up/memcpy", 11);
   out += "\n";
   for (size_t g = 0; g < s.groups.size(); ++g) {
     for (size_t a = 0; a < arms.size(); ++a) {
       const GroupArmStats& ga = s.groups[g][a];
       out += cell(std::to_string(g + 1), 6) + "  " + cell(arm_name(arms[a]), 9, true) +
-             cell(fmt("%.2f", ga.min_seconds * 1e3), 10) + cell(fmt("%.2f", ga.gbps), 8) +
-             cell(a == s.reference ? "-" : pct(ga.reduction), 13) +
+             cell(fmt("%.2f", ga.min_seconds * 1e3), 10) +
+             cell(a == s.reference ? "-" : describe_reduction(ga.reduction), 16) +
+             cell(fmt("%.2f", ga.alloc_min_seconds * 1e3), 10) +
              cell(fmt("%.2f", ga.upload_gbps), 13);
       if (baseline)
         out += cell(fmt("%.2f", ga.memcpy_gbps), 13) + cell(fmt("%.3fx", ga.upload_vs_memcpy), 11);
@@ -85,26 +90,28 @@ std::string across_table(const BenchResult& r, const std::string& ref) {
   const Stats& s = r.stats;
   const auto& arms = r.config.arms;
   const bool baseline = r.config.baseline;
-  std::string out = "\nacross " + std::to_string(s.groups.size()) +
-                    " groups (range of the per-group minimum; reduction = lower bind latency "
-                    "than " +
+  std::string out = "\nacross " + count(s.groups.size(), "group") +
+                    " (range of the per-group minimum bind latency; faster/slower = bind "
+                    "latency against " +
                     ref + "):\n";
-  out += cell("arm", 9, true) + cell("min-max ms", 20) + cell("GB/s", 16) +
-         cell("median red.", 13) + cell("conservative", 14) + cell("direction", 14);
+  out += cell("arm", 9, true) + cell("bind min-max ms", 20) + cell("median", 16) +
+         cell("conservative", 16) + cell("agree", 10) + cell("alloc ms", 10) +
+         cell("upload GB/s", 13);
   if (baseline) out += cell("up/memcpy med", 15) + cell("worst", 8);
   out += "\n";
   for (size_t a = 0; a < arms.size(); ++a) {
     const ArmSummary& as = s.arms[a];
     const bool is_ref = a == s.reference;
-    out += cell(as.arm, 9, true) +
-           cell(fmt("%.2f", as.min_seconds * 1e3) + "-" + fmt("%.2f", as.max_seconds * 1e3), 20) +
-           cell(fmt("%.2f", as.min_gbps) + "-" + fmt("%.2f", as.max_gbps), 16) +
-           cell(is_ref ? "(reference)" : pct(as.median_reduction), 13) +
-           cell(is_ref ? "-" : pct(as.conservative_reduction), 14) +
-           cell(is_ref ? "-"
-                       : std::to_string(as.groups_agreeing) + " of " +
-                             std::to_string(s.groups.size()) + " agree",
-                14);
+    out +=
+        cell(as.arm, 9, true) +
+        cell(fmt("%.2f", as.min_seconds * 1e3) + "-" + fmt("%.2f", as.max_seconds * 1e3), 20) +
+        cell(is_ref ? "(reference)" : describe_reduction(as.median_reduction), 16) +
+        cell(is_ref ? "-" : describe_reduction(as.conservative_reduction), 16) +
+        cell(is_ref ? "-"
+                    : std::to_string(as.groups_agreeing) + " of " + std::to_string(s.groups.size()),
+             10) +
+        cell(fmt("%.2f", as.median_alloc_seconds * 1e3), 10) +
+        cell(fmt("%.2f", as.median_upload_gbps), 13);
     if (baseline)
       out += cell(fmt("%.3fx", as.median_upload_vs_memcpy), 15) +
              cell(fmt("%.3fx", as.worst_upload_vs_memcpy), 8);
@@ -142,22 +149,23 @@ std::string summary_lines(const BenchResult& r, const std::string& ref) {
   for (size_t a = 0; a < r.config.arms.size(); ++a) {
     if (a == s.reference) continue;
     const ArmSummary& as = s.arms[a];
-    const bool faster = as.median_reduction >= 0.0;
-    out += "  " + as.arm + " vs " + ref + ": median " +
-           fmt("%.1f%%", std::abs(as.median_reduction) * 100) + (faster ? " lower" : " higher") +
-           " bind latency (paired over " + std::to_string(s.groups.size()) +
-           " groups), most conservative " + pct(as.conservative_reduction) + ", " +
-           (as.direction_agrees
-                ? "every group agrees in direction"
-                : std::to_string(as.groups_agreeing) + " of " + std::to_string(s.groups.size()) +
-                      " groups agree in direction (not conclusive)") +
-           "\n";
+    const ArmSummary& rs = s.arms[s.reference];
+    out += "  " + as.arm + " is " + describe_reduction(as.median_reduction) + " than " + ref +
+           " in bind latency (median of " + count(s.groups.size(), "paired group") +
+           "; most conservative: " + describe_reduction(as.conservative_reduction) + "); " +
+           std::to_string(as.groups_agreeing) + " of " + std::to_string(s.groups.size()) +
+           " agree: " + (as.conclusive ? "conclusive" : "not conclusive") + "\n";
+    out += "    upload " + fmt("%.2f", as.median_upload_gbps) + " GB/s vs " +
+           fmt("%.2f", rs.median_upload_gbps) + " GB/s; allocation " +
+           fmt("%.2f", as.median_alloc_seconds * 1e3) + " ms vs " +
+           fmt("%.2f", rs.median_alloc_seconds * 1e3) + " ms (medians)\n";
   }
   if (r.config.baseline) out += upload_lines(r);
   if (r.backend == "sim")
     out +=
-        "  note: on sim, device memory is host memory, so the pinned/pageable gap (a "
-        "device-link effect) is expected to be small here.\n";
+        "  note: sim copies pageable memory through its driver's pinned bounce buffers and "
+        "pinned memory directly, as the CUDA and ACL drivers do (docs/worker.md, \"sim "
+        "semantics\").\n";
   return out;
 }
 
@@ -198,6 +206,20 @@ json config_json(const BenchResult& r) {
   return config;
 }
 
+json tensors_json(const std::vector<TensorBindReport>& tensors) {
+  json rows = json::array();
+  for (const TensorBindReport& t : tensors)
+    rows.push_back({{"name", t.name},
+                    {"direction", direction_name(t.direction)},
+                    {"pinned", t.pinned},
+                    {"path", upload_path_name(t.path)},
+                    {"bytes", t.bytes},
+                    {"upload_seconds", t.upload_seconds},
+                    {"upload_gbps", t.upload_gbps()},
+                    {"download_seconds", t.download_seconds}});
+  return rows;
+}
+
 json groups_json(const BenchResult& r) {
   const Stats& s = r.stats;
   json groups = json::array();
@@ -223,12 +245,15 @@ json groups_json(const BenchResult& r) {
                        {"bind_summary", run.bind_summary},
                        {"binds", binds},
                        {"memcpy_seconds", run.memcpy_seconds},
+                       {"verified", run.verified},
+                       {"tensors", tensors_json(run.tensors)},
                        {"stats",
                         {{"min_seconds", ga.min_seconds},
                          {"gbps", ga.gbps},
                          {"reduction", ga.reduction},
                          {"upload_min_seconds", ga.upload_min_seconds},
                          {"upload_gbps", ga.upload_gbps},
+                         {"alloc_min_seconds", ga.alloc_min_seconds},
                          {"memcpy_min_seconds", ga.memcpy_min_seconds},
                          {"memcpy_gbps", ga.memcpy_gbps},
                          {"upload_vs_memcpy", ga.upload_vs_memcpy}}}});
@@ -251,6 +276,10 @@ json summary_json(const Stats& s) {
                        {"conservative_reduction", as.conservative_reduction},
                        {"groups_agreeing", as.groups_agreeing},
                        {"direction_agrees", as.direction_agrees},
+                       {"conclusive", as.conclusive},
+                       {"verdict", describe_reduction(as.median_reduction)},
+                       {"median_alloc_seconds", as.median_alloc_seconds},
+                       {"median_upload_gbps", as.median_upload_gbps},
                        {"median_upload_vs_memcpy", as.median_upload_vs_memcpy},
                        {"worst_upload_vs_memcpy", as.worst_upload_vs_memcpy}});
   return {{"rounds_used", s.rounds_used}, {"upload_target", kUploadTarget}, {"arms", summary}};
@@ -262,6 +291,7 @@ std::string to_json(const BenchResult& r) {
   json doc;
   doc["benchmark"] =
       r.task.empty() ? std::string("A/B bind benchmark") : "pinstage bench " + r.task;
+  doc["run"] = json::parse(run_info_json(r.run));
   doc["config"] = config_json(r);
   doc["memory"] = {{"host_budget_bytes", r.plan.host_budget},
                    {"host_args_bytes", r.plan.need.host_args},

@@ -1,7 +1,5 @@
 // A/B benchmark configuration: arm names, validation, and the automatic size.
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -189,21 +187,6 @@ void validate(const BenchConfig& config) {
                 "the size is " + std::to_string(config.size) +
                     "; it must be at least 1 (or omitted for the automatic size)");
   validate(config.bind);
-}
-
-uint64_t read_mem_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (in && std::getline(in, line)) {
-    if (line.rfind("MemAvailable:", 0) != 0) continue;
-    std::istringstream fields(line.substr(13));
-    uint64_t kb = 0;
-    std::string unit;
-    if (fields >> kb >> unit && unit == "kB") return kb * 1024;
-    break;
-  }
-  throw Error(ErrorCode::io,
-              "cannot read MemAvailable from /proc/meminfo; pass the size explicitly");
 }
 
 MemoryNeed memory_need(const BenchConfig& config, const BenchTask& task, int64_t size,

@@ -78,6 +78,21 @@ class Steps {
   Progress prog_;
 };
 
+// One untimed bind that reads every input back and compares it with its host bytes, so
+// that an upload delivering wrong bytes fails the bench instead of timing well.
+void verify_arm(Worker& worker, BindOptions options, const TaskArgs& args, Arm arm, int g) {
+  options.verify_upload = true;
+  Binder binder(worker, options);
+  try {
+    binder.run(args);
+  } catch (const BindError& e) {
+    if (e.code() != ErrorCode::mismatch) throw;
+    throw Error(ErrorCode::mismatch, std::string("the bench's upload check failed for arm ") +
+                                         arm_name(arm) + " in group " + std::to_string(g + 1) +
+                                         ": " + e.what());
+  }
+}
+
 std::string step_name(const char* what, size_t r, size_t rounds) {
   return std::string(what) + " " + std::to_string(r + 1) + "/" + std::to_string(rounds);
 }
@@ -113,11 +128,16 @@ ArmRun run_arm(Worker& worker, const BenchConfig& config, const ArgsFactory& mak
   Binder binder(worker, options);
   const size_t rounds = static_cast<size_t>(config.rounds);
   for (size_t r = 0; r < rounds; ++r) {
-    const BindReport rep = binder.run(args);
+    BindReport rep = binder.run(args);
     run.binds.push_back({rep.total_seconds, rep.phase_seconds, r == 0});
-    if (r + 1 == rounds) run.bind_summary = rep.summary();
+    if (r + 1 == rounds) {
+      run.bind_summary = rep.summary();
+      run.tensors = std::move(rep.tensors);
+    }
     steps.done(g, arm, step_name("bind", r, rounds));
   }
+  verify_arm(worker, options, args, arm, g);
+  run.verified = true;
   // After the binds, so its destination never coexists with the bind's arena.
   if (config.baseline) {
     Baseline baseline(worker, args, device_is_host);
@@ -142,13 +162,16 @@ Timings BenchResult::timings() const {
   for (const auto& group : groups) {
     auto& lat = t.latency.emplace_back();
     auto& up = t.upload.emplace_back();
+    auto& al = t.alloc.emplace_back();
     auto& base = t.baseline.emplace_back();
     for (const ArmRun& run : group) {
       auto& l = lat.emplace_back();
       auto& u = up.emplace_back();
+      auto& d = al.emplace_back();
       for (const RoundRecord& rec : run.binds) {
         l.push_back(rec.seconds);
         u.push_back(rec.phase_seconds[static_cast<size_t>(BindPhase::upload)]);
+        d.push_back(rec.phase_seconds[static_cast<size_t>(BindPhase::device_alloc)]);
       }
       base.push_back(run.memcpy_seconds);
     }
@@ -158,7 +181,7 @@ Timings BenchResult::timings() const {
 }
 
 BenchResult run_ab(Worker& worker, const BenchConfig& config, const ArgsFactory& make_args,
-                   const ProgressFn& progress) {
+                   const ProgressFn& progress, const GroupDoneFn& group_done) {
   validate(config);
   require_chip_worker(worker, "run_ab");
   if (!make_args) throw Error(ErrorCode::invalid_argument, "run_ab: no argument factory given");
@@ -174,31 +197,45 @@ BenchResult run_ab(Worker& worker, const BenchConfig& config, const ArgsFactory&
                            "device memory is not host-addressable on " + result.backend + ")";
   Steps steps(config, progress);
   bool have_sizes = false;
-  result.groups.resize(static_cast<size_t>(config.groups));
-  for (int g = 0; g < config.groups; ++g)
+  for (int g = 0; g < config.groups; ++g) {
+    auto& group = result.groups.emplace_back();
     for (Arm arm : config.arms)
-      result.groups[static_cast<size_t>(g)].push_back(
+      group.push_back(
           run_arm(worker, config, make_args, arm, g, device_is_host, result, have_sizes, steps));
-  result.stats = compute_stats(result.timings());
+    result.stats = compute_stats(result.timings());
+    if (group_done) group_done(result);
+  }
   return result;
 }
 
 BenchResult run_bench(Worker& worker, const BenchConfig& config, const BenchTask& task,
-                      const SizePlan& plan, const ProgressFn& progress) {
+                      const SizePlan& plan, const ProgressFn& progress,
+                      const GroupDoneFn& group_done) {
   if (plan.size < 1)
     throw Error(ErrorCode::invalid_argument,
                 "run_bench: the size plan has no size; make it with plan_size()");
   if (!task.make_args)
     throw Error(ErrorCode::invalid_argument, "run_bench: the task builds no arguments");
   const int64_t size = plan.size;
+  // The task's facts go in before the first group, so partial results carry them too.
+  const auto describe = [&](BenchResult& r) {
+    r.plan = plan;
+    r.task = task.name;
+    r.description = task.describe ? task.describe(size) : std::string();
+    r.size_name = task.size.name;
+    r.params = task.params;
+  };
+  GroupDoneFn on_group;
+  if (group_done)
+    on_group = [&](const BenchResult& partial) {
+      BenchResult copy = partial;
+      describe(copy);
+      group_done(copy);
+    };
   BenchResult result = run_ab(
       worker, config, [&](HostAllocator& allocator) { return task.make_args(allocator, size); },
-      progress);
-  result.plan = plan;
-  result.task = task.name;
-  result.description = task.describe ? task.describe(size) : std::string();
-  result.size_name = task.size.name;
-  result.params = task.params;
+      progress, on_group);
+  describe(result);
   return result;
 }
 

@@ -1,5 +1,7 @@
 // The A/B statistics: per-group minima, paired reductions, ranges and agreement.
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -58,12 +60,16 @@ ArmSummary summarize_arm(const Stats& s, const std::string& name, size_t a, uint
   const size_t groups = s.groups.size();
   ArmSummary sum;
   sum.arm = name;
-  std::vector<double> mins, reductions, ratios;
+  std::vector<double> mins, reductions, ratios, allocs, uploads;
   for (size_t g = 0; g < groups; ++g) {
     mins.push_back(s.groups[g][a].min_seconds);
     reductions.push_back(s.groups[g][a].reduction);
     ratios.push_back(s.groups[g][a].upload_vs_memcpy);
+    allocs.push_back(s.groups[g][a].alloc_min_seconds);
+    uploads.push_back(s.groups[g][a].upload_gbps);
   }
+  sum.median_alloc_seconds = median_of(allocs);
+  sum.median_upload_gbps = median_of(uploads);
   sum.min_seconds = *std::min_element(mins.begin(), mins.end());
   sum.max_seconds = *std::max_element(mins.begin(), mins.end());
   sum.min_gbps = gbps(input_bytes, sum.max_seconds);
@@ -79,6 +85,8 @@ ArmSummary summarize_arm(const Stats& s, const std::string& name, size_t a, uint
     if (agrees) ++sum.groups_agreeing;
   }
   sum.direction_agrees = sum.groups_agreeing == groups;
+  sum.conclusive =
+      groups >= 3 && sum.median_reduction != 0.0 && sum.groups_agreeing * 5 >= groups * 4;
   if (have_ratios) {
     sum.median_upload_vs_memcpy = median_of(ratios);
     sum.worst_upload_vs_memcpy = *std::min_element(ratios.begin(), ratios.end());
@@ -106,6 +114,14 @@ double reduction(double reference_seconds, double seconds) {
   return reference_seconds > 0.0 ? 1.0 - seconds / reference_seconds : 0.0;
 }
 
+std::string describe_reduction(double reduction) {
+  if (reduction == 0.0) return "no change";
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.1f%% %s", std::abs(reduction) * 100.0,
+                reduction > 0.0 ? "faster" : "slower");
+  return buf;
+}
+
 Stats compute_stats(const Timings& t) {
   const size_t groups = t.latency.size();
   const size_t arms = t.arms.size();
@@ -118,6 +134,8 @@ Stats compute_stats(const Timings& t) {
   const bool have_upload = !t.upload.empty();
   const bool have_baseline = !t.baseline.empty();
   if (have_upload) check_shape(t.upload, groups, arms, skip, "upload");
+  const bool have_alloc = !t.alloc.empty();
+  if (have_alloc) check_shape(t.alloc, groups, arms, skip, "alloc");
   if (have_baseline) check_shape(t.baseline, groups, arms, skip, "baseline");
 
   Stats s;
@@ -134,6 +152,7 @@ Stats compute_stats(const Timings& t) {
         ga.upload_min_seconds = min_after(t.upload[g][a], skip);
         ga.upload_gbps = gbps(t.input_bytes, ga.upload_min_seconds);
       }
+      if (have_alloc) ga.alloc_min_seconds = min_after(t.alloc[g][a], skip);
       if (have_baseline) {
         ga.memcpy_min_seconds = min_after(t.baseline[g][a], skip);
         ga.memcpy_gbps = gbps(t.input_bytes, ga.memcpy_min_seconds);

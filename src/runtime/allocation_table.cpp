@@ -7,12 +7,15 @@
 // Error(unknown_pointer); a copy or execute argument must lie inside one live device
 // allocation), and every entry goes back to the backend exactly once: on release, or at
 // finalize, which frees through the backend once and then destroys the bare context.
+// A release the backend refuses moves the entry to the failed list: no longer usable,
+// still counted (WorkerStats::failed_free_*), and released again at finalize.
 #include "runtime/allocation_table.h"
 
 namespace pinstage::runtime {
 
 bool AllocationTable::insert(EntryKind kind, const ps_allocation& entry) {
   auto& map = entries_[index(kind)];
+  if (failed_[index(kind)].count(reinterpret_cast<uintptr_t>(entry.ptr)) != 0) return false;
   if (!map.emplace(reinterpret_cast<uintptr_t>(entry.ptr), entry).second) return false;
   bytes_[index(kind)] += entry.bytes;
   return true;
@@ -49,6 +52,21 @@ std::vector<ps_allocation> AllocationTable::take_all(EntryKind kind) {
   for (const auto& [addr, entry] : map) all.push_back(entry);
   map.clear();
   bytes_[index(kind)] = 0;
+  return all;
+}
+
+void AllocationTable::add_failed(EntryKind kind, const ps_allocation& entry) {
+  if (failed_[index(kind)].emplace(reinterpret_cast<uintptr_t>(entry.ptr), entry).second)
+    failed_bytes_[index(kind)] += entry.bytes;
+}
+
+std::vector<ps_allocation> AllocationTable::take_failed(EntryKind kind) {
+  auto& map = failed_[index(kind)];
+  std::vector<ps_allocation> all;
+  all.reserve(map.size());
+  for (const auto& [addr, entry] : map) all.push_back(entry);
+  map.clear();
+  failed_bytes_[index(kind)] = 0;
   return all;
 }
 

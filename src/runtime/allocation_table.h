@@ -14,14 +14,23 @@ namespace pinstage::runtime {
 
 // What an entry is. Streams and events are entries too (ptr = the handle, bytes = 0), so
 // finalize can release them before the context without the backend keeping a list.
-enum class EntryKind { pinned_host, device, stream, event };
-inline constexpr size_t kEntryKindCount = 4;
+// pageable_host: a pinned request served with pageable memory the runtime mapped itself
+// (PINSTAGE_PIN_POLICY=fallback); it never goes to the backend.
+enum class EntryKind { pinned_host, device, stream, event, pageable_host };
+inline constexpr size_t kEntryKindCount = 5;
 
 // Not thread-safe by itself: WorkerState guards it with its mutex.
 class AllocationTable {
  public:
-  // False when `entry.ptr` is already live for `kind` (a backend reusing an address).
+  // False when `entry.ptr` is already live or awaiting a retried free for `kind` (a
+  // backend reusing an address).
   bool insert(EntryKind kind, const ps_allocation& entry);
+  // Records an entry whose release the backend refused: no longer live (no copy may use
+  // it), still the backend's, released again at finalize (take_failed).
+  void add_failed(EntryKind kind, const ps_allocation& entry);
+  std::vector<ps_allocation> take_failed(EntryKind kind);
+  uint64_t failed_bytes(EntryKind kind) const noexcept { return failed_bytes_[index(kind)]; }
+  uint64_t failed_count(EntryKind kind) const noexcept { return failed_[index(kind)].size(); }
   // The entry for exactly `ptr`, now removed; nullopt when it is not live.
   std::optional<ps_allocation> erase(EntryKind kind, const void* ptr);
   // The one range check: [ptr, ptr + bytes) lies inside one live entry of `kind`.
@@ -37,6 +46,8 @@ class AllocationTable {
   // Ordered by address so a range finds its allocation with one lookup.
   std::array<std::map<uintptr_t, ps_allocation>, kEntryKindCount> entries_;
   std::array<uint64_t, kEntryKindCount> bytes_{};
+  std::array<std::map<uintptr_t, ps_allocation>, kEntryKindCount> failed_;
+  std::array<uint64_t, kEntryKindCount> failed_bytes_{};
 };
 
 }  // namespace pinstage::runtime

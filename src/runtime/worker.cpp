@@ -114,6 +114,8 @@ void* WorkerState::alloc(MemoryKind kind, size_t bytes) {
                                                  " bytes exceeds this machine's physical memory (" +
                                                  std::to_string(physical_memory_bytes()) +
                                                  " bytes)");
+  if (kind == MemoryKind::pinned_host)
+    if (void* pageable = over_budget(bytes)) return pageable;
   ps_allocation a{nullptr, bytes, nullptr};
   if (kind == MemoryKind::pinned_host)
     check(api().host_alloc_pinned(ctx, bytes, &a), "pinned host alloc");
@@ -138,9 +140,19 @@ void WorkerState::free(MemoryKind kind, void* ptr) {
   CallGuard guard(*this);
   if (!guard.entered()) return;  // reclaimed by finalize already
   std::optional<ps_allocation> a;
+  std::optional<ps_allocation> pageable;
   {
     std::lock_guard lock(mu);
     a = table.erase(entry_kind(kind), ptr);
+    if (!a && kind == MemoryKind::pinned_host)
+      pageable = table.erase(EntryKind::pageable_host, ptr);
+  }
+  if (pageable) {
+    const size_t mapped = round_up_to_pages(pageable->bytes);
+    std::string why;
+    if (!unmap_pages(MappedPages{ptr, mapped, ptr, mapped, {}, 0}, &why))
+      throw Error(ErrorCode::internal, "releasing pageable fallback memory failed: " + why);
+    return;
   }
   if (!a)
     throw Error(ErrorCode::unknown_pointer, std::string("free of a ") + kind_name(kind) +
@@ -148,11 +160,33 @@ void WorkerState::free(MemoryKind kind, void* ptr) {
   const int status = kind == MemoryKind::pinned_host ? api().host_free_pinned(ctx, &*a)
                                                      : api().device_free(ctx, &*a);
   if (status != PS_OK) {
-    // Still the backend's: keep it in the table so finalize retries the release.
+    // Still the backend's (and locked): counted as failed, released again at finalize.
     std::lock_guard lock(mu);
-    table.insert(entry_kind(kind), *a);
+    table.add_failed(entry_kind(kind), *a);
+    ++free_failures;
   }
   check(status, kind == MemoryKind::pinned_host ? "pinned host free" : "device free");
+}
+
+void* WorkerState::over_budget(size_t bytes) {
+  const std::string refusal = pin_budget_refusal(bytes, read_pin_budget(pins_with_mlock));
+  if (refusal.empty()) return nullptr;
+  if (setting_choice(Setting::pin_policy).value_or("strict") != "fallback")
+    throw Error(ErrorCode::out_of_memory, name() + ": " + refusal);
+  MapOptions options;
+  options.prefault = true;  // like pinned memory, resident from the start
+  const MappedPages pages = map_pages(bytes, options);
+  {
+    std::lock_guard lock(mu);
+    if (!table.insert(EntryKind::pageable_host, ps_allocation{pages.data, bytes, nullptr})) {
+      unmap_pages(pages);
+      throw Error(ErrorCode::internal, "pageable fallback memory mapped at an address in use");
+    }
+    ++pageable_fallbacks;
+  }
+  log(LogLevel::warn, name() + ": " + refusal.substr(0, refusal.find(". ")) +
+                          "; PINSTAGE_PIN_POLICY=fallback: serving it with pageable memory");
+  return pages.data;
 }
 
 void WorkerState::add_handle(EntryKind kind, void* handle) {
@@ -191,7 +225,7 @@ namespace {
 // Releases what finalize took from the table, through the backend, logging failures.
 void release_all(WorkerState& s, EntryKind kind, const std::vector<ps_allocation>& left) {
   static constexpr const char* kNames[] = {"pinned host allocation", "device allocation", "stream",
-                                           "event"};
+                                           "event", "pageable fallback allocation"};
   if (left.empty()) return;
   const char* what = kNames[static_cast<size_t>(kind)];
   uint64_t bytes = 0;
@@ -211,10 +245,19 @@ void release_all(WorkerState& s, EntryKind kind, const std::vector<ps_allocation
       case EntryKind::event:
         status = s.api().event_destroy(s.ctx, static_cast<ps_event*>(a.ptr));
         break;
+      case EntryKind::pageable_host: {
+        const size_t mapped = round_up_to_pages(a.bytes);
+        status =
+            unmap_pages(MappedPages{a.ptr, mapped, a.ptr, mapped, {}, 0}) ? PS_OK : PS_ERR_BACKEND;
+        break;
+      }
     }
-    if (status != PS_OK)
+    if (status != PS_OK) {
       log(LogLevel::error, std::string("finalize: releasing a ") + what +
                                " failed: " + ps_status_str(status) + " " + s.api().last_error());
+      std::lock_guard lock(s.mu);
+      ++s.free_failures;
+    }
   }
   if (kind == EntryKind::stream || kind == EntryKind::event)
     log(LogLevel::warn, "finalize: " + std::to_string(left.size()) + " " + what +
@@ -228,18 +271,28 @@ void release_all(WorkerState& s, EntryKind kind, const std::vector<ps_allocation
 
 void WorkerState::shutdown() noexcept {
   std::array<std::vector<ps_allocation>, kEntryKindCount> left;
+  std::array<std::vector<ps_allocation>, kEntryKindCount> retry;
   {
     std::unique_lock lock(mu);
     if (!live) return;
     live = false;
     idle.wait(lock, [this] { return in_flight == 0; });
-    for (size_t k = 0; k < kEntryKindCount; ++k)
+    for (size_t k = 0; k < kEntryKindCount; ++k) {
       left[k] = table.take_all(static_cast<EntryKind>(k));
+      retry[k] = table.take_failed(static_cast<EntryKind>(k));
+    }
   }
   // Queues first (their copies may still read memory), then memory, then the context.
-  for (EntryKind kind :
-       {EntryKind::stream, EntryKind::event, EntryKind::device, EntryKind::pinned_host})
+  for (EntryKind kind : {EntryKind::stream, EntryKind::event, EntryKind::device,
+                         EntryKind::pinned_host, EntryKind::pageable_host})
     release_all(*this, kind, left[static_cast<size_t>(kind)]);
+  for (EntryKind kind : {EntryKind::device, EntryKind::pinned_host}) {
+    const auto& again = retry[static_cast<size_t>(kind)];
+    if (again.empty()) continue;
+    log(LogLevel::warn, "finalize: retrying " + std::to_string(again.size()) +
+                            " release(s) the backend refused earlier");
+    release_all(*this, kind, again);
+  }
   const int status = api().destroy_context(ctx);
   if (status != PS_OK)
     log(LogLevel::error, std::string("finalize: destroying the device context failed: ") +
@@ -374,6 +427,9 @@ void Worker::init(const std::string& backend, int device_id, const WorkerOptions
                     std::to_string(device_id) + ": " + ps_status_str(status) +
                     (detail && *detail ? std::string(" (") + detail + ")" : std::string()));
   }
+  ps_capabilities caps{};
+  if (state->api().get_capabilities(ctx, &caps) == PS_OK)
+    state->pins_with_mlock = caps.device_memory_is_host != 0;
   state->ctx = ctx;
   state->device_id = device_id;
   state->live = true;
@@ -430,7 +486,21 @@ WorkerStats Worker::stats() const {
   stats.pinned_count = state_->table.count(EntryKind::pinned_host);
   stats.device_bytes = state_->table.bytes(EntryKind::device);
   stats.device_count = state_->table.count(EntryKind::device);
+  stats.failed_free_count = state_->table.failed_count(EntryKind::pinned_host) +
+                            state_->table.failed_count(EntryKind::device);
+  stats.failed_free_bytes = state_->table.failed_bytes(EntryKind::pinned_host) +
+                            state_->table.failed_bytes(EntryKind::device);
+  stats.free_failures = state_->free_failures;
+  stats.pageable_fallback_count = state_->table.count(EntryKind::pageable_host);
+  stats.pageable_fallback_bytes = state_->table.bytes(EntryKind::pageable_host);
+  stats.pageable_fallbacks = state_->pageable_fallbacks;
   return stats;
+}
+
+uint64_t Worker::free_failures() const noexcept {
+  if (!state_) return 0;
+  std::lock_guard lock(state_->mu);
+  return state_->free_failures;
 }
 
 PinnedHostBuffer Worker::alloc_pinned_host(size_t bytes) {

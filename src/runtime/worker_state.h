@@ -24,6 +24,9 @@ struct WorkerState {
   bool live = false;             // initialized and not finalized
   uint64_t in_flight = 0;        // backend calls running now (finalize waits for them)
   AllocationTable table;
+  bool pins_with_mlock = false;     // the backend's device memory is host memory (sim)
+  uint64_t free_failures = 0;       // releases the backend refused, ever (WorkerStats)
+  uint64_t pageable_fallbacks = 0;  // pinned requests served pageable, ever
 
   const ps_platform_api& api() const { return *plugin->api; }
   const std::string& name() const { return plugin->info.name; }
@@ -35,8 +38,12 @@ struct WorkerState {
   void* alloc(MemoryKind kind, size_t bytes);
   // Releases a tracked pointer; a no-op once the worker is no longer live (finalize
   // reclaimed it already). Throws Error(unknown_pointer) for an untracked pointer and
-  // Error(<backend code>) when the backend refuses.
+  // Error(<backend code>) when the backend refuses (the entry then waits in the table's
+  // failed list for finalize's retry).
   void free(MemoryKind kind, void* ptr);
+  // A pinned request over the pin budget: throws the refusal (strict) or maps pageable
+  // memory for it (PINSTAGE_PIN_POLICY=fallback). Null when the request fits.
+  void* over_budget(size_t bytes);
   // Enters a stream or event handle in the table; destroy_handle takes it out and
   // releases it through the backend (a no-op after finalize).
   void add_handle(EntryKind kind, void* handle);

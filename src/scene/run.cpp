@@ -90,16 +90,22 @@ SceneReport run_scene(Worker& worker, const Scene& scene, const SceneRunOptions&
   report.args_summary = args.summary();
   report.sizes = task_sizes(args);
 
+  // A backend that runs no host callables (acl) cannot execute the step: the run checks
+  // integrity only (upload, read back, compare bytes) and says so in the report.
+  report.integrity_only = !worker.capabilities().execute;
   std::unique_ptr<SceneGolden> golden;
-  if (!options.skip_golden) {
+  if (!options.skip_golden || !options.save_golden.empty()) {
     golden = scene.compute_golden(args, values);
     report.golden_seconds = clock.restart();
     if (!options.save_golden.empty()) scene.save_golden(*golden, options.save_golden);
   }
+  if (report.integrity_only) golden.reset();  // nothing on the device computed the outputs
   const std::unique_ptr<RoundReset> reset = scene.round_reset(args, values);
 
   BindOptions bind = options.bind;
-  bind.execute_callable = options.callable.empty() ? scene.callable() : options.callable;
+  bind.execute_callable = report.integrity_only ? std::string()
+                         : options.callable.empty() ? scene.callable()
+                                                    : options.callable;
   bind.verify_upload = true;
   Binder binder(worker, bind);
   for (int r = 1; r <= options.rounds; ++r) {

@@ -9,13 +9,21 @@ namespace pinstage {
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
+    case DType::boolean:
+    case DType::u8:
+    case DType::i8:
+    case DType::f8_e4m3:
+    case DType::f8_e5m2:
+      return 1;
     case DType::bf16:
     case DType::f16:
+    case DType::i16:
       return 2;
     case DType::f32:
     case DType::i32:
       return 4;
     case DType::i64:
+    case DType::f64:
       return 8;
   }
   return 0;
@@ -23,8 +31,10 @@ size_t dtype_size(DType dtype) {
 
 namespace {
 // In DType order.
-constexpr const char* kDTypeNames[] = {"bf16", "f16", "f32", "i32", "i64"};
-constexpr const char* kSafetensorsNames[] = {"BF16", "F16", "F32", "I32", "I64"};
+constexpr const char* kDTypeNames[] = {"bf16", "f16", "f32", "i32", "i64",     "bool",
+                                       "u8",   "i8",  "i16", "f64", "f8_e4m3", "f8_e5m2"};
+constexpr const char* kSafetensorsNames[] = {"BF16", "F16", "F32", "I32", "I64",     "BOOL",
+                                             "U8",   "I8",  "I16", "F64", "F8_E4M3", "F8_E5M2"};
 }  // namespace
 
 const char* dtype_name(DType dtype) { return enum_name(dtype, kDTypeNames); }

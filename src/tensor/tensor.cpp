@@ -1,6 +1,8 @@
 // Storage, Tensor, checked shape arithmetic, TaskArgs.
 #include "pinstage/tensor.h"
 
+#include <cstdio>
+#include <iterator>
 #include <limits>
 
 #include "pinstage/error.h"
@@ -167,6 +169,17 @@ std::string format_thousands(uint64_t value) {
     out += digits[i];
   }
   return out;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"kB", "MB", "GB", "TB", "PB", "EB"};
+  if (bytes < 1000) return std::to_string(bytes) + " B";
+  double value = static_cast<double>(bytes);
+  size_t unit = 0;
+  for (value /= 1000.0; value >= 999.995 && unit + 1 < std::size(kUnits); value /= 1000.0) ++unit;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f %s", value, kUnits[unit]);
+  return buf;
 }
 
 }  // namespace pinstage

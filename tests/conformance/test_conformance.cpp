@@ -201,11 +201,16 @@ TEST_F(Conformance, FailedReleaseIsReportedAndRetriedAtFinalize) {
   host.reset();
   const std::string text = testing::internal::GetCapturedStderr();
   EXPECT_TRUE(contains(text, "releasing a buffer failed")) << text;
-  EXPECT_EQ(worker.stats().pinned_count, 1u);  // still the backend's: finalize frees it
+  // Still the backend's and still locked: counted as failed to free, retried at finalize.
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
+  EXPECT_EQ(worker.stats().failed_free_count, 1u);
+  EXPECT_EQ(worker.stats().failed_free_bytes, 4096u);
+  EXPECT_EQ(worker.free_failures(), 1u);
   testing::internal::CaptureStderr();
   worker.finalize();
   const std::string at_finalize = testing::internal::GetCapturedStderr();
   EXPECT_FALSE(contains(at_finalize, "failed")) << at_finalize;  // the retry succeeded
+  EXPECT_EQ(worker.free_failures(), 1u);  // still answers after finalize, for exit codes
 }
 
 TEST(ConformanceTeardown, FinalizeReleasesEverythingOnceAndLateReleasesAreHarmless) {

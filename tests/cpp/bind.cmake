@@ -18,5 +18,5 @@ add_dependencies(test_ab_bench_cli pinstage_cli pinstage_backend_sim)
 
 pinstage_add_gtest(test_staging_ring
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_staging_ring.cpp
-  LABELS bind)
+  LABELS bind concurrency)
 add_dependencies(test_staging_ring pinstage_backend_sim)

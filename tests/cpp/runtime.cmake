@@ -14,10 +14,10 @@ endforeach()
 pinstage_add_gtest(test_runtime
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_worker.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_plugin_load.cpp
-          ${CMAKE_CURRENT_LIST_DIR}/test_parallel.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_settings.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_pages.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_allocation_table.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_pin_budget.cpp
           ${PROJECT_SOURCE_DIR}/src/runtime/allocation_table.cpp
   LIBRARIES ${CMAKE_DL_LIBS})
 target_compile_definitions(test_runtime PRIVATE
@@ -28,5 +28,12 @@ add_dependencies(test_runtime pinstage_backend_sim broken_plugin_bad_version
 # Concurrency tests: also run under TSan in CI (label concurrency).
 pinstage_add_gtest(test_runtime_concurrency
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_worker_concurrency.cpp
-  LABELS concurrency)
+          ${CMAKE_CURRENT_LIST_DIR}/test_parallel.cpp
+  LABELS runtime concurrency)
 add_dependencies(test_runtime_concurrency pinstage_backend_sim)
+
+# The fault sweep (issue 14): every backend call of a bind and a scene run fails in turn.
+pinstage_add_gtest(test_fault_sweep
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fault_sweep.cpp
+  LABELS runtime faults)
+add_dependencies(test_fault_sweep pinstage_backend_sim)

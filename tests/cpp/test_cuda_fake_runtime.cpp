@@ -1,28 +1,43 @@
-// A fake CUDA runtime (libcudart.so.13) for running the cuda plugin's GPU tests on a
-// machine without a GPU. Loaded instead of the real runtime through LD_LIBRARY_PATH by
-// the ctest entries "fake_cuda.*" (label cuda); it is not a substitute for the GPU run.
+// A fake CUDA runtime (libcudart.so.13) for running the cuda plugin's GPU tests, the
+// probe and the GPU check on a machine without a GPU. Loaded instead of the real runtime
+// through LD_LIBRARY_PATH by the ctest entries of label cuda; it is not a substitute for
+// the GPU run.
 //
-// What it emulates, deliberately strictly:
+// What it emulates, deliberately at least as strictly as the real runtime:
 //  - PINSTAGE_FAKE_CUDA_DEVICES devices (default 2) of PINSTAGE_FAKE_CUDA_MEM_MB device
-//    memory each (default 1024); device memory is untouched host memory.
+//    memory each (default 1024).
+//  - Device memory the host cannot read: cudaMalloc returns a PROT_NONE mapping (256-byte
+//    aligned, not page aligned); the fake's copies reach it through a second, private
+//    mapping of the same memfd. A host read of a device pointer crashes, as on a GPU.
 //  - A current device per thread (0 on a fresh thread). Allocations remember the device
 //    current when they were made; stream and event calls fail with
-//    cudaErrorInvalidResourceHandle unless the thread's current device is theirs, so a
-//    plugin that relies on the calling thread's device state fails here.
-//  - Streams run their copies on a thread of their own, later than queued, so a caller
-//    that reuses a pinned buffer before its copy's event fires reads corrupted data.
-//    Copies from or to pageable memory are synchronous, as with the real runtime.
-//    cudaStreamDestroy returns at once and the stream finishes its copies afterwards,
-//    as the real one does.
+//    cudaErrorInvalidResourceHandle unless the thread's current device is theirs, and a
+//    copy on a stream must touch device memory of that stream's device.
+//  - Streams run their operations on a thread of their own, later than queued, so a
+//    caller that reuses a pinned buffer before its copy's event fires reads corrupted
+//    data. From pageable memory: host-to-device copies take a snapshot of the source
+//    and land later, in stream order; device-to-host copies return when done (the real
+//    runtime's documented behaviour). cudaStreamDestroy returns at once and the stream
+//    finishes its copies afterwards, as the real one does.
 //  - cudaHostAlloc/cudaHostRegister/cudaPointerGetAttributes over tracked ranges, with
-//    the real error codes for double registration and unknown pointers.
+//    the real error codes for double registration and unknown pointers. Registration
+//    needs readable and writable pages (/proc/self/maps) and at most
+//    pinstage_fake_cuda_set_max_register() bytes per call (default: no limit).
 //  - cudaFreeHost or cudaHostUnregister of memory a queued copy still uses is a hazard:
 //    counted (pinstage_fake_cuda_hazards) and printed, then the copy is waited for so
 //    the test goes on. cudaFree synchronizes, like the real one.
+//  - Injected errors (pinstage_fake_cuda_inject): the nth next call of a function fails
+//    with a given error; a sticky one makes every later call fail with it, as an
+//    unrecoverable error does on a GPU, until pinstage_fake_cuda_clear_sticky().
+//  - Timed events (cudaEventCreate, cudaEventElapsedTime) and the version and PCI
+//    queries the probe uses.
 // pinstage_fake_cuda_counts() reports what is still allocated (leak checks in tests).
 #include <cuda_runtime_api.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -30,10 +45,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -47,6 +65,8 @@ int env_int(const char* name, int fallback) {
 
 const int kDevices = env_int("PINSTAGE_FAKE_CUDA_DEVICES", 2);
 const size_t kDeviceBytes = static_cast<size_t>(env_int("PINSTAGE_FAKE_CUDA_MEM_MB", 1024)) << 20;
+constexpr size_t kPage = 4096;
+constexpr size_t kMallocOffset = 256;  // cudaMalloc's alignment, and no more
 
 thread_local int t_device = 0;
 thread_local cudaError_t t_last = cudaSuccess;
@@ -59,27 +79,57 @@ cudaError_t fail(cudaError_t e) {
 struct Range {
   size_t bytes;
   int device;
+  unsigned char* shadow = nullptr;  // device memory: the fake's own view of it
+  void* map = nullptr;              // device memory: the PROT_NONE mapping
+  size_t map_bytes = 0;
 };
 
-// One queued copy; it stays at the front of its stream's queue until it has run.
-struct Copy {
-  void* dst;
-  const void* src;
-  size_t bytes;
+// One queued operation; it stays at the front of its stream's queue until it has run.
+// A copy (dst, src already translated to memory the fake can touch; `host` is the host
+// side the caller sees, for hazard checks) or an event marker (stamp set).
+struct Op {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+  const void* host = nullptr;
+  std::shared_ptr<std::vector<unsigned char>> snapshot;  // a pageable source's bytes
+  std::shared_ptr<std::atomic<int64_t>> stamp;           // event marker: completion time
   bool touches(const void* p, size_t n) const {
-    auto hit = [&](const void* q) {
-      const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(q);
-      return a < b + bytes && b < a + n;
-    };
-    return hit(dst) || hit(src);
+    if (host == nullptr) return false;
+    const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(host);
+    return a < b + bytes && b < a + n;
   }
 };
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Held host addresses (pinstage_fake_cuda_hold): copies touching them wait.
+std::mutex g_hold_mu;
+std::condition_variable g_hold_cv;
+std::set<const void*> g_held;
+std::atomic<size_t> g_held_waiting{0};  // copies waiting on a hold now
+
+void wait_while_held(const Op& op) {
+  auto free_to_run = [&] {
+    return std::none_of(g_held.begin(), g_held.end(),
+                        [&](const void* p) { return op.touches(p, 1); });
+  };
+  std::unique_lock lock(g_hold_mu);
+  if (free_to_run()) return;
+  ++g_held_waiting;
+  g_hold_cv.wait(lock, free_to_run);
+  --g_held_waiting;
+}
 
 struct FakeStream {
   int device;
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<Copy> queue;
+  std::deque<Op> queue;
   uint64_t queued = 0;
   uint64_t done = 0;
   bool stop = false;
@@ -93,21 +143,26 @@ struct FakeStream {
     for (;;) {
       cv.wait(lock, [this] { return stop || !queue.empty(); });
       if (queue.empty()) return;  // stop requested and drained
-      const Copy op = queue.front();
+      const Op op = queue.front();
       lock.unlock();
-      // Later than queued: widens the window in which a careless caller overwrites a
-      // source buffer before its copy ran.
-      std::this_thread::sleep_for(std::chrono::microseconds(300));
-      std::memcpy(op.dst, op.src, op.bytes);
+      if (op.stamp) {
+        op.stamp->store(now_ns());
+      } else {
+        wait_while_held(op);
+        // Later than queued: widens the window in which a careless caller overwrites a
+        // source buffer before its copy ran.
+        std::this_thread::sleep_for(std::chrono::microseconds(300));
+        std::memcpy(op.dst, op.src, op.bytes);
+      }
       lock.lock();
       queue.pop_front();
       ++done;
       cv.notify_all();
     }
   }
-  uint64_t enqueue(const Copy& op) {
+  uint64_t enqueue(Op op) {
     std::lock_guard lock(mu);
-    queue.push_back(op);
+    queue.push_back(std::move(op));
     cv.notify_all();
     return ++queued;
   }
@@ -127,10 +182,10 @@ struct FakeStream {
     std::lock_guard lock(mu);
     return queue.empty();
   }
-  // True when a copy not yet finished reads or writes [p, p + n).
+  // True when a copy not yet finished reads or writes host memory [p, p + n).
   bool uses(const void* p, size_t n) {
     std::lock_guard lock(mu);
-    return std::any_of(queue.begin(), queue.end(), [&](const Copy& c) { return c.touches(p, n); });
+    return std::any_of(queue.begin(), queue.end(), [&](const Op& c) { return c.touches(p, n); });
   }
   ~FakeStream() {
     {
@@ -144,8 +199,17 @@ struct FakeStream {
 
 struct FakeEvent {
   int device;
+  bool timing;
   std::shared_ptr<FakeStream> stream;  // where it was last recorded (null: never)
   uint64_t ticket = 0;
+  std::shared_ptr<std::atomic<int64_t>> stamp;  // set when the marker ran
+};
+
+struct Injection {
+  std::string call;
+  int countdown;
+  cudaError_t error;
+  bool sticky;
 };
 
 struct State {
@@ -159,6 +223,10 @@ struct State {
   std::vector<std::shared_ptr<FakeStream>> retired;
   std::set<FakeEvent*> events;
   size_t hazards = 0;  // frees of memory a queued copy still used
+  size_t register_calls = 0;
+  size_t max_register = SIZE_MAX;
+  std::vector<Injection> injections;
+  cudaError_t sticky = cudaSuccess;
   State() : used(static_cast<size_t>(std::max(kDevices, 0)), 0) {}
 };
 
@@ -166,6 +234,26 @@ State& state() {
   static State* s = new State;  // never destroyed: stream threads may outlive statics
   return *s;
 }
+
+// The error `call` fails with now (a sticky error, or an injected one), else success.
+cudaError_t entry(const char* call) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  if (s.sticky != cudaSuccess) return s.sticky;
+  for (auto it = s.injections.begin(); it != s.injections.end(); ++it) {
+    if (it->call != call || --it->countdown > 0) continue;
+    const Injection hit = *it;
+    s.injections.erase(it);
+    if (hit.sticky) s.sticky = hit.error;
+    return hit.error;
+  }
+  return cudaSuccess;
+}
+
+#define FAKE_ENTER(call)                                                        \
+  do {                                                                          \
+    if (const cudaError_t e_ = entry(call); e_ != cudaSuccess) return fail(e_); \
+  } while (0)
 
 // The range of `m` containing [p, p + n), or end().
 std::map<uintptr_t, Range>::iterator find_in(std::map<uintptr_t, Range>& m, const void* p,
@@ -214,15 +302,59 @@ std::shared_ptr<FakeStream> lookup_stream(State& s, cudaStream_t st) {
   return it == s.streams.end() ? nullptr : it->second;
 }
 
+// True when every byte of [p, p + n) lies in mappings that are readable and writable
+// (what page-locking needs; the real driver refuses read-only memory unless asked).
+bool writable(const void* p, size_t n) {
+  std::ifstream maps("/proc/self/maps");
+  uintptr_t need = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t end = need + n;
+  std::string line;
+  while (need < end && std::getline(maps, line)) {
+    std::istringstream in(line);
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::string perms;
+    in >> std::hex >> lo >> dash >> hi >> perms;
+    if (hi <= need) continue;
+    if (lo > need || perms.size() < 2 || perms[0] != 'r' || perms[1] != 'w') return false;
+    need = hi;
+  }
+  return need >= end;
+}
+
+// Maps `bytes` of device memory: a PROT_NONE view for the caller, a private one for the
+// fake's copies.
+bool map_device(size_t bytes, Range& r) {
+  r.map_bytes = (bytes + kMallocOffset + kPage - 1) / kPage * kPage;
+  const int fd = memfd_create("pinstage-fake-device", MFD_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = ftruncate(fd, static_cast<off_t>(r.map_bytes)) == 0;
+  void* shadow = MAP_FAILED;
+  if (ok) r.map = mmap(nullptr, r.map_bytes, PROT_NONE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (ok && r.map != MAP_FAILED)
+    shadow = mmap(nullptr, r.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  close(fd);
+  if (!ok || r.map == MAP_FAILED || shadow == MAP_FAILED) {
+    if (ok && r.map != MAP_FAILED) munmap(r.map, r.map_bytes);
+    return false;
+  }
+  r.shadow = static_cast<unsigned char*>(shadow) + kMallocOffset;
+  return true;
+}
+
+// Device pointer -> the fake's view of it. Caller holds s.mu; `it` is its range.
+unsigned char* shadow_of(std::map<uintptr_t, Range>::iterator it, const void* p) {
+  return it->second.shadow + (reinterpret_cast<uintptr_t>(p) - it->first);
+}
+
 }  // namespace
 
 extern "C" {
 
-__attribute__((visibility("default"))) int pinstage_fake_cuda_counts(size_t* device_allocs,
-                                                                     size_t* host_allocs,
-                                                                     size_t* registered,
-                                                                     size_t* streams,
-                                                                     size_t* events) {
+#define FAKE_API __attribute__((visibility("default")))
+
+FAKE_API int pinstage_fake_cuda_counts(size_t* device_allocs, size_t* host_allocs,
+                                       size_t* registered, size_t* streams, size_t* events) {
   State& s = state();
   std::lock_guard lock(s.mu);
   *device_allocs = s.device.size();
@@ -234,14 +366,66 @@ __attribute__((visibility("default"))) int pinstage_fake_cuda_counts(size_t* dev
 }
 
 // Frees of host memory that a queued copy still used, since the process started.
-__attribute__((visibility("default"))) size_t pinstage_fake_cuda_hazards(void) {
+FAKE_API size_t pinstage_fake_cuda_hazards(void) {
   State& s = state();
   std::lock_guard lock(s.mu);
   return s.hazards;
 }
 
-cudaError_t cudaGetLastError(void) { return std::exchange(t_last, cudaSuccess); }
-cudaError_t cudaPeekAtLastError(void) { return t_last; }
+// Successful cudaHostRegister calls since the process started.
+FAKE_API size_t pinstage_fake_cuda_register_calls(void) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  return s.register_calls;
+}
+
+// The largest range one cudaHostRegister accepts (the real driver's limit, scaled down).
+FAKE_API void pinstage_fake_cuda_set_max_register(size_t bytes) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  s.max_register = bytes;
+}
+
+// The nth next call of the runtime function `call` (e.g. "cudaMemcpyAsync") fails with
+// `error`; when `sticky`, that call and every later one fail with it.
+FAKE_API void pinstage_fake_cuda_inject(const char* call, int nth, int error, int sticky) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  s.injections.push_back(Injection{call, nth, static_cast<cudaError_t>(error), sticky != 0});
+}
+
+// Ends a sticky error (no real runtime can; tests use it to clean up).
+FAKE_API void pinstage_fake_cuda_clear_sticky(void) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  s.sticky = cudaSuccess;
+  s.injections.clear();
+}
+
+// Copies whose host side touches `p` wait while it is held (on != 0).
+FAKE_API void pinstage_fake_cuda_hold(const void* p, int on) {
+  {
+    std::lock_guard lock(g_hold_mu);
+    if (on)
+      g_held.insert(p);
+    else
+      g_held.erase(p);
+  }
+  g_hold_cv.notify_all();
+}
+
+// Copies waiting on a hold now.
+FAKE_API size_t pinstage_fake_cuda_held_waiting(void) { return g_held_waiting.load(); }
+
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t sticky = entry("cudaGetLastError");
+  if (sticky != cudaSuccess) return sticky;  // not cleared: it is sticky
+  return std::exchange(t_last, cudaSuccess);
+}
+cudaError_t cudaPeekAtLastError(void) {
+  const cudaError_t sticky = entry("cudaPeekAtLastError");
+  return sticky != cudaSuccess ? sticky : t_last;
+}
 
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
@@ -261,6 +445,12 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorHostMemoryAlreadyRegistered";
     case cudaErrorHostMemoryNotRegistered:
       return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorIllegalAddress:
+      return "cudaErrorIllegalAddress";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
     default:
       return "cudaErrorUnknown";
   }
@@ -278,38 +468,68 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle:
       return "invalid resource handle";
+    case cudaErrorIllegalAddress:
+      return "an illegal memory access was encountered";
     default:
       return "fake CUDA runtime error";
   }
 }
 
+cudaError_t cudaDriverGetVersion(int* version) {
+  FAKE_ENTER("cudaDriverGetVersion");
+  if (version == nullptr) return fail(cudaErrorInvalidValue);
+  *version = 13000;
+  return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  FAKE_ENTER("cudaRuntimeGetVersion");
+  if (version == nullptr) return fail(cudaErrorInvalidValue);
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+
 cudaError_t cudaGetDeviceCount(int* count) {
+  FAKE_ENTER("cudaGetDeviceCount");
   if (count == nullptr) return fail(cudaErrorInvalidValue);
   *count = kDevices;
   return kDevices > 0 ? cudaSuccess : fail(cudaErrorNoDevice);
 }
 
 cudaError_t cudaSetDevice(int device) {
+  FAKE_ENTER("cudaSetDevice");
   if (device < 0 || device >= kDevices) return fail(cudaErrorInvalidDevice);
   t_device = device;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int* device) {
+  FAKE_ENTER("cudaGetDevice");
   if (device == nullptr) return fail(cudaErrorInvalidValue);
   *device = t_device;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  FAKE_ENTER("cudaGetDeviceProperties");
   if (prop == nullptr || device < 0 || device >= kDevices) return fail(cudaErrorInvalidValue);
   std::memset(prop, 0, sizeof *prop);
   std::snprintf(prop->name, sizeof prop->name, "pinstage fake GPU %d", device);
   prop->totalGlobalMem = kDeviceBytes;
+  prop->asyncEngineCount = 2;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char* bus, int len, int device) {
+  FAKE_ENTER("cudaDeviceGetPCIBusId");
+  if (bus == nullptr || len <= 0 || device < 0 || device >= kDevices)
+    return fail(cudaErrorInvalidValue);
+  std::snprintf(bus, static_cast<size_t>(len), "00000000:%02X:00.0", 0x10 + device);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  FAKE_ENTER("cudaMemGetInfo");
   if (free_bytes == nullptr || total == nullptr) return fail(cudaErrorInvalidValue);
   State& s = state();
   std::lock_guard lock(s.mu);
@@ -319,6 +539,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  FAKE_ENTER("cudaMalloc");
   if (p == nullptr) return fail(cudaErrorInvalidValue);
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
@@ -326,34 +547,39 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   std::lock_guard lock(s.mu);
   size_t& used = s.used[static_cast<size_t>(t_device)];
   if (bytes > kDeviceBytes - used) return fail(cudaErrorMemoryAllocation);
-  void* mem = std::malloc(bytes);  // never touched unless copied to: costs no memory
-  if (mem == nullptr) return fail(cudaErrorMemoryAllocation);
-  s.device.emplace(reinterpret_cast<uintptr_t>(mem), Range{bytes, t_device});
+  Range r{bytes, t_device};
+  if (!map_device(bytes, r)) return fail(cudaErrorMemoryAllocation);
+  void* mem = static_cast<unsigned char*>(r.map) + kMallocOffset;
+  s.device.emplace(reinterpret_cast<uintptr_t>(mem), r);
   used += bytes;
   *p = mem;
   return cudaSuccess;
 }
 
 cudaError_t cudaFree(void* p) {
+  FAKE_ENTER("cudaFree");
   if (p == nullptr) return cudaSuccess;
   State& s = state();
   std::unique_lock lock(s.mu);
   auto it = s.device.find(reinterpret_cast<uintptr_t>(p));
   if (it == s.device.end()) return fail(cudaErrorInvalidValue);
-  s.used[static_cast<size_t>(it->second.device)] -= it->second.bytes;
+  const Range r = it->second;
+  s.used[static_cast<size_t>(r.device)] -= r.bytes;
   s.device.erase(it);
   // cudaFree synchronizes the device: no queued copy may still touch the memory.
   auto streams = all_streams(s);
   lock.unlock();
   for (auto& st : streams) st->drain();
-  std::free(p);
+  munmap(r.map, r.map_bytes);
+  munmap(r.shadow - kMallocOffset, r.map_bytes);
   return cudaSuccess;
 }
 
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
+  FAKE_ENTER("cudaHostAlloc");
   if (p == nullptr || bytes == 0) return fail(cudaErrorInvalidValue);
   if (flags & cudaHostAllocWriteCombined) return fail(cudaErrorInvalidValue);  // never wanted
-  void* mem = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  void* mem = std::aligned_alloc(kPage, (bytes + kPage - 1) / kPage * kPage);
   if (mem == nullptr) return fail(cudaErrorMemoryAllocation);
   State& s = state();
   std::lock_guard lock(s.mu);
@@ -363,6 +589,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
 }
 
 cudaError_t cudaFreeHost(void* p) {
+  FAKE_ENTER("cudaFreeHost");
   if (p == nullptr) return cudaSuccess;
   State& s = state();
   std::lock_guard lock(s.mu);
@@ -375,19 +602,21 @@ cudaError_t cudaFreeHost(void* p) {
 }
 
 cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
+  FAKE_ENTER("cudaHostRegister");
   if (p == nullptr || bytes == 0) return fail(cudaErrorInvalidValue);
   State& s = state();
   std::lock_guard lock(s.mu);
+  if (bytes > s.max_register) return fail(cudaErrorInvalidValue);
   if (overlaps(s.registered, p, bytes) || overlaps(s.host_alloc, p, bytes))
     return fail(cudaErrorHostMemoryAlreadyRegistered);
-  // Like page-locking, every page must be mapped: read one byte per page.
-  for (size_t off = 0; off < bytes; off += 4096)
-    (void)*static_cast<volatile char*>(static_cast<char*>(p) + off);
+  if (!writable(p, bytes)) return fail(cudaErrorInvalidValue);
   s.registered.emplace(reinterpret_cast<uintptr_t>(p), Range{bytes, t_device});
+  ++s.register_calls;
   return cudaSuccess;
 }
 
 cudaError_t cudaHostUnregister(void* p) {
+  FAKE_ENTER("cudaHostUnregister");
   State& s = state();
   std::lock_guard lock(s.mu);
   auto it = s.registered.find(reinterpret_cast<uintptr_t>(p));
@@ -398,6 +627,7 @@ cudaError_t cudaHostUnregister(void* p) {
 }
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
+  FAKE_ENTER("cudaPointerGetAttributes");
   if (attr == nullptr) return fail(cudaErrorInvalidValue);
   std::memset(attr, 0, sizeof *attr);
   attr->type = cudaMemoryTypeUnregistered;
@@ -416,6 +646,7 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p)
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned int) {
+  FAKE_ENTER("cudaStreamCreateWithFlags");
   if (out == nullptr) return fail(cudaErrorInvalidValue);
   auto st = std::make_shared<FakeStream>(t_device);
   auto handle = reinterpret_cast<cudaStream_t>(st.get());
@@ -427,6 +658,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned int) {
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t handle) {
+  FAKE_ENTER("cudaStreamDestroy");
   State& s = state();
   std::lock_guard lock(s.mu);
   auto st = lookup_stream(s, handle);
@@ -439,6 +671,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t handle) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
+  FAKE_ENTER("cudaStreamSynchronize");
   State& s = state();
   std::shared_ptr<FakeStream> st;
   {
@@ -452,37 +685,55 @@ cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t handle) {
+  FAKE_ENTER("cudaMemcpyAsync");
   if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue);
   if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost)
     return fail(cudaErrorInvalidMemcpyDirection);
+  const bool h2d = kind == cudaMemcpyHostToDevice;
   State& s = state();
   std::shared_ptr<FakeStream> st;
+  Op op;
   bool host_pinned;
   {
     std::lock_guard lock(s.mu);
-    const void* dev = kind == cudaMemcpyHostToDevice ? dst : src;
-    const void* host = kind == cudaMemcpyHostToDevice ? src : dst;
-    if (find_in(s.device, dev, bytes) == s.device.end()) return fail(cudaErrorInvalidValue);
-    host_pinned = is_pinned(s, host, bytes);
+    const void* dev = h2d ? dst : src;
+    op.host = h2d ? src : dst;
+    auto range = find_in(s.device, dev, bytes);
+    if (range == s.device.end()) return fail(cudaErrorInvalidValue);
+    host_pinned = is_pinned(s, op.host, bytes);
     if (handle != nullptr) {
       st = lookup_stream(s, handle);
       if (!st) return fail(cudaErrorInvalidResourceHandle);
+      // A stream's copies touch its own device's memory.
+      if (range->second.device != st->device) return fail(cudaErrorInvalidValue);
     }
+    op.dst = h2d ? shadow_of(range, dst) : dst;
+    op.src = h2d ? src : shadow_of(range, src);
+    op.bytes = bytes;
   }
   if (st && st->device != t_device) return fail(cudaErrorInvalidResourceHandle);
-  if (!st || !host_pinned) {
-    // Pageable memory (or the legacy stream): the copy is done when the call returns.
+  if (!st || (!host_pinned && !h2d)) {
+    // Legacy stream, or pageable destination: done when the call returns.
     if (st) st->drain();
-    std::memcpy(dst, src, bytes);
+    std::memcpy(op.dst, op.src, bytes);
     return cudaSuccess;
   }
-  st->enqueue(Copy{dst, src, bytes});
+  if (!host_pinned) {
+    // Pageable source: after the stream's earlier work, staged now, landing later.
+    st->drain();
+    op.snapshot = std::make_shared<std::vector<unsigned char>>(
+        static_cast<const unsigned char*>(src), static_cast<const unsigned char*>(src) + bytes);
+    op.src = op.snapshot->data();
+    op.host = nullptr;  // the caller may reuse its buffer at once
+  }
+  st->enqueue(std::move(op));
   return cudaSuccess;
 }
 
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned int) {
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned int flags) {
+  FAKE_ENTER("cudaEventCreateWithFlags");
   if (out == nullptr) return fail(cudaErrorInvalidValue);
-  auto* e = new FakeEvent{t_device, nullptr, 0};
+  auto* e = new FakeEvent{t_device, (flags & cudaEventDisableTiming) == 0, nullptr, 0, nullptr};
   State& s = state();
   std::lock_guard lock(s.mu);
   s.events.insert(e);
@@ -490,7 +741,10 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned int) {
   return cudaSuccess;
 }
 
+cudaError_t cudaEventCreate(cudaEvent_t* out) { return cudaEventCreateWithFlags(out, 0); }
+
 cudaError_t cudaEventDestroy(cudaEvent_t handle) {
+  FAKE_ENTER("cudaEventDestroy");
   auto* e = reinterpret_cast<FakeEvent*>(handle);
   State& s = state();
   std::lock_guard lock(s.mu);
@@ -500,6 +754,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t handle) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t handle, cudaStream_t stream) {
+  FAKE_ENTER("cudaEventRecord");
   auto* e = reinterpret_cast<FakeEvent*>(handle);
   State& s = state();
   std::lock_guard lock(s.mu);
@@ -507,13 +762,16 @@ cudaError_t cudaEventRecord(cudaEvent_t handle, cudaStream_t stream) {
   auto st = lookup_stream(s, stream);
   if (!st || st->device != t_device || e->device != t_device)
     return fail(cudaErrorInvalidResourceHandle);
-  std::lock_guard slock(st->mu);
   e->stream = st;
-  e->ticket = st->queued;
+  e->stamp = std::make_shared<std::atomic<int64_t>>(0);
+  Op marker;
+  marker.stamp = e->stamp;
+  e->ticket = st->enqueue(std::move(marker));
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t handle) {
+  FAKE_ENTER("cudaEventSynchronize");
   auto* e = reinterpret_cast<FakeEvent*>(handle);
   std::shared_ptr<FakeStream> st;
   uint64_t ticket;
@@ -525,6 +783,22 @@ cudaError_t cudaEventSynchronize(cudaEvent_t handle) {
     ticket = e->ticket;
   }
   if (st) st->wait_for(ticket);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop) {
+  FAKE_ENTER("cudaEventElapsedTime");
+  if (ms == nullptr) return fail(cudaErrorInvalidValue);
+  auto* a = reinterpret_cast<FakeEvent*>(start);
+  auto* b = reinterpret_cast<FakeEvent*>(stop);
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  if (s.events.count(a) == 0 || s.events.count(b) == 0 || !a->timing || !b->timing)
+    return fail(cudaErrorInvalidResourceHandle);
+  if (!a->stamp || !b->stamp) return fail(cudaErrorInvalidResourceHandle);  // never recorded
+  const int64_t t0 = a->stamp->load(), t1 = b->stamp->load();
+  if (t0 == 0 || t1 == 0) return fail(cudaErrorNotReady);
+  *ms = static_cast<float>(static_cast<double>(t1 - t0) / 1e6);
   return cudaSuccess;
 }
 

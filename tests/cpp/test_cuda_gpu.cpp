@@ -6,13 +6,22 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <future>
 #include <initializer_list>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -598,7 +607,7 @@ TEST_F(CudaGpu, CallsUseTheWorkersDeviceFromAnyThread) {
     EXPECT_EQ(std::memcmp(back.data(), pinned.data(), back.size()), 0);
     int current = -1;
     ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
-    EXPECT_EQ(current, mine);  // Note [Device per call]: left on the worker's device
+    EXPECT_EQ(current, thread_device);  // Note [Device per call]: the thread's own again
   };
   for (int d = 0; d < n; ++d) std::thread(check_on_thread, d).join();
   std::thread([&] {
@@ -620,6 +629,379 @@ TEST_F(CudaGpu, NonexistentDeviceIsNoDevice) {
     EXPECT_EQ(e.code(), ErrorCode::no_device);
     EXPECT_TRUE(contains(e.what(), "does not exist")) << e.what();
   }
+}
+
+// ---- issue 16: what only hardware would have shown ----
+
+// A symbol of the fake runtime (tests/cpp/test_cuda_fake_runtime.cpp), or null on a real
+// one: tests that steer the fake skip on a GPU.
+template <class Fn>
+Fn fake_fn(const char* name) {
+  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+}
+
+#define REQUIRE_FAKE(fn)                                                              \
+  do {                                                                                \
+    REQUIRE_GPU();                                                                    \
+    if ((fn) == nullptr) GTEST_SKIP() << "needs the fake CUDA runtime (fake_cuda.*)"; \
+  } while (0)
+
+using FakeInject = void (*)(const char*, int, int, int);
+using FakeVoid = void (*)();
+using FakeSetMax = void (*)(size_t);
+using FakeCount = size_t (*)();
+using FakeHold = void (*)(const void*, int);
+
+// Item 2: a pinned buffer released while copies from it are still queued on a stream
+// of the context: the release waits for them (the fake counts a free under a queued copy
+// as a hazard), and the data arrives whole.
+TEST_F(CudaGpu, PinnedReleaseWaitsForQueuedCopies) {
+  REQUIRE_GPU();
+  for (const char* mode : {"alloc", "register"}) {
+    SCOPED_TRACE(mode);
+    Ctx ctx = make_ctx({{"pinned_mode", mode}});
+    const ps_platform_api& a = raw();
+    const size_t bytes = size_t{1} << 20;
+    ps_allocation pinned{}, dev{};
+    ASSERT_EQ(a.host_alloc_pinned(ctx.get(), bytes, &pinned), PS_OK) << a.last_error();
+    ASSERT_EQ(a.device_malloc(ctx.get(), bytes, &dev), PS_OK) << a.last_error();
+    fill(pinned.ptr, bytes, 21);
+    std::vector<unsigned char> expect(bytes);
+    fill(expect.data(), bytes, 21);
+    ps_stream* stream = nullptr;
+    ASSERT_EQ(a.stream_create(ctx.get(), &stream), PS_OK);
+    const size_t hazards = fake_hazards() ? fake_hazards()() : 0;
+    for (int i = 0; i < 4; ++i)
+      ASSERT_EQ(a.copy_h2d_async(ctx.get(), dev.ptr, pinned.ptr, bytes, stream), PS_OK);
+    ASSERT_EQ(a.host_free_pinned(ctx.get(), &pinned), PS_OK) << a.last_error();  // no sync
+    if (fake_hazards()) {
+      EXPECT_EQ(fake_hazards()() - hazards, 0u) << "freed under a queued copy";
+    }
+    std::vector<unsigned char> back(bytes, 0);
+    ASSERT_EQ(a.copy_d2h(ctx.get(), back.data(), dev.ptr, bytes), PS_OK);
+    EXPECT_EQ(back, expect);
+    ASSERT_EQ(a.stream_destroy(ctx.get(), stream), PS_OK);
+    EXPECT_EQ(a.device_free(ctx.get(), &dev), PS_OK);
+  }
+}
+
+// Item 3: register mode registers in pieces of register_chunk_mb and unregisters each;
+// the fake refuses one registration larger than its limit, as drivers refuse 512 GiB.
+TEST_F(CudaGpu, RegisterModeRegistersInPieces) {
+  const auto set_max = fake_fn<FakeSetMax>("pinstage_fake_cuda_set_max_register");
+  const auto calls = fake_fn<FakeCount>("pinstage_fake_cuda_register_calls");
+  REQUIRE_FAKE(set_max);
+  set_max(size_t{1} << 20);
+  const size_t bytes = (size_t{7} << 19) + 5;  // 3.5 MiB + 5: four pieces
+  {
+    Worker worker;
+    worker.init("cuda", 0, with_config({{"pinned_mode", "register"}, {"register_chunk_mb", "1"}}));
+    const size_t before = calls();
+    auto b = worker.alloc_pinned_host(bytes);
+    EXPECT_EQ(calls() - before, 4u);
+    auto* p = static_cast<unsigned char*>(b.data());
+    EXPECT_EQ(memory_type(p), cudaMemoryTypeHost);
+    EXPECT_EQ(memory_type(p + bytes - 1), cudaMemoryTypeHost);
+    fill(p, bytes, 3);
+    auto dev = worker.alloc_device(bytes);
+    worker.copy_to_device(dev, 0, p, bytes);  // one copy across every piece
+    std::vector<unsigned char> back(bytes);
+    worker.copy_to_host(back.data(), dev, 0, bytes);
+    EXPECT_EQ(std::memcmp(back.data(), p, bytes), 0);
+    b.reset();  // every piece unregistered: TearDown finds no registered range
+    EXPECT_NE(memory_type(p), cudaMemoryTypeHost);
+  }
+  {
+    // One piece larger than the limit fails clearly and leaves nothing registered.
+    Worker worker;
+    worker.init("cuda", 0, with_config({{"pinned_mode", "register"}, {"register_chunk_mb", "2"}}));
+    try {
+      worker.alloc_pinned_host(bytes);
+      ADD_FAILURE() << "a registration past the limit succeeded";
+    } catch (const Error& e) {
+      EXPECT_TRUE(contains(e.what(), "cudaHostRegister")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "pieces of 2 MiB")) << e.what();
+    }
+    EXPECT_EQ(worker.stats().pinned_count, 0u);
+  }
+  set_max(SIZE_MAX);
+}
+
+// Item 3: a piece that fails after others were registered: they are unregistered again.
+TEST_F(CudaGpu, RegisterFailureInTheMiddleUndoesThePiecesDone) {
+  const auto inject = fake_fn<FakeInject>("pinstage_fake_cuda_inject");
+  REQUIRE_FAKE(inject);
+  Worker worker;
+  worker.init("cuda", 0, with_config({{"pinned_mode", "register"}, {"register_chunk_mb", "1"}}));
+  inject("cudaHostRegister", 3, cudaErrorMemoryAllocation, 0);
+  EXPECT_THROW(worker.alloc_pinned_host(size_t{4} << 20), Error);
+  EXPECT_EQ(worker.stats().pinned_count, 0u);           // TearDown: no registered range left
+  auto ok = worker.alloc_pinned_host(size_t{4} << 20);  // nothing sticky
+  EXPECT_EQ(memory_type(ok.data()), cudaMemoryTypeHost);
+}
+
+// Item 4: a pinstage call leaves the calling thread on the device it had chosen.
+TEST_F(CudaGpu, CallsRestoreTheCallersDevice) {
+  REQUIRE_GPU();
+  if (device_count() < 2) GTEST_SKIP() << "needs two devices";
+  std::thread([] {
+    Worker worker;
+    worker.init("cuda", 0);
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    auto still_one = [](const char* after) {
+      int current = -1;
+      ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+      EXPECT_EQ(current, 1) << "after " << after;
+    };
+    auto dev = worker.alloc_device(4096);
+    still_one("alloc_device");
+    auto pinned = worker.alloc_pinned_host(4096);
+    still_one("alloc_pinned_host");
+    worker.copy_to_device(dev, 0, pinned.data(), 4096);
+    still_one("copy_to_device");
+    worker.copy_to_host(pinned.data(), dev, 0, 4096);
+    still_one("copy_to_host");
+    auto stream = worker.create_stream();
+    auto event = worker.create_event();
+    worker.copy_to_device_async(dev, 0, pinned.data(), 4096, stream);
+    worker.record(event, stream);
+    worker.wait(event);
+    worker.synchronize(stream);
+    still_one("the stream and event calls");
+    pinned.reset();
+    dev.reset();
+    still_one("the frees");
+    worker.finalize();
+    still_one("finalize");
+  }).join();
+}
+
+// Item 5: two synchronous copies of one context run on streams of their own: one held
+// up in the copy engine does not hold up the other.
+TEST_F(CudaGpu, ConcurrentSynchronousCopiesDoNotWaitForEachOther) {
+  const auto hold = fake_fn<FakeHold>("pinstage_fake_cuda_hold");
+  const auto waiting = fake_fn<FakeCount>("pinstage_fake_cuda_held_waiting");
+  REQUIRE_FAKE(hold);
+  Worker worker;
+  worker.init("cuda", 0);
+  const size_t bytes = size_t{1} << 20;
+  auto a = worker.alloc_pinned_host(bytes), b = worker.alloc_pinned_host(bytes);
+  auto dev_a = worker.alloc_device(bytes), dev_b = worker.alloc_device(bytes);
+  fill(a.data(), bytes, 1);
+  fill(b.data(), bytes, 2);
+  worker.copy_to_device(dev_b, 0, b.data(), bytes);  // a copy stream exists before the race
+  hold(a.data(), 1);
+  std::thread held([&] { worker.copy_to_device(dev_a, 0, a.data(), bytes); });
+  while (waiting() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Not a speed check: a copy queued behind the held one would never finish.
+  auto other =
+      std::async(std::launch::async, [&] { worker.copy_to_device(dev_b, 0, b.data(), bytes); });
+  const bool overlapped = other.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  hold(a.data(), 0);
+  held.join();
+  other.get();
+  EXPECT_TRUE(overlapped) << "the second synchronous copy waited for the first";
+  std::vector<unsigned char> back(bytes);
+  worker.copy_to_host(back.data(), dev_b, 0, bytes);
+  EXPECT_EQ(std::memcmp(back.data(), b.data(), bytes), 0);
+  worker.copy_to_host(back.data(), dev_a, 0, bytes);
+  EXPECT_EQ(std::memcmp(back.data(), a.data(), bytes), 0);
+}
+
+// Item 6: the capacity is the free memory, so a size the worker approves fits.
+TEST_F(CudaGpu, CapacityIsTheFreeMemory) {
+  REQUIRE_GPU();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  size_t free0 = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  void* foreign = nullptr;
+  ASSERT_EQ(cudaMalloc(&foreign, free0 / 2), cudaSuccess);
+  {
+    Worker worker;
+    worker.init("cuda", 0);
+    const uint64_t capacity = worker.stats().device_capacity_bytes;
+    EXPECT_LE(capacity, free0 - free0 / 2) << "capacity counts memory someone else holds";
+    EXPECT_GT(capacity, 0u);
+    // A request for all of it is accepted by the capacity check and by cudaMalloc (on a
+    // GPU other processes could take some in between, so only the fake asks for all).
+    const size_t ask = fake_hazards() ? capacity : capacity / 2;
+    auto all = worker.alloc_device(ask);
+    EXPECT_EQ(memory_type(all.data()), cudaMemoryTypeDevice);
+  }
+  ASSERT_EQ(cudaFree(foreign), cudaSuccess);
+}
+
+// Item 7: after a sticky error every message says the context is unusable; an ordinary
+// error does not.
+TEST_F(CudaGpu, StickyErrorMakesEveryLaterCallSayTheContextIsUnusable) {
+  const auto inject = fake_fn<FakeInject>("pinstage_fake_cuda_inject");
+  const auto clear = fake_fn<FakeVoid>("pinstage_fake_cuda_clear_sticky");
+  REQUIRE_FAKE(inject);
+  Worker worker;
+  worker.init("cuda", 0);
+  auto dev = worker.alloc_device(4096);
+  std::vector<unsigned char> host(4096, 1);
+  inject("cudaMemcpyAsync", 1, cudaErrorInvalidValue, 0);  // ordinary: the next call works
+  try {
+    worker.copy_to_device(dev, 0, host.data(), host.size());
+    ADD_FAILURE() << "the injected error did not fail the copy";
+  } catch (const Error& e) {
+    EXPECT_FALSE(contains(e.what(), "unusable")) << e.what();
+  }
+  worker.copy_to_device(dev, 0, host.data(), host.size());
+  inject("cudaMemcpyAsync", 1, cudaErrorIllegalAddress, 1);
+  auto says_unusable = [](auto&& call, const char* what) {
+    try {
+      call();
+      ADD_FAILURE() << what << " succeeded after a sticky error";
+    } catch (const Error& e) {
+      EXPECT_TRUE(contains(e.what(), "the CUDA context is unusable")) << what << ": " << e.what();
+    }
+  };
+  says_unusable([&] { worker.copy_to_device(dev, 0, host.data(), host.size()); }, "the copy");
+  says_unusable([&] { worker.alloc_device(4096); }, "alloc_device");
+  says_unusable([&] { worker.alloc_pinned_host(4096); }, "alloc_pinned_host");
+  says_unusable([&] { worker.copy_to_host(host.data(), dev, 0, 16); }, "copy_to_host");
+  says_unusable([&] { worker.create_stream(); }, "create_stream");
+  // The first message names the call that broke it.
+  try {
+    worker.alloc_device(16);
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "cudaMemcpyAsync")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "cudaErrorIllegalAddress")) << e.what();
+  }
+  clear();  // the fake only: lets the releases below succeed for TearDown's leak check
+  says_unusable([&] { worker.alloc_device(4096); }, "alloc_device after the error cleared");
+  dev.reset();
+  worker.finalize();
+}
+
+// The VmFlags of the mapping holding `p` (/proc/self/smaps), or "" when not found.
+std::string vm_flags(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto want = reinterpret_cast<uintptr_t>(p);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream in(line);
+    if (in >> std::hex >> lo >> dash >> hi && dash == '-') {
+      inside = lo <= want && want < hi;
+      continue;
+    }
+    if (inside && line.rfind("VmFlags:", 0) == 0) return line.substr(8) + " ";
+  }
+  return "";
+}
+
+// True when a forked child that reads `p` dies of SIGSEGV (the page is not in it).
+bool child_cannot_read(const void* p) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    (void)*static_cast<const volatile char*>(p);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV;
+}
+
+// Item 8: register-mode memory is MADV_DONTFORK: a forked child does not get the
+// pages (a child writing them would otherwise copy-on-write away from the pinned copy).
+TEST_F(CudaGpu, RegisterModeMemoryIsNotInheritedByFork) {
+  REQUIRE_GPU();
+  Worker worker;
+  worker.init("cuda", 0, with_config({{"pinned_mode", "register"}}));
+  auto b = worker.alloc_pinned_host(size_t{2} << 20);
+  fill(b.data(), b.size(), 8);
+  // "dc" (VM_DONTCOPY) is what MADV_DONTFORK sets ("dd" would be MADV_DONTDUMP).
+  EXPECT_TRUE(contains(vm_flags(b.data()), " dc ")) << "VmFlags:" << vm_flags(b.data());
+  EXPECT_TRUE(child_cannot_read(b.data()));
+}
+
+// ---- the fake runtime is as strict as the real one where it matters ----
+
+TEST_F(CudaGpu, FakeDeviceMemoryIsNotHostMemory) {
+  REQUIRE_FAKE(fake_hazards());
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 1000), cudaSuccess);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u);
+  EXPECT_NE(reinterpret_cast<uintptr_t>(p) % 512, 0u) << "aligned past what cudaMalloc promises";
+  EXPECT_TRUE(child_cannot_read(p));
+  EXPECT_EQ(cudaFree(p), cudaSuccess);
+}
+
+TEST_F(CudaGpu, FakeRegistrationNeedsWritablePages) {
+  REQUIRE_FAKE(fake_hazards());
+  void* ro = mmap(nullptr, 8192, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(ro, MAP_FAILED);
+  EXPECT_NE(cudaHostRegister(ro, 8192, cudaHostRegisterPortable), cudaSuccess);
+  (void)cudaGetLastError();
+  ASSERT_EQ(mprotect(ro, 8192, PROT_READ | PROT_WRITE), 0);
+  EXPECT_EQ(cudaHostRegister(ro, 8192, cudaHostRegisterPortable), cudaSuccess);
+  EXPECT_EQ(cudaHostUnregister(ro), cudaSuccess);
+  munmap(ro, 8192);
+}
+
+TEST_F(CudaGpu, FakePageableUploadLandsLaterInStreamOrderFromASnapshot) {
+  REQUIRE_FAKE(fake_hazards());
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  void* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, 4096), cudaSuccess);
+  std::vector<unsigned char> src(4096, 1), later(4096, 2), back(4096, 0);
+  ASSERT_EQ(cudaMemcpyAsync(dev, src.data(), 4096, cudaMemcpyHostToDevice, s), cudaSuccess);
+  std::fill(src.begin(), src.end(), 9);  // the copy took its bytes when it was queued
+  ASSERT_EQ(cudaMemcpyAsync(dev, later.data(), 16, cudaMemcpyHostToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(back.data(), dev, 4096, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  EXPECT_EQ(back[0], 2);  // device-to-pageable returns done, after the stream's uploads
+  EXPECT_EQ(back[16], 1);
+  ASSERT_EQ(cudaFree(dev), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
+TEST_F(CudaGpu, FakeStreamCopiesMustTargetTheStreamsDevice) {
+  REQUIRE_FAKE(fake_hazards());
+  if (device_count() < 2) GTEST_SKIP() << "needs two devices";
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  void* dev1 = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev1, 4096), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<unsigned char> host(4096, 3);
+  EXPECT_NE(cudaMemcpyAsync(dev1, host.data(), 4096, cudaMemcpyHostToDevice, s), cudaSuccess);
+  (void)cudaGetLastError();
+  ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  ASSERT_EQ(cudaFree(dev1), cudaSuccess);
+}
+
+TEST_F(CudaGpu, FakeTimedEventsAndTheProbesQueries) {
+  REQUIRE_FAKE(fake_hazards());
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&stop), cudaSuccess);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(start, s), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(stop, s), cudaSuccess);
+  ASSERT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+  float ms = -1;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
+  EXPECT_GE(ms, 0.0f);
+  int driver = 0, runtime = 0;
+  EXPECT_EQ(cudaDriverGetVersion(&driver), cudaSuccess);
+  EXPECT_EQ(cudaRuntimeGetVersion(&runtime), cudaSuccess);
+  EXPECT_GT(driver, 0);
+  char bus[32] = {};
+  EXPECT_EQ(cudaDeviceGetPCIBusId(bus, sizeof bus, 0), cudaSuccess);
+  EXPECT_GT(std::strlen(bus), 0u);
+  ASSERT_EQ(cudaEventDestroy(start), cudaSuccess);
+  ASSERT_EQ(cudaEventDestroy(stop), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
 }  // namespace

@@ -232,17 +232,21 @@ TEST(CudaConfig, DefaultsWhenEmpty) {
   EXPECT_EQ(c.register_threshold_bytes, uint64_t{64} << 20);
   EXPECT_EQ(c.prefault_threads, 0);
   EXPECT_FALSE(c.register_thp);
+  EXPECT_EQ(c.register_chunk_bytes, uint64_t{64} << 30);  // 64 GiB pieces
 }
 
 TEST(CudaConfig, EveryKey) {
   const CudaConfig c = parse({{"pinned_mode", "register"},
                               {"register_threshold_mb", "3"},
                               {"prefault_threads", "5"},
-                              {"register_thp", "1"}});
+                              {"register_thp", "1"},
+                              {"register_chunk_mb", "1"}});
   EXPECT_EQ(c.pinned_mode, PinnedMode::reg);
   EXPECT_EQ(c.register_threshold_bytes, uint64_t{3} << 20);
   EXPECT_EQ(c.prefault_threads, 5);
   EXPECT_TRUE(c.register_thp);
+  EXPECT_EQ(c.register_chunk_bytes, uint64_t{1} << 20);
+  EXPECT_EQ(parse({{"register_chunk_mb", "65536"}}).register_chunk_bytes, uint64_t{64} << 30);
   EXPECT_EQ(parse({{"pinned_mode", "alloc"}}).pinned_mode, PinnedMode::alloc);
   EXPECT_EQ(parse({{"pinned_mode", "auto"}}).pinned_mode, PinnedMode::auto_select);
   EXPECT_TRUE(parse({{"register_thp", "on"}}).register_thp);
@@ -272,18 +276,20 @@ TEST(CudaConfig, BadValuesNameTheKeyValueAndWhatIsExpected) {
     const char* value;
     const char* expected;
   };
-  for (const Bad& b :
-       {Bad{"pinned_mode", "fast", "auto, alloc or register"},
-        Bad{"pinned_mode", "", "auto, alloc or register"},
-        Bad{"pinned_mode", "alloc ", "auto, alloc or register"},
-        Bad{"register_threshold_mb", "-1", "whole number of MiB"},
-        Bad{"register_threshold_mb", "12x", "whole number of MiB"},
-        Bad{"register_threshold_mb", "", "whole number of MiB"},
-        Bad{"register_threshold_mb", "99999999999999999999", "whole number of MiB"},
-        Bad{"register_threshold_mb", "8796093022208", "whole number of MiB"},
-        Bad{"prefault_threads", "1025", "0 (one per core) to 1024"},
-        Bad{"prefault_threads", "two", "0 (one per core) to 1024"},
-        Bad{"register_thp", "maybe", "0 or 1"}, Bad{"register_thp", "2", "0 or 1"}}) {
+  for (const Bad& b : {Bad{"pinned_mode", "fast", "auto, alloc or register"},
+                       Bad{"pinned_mode", "", "auto, alloc or register"},
+                       Bad{"pinned_mode", "alloc ", "auto, alloc or register"},
+                       Bad{"register_threshold_mb", "-1", "whole number of MiB"},
+                       Bad{"register_threshold_mb", "12x", "whole number of MiB"},
+                       Bad{"register_threshold_mb", "", "whole number of MiB"},
+                       Bad{"register_threshold_mb", "99999999999999999999", "whole number of MiB"},
+                       Bad{"register_threshold_mb", "8796093022208", "whole number of MiB"},
+                       Bad{"prefault_threads", "1025", "0 (one per core) to 1024"},
+                       Bad{"prefault_threads", "two", "0 (one per core) to 1024"},
+                       Bad{"register_thp", "maybe", "0 or 1"}, Bad{"register_thp", "2", "0 or 1"},
+                       Bad{"register_chunk_mb", "0", "1 to 65536 MiB"},
+                       Bad{"register_chunk_mb", "65537", "1 to 65536 MiB"},
+                       Bad{"register_chunk_mb", "1g", "1 to 65536 MiB"}}) {
     const std::string msg = parse_error({{b.key, b.value}});
     EXPECT_TRUE(contains(msg, std::string(b.key) + "='" + b.value + "'")) << msg;
     EXPECT_TRUE(contains(msg, b.expected)) << msg;
@@ -320,6 +326,16 @@ TEST(CudaStatus, MapsErrorsToStatuses) {
   EXPECT_EQ(status_from_cuda(cudaErrorNotSupported, PS_ERR_BACKEND), PS_ERR_UNSUPPORTED);
   EXPECT_EQ(status_from_cuda(cudaErrorIllegalAddress, PS_ERR_COPY_FAILED), PS_ERR_COPY_FAILED);
   EXPECT_EQ(status_from_cuda(cudaErrorIllegalAddress, PS_ERR_BACKEND), PS_ERR_BACKEND);
+}
+
+TEST(CudaStatus, StickyErrorsAreThoseThatBreakTheContext) {
+  using pinstage::cuda::is_sticky;
+  for (cudaError_t e : {cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorECCUncorrectable,
+                        cudaErrorMisalignedAddress, cudaErrorHardwareStackError})
+    EXPECT_TRUE(is_sticky(e)) << e;
+  for (cudaError_t e : {cudaSuccess, cudaErrorMemoryAllocation, cudaErrorInvalidValue,
+                        cudaErrorNoDevice, cudaErrorHostMemoryNotRegistered, cudaErrorNotReady})
+    EXPECT_FALSE(is_sticky(e)) << e;
 }
 
 TEST(CudaStatus, TextHasTheRuntimeStringAndName) {

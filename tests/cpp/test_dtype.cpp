@@ -9,6 +9,7 @@
 #include <random>
 
 #include "pinstage/dtype.h"
+#include "pinstage/safetensors.h"
 
 namespace pinstage {
 namespace {
@@ -30,13 +31,26 @@ TEST(DType, SizesAndNames) {
   EXPECT_EQ(dtype_size(DType::f32), 4u);
   EXPECT_EQ(dtype_size(DType::i32), 4u);
   EXPECT_EQ(dtype_size(DType::i64), 8u);
-  for (DType d : {DType::bf16, DType::f16, DType::f32, DType::i32, DType::i64}) {
+  // The raw-storage dtypes complete the safetensors set.
+  EXPECT_EQ(dtype_size(DType::boolean), 1u);
+  EXPECT_EQ(dtype_size(DType::u8), 1u);
+  EXPECT_EQ(dtype_size(DType::i8), 1u);
+  EXPECT_EQ(dtype_size(DType::i16), 2u);
+  EXPECT_EQ(dtype_size(DType::f64), 8u);
+  EXPECT_EQ(dtype_size(DType::f8_e4m3), 1u);
+  EXPECT_EQ(dtype_size(DType::f8_e5m2), 1u);
+  for (DType d : {DType::bf16, DType::f16, DType::f32, DType::i32, DType::i64, DType::boolean,
+                  DType::u8, DType::i8, DType::i16, DType::f64, DType::f8_e4m3, DType::f8_e5m2}) {
     EXPECT_EQ(parse_dtype(dtype_name(d)), d);
     EXPECT_EQ(parse_dtype(dtype_safetensors_name(d)), d);
+    EXPECT_EQ(safetensors_dtype_size(dtype_safetensors_name(d)), dtype_size(d));
   }
   EXPECT_STREQ(dtype_safetensors_name(DType::bf16), "BF16");
   EXPECT_STREQ(dtype_name(DType::i64), "i64");
-  EXPECT_FALSE(parse_dtype("F64"));
+  EXPECT_STREQ(dtype_safetensors_name(DType::boolean), "BOOL");
+  EXPECT_STREQ(dtype_name(DType::f8_e5m2), "f8_e5m2");
+  EXPECT_EQ(safetensors_dtype_size("f64"), 0u);  // the format spells dtypes upper-case
+  EXPECT_FALSE(parse_dtype("F128"));
   EXPECT_FALSE(parse_dtype(""));
   EXPECT_FALSE(parse_dtype("Bf16"));
 }

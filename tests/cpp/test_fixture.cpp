@@ -382,5 +382,21 @@ TEST(FixtureValues, BytesDependOnlyOnTheConfig) {
   }
 }
 
+// The thread count never changes a byte, including counts above this machine's cores and
+// the odd counts that split items unevenly: a generator whose output changes at 4 or more
+// threads must fail here (issue 14). `ref` above ran on all cores; 1 and 3 are covered
+// there too.
+TEST(FixtureValues, BytesDoNotDependOnTheThreadCount) {
+  PageableAllocator pageable;
+  Config c = layers(1);
+  c.threads = 1;
+  const TaskArgs ref = make_args(pageable, c);
+  for (int threads : {2, 3, 4, 7, 8}) {
+    c.threads = threads;
+    const TaskArgs other = make_args(pageable, c);
+    expect_differs_only_in(ref, other, {}, ("threads " + std::to_string(threads)).c_str());
+  }
+}
+
 }  // namespace
 }  // namespace pinstage::qwen3

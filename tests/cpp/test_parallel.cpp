@@ -1,10 +1,18 @@
 // The thread pool: every index once, exceptions propagate, nesting runs inline.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "pinstage/error.h"
 #include "pinstage/parallel.h"
 
 namespace pinstage {
@@ -50,6 +58,53 @@ TEST(ParallelMemcpy, CopiesOddSizesExactly) {
     parallel_memcpy(dst.data(), src.data(), n);
     EXPECT_EQ(dst, src);
   }
+}
+
+// VmSize of this process in bytes, from /proc/self/status.
+uint64_t address_space_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  uint64_t kib = 0;
+  while (status >> key) {
+    if (key == "VmSize:") {
+      status >> kib;
+      return kib * 1024;
+    }
+    status.ignore(1 << 12, '\n');
+  }
+  return 0;
+}
+
+// In a fresh child: 4096 threads under an address-space limit that fits a few dozen
+// thread stacks. Exits 0 when both attempts fail with Error(out_of_memory).
+[[noreturn]] void start_pool_under_a_memory_limit() {
+  alarm(120);  // the bug was a hang: make it a failure (SIGALRM), not a stuck test
+  setenv("PINSTAGE_NUM_THREADS", "4096", 1);
+  const rlim_t limit = address_space_bytes() + (rlim_t{256} << 20);
+  const rlimit rl{limit, limit};
+  if (setrlimit(RLIMIT_AS, &rl) != 0) std::_Exit(3);
+  int failures = 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      parallel_for(100000, 1, [](size_t, size_t) {});
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::out_of_memory) ++failures;
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+  }
+  std::_Exit(failures == 2 ? 0 : 4);
+}
+
+// Issue 14, defect 6: the pool must fail with a clear error (twice: the second call
+// retries and fails the same way), not hang or terminate while unwinding. Runs in a
+// fresh child (threadsafe death test) so the pool is not built yet.
+TEST(ParallelForDeathTest, APartialPoolStartIsAClearErrorNotAHang) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizer runtimes reserve address space: RLIMIT_AS cannot model this";
+#endif
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(start_pool_under_a_memory_limit(), testing::ExitedWithCode(0),
+              "could not start thread [0-9]+ of 4095 .*lower PINSTAGE_NUM_THREADS \\(now 4096");
 }
 
 }  // namespace

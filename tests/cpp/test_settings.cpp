@@ -40,7 +40,11 @@ void expect_refused(const char* name, const char* value) {
 
 TEST(Settings, TheTableListsEveryVariableOnce) {
   const auto table = settings_table();
-  EXPECT_EQ(table.size(), 6u);
+  for (Setting id :
+       {Setting::log, Setting::num_threads, Setting::sim_device_capacity, Setting::sim_fault,
+        Setting::gen_isa, Setting::golden_isa, Setting::pin_policy})
+    EXPECT_EQ(setting_info(id).id, id);
+  EXPECT_GE(table.size(), 7u);
   for (size_t i = 0; i < table.size(); ++i) {
     EXPECT_EQ(std::string(table[i].name).rfind("PINSTAGE_", 0), 0u) << table[i].name;
     EXPECT_EQ(&setting_info(table[i].id), &table[i]);
@@ -91,6 +95,30 @@ TEST(Settings, GoldenIsa) {
   for (const char* bad : {"neon", "avx512bf16"}) expect_refused("PINSTAGE_GOLDEN_ISA", bad);
   EnvVar env("PINSTAGE_GOLDEN_ISA", "generic");
   EXPECT_EQ(setting_choice(Setting::golden_isa), "generic");
+}
+
+// Issue 14, defect 7: the exact values the adversarial pass found accepted. Each must be
+// refused by check_settings() and Worker::init, naming the variable and the value.
+TEST(Settings, Issue14SilentAcceptanceIsRefused) {
+  for (const char* bad : {"abc", "-1", "0", "1.5", "2abc", "100000", "4097"})
+    expect_refused("PINSTAGE_NUM_THREADS", bad);
+  expect_refused("PINSTAGE_LOG", "bogus");
+  for (const char* bad : {"host_alloc:1K", "host_alloc:1k", "host_alloc:-1", "host_alloc:1.0",
+                          "host_alloc: 1", "host_alloc:"})
+    expect_refused("PINSTAGE_SIM_FAULT", bad);
+  // The bound's ends are accepted: the range is 1..4096, not "anything that parses".
+  for (const char* good : {"1", "4096"}) {
+    EnvVar env("PINSTAGE_NUM_THREADS", good);
+    EXPECT_EQ(setting_num_threads(), std::stoi(good));
+  }
+}
+
+TEST(Settings, PinPolicy) {
+  for (const char* bad : {"lax", "STRICT", "strict,fallback"})
+    expect_refused("PINSTAGE_PIN_POLICY", bad);
+  EXPECT_EQ(setting_choice(Setting::pin_policy), std::nullopt);  // default: strict
+  EnvVar env("PINSTAGE_PIN_POLICY", "fallback");
+  EXPECT_EQ(setting_choice(Setting::pin_policy), "fallback");
 }
 
 TEST(Settings, ByteCountsAndIntegersAreParsedStrictly) {

@@ -51,7 +51,7 @@ def run_cli(cli, *args):
 def fixture_file(cli, tmp_path_factory):
     path = tmp_path_factory.mktemp("fixture") / "qwen3.safetensors"
     done = run_cli(cli, "fixture", "qwen3-decode", "--layers", L, "--seed", SEED,
-                   "--seq-len", SEQ_LEN, "--out", path, "--json")
+                   "--seq-len", SEQ_LEN, "--out", path, "--json", "-")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["file_bytes"] == path.stat().st_size
@@ -270,7 +270,7 @@ def test_random_values_match_an_independent_generator(fixture_file, stream):
 
 
 def test_size_only_needs_no_memory(cli):
-    done = run_cli(cli, "fixture", "qwen3-decode", "--layers", 40, "--size-only", "--json")
+    done = run_cli(cli, "fixture", "qwen3-decode", "--layers", 40, "--size-only", "--json", "-")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["input_bytes"] == 40_859_999_040
@@ -280,7 +280,7 @@ def test_size_only_needs_no_memory(cli):
 @pytest.mark.parametrize("args,word", [
     (["--seq-len", "0"], "seq_len"),
     (["--seq-len", "5501"], "seq_len"),
-    (["--layers", "0"], "n_layers"),
+    (["--layers", "0"], "--layers 0 is not a size"),
     (["--repeat", "0"], "--repeat"),
     (["--size-only", "--out", "x.safetensors"], "--size-only"),
 ])
@@ -295,7 +295,7 @@ def test_bad_parameters_are_refused(cli, args, word):
     (["--upload", "x"], "unknown upload path 'x'"),
     (["--rounds", "0"], "rounds must be >= 1"),
     (["--skip-golden", "--save-golden", "g.safetensors"], "--save-golden needs the golden"),
-    (["--layers", "0"], "n_layers is 0"),
+    (["--layers", "0"], "--layers 0 is not a size"),
 ])
 def test_scene_refuses_bad_parameters_before_generating(cli, tmp_path, args, words):
     done = subprocess.run([str(cli), "scene", "qwen3-decode", *args], capture_output=True,

@@ -1,5 +1,6 @@
 """DLPack device of a cuda-backed worker's pinned memory: kDLCPU unless the consumer asks
-for kDLCUDAHost (PyTorch 1.13's from_dlpack refuses kDLCUDAHost). Runs the cuda plugin on
+for kDLCUDAHost (PyTorch 1.13's from_dlpack refuses kDLCUDAHost; how torch words that
+refusal is torch's business, so it is not asserted). Runs the cuda plugin on
 the project's fake CUDA runtime (tests/cpp/test_cuda_fake_runtime.cpp) in a subprocess,
 since the runtime must be first on LD_LIBRARY_PATH when the process starts."""
 import json
@@ -26,11 +27,6 @@ b = w.alloc_pinned_host(4096)
 out = {"backend": w.backend, "default": list(b.__dlpack_device__())}
 out["asked_cuda_host"] = list(device_of(b.__dlpack__(dl_device=(3, 0))))
 out["asked_cpu"] = list(device_of(b.__dlpack__(dl_device=(1, 0))))
-try:
-    torch.from_dlpack(b.__dlpack__(dl_device=(3, 0)))
-    out["torch_cuda_host"] = "accepted"
-except RuntimeError as e:
-    out["torch_cuda_host"] = str(e)
 t = torch.from_dlpack(b)  # the default: kDLCPU, which torch takes
 t[:4] = 7
 out["views"] = b.live_views
@@ -60,5 +56,4 @@ def test_cuda_backend_exports_cuda_host_only_on_request(build_dir):
     assert out["default"] == [1, 0]  # kDLCPU unless asked
     assert out["asked_cuda_host"] == [3, 0]  # kDLCUDAHost on request
     assert out["asked_cpu"] == [1, 0]
-    assert "Unsupported device_type: 3" in out["torch_cuda_host"]
     assert out["views"] == 1 and out["read_back"] == 7

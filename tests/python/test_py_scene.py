@@ -10,6 +10,7 @@ import torch
 import pinstage
 from pinstage import TaskArgs, qwen3
 from pinstage.scene import (Qwen3DecodeCase, RegisteredSceneCase, SceneParams, SceneTestCase,
+                            params_class,
                             scene_cases)
 
 # One layer is 1 GB of arguments; a short sequence keeps the decode quick.
@@ -128,7 +129,7 @@ def test_qwen3_case_passes_end_to_end(qwen3_runs, hook):
     assert result.report.executed and result.report.uploaded_count == 19
     assert result.pinned == (hook == "pinned")
     assert (result.args.worker is w) == (hook == "pinned")
-    assert result.params == SceneParams.parse(PARAMS)
+    assert result.params == params_class("qwen3-decode").parse(PARAMS)
     # The run really computed: out holds the decode's result, not the fixture's zeros.
     assert result.args.out.abs().sum().item() > 0
 

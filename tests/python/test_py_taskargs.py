@@ -44,12 +44,13 @@ def test_add_validates_its_input():
         args.add("a", [1, 2])
     with pytest.raises(pinstage.InvalidArgumentError, match="not contiguous"):
         args.add("a", torch.zeros(4, 4).t())
-    with pytest.raises(pinstage.InvalidArgumentError, match="dtype torch.uint8"):
-        args.add("a", torch.zeros(4, dtype=torch.uint8))
+    with pytest.raises(pinstage.InvalidArgumentError, match="dtype torch.complex64"):
+        args.add("a", torch.zeros(4, dtype=torch.complex64))
     with pytest.raises(pinstage.InvalidArgumentError, match="unknown direction 'sideways'"):
         args.add("a", torch.zeros(4), direction="sideways")
     args.add("a", torch.zeros(4), direction="INOUT")
-    with pytest.raises(pinstage.InvalidArgumentError, match="a"):
+    with pytest.raises(pinstage.InvalidArgumentError,
+                       match="'a' is already there; names must be unique"):
         args.add("a", torch.zeros(4))
     assert len(args) == 1
 
@@ -142,8 +143,8 @@ def test_task_args_hold_pinned_tensors_alive_and_counted(worker, alloc):
     args.add("t", t)
     del t
     gc.collect()
-    with pytest.raises(BufferError, match="1 live view"):
-        worker.finalize()  # the args still hold the tensor
+    with pytest.raises(BufferError, match=r"2 view\(s\), 1 of them held by TaskArgs"):
+        worker.finalize()  # the args still hold the tensor (its view, and their lease)
     assert args["t"].sum().item() == 64.0
     del args
     gc.collect()
@@ -160,3 +161,17 @@ def test_verify_upload_catches_a_corrupted_upload(worker, alloc):
     assert (e.value.phase, e.value.tensor, e.value.code) == ("verify", "b", "mismatch")
     report = Binder(worker, verify_upload=True).run(args)  # no fault: verifies clean
     assert report.phase_seconds["verify"] > 0
+
+
+def test_verify_reads_every_upload_back(worker, alloc):
+    """verify ran, proved by what it does: inputs only, so a bind without verify copies
+    nothing back, while verify reads each upload back (and meets the injected fault)."""
+    args = TaskArgs()
+    args.add("a", alloc.normal((4096,)))
+    worker.inject_fault("copy_d2h", 1)
+    with pytest.raises(pinstage.BindError) as e:
+        Binder(worker, verify_upload=True).run(args)
+    assert (e.value.phase, e.value.tensor) == ("verify", "a")
+    worker.inject_fault("copy_d2h", 1)
+    report = Binder(worker, verify_upload=False).run(args)  # no read-back: no fault hit
+    assert report.downloaded_count == 0

@@ -11,7 +11,7 @@ from pinstage import PinnedTorchAllocator
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int32,
                                    torch.int64, torch.uint8, torch.bool, torch.float64,
-                                   torch.complex64])
+                                   torch.int8, torch.int16])
 def test_tensors_are_contiguous_cpu_and_pinned(alloc, worker, dtype):
     t = alloc.zeros((3, 5, 7), dtype)
     assert t.dtype == dtype and t.shape == (3, 5, 7)
@@ -63,9 +63,9 @@ def test_shapes_are_validated(alloc, worker):
 
 
 def test_dtypes_are_validated(alloc):
-    for bad in ("float32", float, None, torch.quint8):
+    for bad in ("float32", float, torch.quint8):
         with pytest.raises(pinstage.InvalidArgumentError, match="dtype must be one of"):
-            alloc.empty((2,), bad)
+            alloc.empty((2,), dtype=bad)
     with pytest.raises(pinstage.InvalidArgumentError, match="dtype must be one of float32"):
         alloc.normal((2,), dtype=torch.int32)
     with pytest.raises(TypeError, match="needs a torch.Tensor"):

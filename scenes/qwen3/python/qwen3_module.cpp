@@ -114,7 +114,7 @@ void bind_golden(py::module_& m) {
           throw Error(ErrorCode::invalid_argument,
                       "compute_golden: layers must be >= 1, got " + std::to_string(layers));
         Busy busy(a.worker);
-        py::gil_scoped_release nogil;
+        GilReleased nogil;
         return qwen3::compute_golden(a.args, static_cast<int>(layers));
       },
       py::arg("args"), py::arg("layers"));
@@ -123,7 +123,7 @@ void bind_golden(py::module_& m) {
       [](const PyArgs& a, const qwen3::Golden& golden) {
         a.require_usable("compare");
         Busy busy(a.worker);
-        py::gil_scoped_release nogil;
+        GilReleased nogil;
         return qwen3::compare(a.args, golden);
       },
       py::arg("result"), py::arg("golden"));

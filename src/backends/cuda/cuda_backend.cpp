@@ -8,38 +8,74 @@
 //  - alloc: cudaHostAlloc(cudaHostAllocPortable). Never write-combined: the host reads
 //    these buffers back to check results, and WC reads are uncached and very slow.
 //  - register: pinstage::map_pages (mmap, then the one parallel pre-fault: page faults
-//    are kernel work that scales with cores), then one cudaHostRegister(portable) over
-//    the resident range. cudaHostAlloc faults and locks inside one driver call,
+//    are kernel work that scales with cores), madvise(MADV_DONTFORK) (a forked child
+//    must not share or copy-on-write pages the copy engine reads), then cudaHostRegister
+//    (portable) over the resident range in pieces of at most register_chunk_mb (64 GiB:
+//    one registration of 512 GiB or more fails on current drivers, and a huge one holds
+//    driver locks for seconds). cudaHostAlloc faults and locks inside one driver call,
 //    serially, which is what makes large pinned buffers slow to create.
 // The backend keeps no table of its buffers (the runtime's one allocation table does):
 // a register-mode buffer carries its mapping in ps_allocation.handle (a RegisteredPages
 // record), an alloc-mode buffer has handle NULL. So each buffer is released the way it
-// was made: cudaFreeHost, or cudaHostUnregister then munmap. Both modes are portable, so
-// any context may copy from them.
+// was made: cudaFreeHost, or cudaHostUnregister of each piece then munmap. Both modes are portable,
+// so any context may copy from them.
 //
 // Note [Device per call]
 // ~~~~~~~~~~~~~~~~~~~~~~
-// Every slot that touches the device first calls cudaSetDevice(ctx->device) on the
-// calling thread: a worker may be driven from any thread, whose current device is
-// whatever that thread last set (device 0 on a fresh thread). The previous device is
-// not restored; the calling thread is left on the worker's device.
+// Every slot that touches the device runs in a SlotScope: it makes the worker's device
+// current on the calling thread (a worker may be driven from any thread, whose current
+// device is whatever that thread last set) and restores the thread's previous device on
+// the way out, so a pinstage call never moves the current device of a thread that also
+// uses CUDA itself (PyTorch). cudaSetDevice runs only when the devices differ.
+//
+// Note [Streams of synchronous copies]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// copy_h2d/copy_d2h borrow a stream from the context's pool for the one copy and give it
+// back after the synchronize; the pool grows to the number of synchronous copies ever in
+// flight at once. So concurrent synchronous copies of one context (an upload on one
+// thread, a download on another) run on streams of their own and may overlap, where one
+// shared stream would serialize them.
+//
+// Note [Release waits for copies]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// cudaFreeHost and cudaHostUnregister do not wait for copies still queued on a stream
+// (cudaFree does), and in register mode munmap would then return pages the copy engine
+// still reads. So host_free_pinned first synchronizes every stream of the context (the
+// backend keeps a list of them for this alone; handles are still checked by the
+// runtime's table). Copies of other contexts from a buffer are the caller's to finish.
+//
+// Note [Sticky errors]
+// ~~~~~~~~~~~~~~~~~~~~
+// Some CUDA errors (an illegal address, a failed launch, ...) leave the context
+// unusable: every later call fails with the same error. After a failure the backend
+// clears the runtime's error and peeks again (or knows the code as sticky); when the
+// error is still there the context is marked unusable, and from then on every slot
+// fails at once saying "the CUDA context is unusable" and which call broke it; releases
+// are still attempted, and their messages say the same.
 #include <cuda_runtime_api.h>
 
+#include <sys/mman.h>
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <shared_mutex>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "backends/cuda/cuda_config.h"
 #include "backends/cuda/cuda_status.h"
 #include "pinstage/backend/cuda_ext.h"
+#include "pinstage/backend/faults.h"
 #include "pinstage/backend/platform_abi.h"
 #include "pinstage/backend/slot.h"
 #include "pinstage/clock.h"
@@ -62,12 +98,20 @@ struct ps_device_ctx {
   int device = 0;
   CudaConfig config;
   uint64_t capacity = 0;
-  cudaStream_t stream = nullptr;  // the synchronous copies run on this
 
-  std::mutex mu;           // guards everything below
-  uint64_t committed = 0;  // includes reservations of cudaMalloc calls in flight
-  std::array<uint64_t, PS_FAULT_KIND_COUNT> fault_countdown{};
+  std::mutex mu;                    // guards everything below up to streams_mu
+  uint64_t committed = 0;           // includes reservations of cudaMalloc calls in flight
+  pinstage::backend::FaultCountdowns faults;  // the fault hook (backend/faults.h)
   ps_cuda_pin_stats pin_stats{};
+  std::vector<cudaStream_t> idle_copy_streams;  // Note [Streams of synchronous copies]
+  size_t copy_stream_count = 0;                 // made so far (idle or borrowed)
+  std::string unusable;                         // Note [Sticky errors]: why, once set
+  std::atomic<bool> is_unusable{false};
+
+  // Note [Release waits for copies]: the context's streams. Shared while a release
+  // synchronizes them, exclusive to add or remove one.
+  std::shared_mutex streams_mu;
+  std::vector<cudaStream_t> streams;
 };
 
 namespace {
@@ -75,12 +119,17 @@ namespace {
 // ps_allocation.handle of a register-mode buffer: what releasing it needs.
 struct RegisteredPages {
   pinstage::MappedPages pages;
+  size_t chunk_bytes = 0;  // registered in pieces of this many bytes (the last shorter)
 };
 
 using pinstage::backend::fail;
 using pinstage::backend::require;
 
 thread_local std::string t_last_error;
+// The context of the slot running on this thread (SlotScope), for check().
+thread_local ps_device_ctx* t_ctx = nullptr;
+
+constexpr const char* kUnusable = "the CUDA context is unusable";
 
 // Runs a slot body: the one error style (pinstage/backend/slot.h), nothing unwinds
 // through the C ABI.
@@ -91,20 +140,41 @@ int guarded(Body&& body) noexcept {
 
 std::string dev_name(const ps_device_ctx* ctx) { return "device " + std::to_string(ctx->device); }
 
+// What every message after a sticky error ends with.
+std::string unusable_text(ps_device_ctx* ctx) {
+  std::lock_guard lock(ctx->mu);
+  return std::string("; ") + kUnusable + " (" + dev_name(ctx) + ", since " + ctx->unusable +
+         "): finalize the worker and restart the process";
+}
+
+// Note [Sticky errors]: marks t_ctx unusable when `error` outlives clearing the
+// runtime's error state; returns what the failure's message must add.
+std::string note_failure(cudaError_t error, const std::string& text) {
+  (void)cudaGetLastError();  // clear the runtime's non-sticky error state
+  ps_device_ctx* ctx = t_ctx;
+  if (ctx == nullptr) return "";
+  if (pinstage::cuda::is_sticky(error) || cudaPeekAtLastError() != cudaSuccess) {
+    std::lock_guard lock(ctx->mu);
+    if (ctx->unusable.empty()) ctx->unusable = text;
+    ctx->is_unusable = true;
+  }
+  return ctx->is_unusable ? unusable_text(ctx) : "";
+}
+
 // Fails with the CUDA error's status and text unless `error` is cudaSuccess. `what`
 // names the call: a string, or (on hot paths) a callable returning one, so the text is
 // built only on failure.
 template <class What>
 void check(cudaError_t error, What&& what, ps_status fallback = PS_ERR_BACKEND) {
   if (error == cudaSuccess) return;
-  (void)cudaGetLastError();  // clear the runtime's non-sticky error state
   std::string text;
   if constexpr (std::is_invocable_v<What>)
     text = what();
   else
     text = what;
-  fail(pinstage::cuda::status_from_cuda(error, fallback),
-       text + ": " + pinstage::cuda::cuda_error_text(error));
+  text += ": " + pinstage::cuda::cuda_error_text(error);
+  const std::string suffix = note_failure(error, text);
+  fail(pinstage::cuda::status_from_cuda(error, fallback), text + suffix);
 }
 
 ps_device_ctx* require_ctx(ps_device_ctx* ctx) {
@@ -112,23 +182,104 @@ ps_device_ctx* require_ctx(ps_device_ctx* ctx) {
   return ctx;
 }
 
-// Note [Device per call].
-void use_device(const ps_device_ctx* ctx) {
-  check(
-      cudaSetDevice(ctx->device),
-      [ctx] { return "cudaSetDevice(" + std::to_string(ctx->device) + ")"; }, PS_ERR_NO_DEVICE);
-}
+// Note [Device per call]: makes `device` current on this thread for the scope, then
+// puts the thread's previous device back. `must`: a failed switch throws (else it is
+// left to the CUDA calls that follow to fail, as releases want).
+class DeviceSwitch {
+ public:
+  DeviceSwitch(int device, bool must) {
+    int current = -1;
+    const cudaError_t got = cudaGetDevice(&current);
+    if (got == cudaSuccess && current == device) return;
+    const cudaError_t set = cudaSetDevice(device);
+    if (set == cudaSuccess) {
+      restore_ = got == cudaSuccess ? current : -1;
+    } else if (must) {
+      check(
+          set, [device] { return "cudaSetDevice(" + std::to_string(device) + ")"; },
+          PS_ERR_NO_DEVICE);
+    } else {
+      (void)cudaGetLastError();
+    }
+  }
+  DeviceSwitch(const DeviceSwitch&) = delete;
+  DeviceSwitch& operator=(const DeviceSwitch&) = delete;
+  ~DeviceSwitch() {
+    if (restore_ >= 0 && cudaSetDevice(restore_) != cudaSuccess) (void)cudaGetLastError();
+  }
 
-// The fault hook's countdown: true on the nth call of `kind`, once.
-bool fault_hits(ps_device_ctx* ctx, ps_fault_kind kind) {
-  std::lock_guard lock(ctx->mu);
-  uint64_t& left = ctx->fault_countdown[kind];
-  return left != 0 && --left == 0;
-}
+ private:
+  int restore_ = -1;
+};
+
+// Sets t_ctx for the scope.
+struct CurrentCtx {
+  explicit CurrentCtx(ps_device_ctx* ctx) { t_ctx = ctx; }
+  CurrentCtx(const CurrentCtx&) = delete;
+  CurrentCtx& operator=(const CurrentCtx&) = delete;
+  ~CurrentCtx() { t_ctx = nullptr; }
+};
+
+// What every slot that touches the device runs in: the context checked (and, unless
+// `release`, refused once unusable), the worker's device current until it ends.
+class SlotScope {
+ public:
+  explicit SlotScope(ps_device_ctx* ctx, bool release = false)
+      : current_(require_ctx(ctx)), device_(usable(ctx, release)->device, !release) {}
+
+ private:
+  static ps_device_ctx* usable(ps_device_ctx* ctx, bool release) {
+    if (!release && ctx->is_unusable) {
+      std::lock_guard lock(ctx->mu);
+      fail(PS_ERR_BACKEND, dev_name(ctx) + ": " + kUnusable + " since " + ctx->unusable +
+                               ": finalize the worker and restart the process");
+    }
+    return ctx;
+  }
+  CurrentCtx current_;
+  DeviceSwitch device_;
+};
+
+// Note [Streams of synchronous copies]: a stream of the context's pool, borrowed for one
+// synchronous copy.
+class CopyStream {
+ public:
+  explicit CopyStream(ps_device_ctx* ctx) : ctx_(ctx) {
+    {
+      std::lock_guard lock(ctx->mu);
+      if (!ctx->idle_copy_streams.empty()) {
+        stream_ = ctx->idle_copy_streams.back();
+        ctx->idle_copy_streams.pop_back();
+        return;
+      }
+    }
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+          "cudaStreamCreateWithFlags (a copy stream) on " + dev_name(ctx));
+    std::lock_guard lock(ctx->mu);
+    ++ctx->copy_stream_count;
+  }
+  CopyStream(const CopyStream&) = delete;
+  CopyStream& operator=(const CopyStream&) = delete;
+  ~CopyStream() {
+    std::lock_guard lock(ctx_->mu);
+    try {
+      ctx_->idle_copy_streams.push_back(stream_);
+    } catch (...) {  // no memory: the stream is not reused, destroy_context misses it
+    }
+  }
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  ps_device_ctx* ctx_;
+  cudaStream_t stream_ = nullptr;
+};
+
+// The fault hook: true on the nth call of `kind`, once.
+bool fault_hits(ps_device_ctx* ctx, ps_fault_kind kind) { return ctx->faults.hits(kind); }
 
 // Fails the nth call of `kind` once.
 void maybe_fault(ps_device_ctx* ctx, ps_fault_kind kind, const char* what) {
-  if (fault_hits(ctx, kind)) fail(PS_ERR_INJECTED_FAULT, std::string("injected fault: ") + what);
+  ctx->faults.maybe_fail(kind, what);
 }
 
 // The corrupt_h2d fault: once the upload on `s` is done, flip one bit of its middle byte
@@ -181,7 +332,8 @@ void require_device(int device_id) {
                                std::to_string(count - 1) + "; see CUDA_VISIBLE_DEVICES)");
 }
 
-void log_context(const ps_device_ctx* ctx, size_t free_bytes, size_t total_bytes) {
+void log_context(const ps_device_ctx* ctx, size_t free_bytes, size_t total_bytes,
+                 uint64_t capacity) {
   if (pinstage::log_level() > pinstage::LogLevel::info) return;
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, ctx->device) == cudaSuccess)
@@ -189,7 +341,7 @@ void log_context(const ps_device_ctx* ctx, size_t free_bytes, size_t total_bytes
         pinstage::LogLevel::info,
         "cuda: " + dev_name(ctx) + " is " + prop.name + ", " + std::to_string(total_bytes >> 20) +
             " MiB (" + std::to_string(free_bytes >> 20) + " free), capacity " +
-            std::to_string(ctx->capacity >> 20) +
+            std::to_string(capacity >> 20) +
             " MiB, pinned_mode=" + pinstage::cuda::pinned_mode_name(ctx->config.pinned_mode));
   (void)cudaGetLastError();
 }
@@ -197,6 +349,17 @@ void log_context(const ps_device_ctx* ctx, size_t free_bytes, size_t total_bytes
 // ---- slots ----
 
 const char* cuda_last_error() { return t_last_error.c_str(); }
+
+// The capacity: the device's free memory when the context is made (what cudaMalloc can
+// still give; the total would approve sizes it then refuses), or less when asked.
+uint64_t plan_capacity(ps_device_ctx* ctx, const ps_context_options* options) {
+  size_t free_bytes = 0, total_bytes = 0;
+  check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo on " + dev_name(ctx));
+  const uint64_t requested = options != nullptr ? options->device_capacity_bytes : 0;
+  const uint64_t capacity = requested == 0 ? free_bytes : std::min<uint64_t>(requested, free_bytes);
+  log_context(ctx, free_bytes, total_bytes, capacity);
+  return capacity;
+}
 
 int cuda_create_context(int device_id, const ps_context_options* options, ps_device_ctx** out) {
   return guarded([&] {
@@ -216,31 +379,25 @@ int cuda_create_context(int device_id, const ps_context_options* options, ps_dev
     auto ctx = std::make_unique<ps_device_ctx>();
     ctx->device = device_id;
     ctx->config = config;
-    use_device(ctx.get());
-    size_t free_bytes = 0, total_bytes = 0;
-    check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo on " + dev_name(ctx.get()));
-    const uint64_t requested = options != nullptr ? options->device_capacity_bytes : 0;
-    ctx->capacity = requested == 0 ? total_bytes : std::min<uint64_t>(requested, total_bytes);
-    check(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking),
-          "cudaStreamCreateWithFlags on " + dev_name(ctx.get()));
-    log_context(ctx.get(), free_bytes, total_bytes);
+    const DeviceSwitch device(device_id, true);
+    ctx->capacity = plan_capacity(ctx.get(), options);
     *out = ctx.release();
   });
 }
 
 // The runtime has destroyed every stream and event and freed every allocation first
-// (platform_abi.h): only the context's own stream is left.
+// (platform_abi.h): only the pool of copy streams is left.
 int cuda_destroy_context(ps_device_ctx* ctx) {
   return guarded([&] {
-    require_ctx(ctx);
-    std::unique_ptr<ps_device_ctx> owned(ctx);
-    check(cudaSetDevice(ctx->device), "cudaSetDevice(" + std::to_string(ctx->device) + ")",
-          PS_ERR_NO_DEVICE);
-    const cudaError_t synced = cudaStreamSynchronize(ctx->stream);
-    const cudaError_t destroyed = cudaStreamDestroy(ctx->stream);  // even when sync failed
-    const std::string what = "destroying the cuda context of " + dev_name(ctx) + ": ";
-    check(synced, what + "cudaStreamSynchronize");
-    check(destroyed, what + "cudaStreamDestroy");
+    std::unique_ptr<ps_device_ctx> owned(require_ctx(ctx));
+    const SlotScope scope(ctx, true);
+    cudaError_t first = cudaSuccess;
+    for (cudaStream_t s : ctx->idle_copy_streams) {
+      const cudaError_t synced = cudaStreamSynchronize(s);
+      const cudaError_t destroyed = cudaStreamDestroy(s);  // even when sync failed
+      if (first == cudaSuccess) first = synced != cudaSuccess ? synced : destroyed;
+    }
+    check(first, "destroying the cuda context of " + dev_name(ctx) + ": its copy streams");
   });
 }
 
@@ -251,7 +408,7 @@ int cuda_device_malloc(ps_device_ctx* ctx, size_t bytes, ps_allocation* out) {
     *out = ps_allocation{nullptr, bytes, nullptr};
     require(bytes > 0, "device_malloc: cannot allocate 0 bytes");
     maybe_fault(ctx, PS_FAULT_DEVICE_MALLOC, "device_malloc");
-    use_device(ctx);
+    const SlotScope scope(ctx);
     {
       // Reserve first so concurrent requests cannot both pass the capacity check.
       std::lock_guard lock(ctx->mu);
@@ -276,14 +433,14 @@ int cuda_device_malloc(ps_device_ctx* ctx, size_t bytes, ps_allocation* out) {
 }
 
 // The runtime hands each allocation back exactly once: `allocation` is one this context
-// made, with the size it asked for.
+// made, with the size it asked for. cudaFree waits for the device's queued work.
 int cuda_device_free(ps_device_ctx* ctx, const ps_allocation* allocation) {
   return guarded([&] {
     require_ctx(ctx);
     require(allocation != nullptr && allocation->ptr != nullptr,
             "device_free: allocation or its pointer is NULL");
     maybe_fault(ctx, PS_FAULT_DEVICE_FREE, "device_free");
-    use_device(ctx);
+    const SlotScope scope(ctx, true);
     // On failure the memory may still be held: it stays committed.
     check(cudaFree(allocation->ptr), [&] {
       return "cudaFree of " + std::to_string(allocation->bytes) + " bytes on " + dev_name(ctx);
@@ -293,8 +450,9 @@ int cuda_device_free(ps_device_ctx* ctx, const ps_allocation* allocation) {
   });
 }
 
-// One copy, synchronous when `stream` is null (on the context's own stream). The runtime
-// has checked that the device side lies inside one allocation of this context.
+// One copy: queued on `stream`, or (null) on a stream borrowed from the pool and waited
+// for (Note [Streams of synchronous copies]). The runtime has checked that the device
+// side lies inside one allocation of this context.
 int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, ps_stream* stream,
             bool to_device) {
   const char* what = to_device ? "host-to-device copy" : "device-to-host copy";
@@ -302,10 +460,12 @@ int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, ps_str
     require_ctx(ctx);
     require(dst != nullptr && src != nullptr, to_device ? "host-to-device copy: a pointer is NULL"
                                                         : "device-to-host copy: a pointer is NULL");
-    cudaStream_t s = stream != nullptr ? stream->stream : ctx->stream;
     if (bytes == 0) return;
     maybe_fault(ctx, to_device ? PS_FAULT_COPY_H2D : PS_FAULT_COPY_D2H, what);
-    use_device(ctx);
+    const SlotScope scope(ctx);
+    std::optional<CopyStream> borrowed;
+    if (stream == nullptr) borrowed.emplace(ctx);
+    const cudaStream_t s = stream != nullptr ? stream->stream : borrowed->get();
     const auto kind = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
     auto desc = [&] {
       return std::string(what) + " of " + std::to_string(bytes) + " bytes on " + dev_name(ctx);
@@ -350,10 +510,17 @@ int cuda_stream_create(ps_device_ctx* ctx, ps_stream** out) {
     require_ctx(ctx);
     require(out != nullptr, "stream_create: output pointer is NULL");
     *out = nullptr;
-    use_device(ctx);
+    const SlotScope scope(ctx);
     auto s = std::make_unique<ps_stream>();
     check(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking),
           "cudaStreamCreateWithFlags on " + dev_name(ctx));
+    try {
+      std::unique_lock lock(ctx->streams_mu);
+      ctx->streams.push_back(s->stream);
+    } catch (...) {
+      (void)cudaStreamDestroy(s->stream);
+      throw;
+    }
     *out = s.release();
   });
 }
@@ -362,11 +529,15 @@ int cuda_stream_destroy(ps_device_ctx* ctx, ps_stream* stream) {
   return guarded([&] {
     require_ctx(ctx);
     require(stream != nullptr, "stream_destroy: stream is NULL");
-    use_device(ctx);
+    const SlotScope scope(ctx, true);
     std::unique_ptr<ps_stream> owned(stream);
     // cudaStreamDestroy returns before queued copies ran; the ABI promises they are done
     // (the runtime frees their buffers next), so wait here.
     const cudaError_t synced = cudaStreamSynchronize(stream->stream);
+    {
+      std::unique_lock lock(ctx->streams_mu);
+      std::erase(ctx->streams, stream->stream);
+    }
     const cudaError_t destroyed = cudaStreamDestroy(stream->stream);
     check(synced, "cudaStreamSynchronize before destroying a stream on " + dev_name(ctx),
           PS_ERR_COPY_FAILED);
@@ -378,7 +549,7 @@ int cuda_stream_sync(ps_device_ctx* ctx, ps_stream* stream) {
   return guarded([&] {
     require_ctx(ctx);
     require(stream != nullptr, "stream_sync: stream is NULL");
-    use_device(ctx);
+    const SlotScope scope(ctx);
     check(
         cudaStreamSynchronize(stream->stream),
         [ctx] { return "cudaStreamSynchronize on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
@@ -390,7 +561,7 @@ int cuda_event_create(ps_device_ctx* ctx, ps_event** out) {
     require_ctx(ctx);
     require(out != nullptr, "event_create: output pointer is NULL");
     *out = nullptr;
-    use_device(ctx);
+    const SlotScope scope(ctx);
     auto e = std::make_unique<ps_event>();
     // Timing off: these events only order work, and untimed events are cheaper.
     check(cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming),
@@ -403,7 +574,7 @@ int cuda_event_destroy(ps_device_ctx* ctx, ps_event* event) {
   return guarded([&] {
     require_ctx(ctx);
     require(event != nullptr, "event_destroy: event is NULL");
-    use_device(ctx);
+    const SlotScope scope(ctx, true);
     std::unique_ptr<ps_event> owned(event);
     check(cudaEventDestroy(event->event), "cudaEventDestroy on " + dev_name(ctx));
   });
@@ -413,7 +584,7 @@ int cuda_event_record(ps_device_ctx* ctx, ps_event* event, ps_stream* stream) {
   return guarded([&] {
     require_ctx(ctx);
     require(event != nullptr && stream != nullptr, "event_record: event or stream is NULL");
-    use_device(ctx);
+    const SlotScope scope(ctx);
     check(cudaEventRecord(event->event, stream->stream),
           [ctx] { return "cudaEventRecord on " + dev_name(ctx); });
   });
@@ -423,7 +594,7 @@ int cuda_event_sync(ps_device_ctx* ctx, ps_event* event) {
   return guarded([&] {
     require_ctx(ctx);
     require(event != nullptr, "event_sync: event is NULL");
-    use_device(ctx);
+    const SlotScope scope(ctx);
     check(
         cudaEventSynchronize(event->event),
         [ctx] { return "cudaEventSynchronize on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
@@ -457,11 +628,41 @@ void* pin_by_alloc(size_t bytes, const std::string& desc) {
   return ptr;
 }
 
-// Register mode: the one pre-fault, then cudaHostRegister. Fills the register split of
-// `last`; the returned record is the allocation's handle.
+// Unregisters the first `registered` bytes of `record`'s range, piece by piece; the
+// first failure, or cudaSuccess.
+cudaError_t unregister_pieces(const RegisteredPages& record, size_t registered) {
+  cudaError_t first = cudaSuccess;
+  auto* data = static_cast<unsigned char*>(record.pages.data);
+  for (size_t off = 0; off < registered; off += record.chunk_bytes) {
+    const cudaError_t err = cudaHostUnregister(data + off);
+    if (first == cudaSuccess) first = err;
+  }
+  return first;
+}
+
+// cudaHostRegister of the record's range in pieces of at most chunk_bytes; on a failure
+// the pieces done are unregistered again and the error returned.
+cudaError_t register_pieces(const RegisteredPages& record) {
+  auto* data = static_cast<unsigned char*>(record.pages.data);
+  const size_t bytes = record.pages.bytes;
+  for (size_t off = 0; off < bytes; off += record.chunk_bytes) {
+    const size_t length = std::min(record.chunk_bytes, bytes - off);
+    const cudaError_t err = cudaHostRegister(data + off, length, cudaHostRegisterPortable);
+    if (err == cudaSuccess) continue;
+    (void)cudaGetLastError();
+    if (unregister_pieces(record, off) != cudaSuccess) (void)cudaGetLastError();
+    return err;
+  }
+  return cudaSuccess;
+}
+
+// Register mode: the one pre-fault, MADV_DONTFORK, then cudaHostRegister in pieces
+// (Note [Two pinned modes]). Fills the register split of `last`; the returned record
+// is the allocation's handle.
 std::unique_ptr<RegisteredPages> pin_by_register(const ps_device_ctx* ctx, size_t bytes,
                                                  const std::string& desc, ps_cuda_pin_stats& last) {
   auto record = std::make_unique<RegisteredPages>();
+  record->chunk_bytes = ctx->config.register_chunk_bytes;
   pinstage::MapOptions options;
   options.threads = ctx->config.prefault_threads;
   options.huge_pages = ctx->config.register_thp;
@@ -477,11 +678,19 @@ std::unique_ptr<RegisteredPages> pin_by_register(const ps_device_ctx* ctx, size_
   last.last_prefault_seconds = pages.prefault.seconds;
   last.last_prefault_threads = pages.prefault.threads;
   last.last_populate_write = pages.prefault.populate_write ? 1 : 0;
+  if (madvise(pages.data, pages.bytes, MADV_DONTFORK) != 0) {
+    const std::string why = std::strerror(errno);
+    pinstage::unmap_pages(pages);
+    fail(PS_ERR_BACKEND, desc + " (register mode): madvise(MADV_DONTFORK): " + why);
+  }
   const pinstage::Stopwatch watch;
-  const cudaError_t err = cudaHostRegister(pages.data, pages.bytes, cudaHostRegisterPortable);
+  const cudaError_t err = register_pieces(*record);
   if (err != cudaSuccess) {
     pinstage::unmap_pages(pages);
-    check(err, "cudaHostRegister " + desc);
+    check(err, [&] {
+      return "cudaHostRegister " + desc + " (in pieces of " +
+             std::to_string(record->chunk_bytes >> 20) + " MiB)";
+    });
   }
   last.last_register_seconds = watch.seconds();
   return record;
@@ -508,7 +717,7 @@ int cuda_host_alloc_pinned(ps_device_ctx* ctx, size_t bytes, ps_allocation* out)
     *out = ps_allocation{nullptr, bytes, nullptr};
     require(bytes > 0, "host_alloc_pinned: cannot allocate 0 bytes");
     maybe_fault(ctx, PS_FAULT_HOST_ALLOC, "host_alloc_pinned");
-    use_device(ctx);
+    const SlotScope scope(ctx);
     const std::string desc = "pinning " + std::to_string(bytes) + " bytes for " + dev_name(ctx);
     ps_cuda_pin_stats last{};
     last.last_bytes = bytes;
@@ -527,6 +736,20 @@ int cuda_host_alloc_pinned(ps_device_ctx* ctx, size_t bytes, ps_allocation* out)
   });
 }
 
+// Note [Release waits for copies]: every stream of the context has finished.
+// After a sticky error nothing runs any more, and the syncs would only fail.
+void wait_for_streams(ps_device_ctx* ctx) {
+  if (ctx->is_unusable) return;
+  std::shared_lock lock(ctx->streams_mu);
+  for (cudaStream_t s : ctx->streams)
+    check(
+        cudaStreamSynchronize(s),
+        [ctx] {
+          return "cudaStreamSynchronize before releasing a pinned buffer on " + dev_name(ctx);
+        },
+        PS_ERR_COPY_FAILED);
+}
+
 // Releases a register-mode buffer. The record goes whatever happens (the runtime hands
 // it back once); a buffer CUDA would not unregister is left mapped, as unmapping memory
 // the driver still has locked is not safe.
@@ -534,8 +757,10 @@ void unpin_registered(const ps_device_ctx* ctx, void* ptr, RegisteredPages* reco
   const std::unique_ptr<RegisteredPages> owned(record);
   require(ptr == record->pages.data,
           "host_free_pinned: the pointer does not match its allocation's handle");
-  check(cudaHostUnregister(ptr), "cudaHostUnregister of a " + std::to_string(record->pages.bytes) +
-                                     " byte pinned buffer on " + dev_name(ctx));
+  check(unregister_pieces(*record, record->pages.bytes), [&] {
+    return "cudaHostUnregister of a " + std::to_string(record->pages.bytes) +
+           " byte pinned buffer on " + dev_name(ctx);
+  });
   std::string error;
   if (!pinstage::unmap_pages(record->pages, &error))
     fail(PS_ERR_BACKEND, "releasing a pinned buffer on " + dev_name(ctx) + ": " + error);
@@ -547,7 +772,8 @@ int cuda_host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
     require(allocation != nullptr && allocation->ptr != nullptr,
             "host_free_pinned: allocation or its pointer is NULL");
     maybe_fault(ctx, PS_FAULT_HOST_FREE, "host_free_pinned");
-    use_device(ctx);
+    const SlotScope scope(ctx, true);
+    wait_for_streams(ctx);
     auto* record = static_cast<RegisteredPages*>(allocation->handle);
     const pinstage::Stopwatch watch;
     if (record != nullptr)
@@ -590,10 +816,7 @@ int cuda_get_capabilities(ps_device_ctx* ctx, ps_capabilities* out) {
 int cuda_inject_fault(ps_device_ctx* ctx, int kind, uint64_t nth) {
   return guarded([&] {
     require_ctx(ctx);
-    if (kind < 0 || kind >= PS_FAULT_KIND_COUNT)
-      fail(PS_ERR_INVALID_ARGUMENT, "inject_fault: unknown fault kind " + std::to_string(kind));
-    std::lock_guard lock(ctx->mu);
-    ctx->fault_countdown[kind] = nth;
+    ctx->faults.set(kind, nth);
   });
 }
 

@@ -21,6 +21,9 @@ enum class PinnedMode {
 // "auto", "alloc" or "register".
 const char* pinned_mode_name(PinnedMode mode);
 
+// The largest register_chunk_mb (64 GiB), also its default.
+inline constexpr int kMaxRegisterChunkMb = 65536;
+
 struct CudaConfig {
   PinnedMode pinned_mode = PinnedMode::auto_select;
   // auto: requests of at least this many bytes use register mode.
@@ -31,15 +34,19 @@ struct CudaConfig {
   // kernel's usual defrag=madvise a fault may stall on compaction (docs/benchmarks.md:
   // 16 s instead of 1.6 s for 2 GiB on the dev VM), so it is opt-in.
   bool register_thp = false;
+  // Register mode registers (and unregisters) the buffer in pieces of at most this many
+  // bytes: one cudaHostRegister of 512 GiB or more fails on current drivers, and a huge
+  // one holds driver locks for seconds. Smaller values exist for tests.
+  uint64_t register_chunk_bytes = uint64_t{kMaxRegisterChunkMb} << 20;
 };
 
 // The accepted keys, for messages: "pinned_mode, register_threshold_mb, ...".
 const char* config_keys();
 
 // Parses the entries strictly: keys pinned_mode, register_threshold_mb,
-// prefault_threads, register_thp, each at most once, values exactly as documented (no
-// whitespace trimming). Throws Error(invalid_argument) naming the bad key or value and
-// listing the accepted keys or values. No entries gives the defaults.
+// prefault_threads, register_thp, register_chunk_mb, each at most once, values exactly as
+// documented (no whitespace trimming). Throws Error(invalid_argument) naming the bad key or value
+// and listing the accepted keys or values. No entries gives the defaults.
 CudaConfig parse_config(std::span<const ps_config_entry> entries);
 
 // The mode a request of `bytes` gets under `config` (never auto_select).

@@ -33,6 +33,24 @@ ps_status status_from_cuda(cudaError_t error, ps_status fallback) {
   }
 }
 
+bool is_sticky(cudaError_t error) {
+  switch (error) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorAssert:
+      return true;
+    default:
+      return false;
+  }
+}
+
 std::string cuda_error_text(cudaError_t error) {
   const char* text = cudaGetErrorString(error);
   const char* name = cudaGetErrorName(error);

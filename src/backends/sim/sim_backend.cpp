@@ -1,10 +1,13 @@
-// The sim backend: a device that needs no hardware.
-//  - Device memory is host memory (anonymous mmap, pre-faulted by the one page module)
-//    counted against a capacity.
+// The sim backend: a device that needs no hardware, modelled on what a real one does
+// (docs/worker.md, "sim semantics").
+//  - Device memory is a pool reserved up to the capacity at context creation, backed on
+//    first use and reused after a free, like HBM (device_pool.h).
 //  - Pinned host memory is mmap'ed, pre-faulted in parallel, then mlock'ed; where the OS
 //    refuses the lock it stays usable, unlocked, and the capability query says so.
-//  - Copies are memcpy, split across threads for large sizes; async copies run in order on
-//    one thread per stream.
+//  - Copies go through a driver (dma.h): pinned host memory is DMA'd directly by a copy
+//    engine per direction; pageable memory is staged through pinned bounce buffers, the
+//    CPU copy pipelined with the DMA. An optional link rate paces the engines. Async
+//    copies run in order on one thread per stream.
 //  - Host callables (a scene's execute step) run in place through host_execute.
 //  - A fault hook (API or PINSTAGE_SIM_FAULT="kind:nth,...") fails the nth call of a kind.
 // Slots throw SlotError and return through backend::guarded (one error style).
@@ -18,10 +21,10 @@
 #include <mutex>
 #include <string>
 
+#include "pinstage/backend/sim_ext.h"
 #include "pinstage/backend/slot.h"
 #include "pinstage/log.h"
 #include "pinstage/pages.h"
-#include "pinstage/parallel.h"
 #include "pinstage/settings.h"
 
 namespace pinstage::sim {
@@ -38,13 +41,15 @@ int guarded(Body&& body) noexcept {
 }
 }  // namespace
 
-bool Context::should_fail(ps_fault_kind kind) {
-  auto& counter = faults[kind];
-  uint64_t left = counter.load();
-  while (left != 0) {
-    if (counter.compare_exchange_weak(left, left - 1)) return left == 1;
-  }
-  return false;
+bool Context::should_fail(ps_fault_kind kind) { return faults.hits(kind); }
+
+bool Context::is_pinned(const void* ptr, size_t bytes) const {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::shared_lock lock(pinned_mu);
+  auto it = pinned.upper_bound(p);
+  if (it == pinned.begin()) return false;
+  --it;
+  return p - it->first <= it->second && bytes <= it->second - (p - it->first);
 }
 
 // ---- Streams: one thread each, running queued copies in order ----
@@ -78,6 +83,12 @@ int Stream::sync(std::string* error) {
   return status;
 }
 
+int Stream::pending_failure(std::string* error) {
+  std::lock_guard lock(mu_);
+  *error = error_;
+  return status_;
+}
+
 void Stream::loop() {
   std::unique_lock lock(mu_);
   for (;;) {
@@ -99,15 +110,19 @@ void Stream::loop() {
   }
 }
 
-void Event::mark(bool done) {
+void Event::mark(bool done, int failure, std::string failure_text) {
   std::lock_guard lock(mu);
   this->done = done;
+  status = failure;
+  error = std::move(failure_text);
   if (done) cv.notify_all();
 }
 
-void Event::wait() {
+int Event::wait(std::string* error_out) {
   std::unique_lock lock(mu);
   cv.wait(lock, [this] { return done; });
+  *error_out = error;
+  return status;
 }
 
 // ---- The ABI slots ----
@@ -134,14 +149,19 @@ int create_context(int device_id, const ps_context_options* options, ps_device_c
     if (device_id != 0)
       fail(PS_ERR_NO_DEVICE,
            "sim: there is one sim device (id 0), asked for device " + std::to_string(device_id));
-    if (options != nullptr && options->config_count > 0)
-      fail(PS_ERR_INVALID_ARGUMENT, std::string("sim: unknown backend option '") +
-                                        options->config[0].key + "' (sim takes none)");
     auto ctx = std::make_unique<Context>();
+    if (options != nullptr && options->config_count > 0) {
+      require(options->config != nullptr, "sim: create_context: config entries are NULL");
+      ctx->config = parse_config({options->config, options->config_count});
+    }
     ctx->capacity = setting_sim_device_capacity().value_or(physical_memory_bytes() / 10 * 8);
     if (options != nullptr && options->device_capacity_bytes != 0)
       ctx->capacity = options->device_capacity_bytes;
-    for (const FaultSetting& f : setting_sim_faults()) ctx->faults[f.kind].store(f.nth);
+    for (const FaultSetting& f : setting_sim_faults()) ctx->faults.set(f.kind, f.nth);
+    ctx->pool = std::make_unique<DevicePool>(ctx->capacity);
+    const SimConfig& c = ctx->config;
+    ctx->h2d = std::make_unique<Channel>(c.bounce_chunk, c.bounce_buffers, c.link_gbps);
+    ctx->d2h = std::make_unique<Channel>(c.bounce_chunk, c.bounce_buffers, c.link_gbps);
     *out = reinterpret_cast<ps_device_ctx*>(ctx.release());
   });
 }
@@ -163,21 +183,7 @@ int device_malloc(ps_device_ctx* raw, size_t bytes, ps_allocation* out) {
     Context* ctx = as_ctx(raw);
     require(out != nullptr && bytes > 0, "sim: device_malloc: NULL output or 0 bytes");
     fault(ctx, PS_FAULT_DEVICE_MALLOC);
-    const size_t mapped = round_up_to_pages(bytes);
-    uint64_t used = ctx->committed.load();
-    do {
-      if (bytes > ctx->capacity || mapped > ctx->capacity - used)
-        fail(PS_ERR_OUT_OF_MEMORY, "sim: device out of memory: asked for " + std::to_string(bytes) +
-                                       " bytes, " + std::to_string(ctx->capacity - used) + " of " +
-                                       std::to_string(ctx->capacity) + " bytes free");
-    } while (!ctx->committed.compare_exchange_weak(used, used + mapped));
-    try {
-      // Backed when it returns (as cudaMalloc's is), so uploads measure copies, not faults.
-      *out = ps_allocation{map_backed(bytes), bytes, nullptr};
-    } catch (...) {
-      ctx->committed -= mapped;
-      throw;
-    }
+    *out = ps_allocation{ctx->pool->allocate(bytes), bytes, nullptr};
   });
 }
 
@@ -186,15 +192,27 @@ int device_free(ps_device_ctx* raw, const ps_allocation* a) {
     Context* ctx = as_ctx(raw);
     require(a != nullptr && a->ptr != nullptr, "sim: device_free: NULL allocation");
     fault(ctx, PS_FAULT_DEVICE_FREE);
-    unmap(a->ptr, a->bytes);
-    ctx->committed -= round_up_to_pages(a->bytes);
+    ctx->pool->release(a->ptr, a->bytes);
   });
 }
 
+// One copy through the driver: a pinned host side is DMA'd directly, a pageable one is
+// staged through the bounce buffers of that direction.
 void copy(Context* ctx, ps_fault_kind kind, void* dst, const void* src, size_t bytes) {
   fault(ctx, kind);
-  parallel_memcpy(dst, src, bytes);
-  if (kind == PS_FAULT_COPY_H2D && bytes > 0 && ctx->should_fail(PS_FAULT_CORRUPT_H2D))
+  const bool up = kind == PS_FAULT_COPY_H2D;
+  const bool pinned = ctx->is_pinned(up ? src : dst, bytes);
+  Channel& channel = up ? *ctx->h2d : *ctx->d2h;
+  if (pinned)
+    channel.direct(dst, src, bytes);
+  else if (up)
+    channel.bounce_in(dst, src, bytes);
+  else
+    channel.bounce_out(dst, src, bytes);
+  const size_t path = (up ? 0 : 4) + (pinned ? 0 : 2);
+  ctx->copies[path] += 1;
+  ctx->copies[path + 1] += bytes;
+  if (up && bytes > 0 && ctx->should_fail(PS_FAULT_CORRUPT_H2D))
     static_cast<unsigned char*>(dst)[bytes / 2] ^= 0x40;  // an exponent bit of a bf16/f32
 }
 
@@ -276,8 +294,10 @@ int event_record(ps_device_ctx* raw, ps_event* event, ps_stream* stream) {
     Event* e = as_event(event);
     Stream* s = as_stream(stream);
     e->mark(false);
-    s->push([e] {
-      e->mark(true);
+    s->push([e, s] {
+      std::string error;
+      const int failure = s->pending_failure(&error);
+      e->mark(true, failure, std::move(error));
       return PS_OK;
     });
   });
@@ -286,7 +306,9 @@ int event_record(ps_device_ctx* raw, ps_event* event, ps_stream* stream) {
 int event_sync(ps_device_ctx* raw, ps_event* event) {
   return guarded([&] {
     as_ctx(raw);
-    as_event(event)->wait();
+    std::string error;
+    const int status = as_event(event)->wait(&error);
+    if (status != PS_OK) fail(static_cast<ps_status>(status), error);
   });
 }
 
@@ -309,7 +331,14 @@ int host_alloc_pinned(ps_device_ctx* raw, size_t bytes, ps_allocation* out) {
     require(out != nullptr && bytes > 0, "sim: host_alloc_pinned: NULL output or 0 bytes");
     fault(ctx, PS_FAULT_HOST_ALLOC);
     void* ptr = map_backed(bytes);  // the page, never a power of two
-    try_lock(ctx, ptr, round_up_to_pages(bytes));
+    try {
+      try_lock(ctx, ptr, round_up_to_pages(bytes));
+      std::unique_lock lock(ctx->pinned_mu);
+      ctx->pinned[reinterpret_cast<uintptr_t>(ptr)] = bytes;
+    } catch (...) {
+      munmap(ptr, round_up_to_pages(bytes));
+      throw;
+    }
     *out = ps_allocation{ptr, bytes, nullptr};
   });
 }
@@ -319,6 +348,10 @@ int host_free_pinned(ps_device_ctx* raw, const ps_allocation* a) {
     Context* ctx = as_ctx(raw);
     require(a != nullptr && a->ptr != nullptr, "sim: host_free_pinned: NULL allocation");
     fault(ctx, PS_FAULT_HOST_FREE);
+    {
+      std::unique_lock lock(ctx->pinned_mu);
+      ctx->pinned.erase(reinterpret_cast<uintptr_t>(a->ptr));
+    }
     unmap(a->ptr, a->bytes);  // also drops the lock
   });
 }
@@ -328,7 +361,7 @@ int mem_info(ps_device_ctx* raw, uint64_t* capacity, uint64_t* committed) {
     Context* ctx = as_ctx(raw);
     require(capacity != nullptr && committed != nullptr, "sim: mem_info: NULL argument");
     *capacity = ctx->capacity;
-    *committed = ctx->committed.load();
+    *committed = ctx->pool->used();
   });
 }
 
@@ -356,18 +389,50 @@ int host_execute(ps_device_ctx* raw, ps_host_fn fn, void* user) {
 int inject_fault(ps_device_ctx* raw, int kind, uint64_t nth) {
   return guarded([&] {
     Context* ctx = as_ctx(raw);
-    if (ps_fault_kind_name(kind) == nullptr)
-      fail(PS_ERR_INVALID_ARGUMENT,
-           "sim: inject_fault: unknown fault kind " + std::to_string(kind));
-    ctx->faults[kind].store(nth);
+    ctx->faults.set(kind, nth);
   });
+}
+
+int sim_stats(ps_device_ctx* raw, ps_sim_stats* out) {
+  return guarded([&] {
+    Context* ctx = as_ctx(raw);
+    require(out != nullptr, "sim: sim.stats: NULL argument");
+    const PoolStats pool = ctx->pool->stats();
+    const auto& n = ctx->copies;
+    *out = ps_sim_stats{
+        .h2d_direct_count = n[0],
+        .h2d_direct_bytes = n[1],
+        .h2d_bounced_count = n[2],
+        .h2d_bounced_bytes = n[3],
+        .d2h_direct_count = n[4],
+        .d2h_direct_bytes = n[5],
+        .d2h_bounced_count = n[6],
+        .d2h_bounced_bytes = n[7],
+        .link_wait_seconds = ctx->h2d->link_wait_seconds() + ctx->d2h->link_wait_seconds(),
+        .bounce_chunk_bytes = ctx->config.bounce_chunk,
+        .bounce_buffers = ctx->config.bounce_buffers,
+        .bounce_locked = ctx->h2d->locked() && ctx->d2h->locked() ? 1 : 0,
+        .link_gbps = ctx->config.link_gbps,
+        .pool_span_bytes = pool.span,
+        .pool_used_bytes = pool.used,
+        .pool_backed_bytes = pool.backed,
+        .pool_free_blocks = pool.free_blocks,
+        .pool_largest_free_bytes = pool.largest_free,
+        .pool_backing_seconds = pool.backing_seconds};
+  });
+}
+
+void* get_proc_address(const char* name) {
+  if (name != nullptr && std::strcmp(name, PS_SIM_STATS_NAME) == 0)
+    return reinterpret_cast<void*>(&sim_stats);
+  return nullptr;
 }
 
 constexpr ps_platform_api kApi = {
     .api_version = PINSTAGE_PLATFORM_API_VERSION,
     .name = "sim",
     .last_error = last_error,
-    .get_proc_address = nullptr,
+    .get_proc_address = get_proc_address,
     .create_context = create_context,
     .destroy_context = destroy_context,
     .device_malloc = device_malloc,

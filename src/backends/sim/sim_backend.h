@@ -7,10 +7,17 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 
+#include "backends/sim/device_pool.h"
+#include "backends/sim/dma.h"
+#include "backends/sim/sim_config.h"
+#include "pinstage/backend/faults.h"
 #include "pinstage/backend/platform_abi.h"
 
 namespace pinstage::sim {
@@ -22,6 +29,10 @@ class Stream {
   ~Stream();  // drains the queue, then joins
   void push(std::function<int()> task);
   int sync(std::string* error);
+  // The first failure not yet reported by sync (PS_OK if none), left in place: an event
+  // recorded after a failed copy reports it, as CUDA's event waits report earlier async
+  // errors.
+  int pending_failure(std::string* error);
 
  private:
   void loop();
@@ -36,22 +47,39 @@ class Stream {
 };
 
 struct Event {
-  void mark(bool done);
-  void wait();
+  void mark(bool done, int failure = PS_OK, std::string failure_text = {});
+  // Waits until reached; returns the failure of a copy queued before it (PS_OK if none).
+  int wait(std::string* error);
   std::mutex mu;
   std::condition_variable cv;
   bool done = true;  // never recorded = complete, as on CUDA
+  int status = PS_OK;
+  std::string error;
 };
 
-// The device. No per-pointer lists: the runtime's table owns that bookkeeping and checks
-// every pointer before a slot sees it (platform_abi.h).
+// The device: its memory pool, one driver channel per direction (copy engine plus bounce
+// buffers) and the lookup of this context's pinned host ranges. The runtime's table still
+// owns the allocation bookkeeping and checks every pointer before a slot sees it
+// (platform_abi.h); the pinned lookup only picks a copy's path, as the CUDA driver's
+// pointer attributes do.
 struct Context {
   uint64_t capacity = 0;
-  std::atomic<uint64_t> committed{0};  // page-rounded bytes of live device allocations
+  SimConfig config;
+  std::unique_ptr<DevicePool> pool;
+  std::unique_ptr<Channel> h2d, d2h;
   std::atomic<bool> lock_refused{false};
-  std::array<std::atomic<uint64_t>, PS_FAULT_KIND_COUNT> faults{};  // countdown; 0 = off
+  backend::FaultCountdowns faults;  // the fault hook (backend/faults.h)
+
+  // Pinned host ranges this context allocated: base -> bytes.
+  mutable std::shared_mutex pinned_mu;
+  std::map<uintptr_t, size_t> pinned;
+
+  // Copies by path: [h2d direct, h2d bounced, d2h direct, d2h bounced] x (count, bytes).
+  std::array<std::atomic<uint64_t>, 8> copies{};
 
   bool should_fail(ps_fault_kind kind);
+  // True when [ptr, ptr + bytes) lies inside one pinned allocation of this context.
+  bool is_pinned(const void* ptr, size_t bytes) const;
 };
 
 }  // namespace pinstage::sim

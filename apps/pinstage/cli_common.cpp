@@ -1,0 +1,181 @@
+// The shared command conventions (cli_common.h).
+#include "cli_common.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "pinstage/atomic_file.h"
+#include "pinstage/clock.h"
+#include "pinstage/error.h"
+
+namespace pinstage::cli {
+
+void add_report_options(CLI::App& cmd, ReportArgs& args) {
+  cmd.add_option("--json", args.json,
+                 "Write the JSON report to FILE (atomically), or to stdout with '-'")
+      ->each([&args](const std::string&) { args.json_given = true; });
+  cmd.add_flag("--quiet,-q", args.quiet, "No progress bar");
+}
+
+namespace {
+
+// check_output_path, with the option that named the file in front of its message.
+void check_named_output(const char* flag, const std::string& path) {
+  try {
+    check_output_path(path);
+  } catch (const Error& e) {
+    throw Error(e.code(), std::string(flag) + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+void check_report_args(const ReportArgs& args) {
+  if (args.json_given && args.json.empty())
+    throw Error(ErrorCode::invalid_argument, "--json is empty; give a file name or '-'");
+  if (!args.json.empty() && args.json != "-") check_named_output("--json", args.json);
+}
+
+void check_out_option(const char* flag, const std::string& path) {
+  if (path.empty())
+    throw Error(ErrorCode::invalid_argument,
+                std::string(flag) + " is empty; give a file name or omit the option");
+  check_named_output(flag, path);
+}
+
+FILE* text_out(const ReportArgs& args) { return args.json == "-" ? stderr : stdout; }
+
+void write_report(const ReportArgs& args, nlohmann::ordered_json doc, const RunInfo& run) {
+  if (args.json.empty()) return;
+  nlohmann::ordered_json out;
+  out["run"] = nlohmann::ordered_json::parse(run_info_json(run));
+  for (auto& [key, value] : doc.items())
+    if (key != "run") out[key] = std::move(value);
+  const std::string text = out.dump(2) + "\n";
+  if (args.json == "-") {
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+    return;
+  }
+  write_file_atomically(args.json, text);
+}
+
+ProgressBar::ProgressBar(const ReportArgs& args)
+    : enabled_(!args.quiet && isatty(STDERR_FILENO) == 1) {}
+
+ProgressBar::~ProgressBar() { clear(); }
+
+void ProgressBar::show(double fraction, const std::string& text) {
+  if (!enabled_) return;
+  constexpr int kWidth = 30;
+  fraction = std::clamp(fraction, 0.0, 1.0);
+  const int filled = static_cast<int>(fraction * kWidth);
+  std::string bar(static_cast<size_t>(filled), '#');
+  bar += std::string(static_cast<size_t>(kWidth - filled), '.');
+  std::fprintf(stderr, "\r\033[K[%s] %3d%%  %s", bar.c_str(), static_cast<int>(fraction * 100.0),
+               text.c_str());
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void ProgressBar::clear() {
+  if (!drawn_) return;
+  std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+  drawn_ = false;
+}
+
+struct ProgressTicker::State {
+  ProgressBar bar;
+  std::string label;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool stop = false;
+  std::thread thread;
+  explicit State(const ReportArgs& args) : bar(args) {}
+};
+
+ProgressTicker::ProgressTicker(const ReportArgs& args, std::string label)
+    : state_(std::make_unique<State>(args)) {
+  if (!state_->bar.enabled()) return;
+  state_->label = std::move(label);
+  state_->thread = std::thread([s = state_.get()] {
+    const Stopwatch clock;
+    std::unique_lock<std::mutex> lock(s->mutex);
+    // A bar that sweeps every 10 s: there is no end to measure against.
+    while (!s->cv.wait_for(lock, std::chrono::milliseconds(250), [s] { return s->stop; })) {
+      const double t = clock.seconds();
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "  %.1f s", t);
+      s->bar.show(std::fmod(t, 10.0) / 10.0, s->label + secs);
+    }
+    s->bar.clear();
+  });
+}
+
+ProgressTicker::~ProgressTicker() {
+  if (!state_->thread.joinable()) return;
+  {
+    const std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->cv.notify_one();
+  state_->thread.join();
+}
+
+std::string plural(size_t n, const char* noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+void add_backend_args(CLI::App& cmd, BackendArgs& args) {
+  cmd.add_option("--backend", args.name, "Backend plugin (sim, cuda, acl)")
+      ->transform(kLowerCase)
+      ->capture_default_str();
+  cmd.add_option("--backend-option", args.options,
+                 "A backend setting KEY=VALUE (repeatable), e.g. link_gbps=55 on sim");
+}
+
+WorkerOptions worker_options(const BackendArgs& args) {
+  WorkerOptions options;
+  for (const std::string& kv : args.options) add_backend_option(options.config, kv);
+  return options;
+}
+
+std::vector<std::pair<std::string, std::string>> command_options(const CLI::App& cmd) {
+  std::string path = cmd.get_name();
+  for (const CLI::App* p = cmd.get_parent(); p != nullptr && p->get_parent() != nullptr;
+       p = p->get_parent())
+    path = p->get_name() + " " + path;
+  std::vector<std::pair<std::string, std::string>> all = {{"command", path}};
+  for (const CLI::Option* opt : cmd.get_options()) {
+    if (opt->get_name() == "--help") continue;
+    std::string value;
+    for (const std::string& r : opt->results()) value += (value.empty() ? "" : ",") + r;
+    if (opt->count() == 0) value = opt->get_default_str();
+    all.emplace_back(opt->get_name(), value);
+  }
+  return all;
+}
+
+void finish_worker(Worker& worker) {
+  worker.finalize();
+  if (const uint64_t n = worker.free_failures(); n > 0)
+    throw Error(ErrorCode::backend,
+                plural(n, "release") + " of pinned or device memory failed during this command " +
+                    "(see the log above); that memory may stay locked until the process exits");
+}
+
+std::string to_lower(std::string value) {
+  std::transform(value.begin(), value.end(), value.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return value;
+}
+
+}  // namespace pinstage::cli

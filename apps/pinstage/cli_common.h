@@ -1,0 +1,96 @@
+// The conventions every pinstage command shares, in one place: --json FILE|- and --quiet,
+// output paths checked before any work, the progress bar, --backend with
+// --backend-option, and case-insensitive choices. See docs/cli.md.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pinstage/run_info.h"
+#include "pinstage/worker.h"
+
+namespace pinstage::cli {
+
+// --json FILE (or - for stdout) and --quiet, on every command that reports.
+struct ReportArgs {
+  std::string json;    // empty: no JSON report
+  bool quiet = false;  // no progress bar and no text beyond errors and the result
+  bool json_given = false;
+};
+void add_report_options(CLI::App& cmd, ReportArgs& args);
+// Before any work: `--json ''` is an error; a file must be writable atomically
+// (check_output_path). Throws Error(invalid_argument | io) naming the option.
+void check_report_args(const ReportArgs& args);
+// `--out ''` and the like: an empty or unwritable output option is an error before work.
+void check_out_option(const char* flag, const std::string& path);
+// Where the human-readable text goes: stderr when the JSON report has stdout.
+FILE* text_out(const ReportArgs& args);
+// Writes `doc` (with the "run" block first) to stdout or, atomically, to the file.
+void write_report(const ReportArgs& args, nlohmann::ordered_json doc, const RunInfo& run);
+
+// A one-line bar on stderr, redrawn in place; drawn only on a terminal and without
+// --quiet, and cleared when done or destroyed.
+class ProgressBar {
+ public:
+  explicit ProgressBar(const ReportArgs& args);
+  ~ProgressBar();
+  ProgressBar(const ProgressBar&) = delete;
+  ProgressBar& operator=(const ProgressBar&) = delete;
+  bool enabled() const noexcept { return enabled_; }
+  // fraction in [0, 1]; `text` follows the bar ("group 2/5 pinned bind 3/6").
+  void show(double fraction, const std::string& text);
+  void clear();
+
+ private:
+  bool enabled_ = false;
+  bool drawn_ = false;
+};
+
+// A bar with no known end (generating, writing): the label and the seconds so far,
+// redrawn by a thread of its own while the object lives; only on a terminal, not --quiet.
+class ProgressTicker {
+ public:
+  ProgressTicker(const ReportArgs& args, std::string label);
+  ~ProgressTicker();
+  ProgressTicker(const ProgressTicker&) = delete;
+  ProgressTicker& operator=(const ProgressTicker&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// "1 tensor", "3 tensors".
+std::string plural(size_t n, const char* noun);
+
+// --backend NAME (case-insensitive) and --backend-option KEY=VALUE (repeatable).
+struct BackendArgs {
+  std::string name = "sim";
+  std::vector<std::string> options;
+};
+void add_backend_args(CLI::App& cmd, BackendArgs& args);
+// Parses the options strictly (add_backend_option) before the worker starts.
+WorkerOptions worker_options(const BackendArgs& args);
+// Every option of `cmd` for the "run" block: the command path, then each option's
+// value as given, or its default ("" when it has none).
+std::vector<std::pair<std::string, std::string>> command_options(const CLI::App& cmd);
+
+// Finalizes `worker` and turns any release the backend refused during the command into
+// Error(backend): memory may still be locked, so the command must not exit 0.
+void finish_worker(Worker& worker);
+
+// CLI11 transform: lower-cases the value so that choices are case-insensitive.
+std::string to_lower(std::string value);
+inline const auto kLowerCase = CLI::Validator(
+    [](std::string& value) {
+      value = to_lower(value);
+      return std::string();
+    },
+    "", "lower-case");
+
+}  // namespace pinstage::cli

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs one libFuzzer target (fuzz/fuzz_<name>.cpp) for a given time under ASan+UBSan:
+#   scripts/fuzz.sh TARGET SECONDS [BUILD_DIR]     e.g. scripts/fuzz.sh fuzz_settings 60
+#   scripts/fuzz.sh --list                          the targets that exist
+# Configures and builds fuzz/ with clang in BUILD_DIR (default <root>/build-fuzz) when
+# needed. Starts from the checked-in seeds (fuzz/corpus/TARGET, never modified) plus what
+# earlier runs found (BUILD_DIR/corpus/TARGET). Exits non-zero on a finding, leaving the
+# crashing input in BUILD_DIR/findings/. Prints the executions that ran clean.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+if [ "${1:-}" = "--list" ]; then
+  for f in "$root"/fuzz/fuzz_*.cpp; do basename "$f" .cpp; done
+  exit 0
+fi
+[ $# -ge 2 ] || { echo "usage: $0 TARGET SECONDS [BUILD_DIR] | --list" >&2; exit 2; }
+target=$1 seconds=$2 build=${3:-$root/build-fuzz}
+[ -f "$root/fuzz/$target.cpp" ] || { echo "no fuzz target $target (fuzz/$target.cpp)" >&2; exit 2; }
+[[ $seconds =~ ^[1-9][0-9]*$ ]] || { echo "SECONDS must be a whole number > 0, got '$seconds'" >&2; exit 2; }
+
+if [ ! -f "$build/build.ninja" ]; then
+  cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build.configure.log" 2>&1 \
+    || { cat "$build.configure.log"; exit 1; }
+fi
+ninja -C "$build" "$target" >/dev/null
+
+work="$build/corpus/$target" findings="$build/findings"
+mkdir -p "$work" "$findings"
+seeds=()
+[ -d "$root/fuzz/corpus/$target" ] && seeds=("$root/fuzz/corpus/$target")
+log="$build/$target.log"
+status=0
+# -rss_limit_mb: the parsers must not need more; a deep-nesting input that does is a bug.
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  "$build/$target" -max_total_time="$seconds" -print_final_stats=1 -rss_limit_mb=2048 \
+  -timeout=10 -artifact_prefix="$findings/$target-" "$work" "${seeds[@]}" >"$log" 2>&1 || status=$?
+runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+if [ "$status" -ne 0 ]; then
+  tail -40 "$log"
+  echo "$target: FINDING after ${runs:-?} executions (input in $findings/)" >&2
+  exit "$status"
+fi
+echo "$target: ${runs:-?} executions in ${seconds} s, clean (corpus $(ls "$work" | wc -l) inputs)"

@@ -1,0 +1,30 @@
+// The sim backend's settings, parsed from the context options' key/value entries
+// ({"bounce_chunk", "2M"}, {"link_gbps", "55"}). docs/settings.md has the table of keys and
+// docs/worker.md ("sim semantics") what each stands for.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "pinstage/backend/platform_abi.h"
+
+namespace pinstage::sim {
+
+struct SimConfig {
+  // Bytes the driver stages per step of a pageable copy (one bounce buffer).
+  uint64_t bounce_chunk = uint64_t{2} << 20;
+  // Pinned bounce buffers per direction: 2 = double buffering (CPU copy overlaps DMA).
+  int bounce_buffers = 2;
+  // Link rate in GB/s (1e9 bytes per second, per direction); 0 = unpaced (memcpy speed).
+  int64_t link_gbps = 0;
+};
+
+// The accepted keys, for messages: "bounce_chunk, bounce_buffers, link_gbps".
+const char* config_keys();
+
+// Parses the entries strictly: each key at most once, values exactly as documented.
+// Throws Error(invalid_argument) naming the bad key or value ("config: link_gbps='x' is
+// not valid: ...") and listing the accepted keys. No entries gives the defaults.
+SimConfig parse_config(std::span<const ps_config_entry> entries);
+
+}  // namespace pinstage::sim

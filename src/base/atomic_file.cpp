@@ -1,0 +1,119 @@
+// AtomicFile: temp file + fsync + rename, the one writer every output goes through.
+#include "pinstage/atomic_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "pinstage/error.h"
+
+namespace pinstage {
+namespace {
+
+[[noreturn]] void io_error(const std::string& path, const std::string& what) {
+  throw Error(ErrorCode::io, "cannot write '" + path + "': " + what);
+}
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+std::string directory_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+void fsync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;  // the rename happened; a directory we cannot open is not an error
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+void check_output_path(const std::string& path) {
+  if (path.empty()) io_error(path, "the output path is empty");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) io_error(path, "it is a directory");
+    if (!S_ISREG(st.st_mode))
+      io_error(path, "it exists and is not a regular file (a device, FIFO or socket)");
+  } else if (errno != ENOENT) {
+    io_error(path, errno_text(errno));
+  }
+  const std::string dir = directory_of(path);
+  struct stat dst {};
+  if (::stat(dir.c_str(), &dst) != 0) io_error(path, "directory '" + dir + "' does not exist");
+  if (!S_ISDIR(dst.st_mode)) io_error(path, "'" + dir + "' is not a directory");
+  if (::access(dir.c_str(), W_OK) != 0)
+    io_error(path, "directory '" + dir + "' is not writable: " + errno_text(errno));
+}
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  check_output_path(path_);
+  std::string name = path_ + ".tmp-XXXXXX";
+  std::vector<char> buf(name.begin(), name.end());
+  buf.push_back('\0');
+  fd_ = ::mkostemp(buf.data(), O_CLOEXEC);
+  if (fd_ < 0) io_error(path_, "cannot create a temporary file next to it: " + errno_text(errno));
+  temp_path_ = buf.data();
+  ::fchmod(fd_, 0644);  // mkostemp makes 0600; outputs are ordinary files
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && !temp_path_.empty()) ::unlink(temp_path_.c_str());
+}
+
+void AtomicFile::write(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd_, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) io_error(path_, n < 0 ? errno_text(errno) : "write returned 0");
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+void AtomicFile::write_at(uint64_t offset, const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) io_error(path_, n < 0 ? errno_text(errno) : "pwrite returned 0");
+    p += n;
+    offset += static_cast<uint64_t>(n);
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+void AtomicFile::commit() {
+  if (committed_) io_error(path_, "already committed");
+  if (::fsync(fd_) != 0) io_error(path_, "fsync failed: " + errno_text(errno));
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) io_error(path_, "close failed: " + errno_text(errno));
+  // Re-check: the target may have become a device or directory during the work.
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    io_error(path_, "it exists and is not a regular file");
+  if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
+    io_error(path_, "rename failed: " + errno_text(errno));
+  committed_ = true;
+  fsync_directory(directory_of(path_));
+}
+
+void write_file_atomically(const std::string& path, std::string_view text) {
+  AtomicFile file(path);
+  file.write(text);
+  file.commit();
+}
+
+}  // namespace pinstage

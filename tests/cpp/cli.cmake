@@ -1,0 +1,12 @@
+# The CLI's shared conventions (--json FILE|-, --quiet, empty or bad output paths, size
+# knobs, case-insensitive choices) on fixture, scene, info and plot. Label cli.
+pinstage_add_gtest(test_cli
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cli.cpp
+  LABELS cli)
+target_compile_definitions(test_cli PRIVATE PINSTAGE_CLI_PATH="$<TARGET_FILE:pinstage_cli>")
+add_dependencies(test_cli pinstage_cli pinstage_backend_sim)
+
+# The one atomic writer (include/pinstage/atomic_file.h) every output goes through.
+pinstage_add_gtest(test_atomic_file
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_atomic_file.cpp
+  LABELS cli)

@@ -1,0 +1,122 @@
+// The one atomic writer: the target is replaced whole or not at all, a non-regular
+// target is refused before any work, and no temporary file is left behind.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "pinstage/atomic_file.h"
+#include "pinstage/error.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+class AtomicFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("pinstage_atomic_" + std::to_string(getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  static std::string read(const std::string& p) {
+    std::ifstream in(p);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  size_t entries() const {
+    return static_cast<size_t>(std::distance(fs::directory_iterator(dir_), {}));
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(AtomicFileTest, WritesANewFile) {
+  pinstage::write_file_atomically(path("a.json"), "{}\n");
+  EXPECT_EQ(read(path("a.json")), "{}\n");
+  EXPECT_EQ(entries(), 1u);
+  struct stat st{};
+  ASSERT_EQ(stat(path("a.json").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+}
+
+TEST_F(AtomicFileTest, NothingIsVisibleUntilCommitAndAnAbandonedWriteLeavesTheOldFile) {
+  pinstage::write_file_atomically(path("r.json"), "old");
+  {
+    pinstage::AtomicFile f(path("r.json"));
+    f.write("new, half written");
+    EXPECT_EQ(read(path("r.json")), "old");
+    EXPECT_EQ(entries(), 2u);  // the target and the temporary file
+  }  // destroyed uncommitted: the work failed
+  EXPECT_EQ(read(path("r.json")), "old");
+  EXPECT_EQ(entries(), 1u);
+}
+
+TEST_F(AtomicFileTest, CommitReplacesTheTarget) {
+  pinstage::write_file_atomically(path("r.json"), "old");
+  pinstage::AtomicFile f(path("r.json"));
+  f.write_at(3, "def", 3);
+  f.write_at(0, "abc", 3);
+  f.commit();
+  EXPECT_EQ(read(path("r.json")), "abcdef");
+  EXPECT_EQ(entries(), 1u);
+}
+
+TEST_F(AtomicFileTest, RefusesNonRegularTargetsBeforeWork) {
+  for (const char* device : {"/dev/null", "/dev/full"}) {
+    try {
+      pinstage::AtomicFile f(device);
+      FAIL() << device << " accepted";
+    } catch (const pinstage::Error& e) {
+      EXPECT_EQ(e.code(), pinstage::ErrorCode::io);
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+    struct stat st{};
+    ASSERT_EQ(stat(device, &st), 0);
+    EXPECT_TRUE(S_ISCHR(st.st_mode)) << device << " is still a character device";
+  }
+  EXPECT_THROW(pinstage::check_output_path(dir_.string()), pinstage::Error);
+  EXPECT_THROW(pinstage::check_output_path(""), pinstage::Error);
+  try {
+    pinstage::check_output_path(path("missing/x.json"));
+    FAIL();
+  } catch (const pinstage::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not exist"), std::string::npos) << e.what();
+  }
+}
+
+// A write that fails half-way (the file size limit, as a full disk would) throws naming
+// the target and leaves the previous file whole. Run in a child: it lowers RLIMIT_FSIZE.
+TEST_F(AtomicFileTest, AFailedWriteLeavesThePreviousFile) {
+  pinstage::write_file_atomically(path("keep.bin"), "previous contents");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of a signal
+    rlimit limit{4096, 4096};
+    setrlimit(RLIMIT_FSIZE, &limit);
+    const std::string big(1 << 20, 'x');
+    try {
+      pinstage::write_file_atomically(path("keep.bin"), big);
+    } catch (const pinstage::Error& e) {
+      _exit(std::string(e.what()).find("keep.bin") != std::string::npos ? 0 : 2);
+    }
+    _exit(1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the write should fail with an Error naming the file";
+  EXPECT_EQ(read(path("keep.bin")), "previous contents");
+  EXPECT_EQ(entries(), 1u) << "the temporary file was removed";
+}
+
+}  // namespace

@@ -1,0 +1,158 @@
+// The CLI conventions every command shares: --json FILE or - (stdout), outputs checked
+// before any work and never half-written, size knobs >= 1, case-insensitive choices.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli_test_util.h"
+
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string out;  // stdout
+  std::string all;  // stdout, then stderr
+};
+
+// Runs `pinstage <args>` with stdout and stderr apart.
+Result run(const std::string& args, const std::string& env = "") {
+  const auto err =
+      std::filesystem::temp_directory_path() / ("pinstage_cli_err_" + std::to_string(getpid()));
+  const pinstage::test::CommandResult c = pinstage::test::run_command(
+      env + " " + PINSTAGE_CLI_PATH + " " + args + " 2>" + err.string() + " </dev/null");
+  Result r;
+  r.status = c.status;
+  r.out = c.output;
+  std::ifstream in(err);
+  r.all =
+      r.out + std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(err);
+  return r;
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("pinstage_cli_" + std::to_string(getpid()) + "_" + name))
+      .string();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+constexpr const char* kSmallFixture = "fixture qwen3-decode --layers 1 --seq-len 64 --quiet";
+constexpr const char* kSmallScene =
+    "scene qwen3-decode --layers 1 --seq-len 64 --skip-golden --quiet";
+
+TEST(Cli, FixtureJsonToStdoutIsOneDocumentWithARunBlock) {
+  const Result r = run(std::string(kSmallFixture) + " --json -");
+  ASSERT_EQ(r.status, 0) << r.all;
+  const auto doc = nlohmann::json::parse(r.out);  // stdout holds the JSON alone
+  EXPECT_EQ(doc["layers"], 1);
+  EXPECT_GT(doc["total_bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(doc["run"]["options"]["--layers"], "1");
+  EXPECT_FALSE(doc["run"]["host"].get<std::string>().empty());
+}
+
+TEST(Cli, FixtureEmptyOutIsAnErrorBeforeWork) {
+  const Result r = run(std::string(kSmallFixture) + " --out ''");
+  EXPECT_EQ(r.status, 1) << r.all;
+  EXPECT_NE(r.all.find("--out is empty"), std::string::npos) << r.all;
+  EXPECT_EQ(r.all.find("generate:"), std::string::npos) << "nothing generated: " << r.all;
+}
+
+TEST(Cli, FixtureRefusesADeviceAsOutputAndLeavesIt) {
+  const Result r = run(std::string(kSmallFixture) + " --out /dev/null");
+  EXPECT_EQ(r.status, 1) << r.all;
+  EXPECT_NE(r.all.find("not a regular file"), std::string::npos) << r.all;
+  struct stat st {};
+  ASSERT_EQ(stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+}
+
+TEST(Cli, FixtureOutIsAtomicAndReplacesTheOldFile) {
+  const std::string out = temp_path("fixture.safetensors");
+  { std::ofstream(out) << "old"; }
+  const Result r = run(std::string(kSmallFixture) + " --out " + out);
+  ASSERT_EQ(r.status, 0) << r.all;
+  EXPECT_GT(std::filesystem::file_size(out), 1000u);
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::filesystem::path(out).parent_path()))
+    EXPECT_EQ(
+        e.path().filename().string().find(std::filesystem::path(out).filename().string() + ".tmp-"),
+        std::string::npos)
+        << "temporary file left: " << e.path();
+  std::filesystem::remove(out);
+}
+
+TEST(Cli, FixtureLayersZeroIsAnError) {
+  const Result r = run("fixture qwen3-decode --layers 0 --size-only");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.all.find("--layers 0 is not a size"), std::string::npos) << r.all;
+}
+
+// The fixture checks memory before allocating, like the bench: 100,000 layers is refused
+// from the size alone.
+TEST(Cli, FixtureChecksMemoryFirst) {
+  const Result r = run("fixture qwen3-decode --layers 100000 --quiet");
+  EXPECT_EQ(r.status, 1) << r.all;
+  EXPECT_NE(r.all.find("out_of_memory"), std::string::npos) << r.all;
+}
+
+// Without --layers the fixture takes the bench's automatic size and says so.
+TEST(Cli, FixtureSizeOnlyDefaultsToTheWholeModel) {
+  const Result r = run("fixture qwen3-decode --size-only --json -");
+  ASSERT_EQ(r.status, 0) << r.all;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["layers"], 40);
+}
+
+TEST(Cli, SceneJsonAndCaseInsensitiveChoices) {
+  const Result r = run(std::string(kSmallScene) + " --storage PINNED --upload Direct --json -");
+  ASSERT_EQ(r.status, 0) << r.all;
+  const auto doc = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(doc["ok"].get<bool>());
+  EXPECT_EQ(doc["storage"], "pinned");
+  EXPECT_EQ(doc["rounds"].size(), 1u);
+  EXPECT_EQ(doc["run"]["backend"], "sim");
+}
+
+TEST(Cli, SceneEmptySaveGoldenIsAnError) {
+  const Result r = run(std::string(kSmallScene) + " --save-golden ''");
+  EXPECT_EQ(r.status, 1) << r.all;
+  EXPECT_NE(r.all.find("--save-golden is empty"), std::string::npos) << r.all;
+}
+
+TEST(Cli, SceneUnwritableJsonFailsBeforeWork) {
+  const Result r = run(std::string(kSmallScene) + " --json /nonexistent-dir/r.json");
+  EXPECT_EQ(r.status, 1) << r.all;
+  EXPECT_NE(r.all.find("does not exist"), std::string::npos) << r.all;
+  EXPECT_EQ(r.all.find("round 1"), std::string::npos) << r.all;
+}
+
+TEST(Cli, BackendOptionIsParsedStrictly) {
+  const Result r = run(std::string(kSmallScene) + " --backend-option novalue");
+  EXPECT_EQ(r.status, 1) << r.all;
+  EXPECT_NE(r.all.find("novalue"), std::string::npos) << r.all;
+}
+
+TEST(Cli, InfoSaysPerBackendWhetherADeviceIsUsable) {
+  const Result r = run("info --json -");
+  ASSERT_EQ(r.status, 0) << r.all;
+  const auto doc = nlohmann::json::parse(r.out);
+  bool sim = false;
+  for (const auto& b : doc["backends"]) {
+    ASSERT_TRUE(b.contains("usable")) << b;
+    if (!b["usable"].get<bool>()) EXPECT_FALSE(b["why"].get<std::string>().empty()) << b;
+    if (b["name"] == "sim") sim = b["usable"].get<bool>();
+  }
+  EXPECT_TRUE(sim) << r.out;
+}
+
+}  // namespace

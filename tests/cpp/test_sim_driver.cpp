@@ -1,0 +1,283 @@
+// The sim driver (src/backends/sim/dma.h): pageable copies staged through pinned bounce
+// buffers, pinned ones DMA'd directly, both bit-exact at odd sizes, offsets and chunk
+// boundaries, in stream order, with the fault hook working on both paths; and the strict
+// parsing of the backend options (src/backends/sim/sim_config.h).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/sim/sim_config.h"
+#include "pinstage/backend/sim_ext.h"
+#include "pinstage/error.h"
+#include "pinstage/worker.h"
+#include "tensor_test_util.h"
+
+namespace pinstage {
+namespace {
+
+using test::error_of;
+using test::pattern;
+
+constexpr size_t kChunk = 4096;  // small chunks: many boundaries in small copies
+constexpr size_t kDevice = 1 << 20;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+class SimDriver : public ::testing::Test {
+ protected:
+  void SetUp() override { init({{"bounce_chunk", "4K"}, {"bounce_buffers", "3"}}); }
+  void init(const BackendConfig& config) {
+    owned.reset();  // the previous worker first: its locked memory goes
+    owned = std::make_unique<Worker>();
+    WorkerOptions options;
+    options.device_capacity_bytes = 64 << 20;
+    options.config = config;
+    owned->init("sim", 0, options);
+  }
+  Worker& w() { return *owned; }
+  ps_sim_stats stats() {
+    auto fn = reinterpret_cast<ps_sim_stats_fn>(w().backend_extension(PS_SIM_STATS_NAME));
+    ps_sim_stats s{};
+    EXPECT_NE(fn, nullptr);
+    if (fn != nullptr) EXPECT_EQ(fn(w().native_context(), &s), PS_OK);
+    return s;
+  }
+  // The device bytes as they are (sim device memory is host memory).
+  const unsigned char* device_bytes(const DeviceBuffer& dev) {
+    return static_cast<const unsigned char*>(dev.data());
+  }
+  std::unique_ptr<Worker> owned;
+};
+
+// Sizes around the 4 KiB chunk and the 3-buffer ring, at device offsets that are not
+// aligned; the bytes around the copied range must stay as they were.
+const size_t kSizes[] = {1, 4095, 4096, 4097, 3 * 4096, 3 * 4096 + 1, 7 * 4096 - 1, 300'001};
+const size_t kOffsets[] = {0, 1, 255, 4095};
+
+TEST_F(SimDriver, PageableUploadAndDownloadAreBitExactAroundChunkBoundaries) {
+  DeviceBuffer dev = w().alloc_device(kDevice);
+  for (size_t size : kSizes) {
+    for (size_t off : kOffsets) {
+      SCOPED_TRACE("size " + std::to_string(size) + " offset " + std::to_string(off));
+      std::memset(dev.data(), 0xee, kDevice);
+      const auto src = pattern(size + 3, static_cast<unsigned>(size + off));
+      w().copy_to_device(dev, off, src.data() + 3, size);  // odd host address too
+      ASSERT_EQ(std::memcmp(device_bytes(dev) + off, src.data() + 3, size), 0);
+      if (off > 0) ASSERT_EQ(device_bytes(dev)[off - 1], 0xee);
+      ASSERT_EQ(device_bytes(dev)[off + size], 0xee);
+      std::vector<unsigned char> back(size + 5, 0x11);
+      w().copy_to_host(back.data() + 3, dev, off, size);
+      ASSERT_EQ(std::memcmp(back.data() + 3, src.data() + 3, size), 0);
+      ASSERT_EQ(back[2], 0x11);
+      ASSERT_EQ(back[size + 3], 0x11);
+    }
+  }
+  const ps_sim_stats s = stats();
+  const uint64_t n = std::size(kSizes) * std::size(kOffsets);
+  EXPECT_EQ(s.h2d_bounced_count, n);
+  EXPECT_EQ(s.d2h_bounced_count, n);
+  EXPECT_EQ(s.h2d_direct_count + s.d2h_direct_count, 0u);
+}
+
+TEST_F(SimDriver, PinnedCopiesAreDmaedDirectlyAndBitExact) {
+  DeviceBuffer dev = w().alloc_device(kDevice);
+  PinnedHostBuffer pinned = w().alloc_pinned_host(kDevice);
+  auto* host = static_cast<unsigned char*>(pinned.data());
+  uint64_t bytes = 0;
+  for (size_t size : kSizes) {
+    const auto src = pattern(size, static_cast<unsigned>(size));
+    std::memcpy(host + 7, src.data(), size);  // a range inside the pinned buffer
+    w().copy_to_device(dev, 1, host + 7, size);
+    ASSERT_EQ(std::memcmp(device_bytes(dev) + 1, src.data(), size), 0) << size;
+    std::memset(host, 0, kDevice);
+    w().copy_to_host(host + 5, dev, 1, size);
+    ASSERT_EQ(std::memcmp(host + 5, src.data(), size), 0) << size;
+    ASSERT_EQ(host[4], 0);
+    ASSERT_EQ(host[5 + size], 0);
+    bytes += size;
+  }
+  const ps_sim_stats s = stats();
+  EXPECT_EQ(s.h2d_direct_count, std::size(kSizes));
+  EXPECT_EQ(s.d2h_direct_count, std::size(kSizes));
+  EXPECT_EQ(s.h2d_direct_bytes, bytes);
+  EXPECT_EQ(s.d2h_direct_bytes, bytes);
+  EXPECT_EQ(s.h2d_bounced_count + s.d2h_bounced_count, 0u);
+}
+
+TEST_F(SimDriver, OnlyThisWorkersPinnedMemoryIsDirect) {
+  DeviceBuffer dev = w().alloc_device(4096);
+  Worker other;
+  other.init("sim");
+  PinnedHostBuffer theirs = other.alloc_pinned_host(4096);
+  std::memset(theirs.data(), 0x42, 4096);
+  w().copy_to_device(dev, 0, theirs.data(), 4096);
+  EXPECT_EQ(stats().h2d_bounced_count, 1u);  // pinned by another context: staged
+  PinnedHostBuffer mine = w().alloc_pinned_host(4096);
+  void* address = mine.data();
+  mine.reset();  // freed: no longer pinned, even if the address comes back
+  std::vector<unsigned char> pageable(4096, 1);
+  w().copy_to_device(dev, 0, pageable.data(), 4096);
+  EXPECT_EQ(stats().h2d_bounced_count, 2u);
+  EXPECT_EQ(stats().h2d_direct_count, 0u);
+  (void)address;
+}
+
+TEST_F(SimDriver, AsyncCopiesOnBothPathsKeepStreamOrder) {
+  DeviceBuffer dev = w().alloc_device(kDevice);
+  PinnedHostBuffer pinned = w().alloc_pinned_host(kDevice);
+  const size_t size = 5 * kChunk + 17;
+  const auto a = pattern(size, 1), b = pattern(size, 2);
+  std::vector<unsigned char> got_a(size), got_b(size);
+  Stream stream = w().create_stream();
+  Event done = w().create_event();
+  // upload a (pageable) -> download -> upload b (pinned) -> download: each sees the last.
+  w().copy_to_device_async(dev, 3, a.data(), size, stream);
+  w().copy_to_host_async(got_a.data(), dev, 3, size, stream);
+  std::memcpy(pinned.data(), b.data(), size);
+  w().copy_to_device_async(dev, 3, pinned.data(), size, stream);
+  w().copy_to_host_async(got_b.data(), dev, 3, size, stream);
+  w().record(done, stream);
+  w().wait(done);
+  EXPECT_EQ(got_a, a);
+  EXPECT_EQ(got_b, b);
+  const ps_sim_stats s = stats();
+  EXPECT_EQ(s.h2d_bounced_count, 1u);
+  EXPECT_EQ(s.h2d_direct_count, 1u);
+  EXPECT_EQ(s.d2h_bounced_count, 2u);
+}
+
+TEST_F(SimDriver, ConcurrentPageableCopiesShareTheBounceBuffersSafely) {
+  DeviceBuffer dev = w().alloc_device(kDevice);
+  std::vector<std::thread> threads;
+  std::vector<int> ok(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const size_t part = kDevice / 4, size = part - 13;
+      const auto src = pattern(size, static_cast<unsigned>(t));
+      std::vector<unsigned char> back(size);
+      for (int round = 0; round < 5; ++round) {
+        w().copy_to_device(dev, t * part, src.data(), size);
+        w().copy_to_host(back.data(), dev, t * part, size);
+      }
+      ok[t] = back == src;
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok, std::vector<int>(4, 1));
+}
+
+TEST_F(SimDriver, FaultsWorkOnBothPaths) {
+  DeviceBuffer dev = w().alloc_device(kDevice);
+  PinnedHostBuffer pinned = w().alloc_pinned_host(3 * kChunk);
+  std::vector<unsigned char> pageable(3 * kChunk, 0);
+  for (void* host : {static_cast<void*>(pageable.data()), pinned.data()}) {
+    std::memset(host, 0, 3 * kChunk);
+    w().inject_fault(FaultKind::copy_h2d, 1);
+    EXPECT_EQ(error_of([&] { w().copy_to_device(dev, 0, host, 3 * kChunk); }).code(),
+              ErrorCode::injected_fault);
+    w().inject_fault(FaultKind::copy_d2h, 1);
+    EXPECT_EQ(error_of([&] { w().copy_to_host(host, dev, 0, 3 * kChunk); }).code(),
+              ErrorCode::injected_fault);
+    // corrupt_h2d: the upload succeeds, then the middle byte is flipped, sync and async.
+    w().inject_fault(FaultKind::corrupt_h2d, 1);
+    w().copy_to_device(dev, 0, host, 3 * kChunk);
+    EXPECT_EQ(device_bytes(dev)[3 * kChunk / 2], 0x40);
+    w().inject_fault(FaultKind::corrupt_h2d, 2);
+    Stream stream = w().create_stream();
+    w().copy_to_device_async(dev, 0, host, 3 * kChunk, stream);  // clean: restores it
+    w().copy_to_device_async(dev, 0, host, 3 * kChunk, stream);
+    w().synchronize(stream);
+    EXPECT_EQ(device_bytes(dev)[3 * kChunk / 2], 0x40);
+    EXPECT_EQ(device_bytes(dev)[3 * kChunk / 2 + 1], 0);
+  }
+}
+
+uint64_t locked_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmLck:", 0) == 0) return std::stoull(line.substr(6));
+  return 0;
+}
+
+TEST_F(SimDriver, OptionsShapeTheDriverAndTheBounceBuffersAreLocked) {
+  owned.reset();
+  const uint64_t before = locked_kib();
+  init({{"bounce_chunk", "64K"}, {"bounce_buffers", "4"}, {"link_gbps", "55"}});
+  const ps_sim_stats s = stats();
+  EXPECT_EQ(s.bounce_chunk_bytes, 64u << 10);
+  EXPECT_EQ(s.bounce_buffers, 4);
+  EXPECT_EQ(s.link_gbps, 55);
+  if (s.bounce_locked == 1) {  // two directions x 4 buffers x 64 KiB, really locked
+    EXPECT_GE(locked_kib() - before, 2u * 4 * 64);
+  } else {
+    GTEST_SKIP() << "mlock refused here (RLIMIT_MEMLOCK): bounce buffers unlocked";
+  }
+  init({});  // the documented defaults
+  const ps_sim_stats d = stats();
+  EXPECT_EQ(d.bounce_chunk_bytes, 2u << 20);
+  EXPECT_EQ(d.bounce_buffers, 2);
+  EXPECT_EQ(d.link_gbps, 0);
+}
+
+TEST_F(SimDriver, PacedCopiesStayBitExact) {
+  init({{"bounce_chunk", "4K"}, {"link_gbps", "1"}});
+  DeviceBuffer dev = w().alloc_device(kDevice);
+  const auto src = pattern(kDevice - 1, 9);
+  std::vector<unsigned char> back(src.size());
+  w().copy_to_device(dev, 1, src.data(), src.size());
+  w().copy_to_host(back.data(), dev, 1, back.size());
+  EXPECT_EQ(back, src);
+}
+
+TEST(SimOptions, BadOptionsAreRefusedNamingTheKey) {
+  const std::pair<BackendConfig, std::string> cases[] = {
+      {{{"bounce_chnk", "2M"}}, "unknown key 'bounce_chnk'"},
+      {{{"bounce_chunk", "2X"}}, "bounce_chunk='2X' is not valid"},
+      {{{"bounce_chunk", "1K"}}, "bounce_chunk='1K' is not valid"},
+      {{{"bounce_chunk", "2G"}}, "bounce_chunk='2G' is not valid"},
+      {{{"bounce_chunk", "0"}}, "bounce_chunk='0' is not valid"},
+      {{{"bounce_buffers", "0"}}, "bounce_buffers='0' is not valid"},
+      {{{"bounce_buffers", "65"}}, "bounce_buffers='65' is not valid"},
+      {{{"bounce_buffers", " 2"}}, "bounce_buffers=' 2' is not valid"},
+      {{{"link_gbps", "-1"}}, "link_gbps='-1' is not valid"},
+      {{{"link_gbps", "55.5"}}, "link_gbps='55.5' is not valid"},
+      {{{"link_gbps", "10001"}}, "link_gbps='10001' is not valid"},
+      {{{"link_gbps", ""}}, "link_gbps='' is not valid"},
+  };
+  for (const auto& [config, message] : cases) {
+    SCOPED_TRACE(message);
+    Worker worker;
+    WorkerOptions options;
+    options.config = config;
+    const Error e = error_of([&] { worker.init("sim", 0, options); });
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_TRUE(contains(e.what(), message)) << e.what();
+    EXPECT_FALSE(worker.initialized());
+  }
+}
+
+TEST(SimOptions, TheParserRefusesRepeatsAndNulls) {
+  const ps_config_entry twice[] = {{"link_gbps", "1"}, {"link_gbps", "2"}};
+  Error e = error_of([&] { sim::parse_config(twice); });
+  EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+  EXPECT_TRUE(contains(e.what(), "key 'link_gbps' is given twice")) << e.what();
+  const ps_config_entry null_value[] = {{"link_gbps", nullptr}};
+  e = error_of([&] { sim::parse_config(null_value); });
+  EXPECT_TRUE(contains(e.what(), "NULL value")) << e.what();
+  const ps_config_entry good[] = {{"bounce_chunk", "1M"}, {"bounce_buffers", "3"}};
+  const sim::SimConfig c = sim::parse_config(good);
+  EXPECT_EQ(c.bounce_chunk, 1u << 20);
+  EXPECT_EQ(c.bounce_buffers, 3);
+  EXPECT_EQ(c.link_gbps, 0);
+}
+
+}  // namespace
+}  // namespace pinstage

@@ -1,0 +1,69 @@
+"""`pinstage bench ... --json` draws a PNG next to its report, and pinstage.plot draws
+every arm's bars and the memcpy line (checked on the Figure's artists, then the file)."""
+import json
+import subprocess
+
+import pytest
+
+matplotlib = pytest.importorskip("matplotlib")
+
+ARMS = ["pageable", "pinned", "staged"]
+GROUPS = 2
+
+
+@pytest.fixture(scope="module")
+def report(cli, tmp_path_factory):
+    out = tmp_path_factory.mktemp("plot") / "bench.json"
+    done = subprocess.run(
+        [str(cli), "bench", "synthetic", "--tensors", "2", "--bytes", "1M", "--groups",
+         str(GROUPS), "--rounds", "2", "--arms", ",".join(ARMS), "--json", str(out), "--quiet"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out, done.stdout
+
+
+def test_bench_writes_the_png_next_to_the_report(report):
+    path, stdout = report
+    png = path.with_suffix(".png")
+    assert f"picture: {png}" in stdout
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    image = matplotlib.image.imread(str(png))
+    height, width = image.shape[:2]
+    assert (width, height) == (1760, 572)
+
+
+def test_render_draws_every_arm_in_every_panel(report):
+    from pinstage import plot
+
+    doc = plot.load_report(str(report[0]))
+    fig = plot.render(doc)
+    ax_lat, ax_up, ax_ph = fig.axes
+    for ax in (ax_lat, ax_up):
+        containers = {c.get_label(): c for c in ax.containers}
+        for arm in ARMS:
+            bars = containers[arm]
+            assert len(bars) == GROUPS
+            assert all(bar.get_height() > 0 for bar in bars)
+    # The upload panel's baseline, at the median memcpy rate of the report.
+    lines = [line for line in ax_up.get_lines() if line.get_gid() == "memcpy"]
+    assert len(lines) == 1
+    # The phases are stacked per arm: the upload segment exists for all three arms.
+    phases = {c.get_label(): c for c in ax_ph.containers}
+    assert len(phases["upload"]) == len(ARMS)
+    assert all(bar.get_height() > 0 for bar in phases["upload"])
+    import matplotlib.pyplot
+
+    matplotlib.pyplot.close(fig)
+
+
+def test_plot_refuses_a_file_that_is_not_a_bench_report(tmp_path, cli):
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    done = subprocess.run([str(cli), "plot", str(bad), "--out", str(tmp_path / "x.png")],
+                          capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "not a report of pinstage bench --json" in done.stderr
+    assert not (tmp_path / "x.png").exists()

@@ -1,0 +1,44 @@
+"""The pytest plugin pinstage.testing, run as a user runs it: `pytest -p pinstage.testing`
+in a separate folder, in a subprocess."""
+import os
+import subprocess
+import sys
+import textwrap
+
+USER_TESTS = textwrap.dedent("""
+    import torch
+
+    def test_passes(pinstage_worker, pinned_alloc):
+        t = pinned_alloc.ones(4, 4)
+        assert pinned_alloc.is_pinned(t) and pinstage_worker.backend == "sim"
+
+    def test_fails_holding_a_tensor(pinned_alloc):
+        t = pinned_alloc.zeros(8)
+        assert t.sum() == 1, "the one real failure"
+""")
+
+
+def run_pytest(tmp_path, build_dir, *args, env_extra=None):
+    (tmp_path / "test_user.py").write_text(USER_TESTS)
+    env = dict(os.environ, PYTHONPATH=str(build_dir / "python"), **(env_extra or {}))
+    env.pop("PINSTAGE_TEST_BACKEND", None) if not env_extra else None
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "pinstage.testing", "-q", "-p", "no:cacheprovider",
+         *args, str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=300)
+
+
+def test_fixtures_release_after_a_failed_test_without_a_teardown_error(tmp_path, build_dir):
+    proc = run_pytest(tmp_path, build_dir)
+    out = proc.stdout
+    assert "1 failed, 1 passed" in out, out + proc.stderr
+    assert "the one real failure" in out
+    assert "error" not in out.splitlines()[-1], out  # no teardown error in the summary
+
+
+def test_backend_option_and_environment_are_used(tmp_path, build_dir):
+    proc = run_pytest(tmp_path, build_dir, "--pinstage-backend", "nosuch", "-k", "passes")
+    assert "1 error" in proc.stdout and "cannot load backend 'nosuch'" in proc.stdout, proc.stdout
+    proc = run_pytest(tmp_path, build_dir, "-k", "passes",
+                      env_extra={"PINSTAGE_TEST_BACKEND": "nosuch2"})
+    assert "cannot load backend 'nosuch2'" in proc.stdout, proc.stdout
