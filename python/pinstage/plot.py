@@ -91,6 +91,7 @@ def render(doc: dict):
         ax_ph.bar(arms, heights, 0.6, bottom=bottoms, label=PHASE_LABELS.get(p, p),
                   gid=f"phase:{p}")
         bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax_ph.set_ylim(0, max(bottoms + [0.0]) * 1.15 or 1.0)  # the whole stack, from 0
     ax_ph.set_title("bind phases per arm (median)")
     ax_ph.set_ylabel("ms")
     ax_ph.legend(fontsize="small")

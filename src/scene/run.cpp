@@ -103,9 +103,9 @@ SceneReport run_scene(Worker& worker, const Scene& scene, const SceneRunOptions&
   const std::unique_ptr<RoundReset> reset = scene.round_reset(args, values);
 
   BindOptions bind = options.bind;
-  bind.execute_callable = report.integrity_only ? std::string()
-                         : options.callable.empty() ? scene.callable()
-                                                    : options.callable;
+  bind.execute_callable = report.integrity_only      ? std::string()
+                          : options.callable.empty() ? scene.callable()
+                                                     : options.callable;
   bind.verify_upload = true;
   Binder binder(worker, bind);
   for (int r = 1; r <= options.rounds; ++r) {

@@ -288,7 +288,6 @@ TEST(AbPlan, AFixedSizeTaskMustFitInAllOfMemAvailable) {
   expect_error([&] { plan_size(c, task, b); }, ErrorCode::out_of_memory, "synthetic needs");
 }
 
-
 // A small task (a few MB) so the full harness runs in well under a second.
 TaskArgs small_task(HostAllocator& alloc) {
   TaskArgs args;

@@ -43,7 +43,7 @@ TEST_F(AtomicFileTest, WritesANewFile) {
   pinstage::write_file_atomically(path("a.json"), "{}\n");
   EXPECT_EQ(read(path("a.json")), "{}\n");
   EXPECT_EQ(entries(), 1u);
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(stat(path("a.json").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0644u);
 }
@@ -55,7 +55,7 @@ TEST_F(AtomicFileTest, NothingIsVisibleUntilCommitAndAnAbandonedWriteLeavesTheOl
     f.write("new, half written");
     EXPECT_EQ(read(path("r.json")), "old");
     EXPECT_EQ(entries(), 2u);  // the target and the temporary file
-  }  // destroyed uncommitted: the work failed
+  }                            // destroyed uncommitted: the work failed
   EXPECT_EQ(read(path("r.json")), "old");
   EXPECT_EQ(entries(), 1u);
 }
@@ -79,7 +79,7 @@ TEST_F(AtomicFileTest, RefusesNonRegularTargetsBeforeWork) {
       EXPECT_EQ(e.code(), pinstage::ErrorCode::io);
       EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
     }
-    struct stat st{};
+    struct stat st {};
     ASSERT_EQ(stat(device, &st), 0);
     EXPECT_TRUE(S_ISCHR(st.st_mode)) << device << " is still a character device";
   }

@@ -97,8 +97,8 @@ struct ps_device_ctx {
   uint64_t capacity = 0;
   pinstage::acl::aclrtContext context = nullptr;
 
-  std::mutex mu;                    // guards everything below
-  uint64_t committed = 0;           // includes reservations of aclrtMalloc calls in flight
+  std::mutex mu;           // guards everything below
+  uint64_t committed = 0;  // includes reservations of aclrtMalloc calls in flight
   pinstage::backend::FaultCountdowns faults;  // the fault hook (backend/faults.h)
   ps_acl_pin_stats pin_stats{};
   bool register_unsupported = false;  // the runtime answered FEATURE_NOT_SUPPORT once

@@ -99,8 +99,8 @@ struct ps_device_ctx {
   CudaConfig config;
   uint64_t capacity = 0;
 
-  std::mutex mu;                    // guards everything below up to streams_mu
-  uint64_t committed = 0;           // includes reservations of cudaMalloc calls in flight
+  std::mutex mu;                              // guards everything below up to streams_mu
+  uint64_t committed = 0;                     // includes reservations of cudaMalloc calls in flight
   pinstage::backend::FaultCountdowns faults;  // the fault hook (backend/faults.h)
   ps_cuda_pin_stats pin_stats{};
   std::vector<cudaStream_t> idle_copy_streams;  // Note [Streams of synchronous copies]
