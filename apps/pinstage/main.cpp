@@ -26,7 +26,9 @@ int run(int argc, char** argv) {
     pinstage::check_settings();  // a bad PINSTAGE_* variable is reported before any work
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // One exit status for every failure (docs/cli.md): 0 for --help and --version, 1 for
+    // a bad option as for a failed run, whatever CLI11's own code is.
+    return app.exit(e) == 0 ? 0 : 1;
   } catch (const pinstage::Error& e) {
     std::fprintf(stderr, "pinstage: error [%s]: %s\n", pinstage::error_code_name(e.code()),
                  e.what());

@@ -164,10 +164,10 @@ TEST(BenchCli, JsonKeepsFinishedGroupsAndNeverTruncates) {
   std::filesystem::remove(path);
 }
 
-// Usage errors found while parsing exit non-zero (CLI11's code) before any work.
+// Usage errors found while parsing exit 1, like every other failure, before any work.
 void expect_usage_error(const std::string& args, const std::string& needle) {
   const Result r = run_cli(args);
-  EXPECT_NE(r.status, 0) << args << "\n" << r.output;
+  EXPECT_EQ(r.status, 1) << args << "\n" << r.output;
   EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
   EXPECT_EQ(r.output.find("group  "), std::string::npos) << "no table on an error";
 }
