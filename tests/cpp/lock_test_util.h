@@ -23,6 +23,14 @@ inline std::string proc_status_field(const std::string& key) {
   return {};
 }
 
+// ASan intercepts mlock as a no-op, so VmLck never moves in an ASan build: lock checks
+// skip there (they run in every other build).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kVmLckTracksMlock = false;
+#else
+inline constexpr bool kVmLckTracksMlock = true;
+#endif
+
 // Memory this process has locked now, in bytes.
 inline uint64_t vmlck_bytes() {
   const std::string kib = proc_status_field("VmLck:");
