@@ -84,7 +84,8 @@ TEST(WorkerFailedFree, StaysCountedAndIsRetriedAtFinalize) {
   worker.init("sim");
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t base = test::vmlck_bytes();  // the context may lock memory of its own
-  const bool locks = test::can_lock(8 << 20) && worker.capabilities().pinned_is_page_locked;
+  const bool locks = test::kVmLckTracksMlock && test::can_lock(8 << 20) &&
+                     worker.capabilities().pinned_is_page_locked;
   PinnedHostBuffer host = worker.alloc_pinned_host(10000);
   DeviceBuffer device = worker.alloc_device(5000);
   worker.inject_fault(FaultKind::host_free, 1);
