@@ -896,9 +896,14 @@ std::string vm_flags(const void* p) {
 }
 
 // True when a forked child that reads `p` dies of SIGSEGV (the page is not in it).
+// The child restores the default action first: a sanitizer's SEGV handler would
+// report and exit(1) instead of letting the signal kill it.
 bool child_cannot_read(const void* p) {
   const pid_t pid = fork();
   if (pid == 0) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigaction(SIGSEGV, &dfl, nullptr);
     (void)*static_cast<const volatile char*>(p);
     _exit(0);
   }
