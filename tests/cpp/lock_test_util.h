@@ -23,12 +23,36 @@ inline std::string proc_status_field(const std::string& key) {
   return {};
 }
 
-// ASan intercepts mlock as a no-op, so VmLck never moves in an ASan build: lock checks
-// skip there (they run in every other build).
-#if defined(__SANITIZE_ADDRESS__)
+// ASan and TSan (GCC's __SANITIZE_*__, clang's __has_feature).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define PINSTAGE_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define PINSTAGE_TEST_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define PINSTAGE_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PINSTAGE_TEST_TSAN 1
+#endif
+#endif
+
+// The sanitizers' runtimes intercept mlock as an always-successful no-op, so VmLck never
+// moves in an ASan or TSan build: lock checks skip there (they run in every other build).
+#if defined(PINSTAGE_TEST_SANITIZED)
 inline constexpr bool kVmLckTracksMlock = false;
 #else
 inline constexpr bool kVmLckTracksMlock = true;
+#endif
+
+// TSan writes shadow memory beside every store, and its pages fault in too: page-fault
+// counts then measure the sanitizer, so fault checks skip there.
+#if defined(PINSTAGE_TEST_TSAN)
+inline constexpr bool kFaultsAreOnlyOurs = false;
+#else
+inline constexpr bool kFaultsAreOnlyOurs = true;
 #endif
 
 // Memory this process has locked now, in bytes.

@@ -220,7 +220,7 @@ TEST_F(CheckpointTest, RoundTripThroughTheShardedWriterIntoPinnedMemory) {
   // Exactly the bytes needed are pinned: one allocation per non-empty tensor, its size.
   EXPECT_EQ(worker.stats().pinned_bytes, args.total_bytes());
   EXPECT_EQ(worker.stats().pinned_count, 7u);
-  if (test::kVmLckTracksMlock)  // ASan's mlock is a no-op
+  if (test::kVmLckTracksMlock)  // a sanitizer's mlock is a no-op
     EXPECT_GE(locked_kib(), locked_before + args.total_bytes() / 1024) << "really locked";
   const TaskArgs back = to_task_args(load);
   for (const Tensor& t : args) {

@@ -209,7 +209,7 @@ TEST_F(SimDriver, OptionsShapeTheDriverAndTheBounceBuffersAreLocked) {
   EXPECT_EQ(s.bounce_chunk_bytes, 64u << 10);
   EXPECT_EQ(s.bounce_buffers, 4);
   EXPECT_EQ(s.link_gbps, 55);
-  if (!test::kVmLckTracksMlock) GTEST_SKIP() << "ASan build: mlock is a no-op, VmLck stays 0";
+  if (!test::kVmLckTracksMlock) GTEST_SKIP() << "sanitizer build: mlock is a no-op, VmLck stays 0";
   if (s.bounce_locked == 1) {  // two directions x 4 buffers x 64 KiB, really locked
     EXPECT_GE(locked_kib() - before, 2u * 4 * 64);
   } else {
