@@ -3,6 +3,7 @@
 // docs/design/plugin-abi.md for the lifecycle (Note [Pinned memory lifecycle]).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -233,7 +234,8 @@ class PINSTAGE_API Worker {
   void init(const std::string& backend = "sim", int device_id = 0,
             const WorkerOptions& options = {});
   // Terminal and idempotent: reclaims every outstanding pinned and device allocation
-  // (logging the count), destroys the device context, unloads the plugin.
+  // (logging the count), destroys the device context, unloads the plugin. On a worker
+  // never initialized it only makes it terminal: init() then throws Error(finalized).
   void finalize() noexcept;
 
   bool initialized() const noexcept;  // init() succeeded and finalize() has not run
@@ -289,9 +291,13 @@ class PINSTAGE_API Worker {
   const runtime::WorkerState& state() const;  // throws unless initialized
   // Throws unless initialized and not finalized; holds off finalize until destroyed.
   runtime::CallGuard enter() const;
+  // Throws Error(finalized) or Error(not_initialized) when there is no state to use.
+  void require_state() const;
 
   WorkerLevel level_;
   std::shared_ptr<runtime::WorkerState> state_;
+  // finalize() ran before any init(): no state to mark, yet just as terminal.
+  std::atomic<bool> finalized_unused_{false};
 };
 
 // Throws Error(invalid_argument) unless `worker` is an initialized chip-level worker.

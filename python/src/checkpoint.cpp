@@ -120,31 +120,45 @@ const DeviceTensor& device_tensor(const PyDeviceLoad& d, const std::string& name
 
 void bind_device_load(py::module_& m) {
   py::class_<PyDeviceLoad>(m, "_DeviceLoad")
-      .def_property_readonly("report",
-                             [](const PyDeviceLoad& d) { return report_dict(d.load.report); })
-      .def("keys",
-           [](const PyDeviceLoad& d) {
-             std::vector<std::string> names;
-             for (const DeviceTensor& t : d.load.tensors) names.push_back(t.info.name);
-             return names;
-           })
-      .def("nbytes", [](const PyDeviceLoad& d,
-                        const std::string& n) { return device_tensor(d, n).info.bytes; })
-      .def("device_ptr",
-           [](const PyDeviceLoad& d, const std::string& n) {
-             return reinterpret_cast<uintptr_t>(device_tensor(d, n).buffer.data());
-           })
-      .def("to_bytes",
-           [](const PyDeviceLoad& d, const std::string& n) {
-             const DeviceTensor& t = device_tensor(d, n);
-             std::string out(t.info.bytes, '\0');
-             if (t.info.bytes > 0) {
-               PyWorker& w = d.worker_obj.cast<PyWorker&>();
-               w.worker.copy_to_host(out.data(), t.buffer, 0, t.info.bytes);
-             }
-             return py::bytes(out);
-           })
-      .def("close", [](PyDeviceLoad& d) { d.load.tensors.clear(); });
+      .def_property_readonly(
+          "report", [](const PyDeviceLoad& d) { return report_dict(d.load.report); },
+          "dict[str, Any]: the load's report (bytes, seconds, GB/s per phase).")
+      .def(
+          "keys",
+          [](const PyDeviceLoad& d) {
+            std::vector<std::string> names;
+            for (const DeviceTensor& t : d.load.tensors) names.push_back(t.info.name);
+            return names;
+          },
+          method_doc("keys() -> list[str]"))
+      .def(
+          "nbytes",
+          [](const PyDeviceLoad& d, const std::string& n) {
+            return device_tensor(d, n).info.bytes;
+          },
+          py::arg("name"), method_doc("nbytes(name: str) -> int"))
+      .def(
+          "device_ptr",
+          [](const PyDeviceLoad& d, const std::string& n) {
+            return reinterpret_cast<uintptr_t>(device_tensor(d, n).buffer.data());
+          },
+          py::arg("name"), method_doc("device_ptr(name: str) -> int"))
+      .def(
+          "to_bytes",
+          [](const PyDeviceLoad& d, const std::string& n) {
+            const DeviceTensor& t = device_tensor(d, n);
+            std::string out(t.info.bytes, '\0');
+            if (t.info.bytes > 0) {
+              PyWorker& w = d.worker_obj.cast<PyWorker&>();
+              w.worker.copy_to_host(out.data(), t.buffer, 0, t.info.bytes);
+            }
+            return py::bytes(out);
+          },
+          py::arg("name"),
+          method_doc("to_bytes(name: str) -> bytes", "The tensor read back from the device."))
+      .def(
+          "close", [](PyDeviceLoad& d) { d.load.tensors.clear(); },
+          method_doc("close() -> None", "Frees the device memory now."));
 }
 
 }  // namespace
@@ -152,36 +166,58 @@ void bind_device_load(py::module_& m) {
 void bind_checkpoint(py::module_& m) {
   py::class_<Checkpoint>(m, "_Checkpoint")
       .def(py::init([](const std::string& path) { return Checkpoint::open(path); }),
-           py::arg("path"))
-      .def_property_readonly("layout",
-                             [](const Checkpoint& c) { return checkpoint_layout_name(c.layout()); })
-      .def_property_readonly("files",
-                             [](const Checkpoint& c) {
-                               std::vector<std::string> paths;
-                               for (const CheckpointFile& f : c.files()) paths.push_back(f.path);
-                               return paths;
-                             })
-      .def_property_readonly("total_bytes", &Checkpoint::total_bytes)
-      .def("keys",
-           [](const Checkpoint& c) {
-             std::vector<std::string> names;
-             for (const CheckpointTensor& t : c.tensors()) names.push_back(t.name);
-             return names;
-           })
-      .def("metadata",
-           [](const Checkpoint& c) {
-             py::dict d;
-             for (const auto& [k, v] : c.metadata()) d[py::str(k)] = v;
-             return d;
-           })
-      .def("info",
-           [](const Checkpoint& c, const std::string& n) { return tensor_dict(c, c.get(n)); })
+           py::arg("path"),
+           method_doc("__init__(path: str) -> None",
+                      "Opens and validates a .safetensors file or a checkpoint directory."))
+      .def_property_readonly(
+          "layout", [](const Checkpoint& c) { return checkpoint_layout_name(c.layout()); },
+          "str: 'single_file', 'indexed_directory' or 'shard_directory'.")
+      .def_property_readonly(
+          "files",
+          [](const Checkpoint& c) {
+            std::vector<std::string> paths;
+            for (const CheckpointFile& f : c.files()) paths.push_back(f.path);
+            return paths;
+          },
+          "list[str]: the shard files.")
+      .def_property_readonly("total_bytes", &Checkpoint::total_bytes,
+                             "int: the bytes of all tensors.")
+      .def(
+          "keys",
+          [](const Checkpoint& c) {
+            std::vector<std::string> names;
+            for (const CheckpointTensor& t : c.tensors()) names.push_back(t.name);
+            return names;
+          },
+          method_doc("keys() -> list[str]"))
+      .def(
+          "metadata",
+          [](const Checkpoint& c) {
+            py::dict d;
+            for (const auto& [k, v] : c.metadata()) d[py::str(k)] = v;
+            return d;
+          },
+          method_doc("metadata() -> dict[str, str]"))
+      .def(
+          "info",
+          [](const Checkpoint& c, const std::string& n) { return tensor_dict(c, c.get(n)); },
+          py::arg("name"), method_doc("info(name: str) -> dict[str, Any]"))
       .def("read_into", &read_into, py::arg("names"), py::arg("buffers"), py::arg("threads") = 0,
            py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
-           py::arg("direct") = false)
+           py::arg("direct") = false,
+           method_doc(
+               "read_into(names: list[str], buffers: list[PinnedHostBuffer], threads: int = 0, "
+               "chunk_bytes: int = 8388608, verify: bool = False, direct: bool = False)"
+               " -> dict[str, Any]",
+               "Reads the named tensors into the PinnedHostBuffers (of at least their "
+               "bytes) without the GIL; returns the load report."))
       .def("load_to_device", &to_device, py::arg("worker"), py::arg("threads") = 0,
            py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
-           py::arg("direct") = false, py::arg("ring_bytes") = uint64_t{64} << 20);
+           py::arg("direct") = false, py::arg("ring_bytes") = uint64_t{64} << 20,
+           method_doc("load_to_device(worker: Worker, threads: int = 0, chunk_bytes: int = "
+                      "8388608, verify: bool = False, direct: bool = False, ring_bytes: int = "
+                      "67108864) -> _DeviceLoad",
+                      "Streams every tensor onto worker's device through its staging ring."));
   bind_device_load(m);
 }
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
@@ -67,11 +68,7 @@ struct PyWorker {
   std::unordered_set<std::unique_ptr<Binder>*> binders;
   // Calls running without the GIL that read or allocate this worker's pinned memory.
   int64_t busy = 0;
-  // finalize() on a worker never initialized: terminal all the same (the C++ Worker has no
-  // state to mark then).
-  bool finalized_early = false;
-
-  bool finalized() const { return finalized_early || worker.finalized(); }
+  bool finalized() const { return worker.finalized(); }
 
   // Counts holders with live views and the views; finalize() refuses while any exist.
   void count_views(int64_t* holders_with_views, int64_t* views) const;
@@ -151,6 +148,21 @@ inline bool interpreter_usable() {
 // An int argument (anything with __index__: int, NumPy integers; never bool) as int64:
 // Error(invalid_argument) naming `what` for another type or a value outside int64.
 int64_t int_arg(const py::handle& value, const std::string& what);
+
+// Docstrings. pybind11's own signature lines are off (module.cpp): they name C++ types
+// and inspect cannot read them. Each def passes method_doc/function_doc instead, from a
+// typed line "name(a: int, b: str = 'x') -> T" and a text. The result starts with the
+// untyped signature in CPython's __text_signature__ form ("name(self, a, b='x')\n--\n\n"),
+// which inspect.signature() and help() read, then the typed line, then the text.
+// The text lives as long as the process (pybind11 takes a const char*; module init runs
+// once, under the GIL).
+const char* signed_doc(std::string_view typed, std::string_view text, bool method);
+inline const char* method_doc(std::string_view typed, std::string_view text = {}) {
+  return signed_doc(typed, text, true);
+}
+inline const char* function_doc(std::string_view typed, std::string_view text = {}) {
+  return signed_doc(typed, text, false);
+}
 
 // Exception classes (pinstage.Error and its subclasses), created at import.
 void register_errors(py::module_& m);

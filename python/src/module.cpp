@@ -11,6 +11,9 @@ void bind_checkpoint(py::module_& m);  // checkpoint.cpp: safe_open, load_file
 
 PYBIND11_MODULE(_pinstage, m) {
   using namespace pinstage::python;
+  // Docstrings carry their own signatures (method_doc/function_doc in common.h).
+  py::options options;
+  options.disable_function_signatures();
   m.doc() = "pinstage C++ runtime bindings (use the pinstage package, not this module)";
   // The version of the libpinstage loaded (project(VERSION) of CMakeLists.txt).
   m.attr("__version__") = pinstage::version();
@@ -19,10 +22,14 @@ PYBIND11_MODULE(_pinstage, m) {
   bind_worker(m);
   bind_tensors(m);
   bind_checkpoint(m);
-  m.def("error_code_names", [] {
-    std::vector<std::string> names;
-    for (int c = 0; c <= static_cast<int>(pinstage::ErrorCode::mismatch); ++c)
-      names.emplace_back(pinstage::error_code_name(static_cast<pinstage::ErrorCode>(c)));
-    return names;
-  });
+  m.def(
+      "error_code_names",
+      [] {
+        std::vector<std::string> names;
+        for (int c = 0; c <= static_cast<int>(pinstage::ErrorCode::mismatch); ++c)
+          names.emplace_back(pinstage::error_code_name(static_cast<pinstage::ErrorCode>(c)));
+        return names;
+      },
+      function_doc("error_code_names() -> list[str]",
+                   "Every Error.code value, in the C++ ErrorCode order."));
 }

@@ -54,51 +54,75 @@ struct PyGolden {
 
 void bind_reports(py::module_& m) {
   py::class_<TensorComparison>(m, "TensorComparison", "One tensor against the golden.")
-      .def_readonly("tensor", &TensorComparison::tensor)
-      .def_readonly("checked", &TensorComparison::checked)
-      .def_readonly("mismatches", &TensorComparison::mismatches)
-      .def_readonly("differing", &TensorComparison::differing)
-      .def_readonly("worst_index", &TensorComparison::worst_index)
-      .def_readonly("worst_actual", &TensorComparison::worst_actual)
-      .def_readonly("worst_expected", &TensorComparison::worst_expected)
-      .def_readonly("worst_diff", &TensorComparison::worst_diff)
-      .def_readonly("atol", &TensorComparison::atol)
-      .def_readonly("rtol", &TensorComparison::rtol)
-      .def_property_readonly("ok", &TensorComparison::ok)
-      .def("message", &TensorComparison::message)
+      .def_readonly("tensor", &TensorComparison::tensor, "str: the tensor compared.")
+      .def_readonly("checked", &TensorComparison::checked, "int: elements compared.")
+      .def_readonly("mismatches", &TensorComparison::mismatches,
+                    "int: elements outside the tolerance.")
+      .def_readonly("differing", &TensorComparison::differing,
+                    "int: elements whose bits differ at all, within the tolerance or not.")
+      .def_readonly("worst_index", &TensorComparison::worst_index,
+                    "int: flat index of the worst element (the largest |a - b|).")
+      .def_readonly("worst_actual", &TensorComparison::worst_actual,
+                    "float: the worst element's value.")
+      .def_readonly("worst_expected", &TensorComparison::worst_expected,
+                    "float: the golden's value there.")
+      .def_readonly("worst_diff", &TensorComparison::worst_diff, "float: |a - b| there.")
+      .def_readonly("atol", &TensorComparison::atol, "float: the absolute tolerance.")
+      .def_readonly("rtol", &TensorComparison::rtol, "float: the relative tolerance.")
+      .def_property_readonly("ok", &TensorComparison::ok, "bool: no mismatches.")
+      .def("message", &TensorComparison::message,
+           method_doc("message() -> str",
+                      "'out: ok, 81,920 elements, 0 differ, ...' or what "
+                      "mismatched, where and by how much."))
       .def("__repr__", &TensorComparison::message);
   py::class_<Comparison>(m, "Comparison", "A run's outputs against the golden.")
-      .def_readonly("ok", &Comparison::ok)
-      .def_readonly("tensor", &Comparison::tensor)
-      .def_readonly("mismatches", &Comparison::mismatches)
-      .def_readonly("worst_index", &Comparison::worst_index)
-      .def_readonly("worst_actual", &Comparison::worst_actual)
-      .def_readonly("worst_expected", &Comparison::worst_expected)
-      .def_readonly("worst_diff", &Comparison::worst_diff)
-      .def_readonly("tensors", &Comparison::tensors)
-      .def("message", &Comparison::message)
-      .def("__bool__", [](const Comparison& c) { return c.ok; })
+      .def_readonly("ok", &Comparison::ok, "bool: every tensor matched.")
+      .def_readonly("tensor", &Comparison::tensor,
+                    "str: the first mismatching tensor ('' when ok); the worst_* fields are "
+                    "its.")
+      .def_readonly("mismatches", &Comparison::mismatches,
+                    "int: that tensor's elements outside the tolerance.")
+      .def_readonly("worst_index", &Comparison::worst_index, "int: see TensorComparison.")
+      .def_readonly("worst_actual", &Comparison::worst_actual, "float: see TensorComparison.")
+      .def_readonly("worst_expected", &Comparison::worst_expected, "float: see TensorComparison.")
+      .def_readonly("worst_diff", &Comparison::worst_diff, "float: see TensorComparison.")
+      .def_readonly("tensors", &Comparison::tensors,
+                    "list[TensorComparison]: one per compared tensor.")
+      .def("message", &Comparison::message,
+           method_doc("message() -> str", "'ok (...)' or every failing tensor's message."))
+      .def(
+          "__bool__", [](const Comparison& c) { return c.ok; },
+          method_doc("__bool__() -> bool", "ok."))
       .def("__repr__", &Comparison::message);
   py::class_<SceneRound>(m, "SceneRound", "One round of a scene run.")
-      .def_readonly("index", &SceneRound::index)
-      .def_readonly("bind", &SceneRound::bind)
-      .def_readonly("comparison", &SceneRound::comparison)
-      .def_readonly("caches_intact", &SceneRound::caches_intact)
-      .def_readonly("failure", &SceneRound::failure)
-      .def_readonly("check_seconds", &SceneRound::check_seconds)
-      .def_property_readonly("ok", &SceneRound::ok)
+      .def_readonly("index", &SceneRound::index, "int: 1-based.")
+      .def_readonly("bind", &SceneRound::bind, "BindReport: the round's bind.")
+      .def_readonly("comparison", &SceneRound::comparison,
+                    "Comparison | None: against the golden; None with skip_golden.")
+      .def_readonly("caches_intact", &SceneRound::caches_intact,
+                    "bool: the inout tensors read back equal their initial bytes outside what "
+                    "the run writes.")
+      .def_readonly("failure", &SceneRound::failure, "str: why it failed; '' when it passed.")
+      .def_readonly("check_seconds", &SceneRound::check_seconds,
+                    "float: time of the checks after the bind.")
+      .def_property_readonly("ok", &SceneRound::ok, "bool: the round passed.")
       .def("__repr__", [](const SceneRound& r) {
         return "<pinstage.SceneRound " + std::to_string(r.index) +
                (r.ok() ? " ok>" : " failed: " + r.failure + ">");
       });
   py::class_<SceneReport>(m, "SceneReport", "What run_scene did.")
-      .def_readonly("scene", &SceneReport::scene)
-      .def_readonly("storage", &SceneReport::storage)
-      .def_readonly("args_summary", &SceneReport::args_summary)
-      .def_readonly("generate_seconds", &SceneReport::generate_seconds)
-      .def_readonly("golden_seconds", &SceneReport::golden_seconds)
-      .def_readonly("rounds", &SceneReport::rounds)
-      .def_property_readonly("ok", &SceneReport::ok)
+      .def_readonly("scene", &SceneReport::scene, "str: the scene's name.")
+      .def_readonly("storage", &SceneReport::storage,
+                    "str: where the args were generated: 'pinned' or 'pageable'.")
+      .def_readonly("args_summary", &SceneReport::args_summary, "str: TaskArgs.summary().")
+      .def_readonly("generate_seconds", &SceneReport::generate_seconds,
+                    "float: time to generate the args.")
+      .def_readonly("golden_seconds", &SceneReport::golden_seconds,
+                    "float: time to compute the golden (0 with skip_golden).")
+      .def_readonly("rounds", &SceneReport::rounds,
+                    "list[SceneRound]: the rounds run; the run stops at the first failing "
+                    "one.")
+      .def_property_readonly("ok", &SceneReport::ok, "bool: every round passed.")
       .def("__repr__", [](const SceneReport& r) {
         return "<pinstage.SceneReport " + r.scene + " " + r.storage + " " +
                std::to_string(r.rounds.size()) + " round(s) " + (r.ok() ? "ok" : "failed") + ">";
@@ -197,31 +221,56 @@ void register_python_scene(PythonSceneBinder binder) { python_scenes().push_back
 
 void bind_scene_run(py::module_& m) {
   bind_reports(m);
-  m.def("scene_names", [] {
-    std::vector<std::string> names;
-    for (const auto& s : registered_scenes()) names.push_back(s->name());
-    return names;
-  });
-  m.def("scene_params", &params_of, py::arg("scene"));
+  m.def(
+      "scene_names",
+      [] {
+        std::vector<std::string> names;
+        for (const auto& s : registered_scenes()) names.push_back(s->name());
+        return names;
+      },
+      function_doc("scene_names() -> list[str]", "The registered scenes."));
+  m.def("scene_params", &params_of, py::arg("scene"),
+        function_doc("scene_params(scene: str) -> list[dict[str, Any]]",
+                     "The parameters the scene declares: name, help, default, size."));
   m.def(
       "scene_describe",
       [](const std::string& name, const py::object& params) {
         const auto scene = find_scene(name);
         return scene->describe(resolve_params(*scene, scene_values(params)));
       },
-      py::arg("scene"), py::arg("params") = py::none());
+      py::arg("scene"), py::arg("params") = py::none(),
+      function_doc("scene_describe(scene: str, params: Mapping[str, int] | None = None) -> str",
+                   "One line: the scene with these parameters and its argument sizes."));
   m.def(
       "scene_callable", [](const std::string& name) { return find_scene(name)->callable(); },
-      py::arg("scene"));
+      py::arg("scene"),
+      function_doc("scene_callable(scene: str) -> str", "The scene's own callable's name."));
   m.def("scene_make_args", &make_args, py::arg("scene"), py::arg("params") = py::none(),
-        py::arg("threads") = 0, py::arg("worker") = py::none());
+        py::arg("threads") = 0, py::arg("worker") = py::none(),
+        function_doc("scene_make_args(scene: str, params: Mapping[str, int] | None = None, "
+                     "threads: int = 0, worker: Worker | None = None) -> TaskArgs",
+                     "The scene's arguments, generated deterministically; into worker's "
+                     "pinned memory when a worker is given, else pageable. threads=0: all "
+                     "cores. The GIL is released meanwhile."));
   m.def("scene_compute_golden", &compute_golden, py::arg("scene"), py::arg("args"),
-        py::arg("params") = py::none());
-  m.def("scene_compare", &compare, py::arg("result"), py::arg("golden"));
+        py::arg("params") = py::none(),
+        function_doc("scene_compute_golden(scene: str, args: TaskArgs, "
+                     "params: Mapping[str, int] | None = None) -> SceneGolden",
+                     "The expected outputs for args, computed on the host."));
+  m.def("scene_compare", &compare, py::arg("result"), py::arg("golden"),
+        function_doc("scene_compare(result: TaskArgs, golden: SceneGolden) -> Comparison",
+                     "The outputs of result against the golden, within the scene's "
+                     "tolerance."));
   m.def("run_scene", &run, py::arg("worker"), py::arg("scene"), py::arg("params") = py::none(),
         py::arg("threads") = 0, py::arg("storage") = "pinned", py::arg("rounds") = 1,
         py::arg("skip_golden") = false, py::arg("save_golden") = "", py::arg("callable") = "",
-        py::arg("bind") = py::none());
+        py::arg("bind") = py::none(),
+        function_doc("run_scene(worker: Worker, scene: str, params: Mapping[str, int] | None = "
+                     "None, threads: int = 0, storage: str = 'pinned', rounds: int = 1, "
+                     "skip_golden: bool = False, save_golden: str = '', callable: str = '', "
+                     "bind: Mapping[str, Any] | None = None) -> SceneReport",
+                     "Generates the args, binds them `rounds` times and checks each round "
+                     "against the golden (docs/scenes.md). bind: Binder options."));
 }
 
 void bind_scenes(py::module_& m) {

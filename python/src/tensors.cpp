@@ -202,83 +202,133 @@ struct PyBinder {
 
 void bind_tensors(py::module_& m) {
   py::class_<PyArgs>(m, "TaskArgs", "The ordered, named arguments of one task.")
-      .def(py::init<>())
+      .def(py::init<>(), method_doc("__init__() -> None", "Empty arguments."))
       .def("add", &add_tensor, py::arg("name"), py::arg("tensor"), py::arg("direction") = "in",
-           "add(name: str, tensor: torch.Tensor, direction: str = 'in') -> None\n\nAppends a "
-           "contiguous, dense CPU tensor ('in', 'inout' or 'out'); no copy.")
-      .def("__getitem__", &tensor_view, py::arg("name"))
-      .def("__getattr__",
-           [](py::object self, const std::string& name) -> py::object {
-             if (self.cast<PyArgs&>().args.find(name) == nullptr)
-               throw py::attribute_error("TaskArgs has no tensor or attribute '" + name + "'");
-             return tensor_view(self, name);
-           })
-      .def("__contains__",
-           [](const PyArgs& a, const std::string& name) { return a.args.find(name) != nullptr; })
-      .def("__len__", [](const PyArgs& a) { return a.args.size(); })
-      .def_property_readonly("names",
-                             [](const PyArgs& a) {
-                               std::vector<std::string> names;
-                               for (const auto& t : a.args) names.push_back(t.name());
-                               return names;
-                             })
-      .def("describe",
-           [](const PyArgs& a) {
-             py::list out;
-             for (const auto& t : a.args) out.append(describe_tensor(t));
-             return out;
-           })
-      .def_property_readonly("total_bytes", [](const PyArgs& a) { return a.args.total_bytes(); })
-      .def_property_readonly("input_bytes", [](const PyArgs& a) { return a.args.input_bytes(); })
-      .def_property_readonly("input_count", [](const PyArgs& a) { return a.args.input_count(); })
-      .def_property_readonly("worker", [](const PyArgs& a) { return a.worker_obj; })
-      .def_property_readonly("live_views", [](const PyArgs& a) { return a.views; })
-      .def("summary", [](const PyArgs& a) { return a.args.summary(); })
+           method_doc("add(name: str, tensor: torch.Tensor, direction: str = 'in') -> None",
+                      "Appends a contiguous, dense CPU tensor ('in', 'inout' or 'out'); no "
+                      "copy."))
+      .def("__getitem__", &tensor_view, py::arg("name"),
+           method_doc("__getitem__(name: str) -> torch.Tensor",
+                      "The tensor named `name`, a view of its memory; KeyError if none."))
+      .def(
+          "__getattr__",
+          [](py::object self, const std::string& name) -> py::object {
+            if (self.cast<PyArgs&>().args.find(name) == nullptr)
+              throw py::attribute_error("TaskArgs has no tensor or attribute '" + name + "'");
+            return tensor_view(self, name);
+          },
+          py::arg("name"),
+          method_doc("__getattr__(name: str) -> torch.Tensor", "args.name is args['name']."))
+      .def(
+          "__contains__",
+          [](const PyArgs& a, const std::string& name) { return a.args.find(name) != nullptr; },
+          py::arg("name"), method_doc("__contains__(name: str) -> bool"))
+      .def(
+          "__len__", [](const PyArgs& a) { return a.args.size(); },
+          method_doc("__len__() -> int", "The number of tensors."))
+      .def_property_readonly(
+          "names",
+          [](const PyArgs& a) {
+            std::vector<std::string> names;
+            for (const auto& t : a.args) names.push_back(t.name());
+            return names;
+          },
+          "list[str]: the tensor names, in order.")
+      .def(
+          "describe",
+          [](const PyArgs& a) {
+            py::list out;
+            for (const auto& t : a.args) out.append(describe_tensor(t));
+            return out;
+          },
+          method_doc("describe() -> list[dict[str, Any]]",
+                     "One dict per tensor: name, dtype, shape, direction, nbytes, pinned."))
+      .def_property_readonly(
+          "total_bytes", [](const PyArgs& a) { return a.args.total_bytes(); },
+          "int: the bytes of all tensors.")
+      .def_property_readonly(
+          "input_bytes", [](const PyArgs& a) { return a.args.input_bytes(); },
+          "int: the bytes of the tensors a bind uploads ('in' and 'inout').")
+      .def_property_readonly(
+          "input_count", [](const PyArgs& a) { return a.args.input_count(); },
+          "int: the number of tensors a bind uploads.")
+      .def_property_readonly(
+          "worker", [](const PyArgs& a) { return a.worker_obj; },
+          "Worker | None: the worker whose pinned memory holds the tensors, if any.")
+      .def_property_readonly(
+          "live_views", [](const PyArgs& a) { return a.views; },
+          "int: views of this TaskArgs' pinned memory still alive.")
+      .def(
+          "summary", [](const PyArgs& a) { return a.args.summary(); },
+          method_doc("summary() -> str", "'20 tensors, 19 inputs, 40,859,999,040 bytes'."))
       .def("__repr__",
            [](const PyArgs& a) { return "<pinstage.TaskArgs " + a.args.summary() + ">"; });
 
   py::class_<TensorBindReport>(m, "TensorBindReport", "One tensor's part in a bind.")
-      .def_readonly("name", &TensorBindReport::name)
-      .def_property_readonly("direction",
-                             [](const TensorBindReport& r) { return direction_name(r.direction); })
-      .def_readonly("pinned", &TensorBindReport::pinned)
-      .def_property_readonly("path",
-                             [](const TensorBindReport& r) { return upload_path_name(r.path); })
-      .def_readonly("bytes", &TensorBindReport::bytes)
-      .def_readonly("device_offset", &TensorBindReport::device_offset)
-      .def_readonly("upload_seconds", &TensorBindReport::upload_seconds)
-      .def_readonly("download_seconds", &TensorBindReport::download_seconds)
-      .def_property_readonly("upload_gbps", &TensorBindReport::upload_gbps)
-      .def_property_readonly("download_gbps", &TensorBindReport::download_gbps)
+      .def_readonly("name", &TensorBindReport::name, "str: the tensor's name.")
+      .def_property_readonly(
+          "direction", [](const TensorBindReport& r) { return direction_name(r.direction); },
+          "str: 'in', 'inout' or 'out'.")
+      .def_readonly("pinned", &TensorBindReport::pinned,
+                    "bool: the tensor was in the worker's pinned memory.")
+      .def_property_readonly(
+          "path", [](const TensorBindReport& r) { return upload_path_name(r.path); },
+          "str: how it went up: 'direct' or 'staged' (through the staging ring).")
+      .def_readonly("bytes", &TensorBindReport::bytes, "int: the tensor's bytes.")
+      .def_readonly("device_offset", &TensorBindReport::device_offset,
+                    "int: where it lies in the device layout.")
+      .def_readonly("upload_seconds", &TensorBindReport::upload_seconds,
+                    "float: time of its upload (0 when not uploaded).")
+      .def_readonly("download_seconds", &TensorBindReport::download_seconds,
+                    "float: time of its download (0 when not downloaded).")
+      .def_property_readonly("upload_gbps", &TensorBindReport::upload_gbps,
+                             "float: bytes / upload_seconds, in GB/s (0 when not uploaded).")
+      .def_property_readonly("download_gbps", &TensorBindReport::download_gbps,
+                             "float: bytes / download_seconds, in GB/s.")
       .def("__repr__", [](const TensorBindReport& r) {
         return "<pinstage.TensorBindReport " + r.name + " " + std::to_string(r.bytes) + " bytes>";
       });
 
   py::class_<BindReport>(m, "BindReport", "What one Binder.run did and how long each part took.")
-      .def_property_readonly("phase_seconds",
-                             [](const BindReport& r) {
-                               py::dict d;
-                               for (size_t p = 0; p < kBindPhaseCount; ++p)
-                                 d[bind_phase_name(static_cast<BindPhase>(p))] = r.phase_seconds[p];
-                               return d;
-                             })
-      .def_readonly("total_seconds", &BindReport::total_seconds)
-      .def_readonly("tensors", &BindReport::tensors)
-      .def_property_readonly("layout",
-                             [](const BindReport& r) { return device_layout_name(r.layout); })
-      .def_readonly("device_bytes", &BindReport::device_bytes)
-      .def_readonly("device_allocations", &BindReport::device_allocations)
-      .def_readonly("uploaded_count", &BindReport::uploaded_count)
-      .def_readonly("uploaded_bytes", &BindReport::uploaded_bytes)
-      .def_readonly("downloaded_count", &BindReport::downloaded_count)
-      .def_readonly("downloaded_bytes", &BindReport::downloaded_bytes)
-      .def_readonly("ring_count", &BindReport::ring_count)
-      .def_readonly("ring_bytes", &BindReport::ring_bytes)
-      .def_readonly("executed", &BindReport::executed)
-      .def_property_readonly("upload_gbps", &BindReport::upload_gbps)
-      .def_property_readonly("download_gbps", &BindReport::download_gbps)
-      .def("summary", &BindReport::summary)
-      .def("__str__", &BindReport::to_string)
+      .def_property_readonly(
+          "phase_seconds",
+          [](const BindReport& r) {
+            py::dict d;
+            for (size_t p = 0; p < kBindPhaseCount; ++p)
+              d[bind_phase_name(static_cast<BindPhase>(p))] = r.phase_seconds[p];
+            return d;
+          },
+          "dict[str, float]: seconds per phase (docs/bind.md); 0 for a "
+          "phase that did not run.")
+      .def_readonly("total_seconds", &BindReport::total_seconds, "float: the whole bind.")
+      .def_readonly("tensors", &BindReport::tensors,
+                    "list[TensorBindReport]: one per tensor, in argument order.")
+      .def_property_readonly(
+          "layout", [](const BindReport& r) { return device_layout_name(r.layout); },
+          "str: 'arena' (one device allocation) or 'per_tensor'.")
+      .def_readonly("device_bytes", &BindReport::device_bytes,
+                    "int: device memory the bind allocated.")
+      .def_readonly("device_allocations", &BindReport::device_allocations,
+                    "int: device allocations the bind made.")
+      .def_readonly("uploaded_count", &BindReport::uploaded_count, "int: tensors uploaded.")
+      .def_readonly("uploaded_bytes", &BindReport::uploaded_bytes, "int: bytes uploaded.")
+      .def_readonly("downloaded_count", &BindReport::downloaded_count, "int: tensors downloaded.")
+      .def_readonly("downloaded_bytes", &BindReport::downloaded_bytes, "int: bytes downloaded.")
+      .def_readonly("ring_count", &BindReport::ring_count,
+                    "int: tensors that went through the staging ring.")
+      .def_readonly("ring_bytes", &BindReport::ring_bytes,
+                    "int: bytes that went through the staging ring.")
+      .def_readonly("executed", &BindReport::executed,
+                    "bool: the backend ran the task between upload and download.")
+      .def_property_readonly("upload_gbps", &BindReport::upload_gbps,
+                             "float: uploaded bytes / upload phase time, in GB/s.")
+      .def_property_readonly("download_gbps", &BindReport::download_gbps,
+                             "float: downloaded bytes / download phase time, in GB/s.")
+      .def("summary", &BindReport::summary,
+           method_doc("summary() -> str",
+                      "'19 of 20 tensors uploaded (inputs), 40,859,999,040 bytes'."))
+      .def("__str__", &BindReport::to_string,
+           method_doc("__str__() -> str", "The per-tensor table and the phases."))
       .def("__repr__",
            [](const BindReport& r) { return "<pinstage.BindReport " + r.summary() + ">"; });
 
@@ -292,7 +342,10 @@ void bind_tensors(py::module_& m) {
              auto binder = std::make_unique<Binder>(w.worker, bind_options_from(options, "Binder"));
              return std::make_unique<PyBinder>(worker_obj, &w, std::move(binder));
            }),
-           py::arg("worker"))
+           py::arg("worker"),
+           method_doc("__init__(worker: Worker, **options: Any) -> None",
+                      "A Binder on `worker` (an initialized chip-level Worker); options as "
+                      "listed in the class docstring."))
       .def(
           "run",
           [](PyBinder& b, const PyArgs& a) {
@@ -303,11 +356,18 @@ void bind_tensors(py::module_& m) {
             GilReleased nogil;
             return binder.run(a.args);
           },
-          py::arg("args"))
-      .def_property_readonly("worker", [](const PyBinder& b) { return b.worker_obj; })
-      .def_property_readonly("staging_bytes", [](const PyBinder& b) {
-        return b.binder ? b.binder->staging_bytes() : 0;
-      });
+          py::arg("args"),
+          method_doc("run(args: TaskArgs) -> BindReport",
+                     "Uploads args, runs the task where the backend can, downloads the "
+                     "outputs; the GIL is released meanwhile. BindError names the phase and "
+                     "tensor of a failure."))
+      .def_property_readonly(
+          "worker", [](const PyBinder& b) { return b.worker_obj; }, "Worker: the Binder's worker.")
+      .def_property_readonly(
+          "staging_bytes",
+          [](const PyBinder& b) { return b.binder ? b.binder->staging_bytes() : 0; },
+          "int: the pinned bytes of the Binder's staging ring (0 until the first staged "
+          "upload or verify).");
 
   // Internal (PinnedTorchAllocator.randn): `count` elements at `address` from the
   // counter-based generator (include/pinstage/random.h), GIL released.

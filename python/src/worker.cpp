@@ -289,12 +289,7 @@ WorkerOptions parse_options(const py::kwargs& kwargs) {
 }
 
 // Holds the GIL: the C++ init() must not race with any other call on the same worker.
-void init_worker(PyWorker& w) {
-  if (w.finalized_early)
-    throw Error(ErrorCode::finalized,
-                "worker was finalized: finalize is terminal, create a new Worker");
-  w.worker.init(w.backend_name, w.device_id, w.options);
-}
+void init_worker(PyWorker& w) { w.worker.init(w.backend_name, w.device_id, w.options); }
 
 // Waits (GIL released between looks, so other threads can drop their views) until no view
 // or busy call is left, or `timeout` seconds passed (negative: no limit).
@@ -317,8 +312,8 @@ void wait_for_views(PyWorker& w, double timeout) {
 }
 
 void finalize_worker(PyWorker& w, bool wait, const py::object& timeout) {
-  if (!w.worker.initialized()) {  // idempotent, like the C++ finalize(), and terminal
-    w.finalized_early = !w.worker.finalized();
+  if (!w.worker.initialized()) {  // never initialized, or finalized: nothing to wait for
+    w.worker.finalize();
     return;
   }
   double limit = -1;
@@ -433,8 +428,6 @@ py::object alloc_pinned(py::object self, const py::object& nbytes) {
   if (n < 1)
     throw Error(ErrorCode::invalid_argument,
                 "alloc_pinned_host: nbytes must be >= 1, got " + std::to_string(n));
-  if (w.finalized_early)
-    throw Error(ErrorCode::finalized, "alloc_pinned_host: the worker was finalized");
   PinnedHostBuffer buffer;
   {
     // Busy: finalize() refuses until the buffer is registered, so it can never reclaim
@@ -452,10 +445,14 @@ const char* state_name(const PyWorker& w) {
 
 void bind_info(py::module_& m) {
   py::class_<Capabilities>(m, "Capabilities", "What the worker's backend can do.")
-      .def_readonly("pinned_is_page_locked", &Capabilities::pinned_is_page_locked)
-      .def_readonly("async_copy", &Capabilities::async_copy)
-      .def_readonly("device_memory_is_host", &Capabilities::device_memory_is_host)
-      .def_readonly("execute", &Capabilities::execute)
+      .def_readonly("pinned_is_page_locked", &Capabilities::pinned_is_page_locked,
+                    "bool: the backend's pinned host memory is page-locked.")
+      .def_readonly("async_copy", &Capabilities::async_copy,
+                    "bool: copies can overlap with host work.")
+      .def_readonly("device_memory_is_host", &Capabilities::device_memory_is_host,
+                    "bool: device memory is host RAM (sim).")
+      .def_readonly("execute", &Capabilities::execute,
+                    "bool: the backend runs host callables between upload and download.")
       .def("__repr__", [](const Capabilities& c) {
         auto b = [](bool v) { return v ? "True" : "False"; };
         return std::string("Capabilities(pinned_is_page_locked=") + b(c.pinned_is_page_locked) +
@@ -463,18 +460,26 @@ void bind_info(py::module_& m) {
                ", device_memory_is_host=" + b(c.device_memory_is_host) + ")";
       });
   py::class_<WorkerStats>(m, "WorkerStats", "Outstanding allocations of a worker.")
-      .def_readonly("pinned_bytes", &WorkerStats::pinned_bytes)
-      .def_readonly("pinned_count", &WorkerStats::pinned_count)
-      .def_readonly("device_bytes", &WorkerStats::device_bytes)
-      .def_readonly("device_count", &WorkerStats::device_count)
-      .def_readonly("device_committed_bytes", &WorkerStats::device_committed_bytes)
-      .def_readonly("device_capacity_bytes", &WorkerStats::device_capacity_bytes)
-      .def_readonly("failed_free_count", &WorkerStats::failed_free_count)
-      .def_readonly("failed_free_bytes", &WorkerStats::failed_free_bytes)
-      .def_readonly("free_failures", &WorkerStats::free_failures)
-      .def_readonly("pageable_fallback_count", &WorkerStats::pageable_fallback_count)
-      .def_readonly("pageable_fallback_bytes", &WorkerStats::pageable_fallback_bytes)
-      .def_readonly("pageable_fallbacks", &WorkerStats::pageable_fallbacks)
+      .def_readonly("pinned_bytes", &WorkerStats::pinned_bytes, "int: pinned host bytes held.")
+      .def_readonly("pinned_count", &WorkerStats::pinned_count, "int: pinned allocations held.")
+      .def_readonly("device_bytes", &WorkerStats::device_bytes, "int: device bytes held.")
+      .def_readonly("device_count", &WorkerStats::device_count, "int: device allocations held.")
+      .def_readonly("device_committed_bytes", &WorkerStats::device_committed_bytes,
+                    "int: device bytes the backend committed (with its rounding).")
+      .def_readonly("device_capacity_bytes", &WorkerStats::device_capacity_bytes,
+                    "int: the device's capacity.")
+      .def_readonly("failed_free_count", &WorkerStats::failed_free_count,
+                    "int: allocations whose free failed, held until finalize retries.")
+      .def_readonly("failed_free_bytes", &WorkerStats::failed_free_bytes, "int: their bytes.")
+      .def_readonly("free_failures", &WorkerStats::free_failures,
+                    "int: frees that failed over the worker's life.")
+      .def_readonly("pageable_fallback_count", &WorkerStats::pageable_fallback_count,
+                    "int: pinned requests given pageable memory (pin policy 'fallback'), "
+                    "held.")
+      .def_readonly("pageable_fallback_bytes", &WorkerStats::pageable_fallback_bytes,
+                    "int: their bytes.")
+      .def_readonly("pageable_fallbacks", &WorkerStats::pageable_fallbacks,
+                    "int: such fallbacks over the worker's life.")
       .def("__repr__", &stats_repr);
 }
 
@@ -493,63 +498,90 @@ void bind_worker_lifetime(py::class_<PyWorker>& c) {
         }),
         py::arg("level") = "chip", py::arg("backend") = "sim", py::arg("device_id") = 0,
         py::kw_only(), py::arg("initialize") = true,
-        "Worker(level: str = 'chip', backend: str = 'sim', device_id: int = 0, *, "
-        "initialize: bool = True, **options) -> None\n\nOne device through a backend plugin. "
-        "options: device_capacity_bytes (int), plugin_path (str), config (dict[str, str]).")
-      .def("init", &init_worker, "init() -> None\n\nLoads the plugin and creates the context.")
+        method_doc("__init__(level: str = 'chip', backend: str = 'sim', device_id: int = 0, "
+                   "*, initialize: bool = True, **options: Any) -> None",
+                   "One device through a backend plugin. options: device_capacity_bytes "
+                   "(int), plugin_path (str), config (dict[str, str])."))
+      .def("init", &init_worker,
+           method_doc("init() -> None", "Loads the plugin and creates the context."))
       .def("finalize", &finalize_worker, py::arg("wait") = false, py::arg("timeout") = py::none(),
-           "finalize(wait: bool = False, timeout: float | None = None) -> None\n\n"
-           "Terminal and idempotent. BufferError naming the holders while views of the "
-           "worker's pinned memory exist; with wait=True first waits (collecting garbage) "
-           "for them to go, up to timeout seconds (None: no limit).")
-      .def("__enter__",
-           [](py::object self) {
-             auto& w = self.cast<PyWorker&>();
-             if (!w.worker.initialized()) init_worker(w);  // Error(finalized) if it was
-             return self;
-           })
-      .def("__exit__", [](PyWorker& w, py::handle exc_type, py::handle, py::handle) {
-        // With an exception already on its way, leave a worker whose memory is still
-        // viewed alone (it finalizes when its last reference goes) rather than hide
-        // that exception behind a BufferError.
-        int64_t holders = 0, views = 0;
-        w.count_views(&holders, &views);
-        if (!exc_type.is_none() && (views > 0 || w.busy > 0)) return false;
-        finalize_worker(w, false, py::none());
-        return false;
-      });
+           method_doc("finalize(wait: bool = False, timeout: float | None = None) -> None",
+                      "Terminal and idempotent. BufferError naming the holders while views "
+                      "of the worker's pinned memory exist; with wait=True first waits "
+                      "(collecting garbage) for them to go, up to timeout seconds (None: no "
+                      "limit)."))
+      .def(
+          "__enter__",
+          [](py::object self) {
+            auto& w = self.cast<PyWorker&>();
+            if (!w.worker.initialized()) init_worker(w);  // Error(finalized) if it was
+            return self;
+          },
+          method_doc("__enter__() -> Worker", "Initializes the worker if it is not yet."))
+      .def(
+          "__exit__",
+          [](PyWorker& w, py::handle exc_type, py::handle, py::handle) {
+            // With an exception already on its way, leave a worker whose memory is still
+            // viewed alone (it finalizes when its last reference goes) rather than hide
+            // that exception behind a BufferError.
+            int64_t holders = 0, views = 0;
+            w.count_views(&holders, &views);
+            if (!exc_type.is_none() && (views > 0 || w.busy > 0)) return false;
+            finalize_worker(w, false, py::none());
+            return false;
+          },
+          py::arg("exc_type"), py::arg("exc"), py::arg("tb"),
+          method_doc("__exit__(exc_type: Any, exc: Any, tb: Any) -> bool",
+                     "finalize(); with an exception on its way and views still alive, "
+                     "leaves the worker to finalize when its last reference goes."));
 }
 
 void bind_worker_class(py::class_<PyWorker>& c) {
   bind_worker_lifetime(c);
-  c.def_property_readonly("initialized", [](const PyWorker& w) { return w.worker.initialized(); })
-      .def_property_readonly("finalized", &PyWorker::finalized)
-      .def_property_readonly("level",
-                             [](const PyWorker& w) { return worker_level_name(w.worker.level()); })
-      .def_property_readonly("backend",
-                             [](const PyWorker& w) {
-                               return w.worker.initialized() ? w.worker.backend().name
-                                                             : w.backend_name;
-                             })
-      .def_property_readonly("backend_path",
-                             [](const PyWorker& w) { return w.worker.backend().path; })
-      .def_property_readonly("device_id", [](const PyWorker& w) { return w.device_id; })
-      .def_property_readonly("capabilities",
-                             [](const PyWorker& w) { return w.worker.capabilities(); })
+  c.def_property_readonly(
+       "initialized", [](const PyWorker& w) { return w.worker.initialized(); },
+       "bool: init() succeeded and finalize() has not run.")
+      .def_property_readonly("finalized", &PyWorker::finalized,
+                             "bool: finalize() ran; the worker cannot be used again.")
+      .def_property_readonly(
+          "level", [](const PyWorker& w) { return worker_level_name(w.worker.level()); },
+          "str: 'chip': the worker owns one device (the only level so far).")
+      .def_property_readonly(
+          "backend",
+          [](const PyWorker& w) {
+            return w.worker.initialized() ? w.worker.backend().name : w.backend_name;
+          },
+          "str: the backend's name.")
+      .def_property_readonly(
+          "backend_path", [](const PyWorker& w) { return w.worker.backend().path; },
+          "str: the plugin file loaded ('' before init).")
+      .def_property_readonly(
+          "device_id", [](const PyWorker& w) { return w.device_id; }, "int: the device.")
+      .def_property_readonly(
+          "capabilities", [](const PyWorker& w) { return w.worker.capabilities(); },
+          "Capabilities: what the backend can do.")
       .def(
           "stats", [](const PyWorker& w) { return w.worker.stats(); },
-          "stats() -> WorkerStats\n\nOutstanding allocations.")
-      .def_property_readonly("live_views",
-                             [](const PyWorker& w) {
-                               int64_t holders = 0, views = 0;
-                               w.count_views(&holders, &views);
-                               return views;
-                             })
-      .def_property_readonly("open_buffers", [](const PyWorker& w) { return w.buffers.size(); })
-      .def_property_readonly("busy_calls", [](const PyWorker& w) { return w.busy; })
+          method_doc("stats() -> WorkerStats", "Outstanding allocations."))
+      .def_property_readonly(
+          "live_views",
+          [](const PyWorker& w) {
+            int64_t holders = 0, views = 0;
+            w.count_views(&holders, &views);
+            return views;
+          },
+          "int: views of the worker's pinned memory still alive (finalize refuses while "
+          "any are).")
+      .def_property_readonly(
+          "open_buffers", [](const PyWorker& w) { return w.buffers.size(); },
+          "int: PinnedHostBuffers of this worker not yet closed.")
+      .def_property_readonly(
+          "busy_calls", [](const PyWorker& w) { return w.busy; },
+          "int: calls running without the GIL on this worker's memory.")
       .def("alloc_pinned_host", &alloc_pinned, py::arg("nbytes"),
-           "alloc_pinned_host(nbytes: int) -> PinnedHostBuffer\n\nA new PinnedHostBuffer of "
-           "nbytes (>= 1) bytes; the GIL is released while it pins.")
+           method_doc("alloc_pinned_host(nbytes: int) -> PinnedHostBuffer",
+                      "A new PinnedHostBuffer of nbytes (>= 1) bytes; the GIL is released "
+                      "while it pins."))
       .def(
           "inject_fault",
           [](PyWorker& w, const py::object& kind, const py::object& nth) {
@@ -561,8 +593,8 @@ void bind_worker_class(py::class_<PyWorker>& c) {
                                   static_cast<uint64_t>(n));
           },
           py::arg("kind"), py::arg("nth") = 1,
-          "inject_fault(kind: str, nth: int = 1) -> None\n\nTests: the nth next backend call "
-          "of kind fails.")
+          method_doc("inject_fault(kind: str, nth: int = 1) -> None",
+                     "Tests: the nth next backend call of kind fails."))
       .def("__repr__", [](const PyWorker& w) {
         return std::string("<pinstage.Worker level=") + worker_level_name(w.worker.level()) +
                " backend=" + w.backend_name + " device_id=" + std::to_string(w.device_id) + " " +
@@ -571,33 +603,55 @@ void bind_worker_class(py::class_<PyWorker>& c) {
 }
 
 void bind_buffer_class(py::class_<PyBuffer>& c) {
-  c.def_property_readonly("nbytes", [](const PyBuffer& b) { return b.nbytes; })
-      .def("__len__", [](const PyBuffer& b) { return b.nbytes; })
-      .def_property_readonly("closed", [](const PyBuffer& b) { return !b.open(); })
-      .def_property_readonly("live_views", [](const PyBuffer& b) { return b.views; })
-      .def_property_readonly("worker", [](const PyBuffer& b) { return b.worker_obj; })
+  c.def_property_readonly(
+       "nbytes", [](const PyBuffer& b) { return b.nbytes; },
+       "int: the size asked for (kept after close()).")
+      .def(
+          "__len__", [](const PyBuffer& b) { return b.nbytes; },
+          method_doc("__len__() -> int", "nbytes."))
+      .def_property_readonly(
+          "closed", [](const PyBuffer& b) { return !b.open(); },
+          "bool: the memory was released (close(), or the worker's finalize()).")
+      .def_property_readonly(
+          "live_views", [](const PyBuffer& b) { return b.views; },
+          "int: views of the buffer still alive (close() refuses while any are).")
+      .def_property_readonly(
+          "worker", [](const PyBuffer& b) { return b.worker_obj; },
+          "Worker: the worker whose memory this is.")
       .def("close", &PyBuffer::close,
-           "close() -> None\n\nReleases the memory now; BufferError while views exist.")
-      .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__",
-           [](PyBuffer& b, py::handle exc_type, py::handle, py::handle) {
-             if (!exc_type.is_none() && b.views > 0) return false;
-             b.close();
-             return false;
-           })
+           method_doc("close() -> None",
+                      "Releases the memory now; BufferError while views "
+                      "exist."))
+      .def(
+          "__enter__", [](py::object self) { return self; },
+          method_doc("__enter__() -> PinnedHostBuffer"))
+      .def(
+          "__exit__",
+          [](PyBuffer& b, py::handle exc_type, py::handle, py::handle) {
+            if (!exc_type.is_none() && b.views > 0) return false;
+            b.close();
+            return false;
+          },
+          py::arg("exc_type"), py::arg("exc"), py::arg("tb"),
+          method_doc("__exit__(exc_type: Any, exc: Any, tb: Any) -> bool",
+                     "close(); with an exception on its way and views still alive, leaves "
+                     "the buffer open."))
       .def("__dlpack__", &buffer_dlpack, py::arg("stream") = py::none(), py::kw_only(),
            py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
            py::arg("copy") = py::none(),
-           "__dlpack__(stream=None, *, max_version: tuple[int, int] | None = None, "
-           "dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> "
-           "types.CapsuleType\n\nA DLPack capsule of the bytes: 'dltensor_versioned' (DLPack "
-           "1.0) when max_version >= (1, 0), else 'dltensor'; copy=True gives a private "
-           "copy.")
-      .def("__dlpack_device__",
-           [](const PyBuffer& b) {
-             b.require_open("__dlpack_device__");
-             return py::make_tuple(static_cast<int>(kDLCPU), 0);
-           })
+           method_doc("__dlpack__(stream: Any = None, *, max_version: tuple[int, int] | None = "
+                      "None, dl_device: tuple[int, int] | None = None, copy: bool | None = "
+                      "None) -> types.CapsuleType",
+                      "A DLPack capsule of the bytes: 'dltensor_versioned' (DLPack 1.0) when "
+                      "max_version >= (1, 0), else 'dltensor'; copy=True gives a private "
+                      "copy."))
+      .def(
+          "__dlpack_device__",
+          [](const PyBuffer& b) {
+            b.require_open("__dlpack_device__");
+            return py::make_tuple(static_cast<int>(kDLCPU), 0);
+          },
+          method_doc("__dlpack_device__() -> tuple[int, int]", "(kDLCPU, 0): host memory."))
       .def("__repr__", [](const PyBuffer& b) {
         return std::string("<pinstage.PinnedHostBuffer nbytes=") + std::to_string(b.nbytes) +
                (b.open() ? "" : " closed") + " views=" + std::to_string(b.views) + ">";
@@ -620,10 +674,14 @@ void bind_worker(py::module_& m) {
 
   // The Worker whose open buffer holds [address, address + nbytes), or None (internal:
   // how is_pinned() and TaskArgs tell pinned tensors apart).
-  m.def("_pinned_owner", [](uintptr_t address, uint64_t nbytes) -> py::object {
-    PyBuffer* found = find_pinned(reinterpret_cast<const void*>(address), nbytes);
-    return found ? found->worker_obj : py::object(py::none());
-  });
+  m.def(
+      "_pinned_owner",
+      [](uintptr_t address, uint64_t nbytes) -> py::object {
+        PyBuffer* found = find_pinned(reinterpret_cast<const void*>(address), nbytes);
+        return found ? found->worker_obj : py::object(py::none());
+      },
+      py::arg("address"), py::arg("nbytes"),
+      function_doc("_pinned_owner(address: int, nbytes: int) -> Worker | None"));
 
   m.def(
       "require_chip_worker",
@@ -632,8 +690,8 @@ void bind_worker(py::module_& m) {
                             str_arg(who, "require_chip_worker: who"));
       },
       py::arg("worker"), py::arg("who"),
-      "require_chip_worker(worker: Worker, who: str) -> None\n\nInvalidArgumentError unless "
-      "worker is an initialized chip-level Worker.");
+      function_doc("require_chip_worker(worker: Worker, who: str) -> None",
+                   "InvalidArgumentError unless worker is an initialized chip-level Worker."));
 }
 
 }  // namespace pinstage::python

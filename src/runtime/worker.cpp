@@ -43,6 +43,8 @@ constexpr const char* kNotInitializedMessage =
     "worker is not initialized: call init(backend, device_id) first";
 constexpr const char* kFinalizedMessage =
     "worker is finalized: create and init a new Worker to use the device again";
+constexpr const char* kInitAfterFinalizeMessage =
+    "worker was finalized: finalize is terminal, create a new Worker";
 }  // namespace
 
 const char* fault_kind_name(FaultKind kind) {
@@ -390,10 +392,11 @@ Worker::Worker(WorkerLevel level) : level_(level) {}
 Worker::~Worker() { finalize(); }
 
 void Worker::init(const std::string& backend, int device_id, const WorkerOptions& options) {
+  if (finalized_unused_) throw Error(ErrorCode::finalized, kInitAfterFinalizeMessage);
   if (state_) {
     throw Error(state_->live ? ErrorCode::invalid_argument : ErrorCode::finalized,
                 state_->live ? "worker is already initialized (backend " + state_->name() + ")"
-                             : "worker was finalized: finalize is terminal, create a new Worker");
+                             : kInitAfterFinalizeMessage);
   }
   if (backend.empty() || !std::all_of(backend.begin(), backend.end(), [](unsigned char c) {
         return std::islower(c) || std::isdigit(c) || c == '_';
@@ -437,7 +440,15 @@ void Worker::init(const std::string& backend, int device_id, const WorkerOptions
 }
 
 void Worker::finalize() noexcept {
-  if (state_) state_->shutdown();
+  if (state_)
+    state_->shutdown();
+  else
+    finalized_unused_ = true;  // terminal all the same: init() now refuses
+}
+
+void Worker::require_state() const {
+  if (finalized_unused_) throw Error(ErrorCode::finalized, kFinalizedMessage);
+  if (!state_) throw Error(ErrorCode::not_initialized, kNotInitializedMessage);
 }
 
 bool Worker::initialized() const noexcept {
@@ -446,17 +457,19 @@ bool Worker::initialized() const noexcept {
   return state_->live;
 }
 
-bool Worker::finalized() const noexcept { return state_ && !initialized(); }
+bool Worker::finalized() const noexcept {
+  return state_ ? !initialized() : finalized_unused_.load();
+}
 
 const runtime::WorkerState& Worker::state() const {
-  if (!state_) throw Error(ErrorCode::not_initialized, kNotInitializedMessage);
+  require_state();
   std::lock_guard lock(state_->mu);
   if (!state_->live) throw Error(ErrorCode::finalized, kFinalizedMessage);
   return *state_;
 }
 
 runtime::CallGuard Worker::enter() const {
-  if (!state_) throw Error(ErrorCode::not_initialized, kNotInitializedMessage);
+  require_state();
   runtime::CallGuard guard(*state_);
   guard.require();
   return guard;

@@ -207,6 +207,22 @@ TEST(WorkerLifetime, UseBeforeInitAndAfterFinalizeThrow) {
   EXPECT_EQ(error_of([&] { worker.create_stream(); }).code(), ErrorCode::finalized);
 }
 
+// Issue 14, defect 9: finalize() is terminal even on a worker never initialized.
+TEST(WorkerLifetime, FinalizeBeforeInitIsTerminalToo) {
+  Worker worker;
+  worker.finalize();
+  EXPECT_TRUE(worker.finalized());
+  EXPECT_FALSE(worker.initialized());
+  Error init = error_of([&] { worker.init("sim"); });
+  EXPECT_EQ(init.code(), ErrorCode::finalized);
+  EXPECT_NE(std::string(init.what()).find("finalize is terminal"), std::string::npos);
+  EXPECT_EQ(error_of([&] { worker.alloc_pinned_host(10); }).code(), ErrorCode::finalized);
+  EXPECT_EQ(error_of([&] { worker.stats(); }).code(), ErrorCode::finalized);
+  worker.finalize();  // still idempotent
+  EXPECT_TRUE(worker.finalized());
+  EXPECT_FALSE(worker.initialized());
+}
+
 TEST_F(WorkerTest, ZeroAndAbsurdSizesAreRefused) {
   Error zero = error_of([&] { worker.alloc_pinned_host(0); });
   EXPECT_EQ(zero.code(), ErrorCode::invalid_argument);

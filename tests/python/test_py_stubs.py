@@ -4,6 +4,7 @@ ships py.typed."""
 import ast
 import inspect
 import pathlib
+import types
 
 import pinstage
 
@@ -55,31 +56,117 @@ def test_class_members_match():
         assert runtime - stubbed == set(), (node.name, runtime - stubbed)
 
 
-def test_python_level_signatures_match():
-    """Where inspect can read the runtime signature (Python code), the stub's parameters
-    are the same."""
-    def params(fn):
-        args = fn.args
-        return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
-
-    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-
+def stub_targets():
+    """(stub node, runtime object) for every stubbed function and method (not
+    properties)."""
     for node in stub_tree().body:
-        targets = []
         if isinstance(node, ast.FunctionDef):
-            targets.append((node, getattr(pinstage, node.name)))
+            yield node, getattr(pinstage, node.name)
         elif isinstance(node, ast.ClassDef):
             cls = getattr(pinstage, node.name)
-            targets += [(f, getattr(cls, f.name)) for f in node.body
-                        if isinstance(f, ast.FunctionDef) and hasattr(cls, f.name)
-                        and not isinstance(getattr(cls, f.name, None), property)]
-        for stub, runtime in targets:
-            try:
-                signature = inspect.signature(runtime)
-            except (TypeError, ValueError):
-                continue  # a C++ function: inspect cannot read it
-            names = [n for n, p in signature.parameters.items() if p.kind not in variadic]
-            expected = params(stub)
-            if names and names[0] != "self" and expected and expected[0] == "self":
-                expected = expected[1:]
-            assert names == expected, (stub.name, names, expected)
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and not any(
+                        isinstance(d, ast.Name) and d.id == "property" for d in f.decorator_list):
+                    yield f, getattr(cls, f.name)
+
+
+def stub_parameters(fn):
+    """[(name, kind, default source or None)] of a stubbed def."""
+    a = fn.args
+    out = []
+    positional = a.posonlyargs + a.args
+    defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+    for arg, default in zip(positional, defaults):
+        out.append((arg.arg, "positional", default))
+    if a.vararg:
+        out.append((a.vararg.arg, "*", None))
+    for arg, default in zip(a.kwonlyargs, a.kw_defaults):
+        out.append((arg.arg, "keyword", default))
+    if a.kwarg:
+        out.append((a.kwarg.arg, "**", None))
+    return [(n, k, None if d is None or (isinstance(d, ast.Constant) and d.value is Ellipsis)
+             else ast.literal_eval(d)) for n, k, d in out]
+
+
+KIND = {inspect.Parameter.POSITIONAL_ONLY: "positional",
+        inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional",
+        inspect.Parameter.VAR_POSITIONAL: "*",
+        inspect.Parameter.KEYWORD_ONLY: "keyword",
+        inspect.Parameter.VAR_KEYWORD: "**"}
+
+
+def test_every_stubbed_callable_has_a_signature_matching_its_stub():
+    """inspect.signature() reads every function and method, C++ ones included (their
+    docstrings start with a text signature), and its parameters, kinds and defaults are
+    the stub's."""
+    checked = 0
+    for stub, runtime in stub_targets():
+        signature = inspect.signature(runtime)  # raises for a C++ def without a signature
+        got = [(n, KIND[p.kind], None if p.default is inspect.Parameter.empty else p.default)
+               for n, p in signature.parameters.items()]
+        expected = stub_parameters(stub)
+        if expected and expected[0][0] == "self" and (not got or got[0][0] != "self"):
+            expected = expected[1:]  # a bound or Python-level view without self
+        for i, (want, have) in enumerate(zip(expected, got)):
+            if want[2] is None and have[2] is not None and stub.args.defaults:
+                # the stub writes "= ..." where the default is not a literal
+                want = (want[0], want[1], have[2])
+            assert want == have, (stub.name, i, want, have)
+        assert len(expected) == len(got), (stub.name, expected, got)
+        checked += 1
+    assert checked > 50
+
+
+def test_cpp_docstrings_name_python_types_only():
+    """No docstring of the extension names a C++ type, and every C++ method and function
+    starts with its signature."""
+    import pinstage._pinstage as core
+
+    def docs():
+        for name, obj in vars(core).items():
+            if isinstance(obj, type):
+                for member_name, member in vars(obj).items():
+                    yield f"{name}.{member_name}", member
+            else:
+                yield name, obj
+
+    seen = 0
+    for name, obj in docs():
+        doc = obj.__doc__ if isinstance(obj, property) else getattr(obj, "__doc__", None)
+        if not isinstance(doc, str):
+            continue
+        assert "::" not in doc and "pinstage._pinstage." not in doc, (name, doc)
+        if callable(obj) and type(obj).__name__ in ("builtin_function_or_method",
+                                                    "instancemethod"):
+            if obj.__name__ in ("__repr__", "__str__", "__init__") and obj.__doc__ is None:
+                continue
+            func = getattr(obj, "__func__", obj)
+            assert func.__text_signature__, f"{name}: no signature in {doc[:60]!r}"
+            seen += 1
+    assert seen > 50
+
+
+def test_property_docs_start_with_the_stubs_type():
+    """help() shows each C++ property's Python type: its docstring starts with the type
+    the stub gives ("int: pinned host bytes held.")."""
+    checked = 0
+    for node in stub_tree().body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        cls = getattr(pinstage, node.name)
+        for item in node.body:
+            if isinstance(item, ast.AnnAssign):
+                name, annotation = item.target.id, item.annotation
+            elif isinstance(item, ast.FunctionDef) and item.decorator_list:
+                name, annotation = item.name, item.returns
+            else:
+                continue
+            attr = inspect.getattr_static(cls, name, None)
+            if not isinstance(attr, property):
+                continue  # an exception's attribute, or Python-level
+            if isinstance(attr.fget, types.FunctionType):
+                continue  # a Python property: its stub and code are read by the checker
+            doc = attr.__doc__ or ""
+            assert doc.startswith(ast.unparse(annotation) + ": "), (node.name, name, doc)
+            checked += 1
+    assert checked > 60

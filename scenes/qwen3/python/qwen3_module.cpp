@@ -94,14 +94,18 @@ py::dict sizes_dict(int64_t layers, int64_t seq_len, int64_t seed) {
 
 void bind_golden(py::module_& m) {
   py::class_<qwen3::Golden>(m, "Golden", "The reference decode's result for one set of args.")
-      .def_readonly("layers", &qwen3::Golden::n_layers)
-      .def_property_readonly("out_bits",
-                             [](const qwen3::Golden& g) {
-                               py::array_t<uint16_t> a({qwen3::kBatch, qwen3::kHidden});
-                               std::copy(g.out.begin(), g.out.end(), a.mutable_data());
-                               return a;
-                             })
-      .def_property_readonly("kv_rows", [](const qwen3::Golden& g) { return g.kv_rows.size(); })
+      .def_readonly("layers", &qwen3::Golden::n_layers, "int: the layers decoded.")
+      .def_property_readonly(
+          "out_bits",
+          [](const qwen3::Golden& g) {
+            py::array_t<uint16_t> a({qwen3::kBatch, qwen3::kHidden});
+            std::copy(g.out.begin(), g.out.end(), a.mutable_data());
+            return a;
+          },
+          "numpy.ndarray: the expected output's bf16 bits, uint16 of shape (batch, hidden).")
+      .def_property_readonly(
+          "kv_rows", [](const qwen3::Golden& g) { return g.kv_rows.size(); },
+          "int: the KV-cache rows the decode writes (checked after a run).")
       .def("__repr__", [](const qwen3::Golden& g) {
         return "<pinstage.qwen3.Golden layers=" + std::to_string(g.n_layers) +
                " kv_rows=" + std::to_string(g.kv_rows.size()) + ">";
@@ -117,7 +121,9 @@ void bind_golden(py::module_& m) {
         GilReleased nogil;
         return qwen3::compute_golden(a.args, static_cast<int>(layers));
       },
-      py::arg("args"), py::arg("layers"));
+      py::arg("args"), py::arg("layers"),
+      function_doc("compute_golden(args: TaskArgs, layers: int) -> Golden",
+                   "The reference decode of args on the host."));
   m.def(
       "compare",
       [](const PyArgs& a, const qwen3::Golden& golden) {
@@ -126,7 +132,9 @@ void bind_golden(py::module_& m) {
         GilReleased nogil;
         return qwen3::compare(a.args, golden);
       },
-      py::arg("result"), py::arg("golden"));
+      py::arg("result"), py::arg("golden"),
+      function_doc("compare(result: TaskArgs, golden: Golden) -> Comparison",
+                   "The outputs of result against the golden."));
 }
 
 void bind_qwen3(py::module_& parent) {
@@ -135,11 +143,22 @@ void bind_qwen3(py::module_& parent) {
   const auto layers = py::arg("layers") = qwen3::kDefaultLayers;
   const auto seq_len = py::arg("seq_len") = qwen3::kDefaultSeqLen;
   const auto seed = py::arg("seed") = qwen3::kDefaultSeed;
+  // The shared "layers: int = 40, seq_len: int = ..., seed: int = ..." of the typed lines.
+  const std::string config = "layers: int = " + std::to_string(qwen3::kDefaultLayers) +
+                             ", seq_len: int = " + std::to_string(qwen3::kDefaultSeqLen) +
+                             ", seed: int = " + std::to_string(qwen3::kDefaultSeed);
   m.def(
       "validate", [](int64_t l, int64_t s, int64_t sd) { make_config(l, s, sd, 0); }, layers,
-      seq_len, seed);
-  m.def("tensor_specs", &specs_list, layers, seq_len, seed);
-  m.def("sizes", &sizes_dict, layers, seq_len, seed);
+      seq_len, seed,
+      function_doc("validate(" + config + ") -> None",
+                   "InvalidArgumentError naming the first bad parameter."));
+  m.def("tensor_specs", &specs_list, layers, seq_len, seed,
+        function_doc("tensor_specs(" + config + ") -> list[dict[str, Any]]",
+                     "The tensors make_args builds: name, dtype, shape, direction, fill, std, "
+                     "bias, layers, nbytes."));
+  m.def("sizes", &sizes_dict, layers, seq_len, seed,
+        function_doc("sizes(" + config + ") -> dict[str, int]",
+                     "tensors, input_tensors, total_bytes and input_bytes."));
   // qwen3.make_args(layers, ...): pinstage.scene_make_args on this scene.
   py::object make = parent.attr("scene_make_args");
   m.def(
@@ -152,7 +171,10 @@ void bind_qwen3(py::module_& parent) {
         params["seed"] = sd;
         return make(qwen3::kSceneName, params, threads, worker);
       },
-      layers, seq_len, seed, py::arg("threads") = 0, py::arg("worker") = py::none());
+      layers, seq_len, seed, py::arg("threads") = 0, py::arg("worker") = py::none(),
+      function_doc(
+          "make_args(" + config + ", threads: int = 0, worker: Worker | None = None) -> TaskArgs",
+          "scene_make_args('" + std::string(qwen3::kSceneName) + "', ...)."));
   // The comparison and report types are the generic ones (pinstage.Comparison, ...).
   for (const char* name : {"TensorComparison", "Comparison", "SceneRound", "SceneReport"})
     m.attr(name) = parent.attr(name);
@@ -174,7 +196,14 @@ void bind_qwen3(py::module_& parent) {
       py::arg("worker"), layers, seq_len, seed, py::arg("threads") = 0,
       py::arg("storage") = "pinned", py::arg("rounds") = 1, py::arg("skip_golden") = false,
       py::arg("save_golden") = "", py::arg("callable") = qwen3::kCallable,
-      py::arg("bind") = py::none());
+      py::arg("bind") = py::none(),
+      function_doc("run_scene(worker: Worker, " + config +
+                       ", threads: int = 0, storage: str = 'pinned', rounds: int = 1, "
+                       "skip_golden: bool = False, save_golden: str = '', callable: str = '" +
+                       qwen3::kCallable +
+                       "', bind: Mapping[str, Any] | None = None) -> "
+                       "SceneReport",
+                   "pinstage.run_scene on this scene."));
 }
 
 const PythonSceneRegistrar registrar(bind_qwen3);
