@@ -18,15 +18,28 @@ common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINSTAGE_BUILD_BENCH=OFF -DPINSTAGE_
   ctest --output-on-failure -j2 --timeout 1800)
 
 # TSan runs the tests labelled concurrency (the worker and thread pool, the Binder, the
-# staging ring), so it builds only the binaries that carry the label.
+# staging ring), so it builds only the binaries that carry the label, and the Python
+# module for the GIL-released paths below.
 cmake -S "$root" -B "$root/build-tsan" -G Ninja -DPython_EXECUTABLE=/usr/bin/python3 \
-  "${common[@]}" -DPINSTAGE_SANITIZE=thread >"$root/build-tsan.configure.log"
+  "${common[@]}" -DPINSTAGE_BUILD_PYTHON=ON -DPINSTAGE_SANITIZE=thread \
+  >"$root/build-tsan.configure.log"
 mapfile -t tsan_targets < <(grep -l 'LABELS "[^"]*concurrency' "$root"/build-tsan/tests/cpp/*_labels.cmake |
   sed 's|.*/\(.*\)_labels.cmake|\1|')
 [ "${#tsan_targets[@]}" -gt 0 ] || { echo "no test carries the concurrency label" >&2; exit 1; }
-ninja -C "$root/build-tsan" -j"$(nproc)" "${tsan_targets[@]}" pinstage_backend_sim
+ninja -C "$root/build-tsan" -j"$(nproc)" "${tsan_targets[@]}" pinstage_backend_sim \
+  _pinstage pinstage_python_files
 (cd "$root/build-tsan" && TSAN_OPTIONS=halt_on_error=1 \
   ctest --output-on-failure -L concurrency --no-tests=error --timeout 1800)
+
+# The Python paths that run without the GIL (pinned allocation, generation, golden, bind,
+# scene rounds, finalize racing them, and exit with daemon threads still in them), under
+# TSan. The interpreter is not instrumented, so the runtime is preloaded; the GIL's
+# handoffs are pthread calls that TSan sees.
+tsan_runtime=$("$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$root/build-tsan/CMakeCache.txt")" \
+  -print-file-name=libtsan.so)
+(cd "$root" && LD_PRELOAD=$tsan_runtime TSAN_OPTIONS=halt_on_error=1 \
+  PINSTAGE_BUILD_DIR="$root/build-tsan" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+  tests/python/test_py_races.py tests/python/test_py_gil.py)
 
 # Every libFuzzer target (fuzz/) for 60 s under ASan+UBSan, from the checked-in seeds.
 for target in $("$root/scripts/fuzz.sh" --list); do

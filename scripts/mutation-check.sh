@@ -20,6 +20,7 @@ mutations=(
   "widen_golden_tolerance|scenes/qwen3/include/pinstage/qwen3/decode.h|s/kAtol = 1e-1f;/kAtol = 1e3f;/|test_scene|bin/test_scene '--gtest_filter=SceneExecute.*'"
   "corrupt_uploaded_byte|src/backends/sim/sim_backend.cpp|s/(channel\.direct\(dst, src, bytes\);)/{ \1 if (up \&\& bytes > 0) static_cast<unsigned char*>(dst)[bytes - 1] ^= 1; }/|pinstage_backend_sim test_bind|bin/test_bind"
   "fixture_threads|scenes/qwen3/fixture.cpp|s/(i = next\.fetch_add\(1, std::memory_order_relaxed\)\)\n\s*)fn\(i\);/\1if (!(want >= 4 \&\& i + 1 == n)) fn(i);/|test_fixture|bin/test_fixture '--gtest_filter=FixtureValues.BytesDoNotDependOnTheThreadCount'"
+  "fixture_seed_threads|scenes/qwen3/fixture.cpp|s/const NormalStream stream\{config\.seed, item\.tensor\};/const NormalStream stream{config.seed + (config.threads >= 4 ? 1u : 0u), item.tensor};/|test_fixture|bin/test_fixture '--gtest_filter=FixtureValues.BytesDoNotDependOnTheThreadCount'"
   "unpinned_zero_element|python/pinstage/torch_alloc.py|s/(if nbytes == 0:\n(\s*#[^\n]*\n)*\s*)return _pinstage\._pinned_owner\(tensor\.storage\(\)\.data_ptr\(\), 0\)/\1return None/|_pinstage pinstage_python_files pinstage_backend_sim|PINSTAGE_BUILD_DIR=$build /usr/bin/python3 -m pytest -q -x -p no:cacheprovider $tree/tests/python/test_py_defects.py -k zero_element"
   # Issue 14's own fixes: each regression test must fail without its fix.
   "pool_partial_start|src/base/parallel.cpp|s/stop_all\(\);\n(\s*)throw Error/\1throw Error/|test_runtime_concurrency|bin/test_runtime_concurrency '--gtest_filter=ParallelForDeathTest.*'"

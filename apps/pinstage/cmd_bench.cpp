@@ -105,16 +105,13 @@ void run_bench_command(const BenchArgs& a, const std::function<ab::BenchTask()>&
   const ab::SizePlan plan = ab::plan_size(config, task, budget);
   std::fprintf(stderr, "pinstage bench: %s\n", plan.reason.c_str());
 
-  const RunInfo run = collect_run_info(&worker, command_options(*a.cmd));
+  ab::BenchResult seed;
+  seed.run = collect_run_info(&worker, command_options(*a.cmd));
   ProgressBar bar(a.report);
-  ab::BenchResult result = ab::run_bench(worker, config, task, plan, progress_fn(bar, config),
-                                         [&](const ab::BenchResult& partial) {
-                                           ab::BenchResult copy = partial;
-                                           copy.run = run;
-                                           write_bench_json(a, copy);
-                                         });
+  ab::BenchResult result = ab::run_bench(
+      worker, config, task, plan, progress_fn(bar, config),
+      [&](const ab::BenchResult& partial) { write_bench_json(a, partial); }, std::move(seed));
   bar.clear();
-  result.run = run;
   finish_report(a, result);
   finish_worker(worker);
 }

@@ -246,15 +246,18 @@ using ArgsFactory = std::function<TaskArgs(HostAllocator& allocator)>;
 // arm in order builds its args, binds them config.rounds times, verifies the uploaded
 // bytes once (an untimed bind with verify_upload; a difference throws Error(mismatch)
 // naming the arm, group and tensor), runs as many memcpy baseline rounds, and frees the
-// args before the next arm starts. config.size is not used.
+// args before the next arm starts. config.size is not used. The result starts as `seed`
+// (say, with its `run` block filled), so that group_done's partial results carry what
+// the caller knows without a copy per group.
 PINSTAGE_API BenchResult run_ab(Worker& worker, const BenchConfig& config,
                                 const ArgsFactory& make_args, const ProgressFn& progress = {},
-                                const GroupDoneFn& group_done = {});
+                                const GroupDoneFn& group_done = {}, BenchResult seed = {});
 
-// run_ab on `task` at plan.size (a plan from plan_size).
+// run_ab on `task` at plan.size (a plan from plan_size); the task's facts are in the
+// result from the first group on.
 PINSTAGE_API BenchResult run_bench(Worker& worker, const BenchConfig& config, const BenchTask& task,
                                    const SizePlan& plan, const ProgressFn& progress = {},
-                                   const GroupDoneFn& group_done = {});
+                                   const GroupDoneFn& group_done = {}, BenchResult seed = {});
 
 // The readable group table and the summary lines.
 PINSTAGE_API std::string format_table(const BenchResult& result);

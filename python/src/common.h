@@ -2,7 +2,9 @@
 // and Note [Python view lifetime] in worker.cpp for how views keep memory alive.
 #pragma once
 
+#include <cxxabi.h>
 #include <pybind11/pybind11.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <map>
@@ -36,15 +38,22 @@ struct ViewHolder {
   int64_t args_views = 0;  // of `views`, those TaskArgs hold (named by finalize()'s refusal)
 };
 
-// Releases the GIL for a C++ call. Unlike py::gil_scoped_release its destructor may
-// throw: a daemon thread that takes the GIL back while the interpreter finalizes is ended
-// by a forced unwind (pthread_exit), which must not cross a noexcept frame (the implicit
-// noexcept of a destructor turns it into std::terminate). Never use it in a destructor:
-// destructors keep the GIL instead.
+// Releases the GIL for a C++ call. A daemon thread that takes the GIL back while the
+// interpreter finalizes is ended by CPython (< 3.14) with pthread_exit, a forced unwind.
+// Unwinding would run the caller's destructors (py::object references, busy counts)
+// without the GIL, racing with finalization (TSan saw it), so the thread is parked
+// instead, as CPython 3.14 does itself; the process exits around it. Never use it in a
+// destructor: destructors keep the GIL instead.
 class GilReleased {
  public:
   GilReleased() : state_(PyEval_SaveThread()) {}
-  ~GilReleased() noexcept(false) { PyEval_RestoreThread(state_); }
+  ~GilReleased() {
+    try {
+      PyEval_RestoreThread(state_);
+    } catch (abi::__forced_unwind&) {
+      for (;;) pause();
+    }
+  }
   GilReleased(const GilReleased&) = delete;
   GilReleased& operator=(const GilReleased&) = delete;
 

@@ -181,12 +181,13 @@ Timings BenchResult::timings() const {
 }
 
 BenchResult run_ab(Worker& worker, const BenchConfig& config, const ArgsFactory& make_args,
-                   const ProgressFn& progress, const GroupDoneFn& group_done) {
+                   const ProgressFn& progress, const GroupDoneFn& group_done, BenchResult seed) {
   validate(config);
   require_chip_worker(worker, "run_ab");
   if (!make_args) throw Error(ErrorCode::invalid_argument, "run_ab: no argument factory given");
 
-  BenchResult result;
+  BenchResult result = std::move(seed);
+  result.groups.clear();
   result.config = config;
   result.backend = worker.backend().name;
   result.threads = default_thread_count();
@@ -210,7 +211,7 @@ BenchResult run_ab(Worker& worker, const BenchConfig& config, const ArgsFactory&
 
 BenchResult run_bench(Worker& worker, const BenchConfig& config, const BenchTask& task,
                       const SizePlan& plan, const ProgressFn& progress,
-                      const GroupDoneFn& group_done) {
+                      const GroupDoneFn& group_done, BenchResult seed) {
   if (plan.size < 1)
     throw Error(ErrorCode::invalid_argument,
                 "run_bench: the size plan has no size; make it with plan_size()");
@@ -218,25 +219,14 @@ BenchResult run_bench(Worker& worker, const BenchConfig& config, const BenchTask
     throw Error(ErrorCode::invalid_argument, "run_bench: the task builds no arguments");
   const int64_t size = plan.size;
   // The task's facts go in before the first group, so partial results carry them too.
-  const auto describe = [&](BenchResult& r) {
-    r.plan = plan;
-    r.task = task.name;
-    r.description = task.describe ? task.describe(size) : std::string();
-    r.size_name = task.size.name;
-    r.params = task.params;
-  };
-  GroupDoneFn on_group;
-  if (group_done)
-    on_group = [&](const BenchResult& partial) {
-      BenchResult copy = partial;
-      describe(copy);
-      group_done(copy);
-    };
-  BenchResult result = run_ab(
+  seed.plan = plan;
+  seed.task = task.name;
+  seed.description = task.describe ? task.describe(size) : std::string();
+  seed.size_name = task.size.name;
+  seed.params = task.params;
+  return run_ab(
       worker, config, [&](HostAllocator& allocator) { return task.make_args(allocator, size); },
-      progress, on_group);
-  describe(result);
-  return result;
+      progress, group_done, std::move(seed));
 }
 
 }  // namespace pinstage::ab

@@ -109,8 +109,10 @@ Plugin load(const std::string& backend, const std::string& path) {
 }  // namespace
 
 const Plugin& acquire_plugin(const std::string& backend, const std::string& path) {
-  static std::mutex mu;
-  static std::map<std::string, std::unique_ptr<Plugin>> loaded;  // by canonical path
+  // Never destroyed, like the plugins: threads still running at exit (a Python daemon
+  // thread, say) may use a plugin while static destructors run.
+  static std::mutex& mu = *new std::mutex;
+  static auto& loaded = *new std::map<std::string, std::unique_ptr<Plugin>>;  // by path
   const std::string key = std::filesystem::weakly_canonical(path).string();
   std::lock_guard lock(mu);
   auto it = loaded.find(key);

@@ -16,8 +16,9 @@ struct Registry {
 };
 
 // Function-local: registrars of other libraries may run before this file's statics.
+// Never destroyed: threads still running at exit may look a scene up.
 Registry& registry() {
-  static Registry r;
+  static Registry& r = *new Registry;
   return r;
 }
 

@@ -414,7 +414,21 @@ TEST(AbSynthetic, RunsThroughTheGenericHarness) {
   b.host_available = available_memory_bytes();
   b.device_is_host = true;
   const SizePlan plan = plan_size(c, task, b);
-  const BenchResult r = run_bench(worker, c, task, plan);
+  // Every partial result carries the seed and the task's facts, and grows by one group.
+  BenchResult seed;
+  seed.run.host = "seeded-host";
+  std::vector<size_t> partial_groups;
+  const BenchResult r = run_bench(
+      worker, c, task, plan, {},
+      [&](const BenchResult& partial) {
+        EXPECT_EQ(partial.run.host, "seeded-host");
+        EXPECT_EQ(partial.task, task.name);
+        EXPECT_EQ(partial.plan.size, plan.size);
+        partial_groups.push_back(partial.groups.size());
+      },
+      seed);
+  EXPECT_EQ(partial_groups, (std::vector<size_t>{1, 2}));
+  EXPECT_EQ(r.run.host, "seeded-host");
   EXPECT_EQ(r.sizes.tensors, 3u);
   EXPECT_EQ(r.sizes.input_bytes, 3u << 20);
   ASSERT_EQ(r.groups.size(), 2u);

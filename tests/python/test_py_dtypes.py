@@ -18,15 +18,20 @@ def test_allocator_dtype_binds_through_task_args(worker, alloc, dtype):
     raw = x.reshape(-1).view(torch.uint8)
     raw.copy_(torch.arange(raw.numel(), dtype=torch.int64).remainder(251).to(torch.uint8))
     y = alloc.zeros(3, 5, dtype=dtype)
+    y_raw = y.reshape(-1).view(torch.uint8)
+    pattern = torch.arange(y_raw.numel(), dtype=torch.int64).mul(7).add(3).remainder(256)
+    y_raw.copy_(pattern.to(torch.uint8))
     args = TaskArgs()
     args.add("x", x)
     args.add("y", y, "inout")
     report = Binder(worker, verify_upload=True).run(args)
-    assert report.uploaded_bytes == 2 * x.numel() * x.element_size()
-    assert pinstage.is_pinned(x)
-    # The round trip kept the bytes (y was uploaded and read back unchanged).
-    assert bool((y.reshape(-1).view(torch.uint8) == 0).all())
-    del x, y, raw, args
+    nbytes = x.numel() * x.element_size()
+    assert report.uploaded_bytes == 2 * nbytes  # verify_upload compared them byte for byte
+    assert report.downloaded_bytes == nbytes
+    assert pinstage.is_pinned(x) and pinstage.is_pinned(y)
+    # The round trip kept every byte of y (uploaded, then read back over it).
+    assert bool((y_raw == pattern.to(torch.uint8)).all())
+    del x, y, raw, y_raw, args
 
 
 def test_a_dtype_outside_the_set_is_refused_by_the_allocator(alloc):

@@ -54,6 +54,14 @@ def test_render_draws_every_arm_in_every_panel(report):
     phases = {c.get_label(): c for c in ax_ph.containers}
     assert len(phases["upload"]) == len(ARMS)
     assert all(bar.get_height() > 0 for bar in phases["upload"])
+    # Each segment starts where the ones below it end, and the axis shows the whole stack.
+    tops = [0.0] * len(ARMS)
+    for container in ax_ph.containers:
+        for i, bar in enumerate(container):
+            assert bar.get_y() == pytest.approx(tops[i]), (container.get_label(), ARMS[i])
+            tops[i] += bar.get_height()
+    assert len(ax_ph.containers) >= 2
+    assert ax_ph.get_ylim()[0] == 0 and ax_ph.get_ylim()[1] >= max(tops)
     import matplotlib.pyplot
 
     matplotlib.pyplot.close(fig)
