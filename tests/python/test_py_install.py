@@ -54,5 +54,6 @@ def test_pip_install_into_a_venv_and_use_it_elsewhere(tmp_path):
     proc = subprocess.run([str(python), "use.py"], cwd=elsewhere, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    version = (ROOT / "CMakeLists.txt").read_text().split("VERSION", 1)[1].split()[0]
-    assert proc.stdout.split() == ["ok", version]
+    import pinstage  # the build tree's module (conftest.py): the one version, from CMake
+
+    assert proc.stdout.split() == ["ok", pinstage.__version__]
