@@ -69,8 +69,10 @@ def main():
 
     dtypes = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
               "I32": torch.int32, "I64": torch.int64, "F16": torch.float16,
-              "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
-              "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+              "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+    for name, attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
+        if hasattr(torch, attr):  # torch >= 2.1 (Debian's 1.13 has no float8)
+            dtypes[name] = getattr(torch, attr)
     files = shard_files(a.path)
     total = sum(os.path.getsize(f) for f in files)
     w = pinstage.Worker()
