@@ -4,7 +4,16 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 shift || true
+# ccache (Debian's, installed by setup.sh) keeps objects across clones on this machine, so
+# CI after a session, and every later build, recompiles only what changed.
+# BASEDIR and NOHASHDIR make its keys independent of the clone's folder.
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
+            -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DPython_EXECUTABLE=/usr/bin/python3 "$@" >"$build.configure.log" 2>&1 \
+  -DPython_EXECUTABLE=/usr/bin/python3 "${launcher[@]}" "$@" >"$build.configure.log" 2>&1 \
   || { cat "$build.configure.log"; exit 1; }
 ninja -C "$build" -j"$(nproc)"

@@ -20,8 +20,13 @@ common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINSTAGE_BUILD_BENCH=OFF -DPINSTAGE_
 # TSan runs the tests labelled concurrency (the worker and thread pool, the Binder, the
 # staging ring), so it builds only the binaries that carry the label, and the Python
 # module for the GIL-released paths below.
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
 cmake -S "$root" -B "$root/build-tsan" -G Ninja -DPython_EXECUTABLE=/usr/bin/python3 \
-  "${common[@]}" -DPINSTAGE_BUILD_PYTHON=ON -DPINSTAGE_SANITIZE=thread \
+  "${common[@]}" "${launcher[@]}" -DPINSTAGE_BUILD_PYTHON=ON -DPINSTAGE_SANITIZE=thread \
   >"$root/build-tsan.configure.log"
 mapfile -t tsan_targets < <(grep -l 'LABELS "[^"]*concurrency' "$root"/build-tsan/tests/cpp/*_labels.cmake |
   sed 's|.*/\(.*\)_labels.cmake|\1|')

@@ -18,7 +18,10 @@ target=$1 seconds=$2 build=${3:-$root/build-fuzz}
 [[ $seconds =~ ^[1-9][0-9]*$ ]] || { echo "SECONDS must be a whole number > 0, got '$seconds'" >&2; exit 2; }
 
 if [ ! -f "$build/build.ninja" ]; then
-  cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
+  launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
+  cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ "${launcher[@]}" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build.configure.log" 2>&1 \
     || { cat "$build.configure.log"; exit 1; }
 fi

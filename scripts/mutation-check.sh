@@ -16,7 +16,7 @@ jobs=${JOBS:-2}
 # may hold a '|'.
 mutations=(
   "skip_mlock|src/backends/sim/sim_backend.cpp|s/if \(mlock\(ptr, bytes\) == 0\) return;/if (ptr != nullptr) return;/|test_runtime pinstage_backend_sim|bin/test_runtime '--gtest_filter=WorkerTest.PinnedMemoryIsReallyLockedToThePage'"
-  "forget_registry_entry|src/runtime/worker.cpp|s/inserted = a\.ptr != nullptr && table\.insert\(entry_kind\(kind\), a\);/inserted = a.ptr != nullptr;/|test_runtime|bin/test_runtime '--gtest_filter=WorkerTest.*:WorkerLifetime.*'"
+  "forget_registry_entry|src/runtime/worker_state.cpp|s/inserted = a\.ptr != nullptr && table\.insert\(EntryKind::device, a\);/inserted = a.ptr != nullptr;/|test_runtime|bin/test_runtime '--gtest_filter=WorkerTest.*:WorkerLifetime.*'"
   "widen_golden_tolerance|scenes/qwen3/include/pinstage/qwen3/decode.h|s/kAtol = 1e-1f;/kAtol = 1e3f;/|test_scene|bin/test_scene '--gtest_filter=SceneExecute.*'"
   "corrupt_uploaded_byte|src/backends/sim/sim_backend.cpp|s/(channel\.direct\(dst, src, bytes\);)/{ \1 if (up \&\& bytes > 0) static_cast<unsigned char*>(dst)[bytes - 1] ^= 1; }/|pinstage_backend_sim test_bind|bin/test_bind"
   "fixture_threads|scenes/qwen3/fixture.cpp|s/(i = next\.fetch_add\(1, std::memory_order_relaxed\)\)\n\s*)fn\(i\);/\1if (!(want >= 4 \&\& i + 1 == n)) fn(i);/|test_fixture|bin/test_fixture '--gtest_filter=FixtureValues.BytesDoNotDependOnTheThreadCount'"
@@ -24,9 +24,14 @@ mutations=(
   "unpinned_zero_element|python/pinstage/torch_alloc.py|s/(if nbytes == 0:\n(\s*#[^\n]*\n)*\s*)return _pinstage\._pinned_owner\(tensor\.storage\(\)\.data_ptr\(\), 0\)/\1return None/|_pinstage pinstage_python_files pinstage_backend_sim|PINSTAGE_BUILD_DIR=$build /usr/bin/python3 -m pytest -q -x -p no:cacheprovider $tree/tests/python/test_py_defects.py -k zero_element"
   # Issue 14's own fixes: each regression test must fail without its fix.
   "pool_partial_start|src/base/parallel.cpp|s/stop_all\(\);\n(\s*)throw Error/\1throw Error/|test_runtime_concurrency|bin/test_runtime_concurrency '--gtest_filter=ParallelForDeathTest.*'"
-  "failed_free_forgotten|src/runtime/worker.cpp|s/table\.add_failed\(entry_kind\(kind\), \*a\);/(void)a;/|test_runtime|bin/test_runtime '--gtest_filter=WorkerFailedFree.*'"
+  "failed_free_forgotten|src/runtime/host_memory/host_memory.cpp|s/table\.add_failed\(EntryKind::pinned_host, seg\);/(void)seg;/|test_runtime|bin/test_runtime '--gtest_filter=WorkerFailedFree.*'"
   "skipped_phase_time|src/bind/binder.cpp|s/skipped \? 0\.0 : seconds;/seconds;/|test_bind|bin/test_bind '--gtest_filter=BindTest.WithoutVerify*'"
-  "no_pin_budget|src/runtime/worker.cpp|s/if \(refusal\.empty\(\)\) return nullptr;/return nullptr;/|test_runtime|bin/test_runtime '--gtest_filter=PinBudgetDeathTest.*'"
+  "no_pin_budget|src/runtime/host_memory/host_memory.cpp|s/  if \(!refusal\.empty\(\)\) \{/  if (false) {/|test_runtime|bin/test_runtime '--gtest_filter=PinBudgetDeathTest.*'"
+  # Issue 20: the host memory pool.
+  "pool_reuse_under_copy|src/runtime/host_memory/host_pool.cpp|s/b\.streams\.push_back\(stream\);/;/|test_runtime|bin/test_runtime '--gtest_filter=HostPoolTest.ABlockAQueued*'"
+  "pool_freed_range_pinned|src/runtime/host_memory/host_memory.cpp|s/return host\.note_use\(host_ptr, bytes, stream\) \? PS_COPY_HOST_PINNED : 0u;/host.note_use(host_ptr, bytes, stream); return PS_COPY_HOST_PINNED;/|test_runtime|bin/test_runtime '--gtest_filter=HostPoolTest.AFreedRange*'"
+  "pool_merge_across_segments|src/base/free_ranges.cpp|s/ && !fences_\.contains\(next->first\)//|test_runtime|bin/test_runtime '--gtest_filter=HostPoolTable.*'"
+  "pool_cache_unbounded|src/runtime/host_memory/host_pool.cpp|s/return cached > limit \?/return false ?/|test_runtime|bin/test_runtime '--gtest_filter=HostPoolTest.TheCacheBound*'"
 )
 
 selected=${MUTATIONS:-}

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "pinstage/export.h"
 
@@ -40,8 +41,8 @@ struct PrefaultReport {
   bool populate_write = false;  // MADV_POPULATE_WRITE did the faulting (else a touch)
 };
 
-// Threads prefault() uses for `bytes` when asked for `threads` (0 = one per online core,
-// at most 32): at least 1, at most one per 32 MiB so small buffers do not pay for
+// Threads prefault() uses for `bytes` when asked for `threads` (0 = one per CPU of the
+// affinity mask, at most 32): at least 1, at most one per 32 MiB so small buffers do not pay for
 // thread start-up.
 PINSTAGE_API int prefault_thread_count(size_t bytes, int threads);
 
@@ -68,11 +69,21 @@ struct MapOptions {
   PrefaultMethod method = PrefaultMethod::touch;
   int threads = 0;          // pre-fault threads (0 = automatic, see prefault_thread_count)
   bool huge_pages = false;  // align to 2 MiB and ask for transparent huge pages
+  // NUMA placement: the range is bound to this node (mbind MPOL_BIND) before the first
+  // touch, and the pre-fault threads run on that node's CPUs. -1 = the kernel's choice.
+  int numa_node = -1;
 };
 
 // Maps `bytes` (> 0) of anonymous memory, pre-faulted unless told otherwise. Throws
 // Error(out_of_memory) or Error(invalid_argument); on failure nothing stays mapped.
 PINSTAGE_API MappedPages map_pages(size_t bytes, const MapOptions& options = {});
+// The NUMA node holding the page at `addr` now (get_mempolicy MPOL_F_NODE|MPOL_F_ADDR), or
+// -1 when the kernel cannot say. Placement checks read it; it never faults the page in.
+PINSTAGE_API int numa_node_of(const void* addr) noexcept;
+// The CPUs of NUMA node `node` that this process may run on (sysfs cpulist and the
+// affinity mask); empty when the node does not exist or has none of them.
+PINSTAGE_API std::vector<int> numa_node_cpus(int node);
+
 // Undoes map_pages; false (with `error`) when munmap refuses. Never throws.
 PINSTAGE_API bool unmap_pages(const MappedPages& pages, std::string* error = nullptr) noexcept;
 

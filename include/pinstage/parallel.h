@@ -10,7 +10,10 @@
 
 namespace pinstage {
 
-// Threads used by parallel_for: PINSTAGE_NUM_THREADS if set, else all online cores.
+// CPUs this process may run on: its affinity mask (sched_getaffinity), which taskset, a
+// cgroup cpuset or a launcher narrows, unlike hardware_concurrency(). At least 1.
+PINSTAGE_API int usable_cpu_count();
+// Threads used by parallel_for: PINSTAGE_NUM_THREADS if set, else usable_cpu_count().
 PINSTAGE_API int default_thread_count();
 
 // Calls fn(begin, end) over [0, n) split into contiguous chunks of at least `grain`

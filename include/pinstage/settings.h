@@ -25,6 +25,8 @@ enum class Setting {
   golden_isa,           // PINSTAGE_GOLDEN_ISA: generic|avx2|avx512
   acl_library,          // PINSTAGE_ACL_LIBRARY: path of the Ascend runtime (acl backend)
   pin_policy,           // PINSTAGE_PIN_POLICY: strict|fallback (a pin over budget)
+  host_cache_max,       // PINSTAGE_HOST_CACHE_MAX: bytes the pinned pool may keep cached
+  host_huge_pages,      // PINSTAGE_HOST_HUGE_PAGES: off|thp for pinned segments
 };
 
 // One row of the table: the variable's name, what it takes and what it does.
@@ -46,6 +48,8 @@ PINSTAGE_API std::optional<std::string> setting_text(Setting id);
 // Typed readers; each reads the environment now and parses strictly.
 PINSTAGE_API std::optional<int> setting_num_threads();
 PINSTAGE_API std::optional<uint64_t> setting_sim_device_capacity();
+// PINSTAGE_HOST_CACHE_MAX: a byte count, or 0 (cache nothing).
+PINSTAGE_API std::optional<uint64_t> setting_host_cache_max();
 // PINSTAGE_SIM_FAULT as (ps_fault_kind, nth) pairs; empty when unset.
 struct FaultSetting {
   int kind = 0;  // a ps_fault_kind

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,6 +52,9 @@ class PINSTAGE_API HostAllocator {
   // bytes may be 0 (an empty storage with a null data pointer). Contents are
   // unspecified. Throws Error(out_of_memory) when the memory cannot be had.
   virtual std::shared_ptr<Storage> allocate(size_t bytes) = 0;
+  // A hint before many allocate() calls of these sizes (a load's tensors): a pool can map
+  // them as one segment instead of one at a time. Does nothing by default.
+  virtual void reserve(std::span<const size_t> sizes) { (void)sizes; }
   virtual bool pinned() const = 0;
   virtual std::string name() const = 0;  // "pageable" or "pinned"
 };
@@ -77,6 +81,8 @@ class PINSTAGE_API PinnedAllocator final : public HostAllocator {
   // (the shared require_chip_worker() guard).
   explicit PinnedAllocator(Worker& worker);
   std::shared_ptr<Storage> allocate(size_t bytes) override;
+  // Worker::reserve_pinned_host of the sizes' whole pages.
+  void reserve(std::span<const size_t> sizes) override;
   bool pinned() const override { return true; }
   std::string name() const override { return "pinned"; }
 

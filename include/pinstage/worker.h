@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -46,6 +47,11 @@ struct WorkerOptions {
   std::string plugin_path;
   // Backend-specific settings, handed to the backend as key/value entries.
   BackendConfig config;
+  // Most pinned bytes the host memory pool keeps cached for reuse (docs/worker.md, "Host
+  // memory pool"); unset = PINSTAGE_HOST_CACHE_MAX, else an eighth of physical memory.
+  // 0 caches nothing: each request maps a segment of its own size (whole pages), which
+  // goes back to the OS at its free, as an allocator without a pool would.
+  std::optional<uint64_t> host_cache_limit_bytes;
 };
 
 // Folder holding libpinstage.
@@ -98,6 +104,27 @@ struct WorkerStats {
   uint64_t pageable_fallback_count = 0;
   uint64_t pageable_fallback_bytes = 0;
   uint64_t pageable_fallbacks = 0;
+};
+
+// The host memory pool's figures; Worker::host_memory_stats(). Names follow torch's
+// host_memory_stats() where it has one (docs/worker.md lists the keys). Bytes of blocks
+// are as requested; reserved and cached bytes are whole pages.
+struct HostMemoryStats {
+  uint64_t allocated_bytes = 0, allocated_bytes_peak = 0;  // live blocks
+  uint64_t allocations = 0, allocations_peak = 0;
+  uint64_t reserved_bytes = 0, reserved_bytes_peak = 0;  // segments held, pinned
+  uint64_t segments = 0, segments_peak = 0;
+  uint64_t cached_bytes = 0;  // free inside segments, ready for reuse
+  // Freed blocks a queued copy may still read: reusable once its event is reached.
+  uint64_t pending_bytes = 0, pending_blocks = 0;
+  uint64_t hits = 0, misses = 0;  // requests served from the cache, and not
+  // Segments the backend allocated and released (num_host_alloc/num_host_free), and the
+  // seconds spent in those calls.
+  uint64_t num_host_alloc = 0, num_host_free = 0;
+  double host_alloc_seconds = 0, host_free_seconds = 0;
+  // Seconds in alloc_pinned_host and in pinned releases all told (the pool's own work too).
+  double alloc_seconds = 0, free_seconds = 0;
+  uint64_t cache_limit_bytes = 0;  // the bound on cached_bytes
 };
 
 // What a pinned request must fit (docs/worker.md, "Pin budget"). UINT64_MAX = no limit.
@@ -255,6 +282,22 @@ class PINSTAGE_API Worker {
   PinnedHostBuffer alloc_pinned_host(size_t bytes);
   // Device memory; bytes must be > 0. Error(out_of_memory) past the capacity.
   DeviceBuffer alloc_device(size_t bytes);
+
+  // The host memory pool (docs/worker.md, "Host memory pool"). A freed pinned buffer is
+  // cached for reuse; these give the cache back or fill it ahead.
+  HostMemoryStats host_memory_stats() const;
+  // Returns every wholly free cached segment to the OS (unlocked, unmapped); the bytes
+  // returned. A segment the backend refuses to release is kept for finalize and reported
+  // (Error) after the others were released.
+  uint64_t empty_cache();
+  // The same, stopping once at least `bytes` went back.
+  uint64_t trim_host_cache(uint64_t bytes);
+  // Makes sure `bytes` of pinned memory are cached in one range, mapping one segment of
+  // exactly the shortfall's size when not: a load calls it before its many allocations.
+  void reserve_pinned_host(size_t bytes);
+  // True when [ptr, ptr + bytes) lies inside one live pinned buffer of this worker: the
+  // one table of pinned ranges that copies, the Binder and the loader ask.
+  bool is_pinned_host(const void* ptr, size_t bytes) const;
 
   // Synchronous copies; [offset, offset+bytes) must lie inside the device buffer.
   void copy_to_device(const DeviceBuffer& dst, size_t dst_offset, const void* src, size_t bytes);

@@ -277,13 +277,16 @@ WorkerOptions parse_options(const py::kwargs& kwargs) {
     const auto key = item.first.cast<std::string>();
     if (key == "device_capacity_bytes")
       options.device_capacity_bytes = non_negative(item.second, "device_capacity_bytes");
+    else if (key == "host_cache_limit_bytes")
+      options.host_cache_limit_bytes = non_negative(item.second, "host_cache_limit_bytes");
     else if (key == "plugin_path")
       options.plugin_path = str_arg(item.second, "Worker option plugin_path");
     else if (key == "config")
       options.config = backend_config(item.second);
     else
       throw py::type_error("Worker() got an unexpected option '" + key +
-                           "' (options: device_capacity_bytes, plugin_path, config)");
+                           "' (options: device_capacity_bytes, host_cache_limit_bytes, "
+                           "plugin_path, config)");
   }
   return options;
 }
@@ -501,7 +504,8 @@ void bind_worker_lifetime(py::class_<PyWorker>& c) {
         method_doc("__init__(level: str = 'chip', backend: str = 'sim', device_id: int = 0, "
                    "*, initialize: bool = True, **options: Any) -> None",
                    "One device through a backend plugin. options: device_capacity_bytes "
-                   "(int), plugin_path (str), config (dict[str, str])."))
+                   "(int), host_cache_limit_bytes (int), plugin_path (str), config "
+                   "(dict[str, str])."))
       .def("init", &init_worker,
            method_doc("init() -> None", "Loads the plugin and creates the context."))
       .def("finalize", &finalize_worker, py::arg("wait") = false, py::arg("timeout") = py::none(),
@@ -536,6 +540,43 @@ void bind_worker_lifetime(py::class_<PyWorker>& c) {
                      "leaves the worker to finalize when its last reference goes."));
 }
 
+namespace {
+
+// Worker.host_memory_stats(): torch's key names ("allocated_bytes.current", times in
+// microseconds) where torch has the figure, pinstage's own beside them.
+py::dict host_memory_stats_dict(const PyWorker& w) {
+  using S = HostMemoryStats;
+  static constexpr std::pair<const char*, uint64_t S::*> kCounts[] = {
+      {"allocated_bytes.current", &S::allocated_bytes},
+      {"allocated_bytes.peak", &S::allocated_bytes_peak},
+      {"allocation.current", &S::allocations},
+      {"allocation.peak", &S::allocations_peak},
+      {"reserved_bytes.current", &S::reserved_bytes},
+      {"reserved_bytes.peak", &S::reserved_bytes_peak},
+      {"segment.current", &S::segments},
+      {"segment.peak", &S::segments_peak},
+      {"num_host_alloc", &S::num_host_alloc},
+      {"num_host_free", &S::num_host_free},
+      {"cached_bytes.current", &S::cached_bytes},
+      {"pending_bytes.current", &S::pending_bytes},
+      {"pending_blocks.current", &S::pending_blocks},
+      {"num_hits", &S::hits},
+      {"num_misses", &S::misses},
+      {"cache_limit_bytes", &S::cache_limit_bytes}};
+  static constexpr std::pair<const char*, double S::*> kMicroseconds[] = {
+      {"host_alloc_time.total", &S::host_alloc_seconds},
+      {"host_free_time.total", &S::host_free_seconds},
+      {"alloc_time.total", &S::alloc_seconds},
+      {"free_time.total", &S::free_seconds}};
+  const S s = w.worker.host_memory_stats();
+  py::dict d;
+  for (const auto& [key, field] : kCounts) d[key] = s.*field;
+  for (const auto& [key, field] : kMicroseconds) d[key] = s.*field * 1e6;
+  return d;
+}
+
+}  // namespace
+
 void bind_worker_class(py::class_<PyWorker>& c) {
   bind_worker_lifetime(c);
   c.def_property_readonly(
@@ -563,6 +604,15 @@ void bind_worker_class(py::class_<PyWorker>& c) {
       .def(
           "stats", [](const PyWorker& w) { return w.worker.stats(); },
           method_doc("stats() -> WorkerStats", "Outstanding allocations."))
+      .def("host_memory_stats", &host_memory_stats_dict,
+           method_doc("host_memory_stats() -> dict[str, int | float]",
+                      "The pinned memory pool's figures, keyed as torch's "
+                      "host_memory_stats() where it has the figure (docs/worker.md)."))
+      .def(
+          "empty_cache", [](PyWorker& w) { return w.worker.empty_cache(); },
+          method_doc("empty_cache() -> int",
+                     "Returns every wholly free cached pinned segment to the OS; the bytes "
+                     "returned."))
       .def_property_readonly(
           "live_views",
           [](const PyWorker& w) {

@@ -7,7 +7,10 @@
 // every host, VMs included) or by MADV_POPULATE_WRITE per chunk (PrefaultMethod).
 #include "pinstage/pages.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +19,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "pinstage/clock.h"
@@ -50,7 +55,74 @@ int prefault_range(char* begin, size_t len, PrefaultMethod method, bool& used_po
   return 0;
 }
 
+// The kernel's NUMA ABI (linux/mempolicy.h), by raw syscall: no libnuma needed.
+constexpr int kMpolBind = 2;
+constexpr unsigned long kMpolFNode = 1, kMpolFAddr = 2;
+constexpr unsigned long kMaxNodes = 1024;
+
+// Binds [data, data + bytes) to `node` before any page is touched.
+void bind_to_node(void* data, size_t bytes, int node) {
+  if (node < 0 || static_cast<unsigned long>(node) >= kMaxNodes || numa_node_cpus(node).empty())
+    throw Error(ErrorCode::invalid_argument, "NUMA node " + std::to_string(node) +
+                                                 " does not exist or has no CPU this " +
+                                                 "process may use (/sys/devices/system/node)");
+  unsigned long mask[kMaxNodes / (8 * sizeof(unsigned long))] = {};
+  mask[node / (8 * sizeof(unsigned long))] |= 1ul << (node % (8 * sizeof(unsigned long)));
+  if (syscall(SYS_mbind, data, bytes, kMpolBind, mask, kMaxNodes + 1, 0) != 0)
+    throw Error(ErrorCode::backend, "mbind of " + std::to_string(bytes) + " bytes to NUMA node " +
+                                        std::to_string(node) + " failed: " + std::strerror(errno));
+}
+
+// Runs on `cpus` until destroyed, then restores the thread's own mask (pool threads are
+// shared, so a placement never outlives its pre-fault).
+class CpuScope {
+ public:
+  explicit CpuScope(const std::vector<int>& cpus) {
+    if (cpus.empty() || pthread_getaffinity_np(pthread_self(), sizeof saved_, &saved_) != 0) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : cpus) CPU_SET(c, &set);
+    active_ = pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+  }
+  ~CpuScope() {
+    if (active_) pthread_setaffinity_np(pthread_self(), sizeof saved_, &saved_);
+  }
+  CpuScope(const CpuScope&) = delete;
+  CpuScope& operator=(const CpuScope&) = delete;
+
+ private:
+  cpu_set_t saved_{};
+  bool active_ = false;
+};
+
 }  // namespace
+
+int numa_node_of(const void* addr) noexcept {
+  int node = -1;
+  if (syscall(SYS_get_mempolicy, &node, nullptr, 0, addr, kMpolFNode | kMpolFAddr) != 0) return -1;
+  return node;
+}
+
+std::vector<int> numa_node_cpus(int node) {
+  std::vector<int> cpus;
+  std::ifstream in("/sys/devices/system/node/node" + std::to_string(node) + "/cpulist");
+  std::string list;
+  if (node < 0 || !std::getline(in, list)) return cpus;
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  const bool masked = sched_getaffinity(0, sizeof allowed, &allowed) == 0;
+  std::stringstream items(list);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    int lo = 0, hi = 0;
+    const int got = std::sscanf(item.c_str(), "%d-%d", &lo, &hi);
+    if (got < 1) continue;
+    if (got == 1) hi = lo;
+    for (int c = lo; c <= hi && c < CPU_SETSIZE; ++c)
+      if (!masked || CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  }
+  return cpus;
+}
 
 size_t page_size() noexcept {
   static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -100,15 +172,17 @@ bool populate_for_write(void* data, size_t bytes) noexcept {
 }
 
 int prefault_thread_count(size_t bytes, int threads) {
-  if (threads <= 0) {
-    const unsigned hw = std::thread::hardware_concurrency();
-    threads = static_cast<int>(std::clamp(hw == 0 ? 1u : hw, 1u, 32u));
-  }
+  if (threads <= 0) threads = std::clamp(usable_cpu_count(), 1, 32);  // the affinity mask
   const size_t by_size = std::max<size_t>(1, bytes / kMinBytesPerThread);
   return static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), by_size));
 }
 
+namespace {
+thread_local const std::vector<int>* t_fault_cpus = nullptr;  // map_pages' NUMA placement
+}  // namespace
+
 PrefaultReport prefault(void* data, size_t bytes, int threads, size_t unit, PrefaultMethod method) {
+  const std::vector<int>* cpus = t_fault_cpus;
   PrefaultReport report;
   if (data == nullptr || bytes == 0) return report;
   const Stopwatch watch;
@@ -126,6 +200,7 @@ PrefaultReport prefault(void* data, size_t bytes, int threads, size_t unit, Pref
           const size_t end = std::min(bytes, begin + per_thread * unit);
           if (begin >= end) continue;
           bool used = false;
+          const CpuScope placed(cpus != nullptr ? *cpus : std::vector<int>{});
           const int err =
               prefault_range(static_cast<char*>(data) + begin, end - begin, method, used);
           if (used) populate_used = true;
@@ -175,11 +250,19 @@ MappedPages map_pages(size_t bytes, const MapOptions& options) {
     (void)madvise(pages.data, usable, MADV_HUGEPAGE);  // a hint: 4 KiB pages where THP is off
   }
   pages.map_seconds = watch.seconds();
-  if (!options.prefault) return pages;
   try {
+    std::vector<int> cpus;
+    if (options.numa_node >= 0) {
+      bind_to_node(pages.data, usable, options.numa_node);  // before the first touch
+      cpus = numa_node_cpus(options.numa_node);
+    }
+    if (!options.prefault) return pages;
+    t_fault_cpus = cpus.empty() ? nullptr : &cpus;
     pages.prefault =
         prefault(pages.data, usable, options.threads, huge ? kHugePage : 0, options.method);
+    t_fault_cpus = nullptr;
   } catch (...) {
+    t_fault_cpus = nullptr;
     munmap(pages.base, pages.map_bytes);
     throw;
   }

@@ -1,5 +1,7 @@
 #include "pinstage/parallel.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
@@ -136,10 +138,17 @@ Pool& pool() {
 
 }  // namespace
 
+int usable_cpu_count() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
 int default_thread_count() {
   static const int count = [] {
     if (const auto n = setting_num_threads()) return *n;
-    return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    return usable_cpu_count();
   }();
   return count;
 }

@@ -33,6 +33,12 @@ constexpr SettingInfo kSettings[] = {
     {Setting::pin_policy, "PINSTAGE_PIN_POLICY", "strict|fallback",
      "a pinned request over the pin budget (RLIMIT_MEMLOCK, cgroup memory.max, available "
      "memory) fails (strict, the default) or gets pageable memory with a warning (fallback)"},
+    {Setting::host_cache_max, "PINSTAGE_HOST_CACHE_MAX", "a byte count: 4G, 512M, or 0",
+     "most freed pinned bytes a worker keeps cached for reuse; 0 keeps none (default: an "
+     "eighth of physical memory)"},
+    {Setting::host_huge_pages, "PINSTAGE_HOST_HUGE_PAGES", "off|thp",
+     "pinned segments of 2 MiB and more on transparent huge pages (thp: MADV_HUGEPAGE, a "
+     "measured choice, docs/benchmarks.md) or base pages (off, the default)"},
 };
 
 [[noreturn]] void bad(std::string_view what, std::string_view text, const std::string& why) {
@@ -118,6 +124,13 @@ std::optional<uint64_t> setting_sim_device_capacity() {
   return parse_byte_count(*text, setting_info(Setting::sim_device_capacity).name);
 }
 
+std::optional<uint64_t> setting_host_cache_max() {
+  const auto text = setting_text(Setting::host_cache_max);
+  if (!text) return std::nullopt;
+  if (*text == "0") return 0;
+  return parse_byte_count(*text, setting_info(Setting::host_cache_max).name);
+}
+
 std::optional<std::string> setting_choice(Setting id) {
   auto text = setting_text(id);
   if (!text) return std::nullopt;
@@ -170,6 +183,7 @@ void check_settings() {
       case Setting::gen_isa:
       case Setting::golden_isa:
       case Setting::pin_policy:
+      case Setting::host_huge_pages:
         setting_choice(s.id);
         break;
       case Setting::num_threads:
@@ -177,6 +191,9 @@ void check_settings() {
         break;
       case Setting::sim_device_capacity:
         setting_sim_device_capacity();
+        break;
+      case Setting::host_cache_max:
+        setting_host_cache_max();
         break;
       case Setting::sim_fault:
         setting_sim_faults();

@@ -290,6 +290,9 @@ HostLoad load_to_host(const Checkpoint& c, HostAllocator& allocator,
   HostLoad out;
   std::vector<ReadTarget> targets;
   const Stopwatch alloc;
+  std::vector<size_t> sizes;
+  for (const CheckpointTensor& t : c.tensors()) sizes.push_back(static_cast<size_t>(t.bytes));
+  allocator.reserve(sizes);  // one pinned segment for the lot, or a cache hit when warm
   for (const CheckpointTensor& t : c.tensors()) {
     out.tensors.push_back({t, allocator.allocate(static_cast<size_t>(t.bytes))});
     targets.push_back({&t, out.tensors.back().storage->data()});

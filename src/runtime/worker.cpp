@@ -41,8 +41,6 @@ WorkerLevel parse_worker_level(std::string_view name) {
 namespace {
 constexpr const char* kNotInitializedMessage =
     "worker is not initialized: call init(backend, device_id) first";
-constexpr const char* kFinalizedMessage =
-    "worker is finalized: create and init a new Worker to use the device again";
 constexpr const char* kInitAfterFinalizeMessage =
     "worker was finalized: finalize is terminal, create a new Worker";
 }  // namespace
@@ -63,327 +61,6 @@ void add_backend_option(BackendConfig& config, std::string_view key_equals_value
       throw Error(ErrorCode::invalid_argument, "backend option '" + key + "' is given twice");
   config.emplace_back(std::move(key), std::string(key_equals_value.substr(eq + 1)));
 }
-
-namespace runtime {
-
-namespace {
-
-const char* kind_name(MemoryKind kind) {
-  return kind == MemoryKind::pinned_host ? "pinned host" : "device";
-}
-
-EntryKind entry_kind(MemoryKind kind) {
-  return kind == MemoryKind::pinned_host ? EntryKind::pinned_host : EntryKind::device;
-}
-
-}  // namespace
-
-CallGuard::CallGuard(WorkerState& state) noexcept : state_(state) {
-  std::lock_guard lock(state_.mu);
-  entered_ = state_.live;
-  if (entered_) ++state_.in_flight;
-}
-
-CallGuard::~CallGuard() {
-  if (!entered_) return;
-  std::lock_guard lock(state_.mu);
-  if (--state_.in_flight == 0) state_.idle.notify_all();
-}
-
-CallGuard::CallGuard(CallGuard&& other) noexcept
-    : state_(other.state_), entered_(std::exchange(other.entered_, false)) {}
-
-void CallGuard::require() const {
-  if (!entered_) throw Error(ErrorCode::finalized, kFinalizedMessage);
-}
-
-void WorkerState::check(int status, const char* what) const {
-  if (status == PS_OK) return;
-  std::string message = name() + " " + what + " failed: " + ps_status_str(status);
-  const char* detail = api().last_error();
-  if (detail != nullptr && *detail != '\0') message += std::string(" (") + detail + ")";
-  throw Error(error_code_from_status(status), message);
-}
-
-void* WorkerState::alloc(MemoryKind kind, size_t bytes) {
-  CallGuard guard(*this);
-  guard.require();
-  if (bytes == 0)
-    throw Error(ErrorCode::invalid_argument,
-                std::string("cannot allocate 0 bytes of ") + kind_name(kind) + " memory");
-  if (kind == MemoryKind::pinned_host && bytes > physical_memory_bytes())
-    throw Error(ErrorCode::invalid_argument, "pinned host request of " + std::to_string(bytes) +
-                                                 " bytes exceeds this machine's physical memory (" +
-                                                 std::to_string(physical_memory_bytes()) +
-                                                 " bytes)");
-  if (kind == MemoryKind::pinned_host)
-    if (void* pageable = over_budget(bytes)) return pageable;
-  ps_allocation a{nullptr, bytes, nullptr};
-  if (kind == MemoryKind::pinned_host)
-    check(api().host_alloc_pinned(ctx, bytes, &a), "pinned host alloc");
-  else
-    check(api().device_malloc(ctx, bytes, &a), "device malloc");
-  a.bytes = bytes;  // the runtime's record, whatever the backend wrote
-  bool inserted;
-  {
-    std::lock_guard lock(mu);
-    inserted = a.ptr != nullptr && table.insert(entry_kind(kind), a);
-  }
-  if (!inserted) {
-    // A null or already-live address: give it back, refuse to alias.
-    if (a.ptr != nullptr)
-      (kind == MemoryKind::pinned_host ? api().host_free_pinned : api().device_free)(ctx, &a);
-    throw Error(ErrorCode::internal, name() + " returned a null address or one already in use");
-  }
-  return a.ptr;
-}
-
-void WorkerState::free(MemoryKind kind, void* ptr) {
-  CallGuard guard(*this);
-  if (!guard.entered()) return;  // reclaimed by finalize already
-  std::optional<ps_allocation> a;
-  std::optional<ps_allocation> pageable;
-  {
-    std::lock_guard lock(mu);
-    a = table.erase(entry_kind(kind), ptr);
-    if (!a && kind == MemoryKind::pinned_host)
-      pageable = table.erase(EntryKind::pageable_host, ptr);
-  }
-  if (pageable) {
-    const size_t mapped = round_up_to_pages(pageable->bytes);
-    std::string why;
-    if (!unmap_pages(MappedPages{ptr, mapped, ptr, mapped, {}, 0}, &why))
-      throw Error(ErrorCode::internal, "releasing pageable fallback memory failed: " + why);
-    return;
-  }
-  if (!a)
-    throw Error(ErrorCode::unknown_pointer, std::string("free of a ") + kind_name(kind) +
-                                                " pointer this worker did not allocate");
-  const int status = kind == MemoryKind::pinned_host ? api().host_free_pinned(ctx, &*a)
-                                                     : api().device_free(ctx, &*a);
-  if (status != PS_OK) {
-    // Still the backend's (and locked): counted as failed, released again at finalize.
-    std::lock_guard lock(mu);
-    table.add_failed(entry_kind(kind), *a);
-    ++free_failures;
-  }
-  check(status, kind == MemoryKind::pinned_host ? "pinned host free" : "device free");
-}
-
-void* WorkerState::over_budget(size_t bytes) {
-  const std::string refusal = pin_budget_refusal(bytes, read_pin_budget(pins_with_mlock));
-  if (refusal.empty()) return nullptr;
-  if (setting_choice(Setting::pin_policy).value_or("strict") != "fallback")
-    throw Error(ErrorCode::out_of_memory, name() + ": " + refusal);
-  MapOptions options;
-  options.prefault = true;  // like pinned memory, resident from the start
-  const MappedPages pages = map_pages(bytes, options);
-  {
-    std::lock_guard lock(mu);
-    if (!table.insert(EntryKind::pageable_host, ps_allocation{pages.data, bytes, nullptr})) {
-      unmap_pages(pages);
-      throw Error(ErrorCode::internal, "pageable fallback memory mapped at an address in use");
-    }
-    ++pageable_fallbacks;
-  }
-  log(LogLevel::warn, name() + ": " + refusal.substr(0, refusal.find(". ")) +
-                          "; PINSTAGE_PIN_POLICY=fallback: serving it with pageable memory");
-  return pages.data;
-}
-
-void WorkerState::add_handle(EntryKind kind, void* handle) {
-  std::lock_guard lock(mu);
-  if (!table.insert(kind, ps_allocation{handle, 0, nullptr}))
-    throw Error(ErrorCode::internal, name() + " returned a stream or event handle already in use");
-}
-
-void WorkerState::destroy_handle(EntryKind kind, void* handle) noexcept {
-  CallGuard guard(*this);
-  if (!guard.entered()) return;  // released with the context at finalize
-  {
-    std::lock_guard lock(mu);
-    if (!table.erase(kind, handle)) return;
-  }
-  const int status = kind == EntryKind::stream
-                         ? api().stream_destroy(ctx, static_cast<ps_stream*>(handle))
-                         : api().event_destroy(ctx, static_cast<ps_event*>(handle));
-  if (status != PS_OK)
-    log(LogLevel::error, std::string(kind == EntryKind::stream ? "stream" : "event") +
-                             " destroy failed: " + ps_status_str(status) + " " +
-                             api().last_error());
-}
-
-void WorkerState::require_device_range(const void* ptr, size_t bytes,
-                                       const std::string& what) const {
-  std::lock_guard lock(mu);
-  if (!table.contains(EntryKind::device, ptr, bytes))
-    throw Error(ErrorCode::invalid_argument,
-                what + ": " + std::to_string(bytes) +
-                    " bytes at that address are not inside one device allocation of this worker");
-}
-
-namespace {
-
-// Releases what finalize took from the table, through the backend, logging failures.
-void release_all(WorkerState& s, EntryKind kind, const std::vector<ps_allocation>& left) {
-  static constexpr const char* kNames[] = {"pinned host allocation", "device allocation", "stream",
-                                           "event", "pageable fallback allocation"};
-  if (left.empty()) return;
-  const char* what = kNames[static_cast<size_t>(kind)];
-  uint64_t bytes = 0;
-  for (const ps_allocation& a : left) {
-    bytes += a.bytes;
-    int status = PS_OK;
-    switch (kind) {
-      case EntryKind::pinned_host:
-        status = s.api().host_free_pinned(s.ctx, &a);
-        break;
-      case EntryKind::device:
-        status = s.api().device_free(s.ctx, &a);
-        break;
-      case EntryKind::stream:
-        status = s.api().stream_destroy(s.ctx, static_cast<ps_stream*>(a.ptr));
-        break;
-      case EntryKind::event:
-        status = s.api().event_destroy(s.ctx, static_cast<ps_event*>(a.ptr));
-        break;
-      case EntryKind::pageable_host: {
-        const size_t mapped = round_up_to_pages(a.bytes);
-        status =
-            unmap_pages(MappedPages{a.ptr, mapped, a.ptr, mapped, {}, 0}) ? PS_OK : PS_ERR_BACKEND;
-        break;
-      }
-    }
-    if (status != PS_OK) {
-      log(LogLevel::error, std::string("finalize: releasing a ") + what +
-                               " failed: " + ps_status_str(status) + " " + s.api().last_error());
-      std::lock_guard lock(s.mu);
-      ++s.free_failures;
-    }
-  }
-  if (kind == EntryKind::stream || kind == EntryKind::event)
-    log(LogLevel::warn, "finalize: " + std::to_string(left.size()) + " " + what +
-                            "(s) still alive; released with the context");
-  else
-    log(LogLevel::info, "finalize reclaimed " + std::to_string(left.size()) + " outstanding " +
-                            what + "(s), " + std::to_string(bytes) + " bytes");
-}
-
-}  // namespace
-
-void WorkerState::shutdown() noexcept {
-  std::array<std::vector<ps_allocation>, kEntryKindCount> left;
-  std::array<std::vector<ps_allocation>, kEntryKindCount> retry;
-  {
-    std::unique_lock lock(mu);
-    if (!live) return;
-    live = false;
-    idle.wait(lock, [this] { return in_flight == 0; });
-    for (size_t k = 0; k < kEntryKindCount; ++k) {
-      left[k] = table.take_all(static_cast<EntryKind>(k));
-      retry[k] = table.take_failed(static_cast<EntryKind>(k));
-    }
-  }
-  // Queues first (their copies may still read memory), then memory, then the context.
-  for (EntryKind kind : {EntryKind::stream, EntryKind::event, EntryKind::device,
-                         EntryKind::pinned_host, EntryKind::pageable_host})
-    release_all(*this, kind, left[static_cast<size_t>(kind)]);
-  for (EntryKind kind : {EntryKind::device, EntryKind::pinned_host}) {
-    const auto& again = retry[static_cast<size_t>(kind)];
-    if (again.empty()) continue;
-    log(LogLevel::warn, "finalize: retrying " + std::to_string(again.size()) +
-                            " release(s) the backend refused earlier");
-    release_all(*this, kind, again);
-  }
-  const int status = api().destroy_context(ctx);
-  if (status != PS_OK)
-    log(LogLevel::error, std::string("finalize: destroying the device context failed: ") +
-                             ps_status_str(status) + " " + api().last_error());
-  ctx = nullptr;
-}
-
-}  // namespace runtime
-
-// ---- Buffer ----
-
-template <MemoryKind Kind>
-Buffer<Kind>::Buffer(std::shared_ptr<runtime::WorkerState> owner, void* data, size_t size) noexcept
-    : owner_(std::move(owner)), data_(data), size_(size) {}
-
-template <MemoryKind Kind>
-Buffer<Kind>::Buffer(Buffer&& other) noexcept
-    : owner_(std::move(other.owner_)),
-      data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
-
-template <MemoryKind Kind>
-Buffer<Kind>& Buffer<Kind>::operator=(Buffer&& other) noexcept {
-  if (this != &other) {
-    reset();
-    owner_ = std::move(other.owner_);
-    data_ = std::exchange(other.data_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-  }
-  return *this;
-}
-
-template <MemoryKind Kind>
-Buffer<Kind>::~Buffer() {
-  reset();
-}
-
-template <MemoryKind Kind>
-bool Buffer<Kind>::valid() const noexcept {
-  if (!owner_ || data_ == nullptr) return false;
-  std::lock_guard lock(owner_->mu);
-  return owner_->live;
-}
-
-template <MemoryKind Kind>
-void Buffer<Kind>::reset() noexcept {
-  if (data_ == nullptr) return;
-  void* ptr = std::exchange(data_, nullptr);
-  size_ = 0;
-  auto owner = std::move(owner_);
-  try {
-    owner->free(Kind, ptr);
-  } catch (const std::exception& e) {
-    log(LogLevel::error, std::string("releasing a buffer failed: ") + e.what());
-  }
-}
-
-template class Buffer<MemoryKind::pinned_host>;
-template class Buffer<MemoryKind::device>;
-
-// ---- Stream and Event ----
-
-namespace {
-constexpr runtime::EntryKind entry_kind(QueueKind kind) {
-  return kind == QueueKind::stream ? runtime::EntryKind::stream : runtime::EntryKind::event;
-}
-}  // namespace
-
-template <QueueKind Kind>
-QueueHandle<Kind>::QueueHandle(QueueHandle&& other) noexcept {
-  *this = std::move(other);
-}
-
-template <QueueKind Kind>
-QueueHandle<Kind>& QueueHandle<Kind>::operator=(QueueHandle&& other) noexcept {
-  if (this == &other) return *this;
-  if (owner_ && handle_ != nullptr) owner_->destroy_handle(entry_kind(Kind), handle_);
-  owner_ = std::move(other.owner_);
-  handle_ = std::exchange(other.handle_, nullptr);
-  return *this;
-}
-
-template <QueueKind Kind>
-QueueHandle<Kind>::~QueueHandle() {
-  if (owner_ && handle_ != nullptr) owner_->destroy_handle(entry_kind(Kind), handle_);
-}
-
-template class QueueHandle<QueueKind::stream>;
-template class QueueHandle<QueueKind::event>;
 
 // ---- Worker ----
 
@@ -435,6 +112,8 @@ void Worker::init(const std::string& backend, int device_id, const WorkerOptions
     state->pins_with_mlock = caps.device_memory_is_host != 0;
   state->ctx = ctx;
   state->device_id = device_id;
+  state->host_cache_limit = options.host_cache_limit_bytes.value_or(
+      setting_host_cache_max().value_or(physical_memory_bytes() / 8));
   state->live = true;
   state_ = std::move(state);
 }
@@ -447,7 +126,7 @@ void Worker::finalize() noexcept {
 }
 
 void Worker::require_state() const {
-  if (finalized_unused_) throw Error(ErrorCode::finalized, kFinalizedMessage);
+  if (finalized_unused_) throw Error(ErrorCode::finalized, runtime::kFinalizedMessage);
   if (!state_) throw Error(ErrorCode::not_initialized, kNotInitializedMessage);
 }
 
@@ -464,7 +143,7 @@ bool Worker::finalized() const noexcept {
 const runtime::WorkerState& Worker::state() const {
   require_state();
   std::lock_guard lock(state_->mu);
-  if (!state_->live) throw Error(ErrorCode::finalized, kFinalizedMessage);
+  if (!state_->live) throw Error(ErrorCode::finalized, runtime::kFinalizedMessage);
   return *state_;
 }
 
@@ -495,8 +174,8 @@ WorkerStats Worker::stats() const {
                 "mem_info");
   std::lock_guard lock(state_->mu);
   using runtime::EntryKind;
-  stats.pinned_bytes = state_->table.bytes(EntryKind::pinned_host);
-  stats.pinned_count = state_->table.count(EntryKind::pinned_host);
+  stats.pinned_bytes = state_->host.live_bytes();
+  stats.pinned_count = state_->host.live_count();
   stats.device_bytes = state_->table.bytes(EntryKind::device);
   stats.device_count = state_->table.count(EntryKind::device);
   stats.failed_free_count = state_->table.failed_count(EntryKind::pinned_host) +
@@ -551,9 +230,10 @@ void* device_range(const runtime::WorkerState& state, const DeviceBuffer& buffer
 
 enum class Direction { to_device, to_host };
 
-// One copy through the backend: on `stream` when it has a handle, else synchronous.
-void copy(const runtime::WorkerState& state, Direction dir, const DeviceBuffer& buffer,
-          size_t offset, void* host, size_t bytes, ps_stream* stream) {
+// One copy through the backend: on `stream` when it has a handle, else synchronous. The
+// one table of pinned ranges gives the copy flags and notes the stream on the block.
+void copy(runtime::WorkerState& state, Direction dir, const DeviceBuffer& buffer, size_t offset,
+          void* host, size_t bytes, ps_stream* stream) {
   const bool up = dir == Direction::to_device;
   const char* what = up ? (stream ? "copy_to_device_async" : "copy_to_device")
                         : (stream ? "copy_to_host_async" : "copy_to_host");
@@ -562,13 +242,14 @@ void copy(const runtime::WorkerState& state, Direction dir, const DeviceBuffer& 
     throw Error(ErrorCode::invalid_argument, std::string(what) + ": host pointer is null");
   if (bytes == 0) return;
   const auto& api = state.api();
+  const uint32_t flags = state.host_flags(host, bytes, stream);
   int status;
   if (stream != nullptr)
-    status = up ? api.copy_h2d_async(state.ctx, device, host, bytes, stream)
-                : api.copy_d2h_async(state.ctx, host, device, bytes, stream);
+    status = up ? api.copy_h2d_async(state.ctx, device, host, bytes, flags, stream)
+                : api.copy_d2h_async(state.ctx, host, device, bytes, flags, stream);
   else
-    status = up ? api.copy_h2d(state.ctx, device, host, bytes)
-                : api.copy_d2h(state.ctx, host, device, bytes);
+    status = up ? api.copy_h2d(state.ctx, device, host, bytes, flags)
+                : api.copy_d2h(state.ctx, host, device, bytes, flags);
   state.check(status, up ? (stream ? "async copy host-to-device" : "copy host-to-device")
                          : (stream ? "async copy device-to-host" : "copy device-to-host"));
 }
@@ -596,7 +277,7 @@ void* create_queue_handle(runtime::WorkerState& s, QueueKind kind) {
     s.check(s.api().stream_create(s.ctx, reinterpret_cast<ps_stream**>(&handle)), "stream create");
   else
     s.check(s.api().event_create(s.ctx, reinterpret_cast<ps_event**>(&handle)), "event create");
-  s.add_handle(entry_kind(kind), handle);
+  s.add_handle(runtime::entry_kind(kind), handle);
   return handle;
 }
 

@@ -10,9 +10,13 @@
 #include "pinstage/backend/platform_abi.h"
 #include "pinstage/worker.h"
 #include "runtime/allocation_table.h"
+#include "runtime/host_memory/host_pool.h"
 #include "runtime/plugin.h"
 
 namespace pinstage::runtime {
+
+inline constexpr const char* kFinalizedMessage =
+    "worker is finalized: create and init a new Worker to use the device again";
 
 struct WorkerState {
   const Plugin* plugin = nullptr;
@@ -23,7 +27,9 @@ struct WorkerState {
   std::condition_variable idle;  // signalled when in_flight drops to 0
   bool live = false;             // initialized and not finalized
   uint64_t in_flight = 0;        // backend calls running now (finalize waits for them)
-  AllocationTable table;
+  AllocationTable table;         // device memory, streams, events, pageable fallbacks; failed frees
+  HostPool host;                 // pinned host memory (Note [Host memory pool])
+  uint64_t host_cache_limit = 0;
   bool pins_with_mlock = false;     // the backend's device memory is host memory (sim)
   uint64_t free_failures = 0;       // releases the backend refused, ever (WorkerStats)
   uint64_t pageable_fallbacks = 0;  // pinned requests served pageable, ever
@@ -36,6 +42,21 @@ struct WorkerState {
 
   // Raw alloc/free: internal only; the public surface is the buffer types.
   void* alloc(MemoryKind kind, size_t bytes);
+  // The pool's side (host_memory.cpp). A block of `bytes`: from the cache, else from a
+  // new segment, else (over the budget, PINSTAGE_PIN_POLICY=fallback) pageable memory.
+  void* alloc_pinned(size_t bytes);
+  // Maps one segment of `bytes` (or of `minimum` when only that fits the pin budget) into
+  // the pool. Over the budget: Error(out_of_memory), or false under the fallback policy.
+  bool map_segment(size_t bytes, size_t minimum);
+  // Releases the pool block at `ptr`; false when it is none.
+  bool free_pinned(void* ptr);
+  // Releases `segments` through the backend; returns the bytes released. Failures are
+  // kept for finalize and counted; `what` names them in the error thrown when `strict`.
+  uint64_t release_segments(const std::vector<ps_allocation>& segments, bool strict);
+  // Destroys pool events whose blocks became reusable; `mu` is held.
+  void recycle_reached_locked();
+  // The copy flags for a host range (PS_COPY_HOST_PINNED), noting `stream` on its block.
+  uint32_t host_flags(const void* host, size_t bytes, ps_stream* stream);
   // Releases a tracked pointer; a no-op once the worker is no longer live (finalize
   // reclaimed it already). Throws Error(unknown_pointer) for an untracked pointer and
   // Error(<backend code>) when the backend refuses (the entry then waits in the table's
@@ -55,6 +76,10 @@ struct WorkerState {
   // Idempotent.
   void shutdown() noexcept;
 };
+
+constexpr EntryKind entry_kind(QueueKind kind) {
+  return kind == QueueKind::stream ? EntryKind::stream : EntryKind::event;
+}
 
 // Counts a backend call as in flight so finalize cannot destroy the context under it.
 // entered() is false when the worker is no longer live; then nothing is counted.

@@ -47,6 +47,13 @@ PinnedAllocator::PinnedAllocator(Worker& worker) : worker_(&worker) {
   require_chip_worker(worker, "PinnedAllocator");
 }
 
+void PinnedAllocator::reserve(std::span<const size_t> sizes) {
+  size_t total = 0;
+  for (size_t bytes : sizes)
+    if (bytes > 0) total += round_up_to_pages(bytes);
+  worker_->reserve_pinned_host(total);
+}
+
 std::shared_ptr<Storage> PinnedAllocator::allocate(size_t bytes) {
   if (bytes == 0) return std::make_shared<Storage>(nullptr, 0, true, nullptr);
   // The buffer's own release is a no-op once the worker has reclaimed its memory.

@@ -18,7 +18,9 @@ pinstage_add_gtest(test_runtime
           ${CMAKE_CURRENT_LIST_DIR}/test_pages.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_allocation_table.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_pin_budget.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_host_pool.cpp
           ${PROJECT_SOURCE_DIR}/src/runtime/allocation_table.cpp
+          ${PROJECT_SOURCE_DIR}/src/runtime/host_memory/host_pool.cpp
   LIBRARIES ${CMAKE_DL_LIBS})
 target_compile_definitions(test_runtime PRIVATE
   PINSTAGE_TEST_PLUGIN_DIR="${CMAKE_BINARY_DIR}/test_plugins")
@@ -29,6 +31,7 @@ add_dependencies(test_runtime pinstage_backend_sim broken_plugin_bad_version
 pinstage_add_gtest(test_runtime_concurrency
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_worker_concurrency.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_parallel.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_host_pool_concurrency.cpp
   LABELS runtime concurrency)
 add_dependencies(test_runtime_concurrency pinstage_backend_sim)
 

@@ -172,14 +172,14 @@ void expect_usage_error(const std::string& args, const std::string& needle) {
   EXPECT_EQ(r.output.find("group  "), std::string::npos) << "no table on an error";
 }
 
-// A release the backend refuses (PINSTAGE_SIM_FAULT=host_free:1: the pinned arm's args)
-// is retried at finalize, but the run still exits non-zero and says why: that memory may
+// A release the backend refuses (PINSTAGE_SIM_FAULT=host_free:1: the pool's segment, at
+// finalize) is logged, but the run still exits non-zero and says why: that memory may
 // have stayed locked.
 TEST(BenchCli, FailedFreeMakesTheCommandExitNonZero) {
   const Result r = run_task("synthetic", "--tensors 1 --bytes 64K --groups 1 --rounds 2",
                             "PINSTAGE_SIM_FAULT=host_free:1");
   EXPECT_EQ(r.status, 1) << r.output;
-  EXPECT_NE(r.output.find("releasing a buffer failed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("releasing a pinned host segment failed"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("1 release of pinned or device memory failed"), std::string::npos)
       << r.output;
 }

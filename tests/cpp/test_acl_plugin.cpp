@@ -218,9 +218,12 @@ class AclPlugin : public ::testing::Test {
                   left.events + left.contexts + left.device_refs,
               0u);
   }
+  // These tests pin down the plugin's own pinned modes, so the worker's pool caches
+  // nothing: each request is exactly one plugin allocation, released at its free.
   static WorkerOptions register_mode() {
     WorkerOptions o;
     o.config = {{"pinned_mode", "register"}};
+    o.host_cache_limit_bytes = 0;
     return o;
   }
   static ps_acl_pin_stats pin_stats(const Worker& w) {
@@ -274,9 +277,11 @@ const std::vector<std::string> kTeardownCalls = {"aclrtSynchronizeStream",
                                                  "aclFinalize"};
 
 // auto mode with a 1 MiB threshold: 1 MiB registers, 4096 bytes takes aclrtMallocHost.
+// The pool caches nothing (each request is one plugin allocation, as in register_mode()).
 WorkerOptions both_pin_modes() {
   WorkerOptions o;
   o.config = {{"register_threshold_mb", "1"}};
+  o.host_cache_limit_bytes = 0;
   return o;
 }
 
@@ -384,6 +389,7 @@ TEST_F(AclPlugin, RegisterFallsBackToMallocHostWhenUnsupported) {
 TEST_F(AclPlugin, RegisterModeRegistersPageAlignedChunksAndCountsThem) {
   WorkerOptions options;
   options.config = {{"pinned_mode", "register"}, {"register_chunk_mb", "1"}};
+  options.host_cache_limit_bytes = 0;  // one request, one plugin allocation
   Worker worker;
   worker.init("acl", 0, options);
   PinnedHostBuffer a = worker.alloc_pinned_host((3 << 20) + 5);

@@ -770,18 +770,33 @@ cudaError_t cudaEventRecord(cudaEvent_t handle, cudaStream_t stream) {
   return cudaSuccess;
 }
 
+// The stream and ticket an event was last recorded at (a null stream: never recorded).
+static cudaError_t event_mark(cudaEvent_t handle, std::shared_ptr<FakeStream>* st,
+                              uint64_t* ticket) {
+  auto* e = reinterpret_cast<FakeEvent*>(handle);
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  if (s.events.count(e) == 0) return fail(cudaErrorInvalidResourceHandle);
+  *st = e->stream;
+  *ticket = e->ticket;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t handle) {
+  FAKE_ENTER("cudaEventQuery");
+  std::shared_ptr<FakeStream> st;
+  uint64_t ticket = 0;
+  if (const cudaError_t e = event_mark(handle, &st, &ticket); e != cudaSuccess) return e;
+  if (!st) return cudaSuccess;  // never recorded: complete, as on a GPU
+  std::lock_guard lock(st->mu);
+  return st->done >= ticket ? cudaSuccess : cudaErrorNotReady;
+}
+
 cudaError_t cudaEventSynchronize(cudaEvent_t handle) {
   FAKE_ENTER("cudaEventSynchronize");
-  auto* e = reinterpret_cast<FakeEvent*>(handle);
   std::shared_ptr<FakeStream> st;
-  uint64_t ticket;
-  {
-    State& s = state();
-    std::lock_guard lock(s.mu);
-    if (s.events.count(e) == 0) return fail(cudaErrorInvalidResourceHandle);
-    st = e->stream;
-    ticket = e->ticket;
-  }
+  uint64_t ticket = 0;
+  if (const cudaError_t e = event_mark(handle, &st, &ticket); e != cudaSuccess) return e;
   if (st) st->wait_for(ticket);
   return cudaSuccess;
 }

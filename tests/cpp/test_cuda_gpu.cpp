@@ -90,10 +90,13 @@ cudaMemoryType memory_type(const void* p, int* device = nullptr) {
   return attr.type;
 }
 
+// These tests pin down the plugin's own pinned modes, so the worker's pool caches nothing:
+// each request is exactly one plugin allocation, released at its free.
 WorkerOptions with_config(pinstage::BackendConfig config, uint64_t capacity = 0) {
   WorkerOptions o;
   o.config = std::move(config);
   o.device_capacity_bytes = capacity;
+  o.host_cache_limit_bytes = 0;
   return o;
 }
 
@@ -573,11 +576,12 @@ TEST_F(CudaGpu, StreamDestroyWaitsForItsCopies) {
   ps_stream* stream = nullptr;
   ASSERT_EQ(a.stream_create(ctx.get(), &stream), PS_OK);
   for (int i = 0; i < 4; ++i)
-    ASSERT_EQ(a.copy_h2d_async(ctx.get(), dev.ptr, pinned.ptr, bytes, stream), PS_OK);
+    ASSERT_EQ(a.copy_h2d_async(ctx.get(), dev.ptr, pinned.ptr, bytes, PS_COPY_HOST_PINNED, stream),
+              PS_OK);
   ASSERT_EQ(a.stream_destroy(ctx.get(), stream), PS_OK) << a.last_error();
   ASSERT_EQ(a.host_free_pinned(ctx.get(), &pinned), PS_OK) << a.last_error();
   std::vector<unsigned char> back(bytes, 0);
-  ASSERT_EQ(a.copy_d2h(ctx.get(), back.data(), dev.ptr, bytes), PS_OK);
+  ASSERT_EQ(a.copy_d2h(ctx.get(), back.data(), dev.ptr, bytes, 0), PS_OK);
   EXPECT_EQ(back, expect);
   EXPECT_EQ(a.device_free(ctx.get(), &dev), PS_OK);
 }
@@ -672,13 +676,15 @@ TEST_F(CudaGpu, PinnedReleaseWaitsForQueuedCopies) {
     ASSERT_EQ(a.stream_create(ctx.get(), &stream), PS_OK);
     const size_t hazards = fake_hazards() ? fake_hazards()() : 0;
     for (int i = 0; i < 4; ++i)
-      ASSERT_EQ(a.copy_h2d_async(ctx.get(), dev.ptr, pinned.ptr, bytes, stream), PS_OK);
+      ASSERT_EQ(
+          a.copy_h2d_async(ctx.get(), dev.ptr, pinned.ptr, bytes, PS_COPY_HOST_PINNED, stream),
+          PS_OK);
     ASSERT_EQ(a.host_free_pinned(ctx.get(), &pinned), PS_OK) << a.last_error();  // no sync
     if (fake_hazards()) {
       EXPECT_EQ(fake_hazards()() - hazards, 0u) << "freed under a queued copy";
     }
     std::vector<unsigned char> back(bytes, 0);
-    ASSERT_EQ(a.copy_d2h(ctx.get(), back.data(), dev.ptr, bytes), PS_OK);
+    ASSERT_EQ(a.copy_d2h(ctx.get(), back.data(), dev.ptr, bytes, 0), PS_OK);
     EXPECT_EQ(back, expect);
     ASSERT_EQ(a.stream_destroy(ctx.get(), stream), PS_OK);
     EXPECT_EQ(a.device_free(ctx.get(), &dev), PS_OK);
@@ -806,6 +812,40 @@ TEST_F(CudaGpu, ConcurrentSynchronousCopiesDoNotWaitForEachOther) {
   EXPECT_EQ(std::memcmp(back.data(), b.data(), bytes), 0);
   worker.copy_to_host(back.data(), dev_a, 0, bytes);
   EXPECT_EQ(std::memcmp(back.data(), a.data(), bytes), 0);
+}
+
+// The host memory pool over the strict fake: a block freed while a queued async copy still
+// reads it (held in the fake's copy engine, a latch) is parked behind an event
+// (cudaEventQuery), not handed out again; the same-sized request that follows gets other
+// memory, and the device receives the original bytes.
+TEST_F(CudaGpu, ThePoolDoesNotReuseABlockAQueuedCopyStillReads) {
+  const auto hold = fake_fn<FakeHold>("pinstage_fake_cuda_hold");
+  REQUIRE_FAKE(hold);
+  Worker worker;
+  worker.init("cuda", 0);
+  const size_t bytes = size_t{1} << 20;
+  auto dev = worker.alloc_device(bytes);
+  pinstage::Stream stream = worker.create_stream();
+  auto a = worker.alloc_pinned_host(bytes);
+  void* const a_ptr = a.data();
+  fill(a.data(), bytes, 1);
+  std::vector<unsigned char> want(bytes);
+  fill(want.data(), bytes, 1);
+  hold(a_ptr, 1);
+  worker.copy_to_device_async(dev, 0, a.data(), bytes, stream);
+  a.reset();
+  EXPECT_EQ(worker.host_memory_stats().pending_blocks, 1u);
+  auto b = worker.alloc_pinned_host(bytes);
+  EXPECT_NE(b.data(), a_ptr) << "handed out again while a queued copy reads it";
+  std::memset(b.data(), 0x77, bytes);
+  hold(a_ptr, 0);
+  worker.synchronize(stream);
+  std::vector<unsigned char> back(bytes);
+  worker.copy_to_host(back.data(), dev, 0, bytes);
+  EXPECT_EQ(back, want);
+  auto c = worker.alloc_pinned_host(bytes);
+  EXPECT_EQ(c.data(), a_ptr) << "reusable once its copy ran";
+  EXPECT_EQ(worker.host_memory_stats().pending_blocks, 0u);
 }
 
 // Item 6: the capacity is the free memory, so a size the worker approves fits.

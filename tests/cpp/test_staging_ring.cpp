@@ -153,10 +153,12 @@ TEST_F(StagingRingTest, InjectedCopyFaultSurfacesAndLeaksNothing) {
   }
   expect_nothing_held();
 
-  // A buffer that cannot be allocated: the constructor throws and keeps nothing.
+  // A buffer that cannot be allocated: the constructor throws and keeps nothing. Buffers
+  // of 2 MiB from an emptied pool each map a segment, so the third is a backend call.
   Stream stream = worker.create_stream();
+  worker.empty_cache();
   worker.inject_fault(FaultKind::host_alloc, 3);
-  EXPECT_THROW(StagingRing(worker, stream, 4, 128), Error);
+  EXPECT_THROW(StagingRing(worker, stream, 4, size_t{2} << 20), Error);
   expect_nothing_held();
 }
 

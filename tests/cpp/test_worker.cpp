@@ -52,9 +52,10 @@ TEST_F(WorkerTest, PinnedAllocationIsTrackedAndReleased) {
   EXPECT_EQ(worker.stats().pinned_bytes, 0u);
 }
 
-// Pinned memory is really locked: VmLck of this process grows by the request rounded
-// to whole pages, exactly (no rounding beyond the page), and falls back on release. The
-// capability flag alone would pass an allocator that unlocks right after locking.
+// Pinned memory is really locked: VmLck of this process grows by exactly what the pool
+// reserved (its segment, whole pages), requests the segment holds lock nothing more, a
+// release keeps it locked for reuse, and empty_cache() unlocks it. The capability flag
+// alone would pass an allocator that unlocks right after locking.
 TEST_F(WorkerTest, PinnedMemoryIsReallyLockedToThePage) {
   if (!test::kVmLckTracksMlock) GTEST_SKIP() << "sanitizer build: mlock is a no-op";
   if (!test::can_lock(8 << 20)) GTEST_SKIP() << "no CAP_IPC_LOCK and a low RLIMIT_MEMLOCK";
@@ -62,14 +63,19 @@ TEST_F(WorkerTest, PinnedMemoryIsReallyLockedToThePage) {
   const uint64_t base = test::vmlck_bytes();
   {
     PinnedHostBuffer one = worker.alloc_pinned_host(1);
-    EXPECT_EQ(test::vmlck_bytes(), base + page);
+    const uint64_t reserved = worker.host_memory_stats().reserved_bytes;
+    EXPECT_EQ(reserved, uint64_t{2} << 20);  // the segment unit, not a power of two of 1 B
+    EXPECT_EQ(test::vmlck_bytes(), base + reserved);
     PinnedHostBuffer odd = worker.alloc_pinned_host(3 * page + 1);
-    EXPECT_EQ(test::vmlck_bytes(), base + 5 * page);
     PinnedHostBuffer big = worker.alloc_pinned_host(1 << 20);
-    EXPECT_EQ(test::vmlck_bytes(), base + 5 * page + (1 << 20));
+    EXPECT_EQ(test::vmlck_bytes(), base + reserved);  // carved from the locked segment
+    EXPECT_EQ(worker.host_memory_stats().reserved_bytes - worker.host_memory_stats().cached_bytes,
+              page + 4 * page + (1 << 20));  // blocks are whole pages, nothing more
     EXPECT_TRUE(worker.capabilities().pinned_is_page_locked);
     EXPECT_EQ(locked_memory_bytes(), test::vmlck_bytes());  // the runtime reads the same
   }
+  EXPECT_EQ(test::vmlck_bytes(), base + (uint64_t{2} << 20));  // cached, still locked
+  EXPECT_EQ(worker.empty_cache(), uint64_t{2} << 20);
   EXPECT_EQ(test::vmlck_bytes(), base);
 }
 
@@ -88,18 +94,22 @@ TEST(WorkerFailedFree, StaysCountedAndIsRetriedAtFinalize) {
   DeviceBuffer device = worker.alloc_device(5000);
   worker.inject_fault(FaultKind::host_free, 1);
   worker.inject_fault(FaultKind::device_free, 1);
-  host.reset();  // logged, never thrown
-  device.reset();
+  host.reset();    // back to the pool: no backend call
+  device.reset();  // logged, never thrown
+  // The pool's segment goes back to the backend here, which refuses.
+  EXPECT_EQ(error_of([&] { worker.empty_cache(); }).code(), ErrorCode::backend);
+  const uint64_t segment = uint64_t{2} << 20;
   const WorkerStats s = worker.stats();
   EXPECT_EQ(s.failed_free_count, 2u);
-  EXPECT_EQ(s.failed_free_bytes, 15000u);
+  EXPECT_EQ(s.failed_free_bytes, segment + 5000u);
   EXPECT_EQ(s.free_failures, 2u);
   EXPECT_EQ(s.pinned_count, 0u);  // no longer handed out...
   EXPECT_EQ(s.device_count, 0u);
   EXPECT_GT(s.device_committed_bytes, 0u);  // ...but still the backend's
   if (locks) {
-    EXPECT_EQ(test::vmlck_bytes(), base + 3 * page);  // still locked
+    EXPECT_EQ(test::vmlck_bytes(), base + segment);  // still locked
   }
+  (void)page;
   // A later allocation works and is counted on its own.
   PinnedHostBuffer again = worker.alloc_pinned_host(100);
   EXPECT_EQ(worker.stats().pinned_count, 1u);
@@ -117,6 +127,7 @@ TEST(WorkerFailedFree, ARetryThatFailsAtFinalizeIsCountedToo) {
   PinnedHostBuffer host = worker.alloc_pinned_host(4096);
   worker.inject_fault(FaultKind::host_free, 1);
   host.reset();
+  EXPECT_THROW(worker.empty_cache(), Error);     // the segment's release is refused
   worker.inject_fault(FaultKind::host_free, 1);  // the retry at finalize fails as well
   EXPECT_EQ(worker.free_failures(), 1u);
   worker.finalize();
@@ -272,12 +283,13 @@ TEST(WorkerCapacity, EnvironmentSetsTheSimCapacity) {
 }
 
 TEST_F(WorkerTest, InjectedFailureMidSequenceLeavesNothingLeaked) {
+  // Each request fills its own 2 MiB-unit segment, so each is a backend call (a miss).
   worker.inject_fault(FaultKind::host_alloc, 3);
   std::vector<PinnedHostBuffer> got;
   int failures = 0;
   for (int i = 0; i < 5; ++i) {
     try {
-      got.push_back(worker.alloc_pinned_host(4096 * (i + 1)));
+      got.push_back(worker.alloc_pinned_host((size_t{2} << 20) * (i + 1)));
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::injected_fault);
       EXPECT_EQ(i, 2);

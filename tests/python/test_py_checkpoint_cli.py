@@ -72,9 +72,15 @@ def test_bench_load_runs_every_arm(cli, tmp_path):
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     arms = {k.split("/")[0] for k in doc["arms"]}
-    assert arms == {"a_read_then_copy", "b_mmap_copy", "c_pinstage_host", "d_pinstage_device",
-                    "raw_pread", "memcpy_all_cores", "upload_alone"}
+    assert arms == {"a_read_then_copy", "b_mmap_copy", "c_pinstage_host", "c_first_load",
+                    "d_pinstage_device", "raw_pread", "prefault_floor", "memcpy_all_cores",
+                    "upload_alone"}
     assert "drop_took_effect" in doc["arms"]["c_pinstage_host/cold"]
-    assert set(doc["targets"]) >= {"warm_c_over_memcpy_speed", "warm_c_over_a_speed",
+    assert set(doc["targets"]) >= {"warm_c_over_memcpy_speed", "warm_c_alloc_share",
+                                   "first_load_over_floors_time", "warm_c_over_a_speed",
                                    "cold_c_over_raw_pread_speed",
                                    "warm_d_over_max_read_upload_time"}
+    # Every target carries its goal and a verdict that agrees with the value.
+    for key, t in doc["targets"].items():
+        assert set(t) == {"value", "goal", "at_least", "met"}, key
+        assert t["met"] == (t["value"] >= t["goal"] if t["at_least"] else t["value"] <= t["goal"])

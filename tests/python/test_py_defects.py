@@ -111,9 +111,37 @@ def test_pinned_memory_is_really_locked(worker):
     b = worker.alloc_pinned_host(size)
     assert vm_locked_kib() - before >= size // 1024
     b.close()
+    # Freed into the pool's cache: still locked, for reuse, until empty_cache().
+    assert vm_locked_kib() - before >= size // 1024
+    assert worker.host_memory_stats()["cached_bytes.current"] >= size
+    assert worker.empty_cache() >= size
     assert vm_locked_kib() - before < size // 1024
     t = pinstage.PinnedTorchAllocator(worker).ones(size // 4)
     assert vm_locked_kib() - before >= size // 1024
     del t
     gc.collect()
+    worker.empty_cache()
     assert vm_locked_kib() - before < size // 1024
+
+
+def test_host_memory_stats_and_empty_cache(worker):
+    """The pool's figures under torch's names, a reuse that maps nothing, and the give-back."""
+    keys = {"allocated_bytes.current", "allocated_bytes.peak", "allocation.current",
+            "allocation.peak", "reserved_bytes.current", "reserved_bytes.peak",
+            "segment.current", "segment.peak", "num_host_alloc", "num_host_free",
+            "host_alloc_time.total", "host_free_time.total", "cached_bytes.current",
+            "pending_bytes.current", "pending_blocks.current", "num_hits", "num_misses",
+            "alloc_time.total", "free_time.total", "cache_limit_bytes"}
+    b = worker.alloc_pinned_host(1000)
+    s = worker.host_memory_stats()
+    assert set(s) == keys
+    assert (s["allocated_bytes.current"], s["allocation.current"], s["num_misses"]) == (1000, 1, 1)
+    b.close()
+    c = worker.alloc_pinned_host(1000)
+    s = worker.host_memory_stats()
+    assert (s["num_hits"], s["num_host_alloc"], s["segment.current"]) == (1, 1, 1)
+    c.close()
+    assert worker.empty_cache() == s["reserved_bytes.current"]
+    s = worker.host_memory_stats()
+    assert (s["reserved_bytes.current"], s["segment.current"], s["num_host_free"]) == (0, 0, 1)
+    assert s["allocated_bytes.peak"] == 1000

@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change to the table's layout or to a slot's meaning. */
-#define PINSTAGE_PLATFORM_API_VERSION 3u
+#define PINSTAGE_PLATFORM_API_VERSION 4u
 #define PINSTAGE_PLATFORM_ENTRY_SYMBOL "pinstage_platform_entry"
 /* Marks the entry symbol: plugins build with hidden visibility and export only it. */
 #define PINSTAGE_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -51,7 +51,8 @@ typedef enum ps_status {
   PS_ERR_INJECTED_FAULT = -7,   /* a failure requested through the fault hook (tests) */
   PS_ERR_NOT_FOUND = -8,        /* no callable of that name */
   PS_ERR_BACKEND = -9,          /* any other backend failure; see last_error */
-  PS_ERR_INTERNAL = -10         /* an exception or broken invariant inside the plugin */
+  PS_ERR_INTERNAL = -10,        /* an exception or broken invariant inside the plugin */
+  PS_ERR_NOT_READY = -11        /* event_query: the work before the event is still queued */
 } ps_status;
 
 /* Name of a status code ("PS_ERR_OUT_OF_MEMORY"); never NULL. */
@@ -79,6 +80,8 @@ static inline const char* ps_status_str(int status) {
       return "PS_ERR_BACKEND";
     case PS_ERR_INTERNAL:
       return "PS_ERR_INTERNAL";
+    case PS_ERR_NOT_READY:
+      return "PS_ERR_NOT_READY";
     default:
       return "PS_ERR_UNKNOWN_STATUS";
   }
@@ -151,6 +154,11 @@ typedef struct ps_allocation {
   void* handle; /* backend-private; NULL when not needed */
 } ps_allocation;
 
+/* Copy flags (ABI v4). PS_COPY_HOST_PINNED: the host side lies inside one live pinned
+ * allocation of this context, as the runtime's one table of pinned ranges says. A backend
+ * picks its copy path from this flag and keeps no pinned list of its own. */
+#define PS_COPY_HOST_PINNED 1u
+
 /* A host callable run by host_execute; returns a ps_status. */
 typedef int (*ps_host_fn)(void* user);
 
@@ -173,19 +181,22 @@ typedef struct ps_platform_api {
   int (*device_free)(ps_device_ctx* ctx, const ps_allocation* allocation);
 
   /* Synchronous copies: complete when they return. The runtime has checked that the
-   * device side lies inside one live device allocation of this context. */
-  int (*copy_h2d)(ps_device_ctx* ctx, void* dst_device, const void* src_host, size_t bytes);
-  int (*copy_d2h)(ps_device_ctx* ctx, void* dst_host, const void* src_device, size_t bytes);
+   * device side lies inside one live device allocation of this context; `flags` holds
+   * PS_COPY_HOST_PINNED when the host side is this context's pinned memory. */
+  int (*copy_h2d)(ps_device_ctx* ctx, void* dst_device, const void* src_host, size_t bytes,
+                  uint32_t flags);
+  int (*copy_d2h)(ps_device_ctx* ctx, void* dst_host, const void* src_device, size_t bytes,
+                  uint32_t flags);
 
   /* OPTIONAL async copies on a stream, ordered per stream; events mark completion.
-   * All nine are present or all NULL. */
+   * All ten (event_query below included) are present or all NULL. */
   int (*stream_create)(ps_device_ctx* ctx, ps_stream** out);
   int (*stream_destroy)(ps_device_ctx* ctx, ps_stream* stream); /* waits for its work */
   int (*stream_sync)(ps_device_ctx* ctx, ps_stream* stream);
   int (*copy_h2d_async)(ps_device_ctx* ctx, void* dst_device, const void* src_host, size_t bytes,
-                        ps_stream* stream);
+                        uint32_t flags, ps_stream* stream);
   int (*copy_d2h_async)(ps_device_ctx* ctx, void* dst_host, const void* src_device, size_t bytes,
-                        ps_stream* stream);
+                        uint32_t flags, ps_stream* stream);
   int (*event_create)(ps_device_ctx* ctx, ps_event** out);
   int (*event_destroy)(ps_device_ctx* ctx, ps_event* event);
   int (*event_record)(ps_device_ctx* ctx, ps_event* event, ps_stream* stream);
@@ -207,6 +218,12 @@ typedef struct ps_platform_api {
   /* OPTIONAL (tests): make the nth (1-based) future call of a kind fail with
    * PS_ERR_INJECTED_FAULT; nth = 0 clears the fault for that kind. */
   int (*inject_fault)(ps_device_ctx* ctx, int kind, uint64_t nth);
+
+  /* Async set (ABI v4): PS_OK when the work queued before `event`'s last record has
+   * completed (or it was never recorded), PS_ERR_NOT_READY while it is still queued,
+   * never blocking. The host memory pool asks it before it hands out a block again that a
+   * queued copy may still read (Note [Host memory pool] in src/runtime/host_memory/). */
+  int (*event_query)(ps_device_ctx* ctx, ps_event* event);
 } ps_platform_api;
 
 typedef const ps_platform_api* (*ps_platform_entry_fn)(void);

@@ -1,4 +1,4 @@
-/* Plugin SDK: the sim plugin's one extension beyond the platform ABI, what its driver
+/* Plugin SDK: the sim plugin's extensions beyond the platform ABI. sim.stats: what its driver
  * model did: which path each copy took (pinned memory DMA'd directly, pageable memory
  * staged through bounce buffers), the link pacing, and the device pool. Resolve it
  * through the plugin's get_proc_address slot (Worker::backend_extension in C++) by
@@ -44,6 +44,12 @@ typedef struct ps_sim_stats {
 
 /* Copies the context's statistics into *out; PS_ERR_INVALID_ARGUMENT on NULL. */
 typedef int (*ps_sim_stats_fn)(ps_device_ctx* ctx, ps_sim_stats* out);
+
+/* get_proc_address("sim.hold_streams") returns a ps_sim_hold_streams_fn: a test seam. While
+ * held (hold != 0), no stream of the context starts its next queued task, so a test can
+ * keep a copy queued as long as it needs (a latch, not a sleep); hold = 0 lets them run. */
+#define PS_SIM_HOLD_STREAMS_NAME "sim.hold_streams"
+typedef int (*ps_sim_hold_streams_fn)(ps_device_ctx* ctx, int hold);
 
 #ifdef __cplusplus
 } /* extern "C" */

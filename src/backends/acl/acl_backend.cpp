@@ -31,10 +31,10 @@
 //
 // Note [Pinned ranges]
 // ~~~~~~~~~~~~~~~~~~~~
-// aclrtMemcpyAsync needs page-locked host memory; pageable memory takes aclrtMemcpy. The
-// ABI does not say which kind an async slot gets, so the plugin keeps the start and size
-// of each pinned buffer it made (process-wide: pinned memory serves every context) and
-// sends anything else through a stream sync plus aclrtMemcpy, which keeps stream order.
+// aclrtMemcpyAsync needs page-locked host memory; pageable memory takes aclrtMemcpy. Since
+// ABI v4 the runtime says which kind a copy gets (PS_COPY_HOST_PINNED, from its one table
+// of pinned ranges), so the plugin keeps no list: an unflagged host side goes through a
+// stream sync plus aclrtMemcpy, which keeps stream order.
 //
 // destMax is always `bytes`: the runtime has checked that the device side lies inside one
 // allocation, and the ABI passes no room beyond that, so `bytes` is the room the plugin
@@ -122,9 +122,8 @@ int guarded(Body&& body) noexcept {
 
 struct Process {
   std::mutex mu;
-  std::unique_ptr<Runtime> rt;                        // loaded once, never unloaded
-  int contexts = 0;                                   // alive; aclFinalize when it drops to 0
-  std::map<const char*, size_t, std::less<>> pinned;  // start -> bytes
+  std::unique_ptr<Runtime> rt;  // loaded once, never unloaded
+  int contexts = 0;             // alive; aclFinalize when it drops to 0
 };
 
 Process& process() {
@@ -163,26 +162,6 @@ bool fault_hits(ps_device_ctx* ctx, ps_fault_kind kind) { return ctx->faults.hit
 
 void maybe_fault(ps_device_ctx* ctx, ps_fault_kind kind, const char* what) {
   ctx->faults.maybe_fail(kind, what);
-}
-
-void add_pinned(const void* ptr, size_t bytes) {
-  std::lock_guard lock(process().mu);
-  process().pinned[static_cast<const char*>(ptr)] = bytes;
-}
-
-void remove_pinned(const void* ptr) {
-  std::lock_guard lock(process().mu);
-  process().pinned.erase(static_cast<const char*>(ptr));
-}
-
-// True when [ptr, ptr+bytes) lies inside one pinned buffer of this plugin.
-bool is_pinned(const void* ptr, size_t bytes) {
-  const auto* p = static_cast<const char*>(ptr);
-  std::lock_guard lock(process().mu);
-  auto it = process().pinned.upper_bound(p);
-  if (it == process().pinned.begin()) return false;
-  --it;
-  return p + bytes <= it->first + it->second;
 }
 
 // ---- retry list (Note [Releases that failed]) ----
@@ -333,7 +312,6 @@ void free_host(const ps_device_ctx* ctx, const ps_allocation& a) {
              dev_name(ctx);
     });
   }
-  remove_pinned(a.ptr);
 }
 
 void release_item(ps_device_ctx* ctx, const RetryItem& item) {
@@ -495,9 +473,10 @@ void corrupt_middle_byte(const ps_device_ctx* ctx, void* dst, size_t bytes) {
 }
 
 // One copy: synchronous (aclrtMemcpy) when `stream` is null, else aclrtMemcpyAsync when
-// the host side is pinned (Note [Pinned ranges]). destMax is `bytes` (see the top).
-int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, ps_stream* stream,
-            bool to_device) {
+// the host side is pinned (Note [Pinned ranges]: the runtime's PS_COPY_HOST_PINNED flag).
+// destMax is `bytes` (see the top).
+int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags,
+            ps_stream* stream, bool to_device) {
   const char* what = to_device ? "host-to-device copy" : "device-to-host copy";
   return guarded([&] {
     require_ctx(ctx);
@@ -512,8 +491,7 @@ int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, ps_str
       return std::string(call) + " (" + what + " of " + std::to_string(bytes) + " bytes on " +
              dev_name(ctx) + ")";
     };
-    const void* host = to_device ? src : dst;
-    if (stream != nullptr && is_pinned(host, bytes)) {
+    if (stream != nullptr && (flags & PS_COPY_HOST_PINNED) != 0) {
       check(
           rt.aclrtMemcpyAsync(dst, bytes, src, bytes, kind, stream->stream),
           [&] { return desc("aclrtMemcpyAsync"); }, PS_ERR_COPY_FAILED);
@@ -534,28 +512,28 @@ int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, ps_str
   });
 }
 
-int acl_copy_h2d(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes) {
-  return do_copy(ctx, dst, src, bytes, nullptr, true);
+int acl_copy_h2d(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags) {
+  return do_copy(ctx, dst, src, bytes, flags, nullptr, true);
 }
 
-int acl_copy_d2h(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes) {
-  return do_copy(ctx, dst, src, bytes, nullptr, false);
+int acl_copy_d2h(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags) {
+  return do_copy(ctx, dst, src, bytes, flags, nullptr, false);
 }
 
-int acl_copy_h2d_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+int acl_copy_h2d_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags,
                        ps_stream* stream) {
   if (stream == nullptr)
     return guarded(
         [] { fail(PS_ERR_INVALID_ARGUMENT, "host-to-device async copy: stream is NULL"); });
-  return do_copy(ctx, dst, src, bytes, stream, true);
+  return do_copy(ctx, dst, src, bytes, flags, stream, true);
 }
 
-int acl_copy_d2h_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+int acl_copy_d2h_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags,
                        ps_stream* stream) {
   if (stream == nullptr)
     return guarded(
         [] { fail(PS_ERR_INVALID_ARGUMENT, "device-to-host async copy: stream is NULL"); });
-  return do_copy(ctx, dst, src, bytes, stream, false);
+  return do_copy(ctx, dst, src, bytes, flags, stream, false);
 }
 
 int acl_stream_create(ps_device_ctx* ctx, ps_stream** out) {
@@ -729,7 +707,6 @@ int acl_host_alloc_pinned(ps_device_ctx* ctx, size_t bytes, ps_allocation* out) 
       }
     }
     if (out->ptr == nullptr) out->ptr = pin_by_malloc_host(ctx, bytes);
-    add_pinned(out->ptr, bytes);
     count_pinning(ctx, mode, bytes, watch.seconds());
   });
 }

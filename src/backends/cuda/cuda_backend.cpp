@@ -481,16 +481,19 @@ int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, ps_str
   });
 }
 
-int cuda_copy_h2d(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes) {
+// The copy flags are not needed here: the CUDA driver finds pinned ranges itself.
+int cuda_copy_h2d(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+                  uint32_t /*flags*/) {
   return do_copy(ctx, dst, src, bytes, nullptr, true);
 }
 
-int cuda_copy_d2h(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes) {
+int cuda_copy_d2h(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+                  uint32_t /*flags*/) {
   return do_copy(ctx, dst, src, bytes, nullptr, false);
 }
 
 int cuda_copy_h2d_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
-                        ps_stream* stream) {
+                        uint32_t /*flags*/, ps_stream* stream) {
   if (stream == nullptr)
     return guarded(
         [] { fail(PS_ERR_INVALID_ARGUMENT, "host-to-device async copy: stream is NULL"); });
@@ -498,7 +501,7 @@ int cuda_copy_h2d_async(ps_device_ctx* ctx, void* dst, const void* src, size_t b
 }
 
 int cuda_copy_d2h_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
-                        ps_stream* stream) {
+                        uint32_t /*flags*/, ps_stream* stream) {
   if (stream == nullptr)
     return guarded(
         [] { fail(PS_ERR_INVALID_ARGUMENT, "device-to-host async copy: stream is NULL"); });
@@ -599,6 +602,22 @@ int cuda_event_sync(ps_device_ctx* ctx, ps_event* event) {
         cudaEventSynchronize(event->event),
         [ctx] { return "cudaEventSynchronize on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
   });
+}
+
+int cuda_event_query(ps_device_ctx* ctx, ps_event* event) {
+  if (ctx == nullptr || event == nullptr) return PS_ERR_INVALID_ARGUMENT;
+  int status = PS_OK;
+  const int guard = guarded([&] {
+    const SlotScope scope(ctx);
+    const cudaError_t e = cudaEventQuery(event->event);
+    if (e == cudaErrorNotReady) {
+      status = PS_ERR_NOT_READY;
+      return;
+    }
+    check(
+        e, [ctx] { return "cudaEventQuery on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
+  });
+  return guard != PS_OK ? guard : status;
 }
 
 // ---- pinned host memory (Note [Two pinned modes]) ----
@@ -865,6 +884,7 @@ constexpr ps_platform_api kApi = {
     .get_capabilities = cuda_get_capabilities,
     .host_execute = nullptr,  // the cuda backend only stages data
     .inject_fault = cuda_inject_fault,
+    .event_query = cuda_event_query,
 };
 
 }  // namespace

@@ -1,16 +1,16 @@
 // The sim device's memory: one pool, like HBM. The whole capacity is reserved as address
 // space (PROT_NONE, MAP_NORESERVE) when the context is created; pages are backed the first
 // time an allocation reaches them and stay backed after a free, so a reused range never
-// faults again. A best-fit allocator with coalescing hands out 256-byte-aligned blocks.
+// faults again. The one best-fit allocator (pinstage/free_ranges.h) hands out 256-byte-
+// aligned blocks.
 // docs/worker.md ("sim semantics") says what this stands for and what it costs.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <mutex>
-#include <set>
-#include <utility>
+
+#include "pinstage/free_ranges.h"
 
 namespace pinstage::sim {
 
@@ -49,8 +49,6 @@ class DevicePool {
   const void* base() const { return base_; }
 
  private:
-  void take(uint64_t offset, uint64_t size, uint64_t block);
-  void give(uint64_t offset, uint64_t block);
   void back_up_to(uint64_t end);
 
   mutable std::mutex mu_;
@@ -60,8 +58,7 @@ class DevicePool {
   uint64_t used_ = 0;
   uint64_t backed_ = 0;  // [0, backed_) is read/write and faulted in
   double backing_seconds_ = 0;
-  std::map<uint64_t, uint64_t> free_by_offset_;           // offset -> size
-  std::set<std::pair<uint64_t, uint64_t>> free_by_size_;  // (size, offset): best fit
+  FreeRanges free_;
 };
 
 }  // namespace pinstage::sim

@@ -17,9 +17,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "pinstage/backend/sim_ext.h"
 #include "pinstage/backend/slot.h"
@@ -43,18 +45,22 @@ int guarded(Body&& body) noexcept {
 
 bool Context::should_fail(ps_fault_kind kind) { return faults.hits(kind); }
 
-bool Context::is_pinned(const void* ptr, size_t bytes) const {
-  const auto p = reinterpret_cast<uintptr_t>(ptr);
-  std::shared_lock lock(pinned_mu);
-  auto it = pinned.upper_bound(p);
-  if (it == pinned.begin()) return false;
-  --it;
-  return p - it->first <= it->second && bytes <= it->second - (p - it->first);
+void StreamGate::set_held(bool held) {
+  {
+    std::lock_guard lock(mu_);
+    held_ = held;
+  }
+  cv_.notify_all();
+}
+
+void StreamGate::pass() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [this] { return !held_; });
 }
 
 // ---- Streams: one thread each, running queued copies in order ----
 
-Stream::Stream() : thread_([this] { loop(); }) {}
+Stream::Stream(StreamGate* gate) : gate_(gate), thread_([this] { loop(); }) {}
 
 Stream::~Stream() {
   {
@@ -98,6 +104,7 @@ void Stream::loop() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
+    gate_->pass();
     const int status = task();
     std::string detail = status == PS_OK ? std::string() : t_last_error;
     lock.lock();
@@ -116,6 +123,11 @@ void Event::mark(bool done, int failure, std::string failure_text) {
   status = failure;
   error = std::move(failure_text);
   if (done) cv.notify_all();
+}
+
+bool Event::reached() {
+  std::lock_guard lock(mu);
+  return done;
 }
 
 int Event::wait(std::string* error_out) {
@@ -170,8 +182,34 @@ int destroy_context(ps_device_ctx* raw) {
   return guarded([&] { delete as_ctx(raw); });
 }
 
-// Maps and pre-faults `bytes` (rounded to the page, never further).
-void* map_backed(size_t bytes) { return map_pages(bytes).data; }
+// The kernel's THP mode ("always", "madvise" or "never"), read once.
+const std::string& thp_mode() {
+  static const std::string mode = [] {
+    std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string line;
+    std::getline(in, line);
+    const size_t a = line.find('['), b = line.find(']');
+    return a != std::string::npos && b > a ? line.substr(a + 1, b - a - 1) : std::string("never");
+  }();
+  return mode;
+}
+
+// Maps and pre-faults `bytes` (rounded to the page, never further); on transparent huge
+// pages under PINSTAGE_HOST_HUGE_PAGES=thp, saying so once where the kernel has them off.
+void* map_backed(size_t bytes) {
+  MapOptions options;
+  if (setting_choice(Setting::host_huge_pages).value_or("off") == "thp") {
+    options.huge_pages = true;
+    static std::once_flag warned;
+    if (thp_mode() == "never")
+      std::call_once(warned, [] {
+        log(LogLevel::warn,
+            "sim: PINSTAGE_HOST_HUGE_PAGES=thp, but transparent huge pages are 'never' here "
+            "(/sys/kernel/mm/transparent_hugepage/enabled): pinned memory keeps 4 KiB pages");
+      });
+  }
+  return map_pages(bytes, options).data;
+}
 
 void unmap(void* ptr, size_t bytes) {
   if (munmap(ptr, round_up_to_pages(bytes)) != 0)
@@ -196,12 +234,13 @@ int device_free(ps_device_ctx* raw, const ps_allocation* a) {
   });
 }
 
-// One copy through the driver: a pinned host side is DMA'd directly, a pageable one is
-// staged through the bounce buffers of that direction.
-void copy(Context* ctx, ps_fault_kind kind, void* dst, const void* src, size_t bytes) {
+// One copy through the driver: a pinned host side (the runtime's flag) is DMA'd directly,
+// a pageable one is staged through the bounce buffers of that direction.
+void copy(Context* ctx, ps_fault_kind kind, void* dst, const void* src, size_t bytes,
+          uint32_t flags) {
   fault(ctx, kind);
   const bool up = kind == PS_FAULT_COPY_H2D;
-  const bool pinned = ctx->is_pinned(up ? src : dst, bytes);
+  const bool pinned = (flags & PS_COPY_HOST_PINNED) != 0;
   Channel& channel = up ? *ctx->h2d : *ctx->d2h;
   if (pinned)
     channel.direct(dst, src, bytes);
@@ -216,17 +255,17 @@ void copy(Context* ctx, ps_fault_kind kind, void* dst, const void* src, size_t b
     static_cast<unsigned char*>(dst)[bytes / 2] ^= 0x40;  // an exponent bit of a bf16/f32
 }
 
-int copy_h2d(ps_device_ctx* raw, void* dst, const void* src, size_t bytes) {
+int copy_h2d(ps_device_ctx* raw, void* dst, const void* src, size_t bytes, uint32_t flags) {
   return guarded([&] {
     require(dst != nullptr && src != nullptr, "sim: copy_h2d: NULL argument");
-    copy(as_ctx(raw), PS_FAULT_COPY_H2D, dst, src, bytes);
+    copy(as_ctx(raw), PS_FAULT_COPY_H2D, dst, src, bytes, flags);
   });
 }
 
-int copy_d2h(ps_device_ctx* raw, void* dst, const void* src, size_t bytes) {
+int copy_d2h(ps_device_ctx* raw, void* dst, const void* src, size_t bytes, uint32_t flags) {
   return guarded([&] {
     require(dst != nullptr && src != nullptr, "sim: copy_d2h: NULL argument");
-    copy(as_ctx(raw), PS_FAULT_COPY_D2H, dst, src, bytes);
+    copy(as_ctx(raw), PS_FAULT_COPY_D2H, dst, src, bytes, flags);
   });
 }
 
@@ -245,9 +284,12 @@ Event* as_event(ps_event* event) {
 template <class Handle, class Object>
 int create_handle(ps_device_ctx* raw, Handle** out) {
   return guarded([&] {
-    as_ctx(raw);
+    Context* ctx = as_ctx(raw);
     require(out != nullptr, "sim: stream/event create: out is NULL");
-    *out = reinterpret_cast<Handle*>(new Object);
+    if constexpr (std::is_same_v<Object, Stream>)
+      *out = reinterpret_cast<Handle*>(new Stream(&ctx->gate));
+    else
+      *out = reinterpret_cast<Handle*>(new Object);
   });
 }
 
@@ -270,22 +312,23 @@ int stream_sync(ps_device_ctx* raw, ps_stream* stream) {
 }
 
 int copy_async(ps_device_ctx* raw, ps_fault_kind kind, void* dst, const void* src, size_t bytes,
-               ps_stream* stream) {
+               uint32_t flags, ps_stream* stream) {
   return guarded([&] {
     Context* ctx = as_ctx(raw);
     require(dst != nullptr && src != nullptr, "sim: async copy: NULL argument");
-    as_stream(stream)->push([=] { return guarded([&] { copy(ctx, kind, dst, src, bytes); }); });
+    as_stream(stream)->push(
+        [=] { return guarded([&] { copy(ctx, kind, dst, src, bytes, flags); }); });
   });
 }
 
-int copy_h2d_async(ps_device_ctx* raw, void* dst, const void* src, size_t bytes,
+int copy_h2d_async(ps_device_ctx* raw, void* dst, const void* src, size_t bytes, uint32_t flags,
                    ps_stream* stream) {
-  return copy_async(raw, PS_FAULT_COPY_H2D, dst, src, bytes, stream);
+  return copy_async(raw, PS_FAULT_COPY_H2D, dst, src, bytes, flags, stream);
 }
 
-int copy_d2h_async(ps_device_ctx* raw, void* dst, const void* src, size_t bytes,
+int copy_d2h_async(ps_device_ctx* raw, void* dst, const void* src, size_t bytes, uint32_t flags,
                    ps_stream* stream) {
-  return copy_async(raw, PS_FAULT_COPY_D2H, dst, src, bytes, stream);
+  return copy_async(raw, PS_FAULT_COPY_D2H, dst, src, bytes, flags, stream);
 }
 
 int event_record(ps_device_ctx* raw, ps_event* event, ps_stream* stream) {
@@ -301,6 +344,12 @@ int event_record(ps_device_ctx* raw, ps_event* event, ps_stream* stream) {
       return PS_OK;
     });
   });
+}
+
+int event_query(ps_device_ctx* raw, ps_event* event) {
+  // Not through guarded: PS_ERR_NOT_READY is an answer, not a failure with a message.
+  if (raw == nullptr || event == nullptr) return PS_ERR_INVALID_ARGUMENT;
+  return reinterpret_cast<Event*>(event)->reached() ? PS_OK : PS_ERR_NOT_READY;
 }
 
 int event_sync(ps_device_ctx* raw, ps_event* event) {
@@ -330,15 +379,8 @@ int host_alloc_pinned(ps_device_ctx* raw, size_t bytes, ps_allocation* out) {
     Context* ctx = as_ctx(raw);
     require(out != nullptr && bytes > 0, "sim: host_alloc_pinned: NULL output or 0 bytes");
     fault(ctx, PS_FAULT_HOST_ALLOC);
-    void* ptr = map_backed(bytes);  // the page, never a power of two
-    try {
-      try_lock(ctx, ptr, round_up_to_pages(bytes));
-      std::unique_lock lock(ctx->pinned_mu);
-      ctx->pinned[reinterpret_cast<uintptr_t>(ptr)] = bytes;
-    } catch (...) {
-      munmap(ptr, round_up_to_pages(bytes));
-      throw;
-    }
+    void* ptr = map_backed(bytes);                 // the page, never a power of two
+    try_lock(ctx, ptr, round_up_to_pages(bytes));  // never throws: a refusal stays usable
     *out = ps_allocation{ptr, bytes, nullptr};
   });
 }
@@ -348,10 +390,6 @@ int host_free_pinned(ps_device_ctx* raw, const ps_allocation* a) {
     Context* ctx = as_ctx(raw);
     require(a != nullptr && a->ptr != nullptr, "sim: host_free_pinned: NULL allocation");
     fault(ctx, PS_FAULT_HOST_FREE);
-    {
-      std::unique_lock lock(ctx->pinned_mu);
-      ctx->pinned.erase(reinterpret_cast<uintptr_t>(a->ptr));
-    }
     unmap(a->ptr, a->bytes);  // also drops the lock
   });
 }
@@ -422,9 +460,15 @@ int sim_stats(ps_device_ctx* raw, ps_sim_stats* out) {
   });
 }
 
+int hold_streams(ps_device_ctx* raw, int hold) {
+  return guarded([&] { as_ctx(raw)->gate.set_held(hold != 0); });
+}
+
 void* get_proc_address(const char* name) {
-  if (name != nullptr && std::strcmp(name, PS_SIM_STATS_NAME) == 0)
-    return reinterpret_cast<void*>(&sim_stats);
+  if (name == nullptr) return nullptr;
+  if (std::strcmp(name, PS_SIM_STATS_NAME) == 0) return reinterpret_cast<void*>(&sim_stats);
+  if (std::strcmp(name, PS_SIM_HOLD_STREAMS_NAME) == 0)
+    return reinterpret_cast<void*>(&hold_streams);
   return nullptr;
 }
 
@@ -454,6 +498,7 @@ constexpr ps_platform_api kApi = {
     .get_capabilities = get_capabilities,
     .host_execute = host_execute,
     .inject_fault = inject_fault,
+    .event_query = event_query,
 };
 
 }  // namespace

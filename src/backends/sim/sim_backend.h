@@ -7,10 +7,8 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <thread>
 
@@ -22,10 +20,24 @@
 
 namespace pinstage::sim {
 
+// Holds every stream of a context before its next task while closed (the sim.hold_streams
+// test seam): a latch that keeps queued copies queued, so tests open race windows without
+// sleeps.
+class StreamGate {
+ public:
+  void set_held(bool held);
+  void pass();  // returns once the gate is open
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool held_ = false;
+};
+
 // A copy queue: one thread runs its tasks in order; the first failure is kept for sync.
 class Stream {
  public:
-  Stream();
+  explicit Stream(StreamGate* gate);
   ~Stream();  // drains the queue, then joins
   void push(std::function<int()> task);
   int sync(std::string* error);
@@ -39,6 +51,7 @@ class Stream {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<int()>> queue_;
+  StreamGate* gate_;
   bool busy_ = false;
   bool stop_ = false;
   int status_ = PS_OK;
@@ -50,6 +63,7 @@ struct Event {
   void mark(bool done, int failure = PS_OK, std::string failure_text = {});
   // Waits until reached; returns the failure of a copy queued before it (PS_OK if none).
   int wait(std::string* error);
+  bool reached();  // never blocks
   std::mutex mu;
   std::condition_variable cv;
   bool done = true;  // never recorded = complete, as on CUDA
@@ -57,11 +71,9 @@ struct Event {
   std::string error;
 };
 
-// The device: its memory pool, one driver channel per direction (copy engine plus bounce
-// buffers) and the lookup of this context's pinned host ranges. The runtime's table still
-// owns the allocation bookkeeping and checks every pointer before a slot sees it
-// (platform_abi.h); the pinned lookup only picks a copy's path, as the CUDA driver's
-// pointer attributes do.
+// The device: its memory pool and one driver channel per direction (copy engine plus
+// bounce buffers). It keeps no list of pinned ranges: the runtime's one table says with
+// each copy whether its host side is pinned (PS_COPY_HOST_PINNED), and that picks the path.
 struct Context {
   uint64_t capacity = 0;
   SimConfig config;
@@ -70,16 +82,12 @@ struct Context {
   std::atomic<bool> lock_refused{false};
   backend::FaultCountdowns faults;  // the fault hook (backend/faults.h)
 
-  // Pinned host ranges this context allocated: base -> bytes.
-  mutable std::shared_mutex pinned_mu;
-  std::map<uintptr_t, size_t> pinned;
+  StreamGate gate;  // outlives the streams: the runtime destroys them first
 
   // Copies by path: [h2d direct, h2d bounced, d2h direct, d2h bounced] x (count, bytes).
   std::array<std::atomic<uint64_t>, 8> copies{};
 
   bool should_fail(ps_fault_kind kind);
-  // True when [ptr, ptr + bytes) lies inside one pinned allocation of this context.
-  bool is_pinned(const void* ptr, size_t bytes) const;
 };
 
 }  // namespace pinstage::sim

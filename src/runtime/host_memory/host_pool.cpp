@@ -1,0 +1,179 @@
+// Note [Host memory pool]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Pinning is the expensive part of pinned memory (faults, then a lock or a register), so a
+// worker pays it once per byte and reuses it (docs/worker.md, "Host memory pool").
+//  - Segments: a request that no cached range fits maps one segment through the backend's
+//    host_alloc_pinned (pre-faulted, locked or registered there), sized to the request
+//    rounded up to 2 MiB, never to a power of two. reserve() maps one segment of exactly
+//    what a load is about to ask for.
+//  - Blocks: carved from segments by the one best-fit allocator (free_ranges.h) in whole
+//    pages, merged again on release, never across two segments (a fence at each segment
+//    start) so that a whole segment can go back to the OS.
+//  - The one table of pinned ranges is the set of live blocks: the copy path asks it and
+//    tells the backend (PS_COPY_HOST_PINNED); a freed block is not pinned memory of the
+//    user's any more, even while its segment stays locked.
+//  - Reuse is safe against queued copies: every async copy notes its stream on the block it
+//    touches; freeing such a block records an event on each of those streams and parks the
+//    block until event_query says they are reached (ATen's HostBlock streams_). Without
+//    event_query the free synchronizes those streams instead.
+//  - Bounded: cached bytes above the limit (PINSTAGE_HOST_CACHE_MAX) go back to the OS,
+//    whole free segments first; empty_cache()/trim(bytes) do it on request.
+//  - Pageable fallbacks (PINSTAGE_PIN_POLICY=fallback) never enter the pool.
+#include "runtime/host_memory/host_pool.h"
+
+#include <algorithm>
+
+#include "pinstage/pages.h"
+
+namespace pinstage::runtime {
+
+namespace {
+uint64_t round_up(uint64_t value, uint64_t unit) { return (value + unit - 1) / unit * unit; }
+}  // namespace
+
+size_t HostPool::segment_bytes_for(size_t bytes) { return round_up(bytes, kSegmentUnit); }
+
+size_t HostPool::block_bytes_for(size_t bytes) { return round_up_to_pages(bytes); }
+
+std::optional<void*> HostPool::take(size_t bytes, bool retry) {
+  const size_t span = block_bytes_for(bytes);
+  const std::optional<uint64_t> at = free_.take(span);
+  if (!at) {
+    if (!retry) ++stats_.misses;
+    return std::nullopt;
+  }
+  if (!retry) ++stats_.hits;
+  live_[*at] = Block{bytes, span, {}};
+  stats_.allocated_bytes += bytes;
+  stats_.allocations += 1;
+  stats_.allocated_bytes_peak = std::max(stats_.allocated_bytes_peak, stats_.allocated_bytes);
+  stats_.allocations_peak = std::max(stats_.allocations_peak, stats_.allocations);
+  return reinterpret_cast<void*>(*at);
+}
+
+void HostPool::add_segment(const ps_allocation& segment, double alloc_seconds) {
+  const auto base = reinterpret_cast<uintptr_t>(segment.ptr);
+  const size_t bytes = block_bytes_for(segment.bytes);
+  segments_[base] = segment;
+  free_.add_fence(base);
+  free_.give(base, bytes);
+  stats_.reserved_bytes += bytes;
+  stats_.segments += 1;
+  stats_.reserved_bytes_peak = std::max(stats_.reserved_bytes_peak, stats_.reserved_bytes);
+  stats_.segments_peak = std::max(stats_.segments_peak, stats_.segments);
+  stats_.num_host_alloc += 1;
+  stats_.host_alloc_seconds += alloc_seconds;
+}
+
+std::optional<HostPool::Released> HostPool::release(void* ptr) {
+  const auto it = live_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == live_.end()) return std::nullopt;
+  Released out{ptr, it->second.span, std::move(it->second.streams)};
+  stats_.allocated_bytes -= it->second.bytes;
+  stats_.allocations -= 1;
+  live_.erase(it);
+  return out;
+}
+
+void HostPool::recycle(void* ptr, size_t span) {
+  free_.give(reinterpret_cast<uintptr_t>(ptr), span);
+}
+
+void HostPool::park(void* ptr, size_t span, std::vector<ps_event*> events) {
+  parked_.push_back(Parked{ptr, span, std::move(events)});
+  stats_.pending_bytes += span;
+  stats_.pending_blocks += 1;
+}
+
+std::vector<ps_event*> HostPool::take_parked_events() {
+  std::vector<ps_event*> events;
+  for (Parked& p : parked_) events.insert(events.end(), p.events.begin(), p.events.end());
+  parked_.clear();
+  stats_.pending_bytes = 0;
+  stats_.pending_blocks = 0;
+  return events;
+}
+
+std::vector<ps_allocation> HostPool::take_segments_while(uint64_t bytes) {
+  // Whole free segments: a free range that starts at a segment's base and spans it.
+  std::vector<std::pair<uint64_t, uintptr_t>> whole;  // (bytes, base)
+  for (const auto& [base, seg] : segments_) {
+    const uint64_t size = block_bytes_for(seg.bytes);
+    const auto it = free_.ranges().find(base);
+    if (it != free_.ranges().end() && it->second == size) whole.emplace_back(size, base);
+  }
+  std::sort(whole.rbegin(), whole.rend());  // largest first: fewest calls per byte
+  std::vector<ps_allocation> out;
+  uint64_t removed = 0;
+  for (const auto& [size, base] : whole) {
+    if (removed >= bytes) break;
+    free_.remove(base, size);
+    free_.remove_fence(base);
+    out.push_back(segments_.at(base));
+    segments_.erase(base);
+    stats_.reserved_bytes -= size;
+    stats_.segments -= 1;
+    removed += size;
+  }
+  return out;
+}
+
+std::vector<ps_allocation> HostPool::take_free_segments(uint64_t bytes) {
+  return take_segments_while(bytes);
+}
+
+std::vector<ps_allocation> HostPool::over_limit(uint64_t limit) {
+  const uint64_t cached = free_.free_bytes();
+  return cached > limit ? take_segments_while(cached - limit) : std::vector<ps_allocation>{};
+}
+
+std::vector<ps_allocation> HostPool::take_all_segments() {
+  std::vector<ps_allocation> out;
+  for (const auto& [base, seg] : segments_) out.push_back(seg);
+  segments_.clear();
+  live_.clear();
+  free_ = FreeRanges{};
+  stats_.reserved_bytes = 0;
+  stats_.segments = 0;
+  stats_.allocated_bytes = 0;
+  stats_.allocations = 0;
+  return out;
+}
+
+void HostPool::count_release(const ps_allocation& /*segment*/, double seconds) {
+  stats_.num_host_free += 1;
+  stats_.host_free_seconds += seconds;
+}
+
+bool HostPool::contains(const void* ptr, size_t bytes) const {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  auto it = live_.upper_bound(p);
+  if (it == live_.begin()) return false;
+  --it;
+  return p - it->first <= it->second.bytes && bytes <= it->second.bytes - (p - it->first);
+}
+
+bool HostPool::note_use(const void* ptr, size_t bytes, ps_stream* stream) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  auto it = live_.upper_bound(p);
+  if (it == live_.begin()) return false;
+  --it;
+  Block& b = it->second;
+  if (p - it->first > b.bytes || bytes > b.bytes - (p - it->first)) return false;
+  if (stream != nullptr && std::find(b.streams.begin(), b.streams.end(), stream) == b.streams.end())
+    b.streams.push_back(stream);
+  return true;
+}
+
+HostMemoryStats HostPool::stats() const {
+  HostMemoryStats s = stats_;
+  s.cached_bytes = free_.free_bytes();
+  return s;
+}
+
+void HostPool::add_time(double alloc_seconds, double free_seconds) {
+  stats_.alloc_seconds += alloc_seconds;
+  stats_.free_seconds += free_seconds;
+}
+
+}  // namespace pinstage::runtime

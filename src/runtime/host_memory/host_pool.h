@@ -1,0 +1,115 @@
+// The caching pool of pinned host memory a worker hands out. See Note [Host memory pool]
+// in host_pool.cpp. Not thread-safe by itself: WorkerState's mutex guards it, and the
+// backend calls (segments, events) run in WorkerState, mostly outside that lock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "pinstage/backend/platform_abi.h"
+#include "pinstage/free_ranges.h"
+#include "pinstage/worker.h"
+
+namespace pinstage::runtime {
+
+class HostPool {
+ public:
+  // Blocks are carved in whole pages (the page is the one rounding, never a power of
+  // two); a segment made for a miss is the request rounded up to kSegmentUnit.
+  static constexpr size_t kSegmentUnit = size_t{2} << 20;
+
+  // The segment to map for a request of `bytes` that missed the cache.
+  static size_t segment_bytes_for(size_t bytes);
+  // `bytes` in whole blocks.
+  static size_t block_bytes_for(size_t bytes);
+
+  // A cached block for `bytes` (> 0), now live; nullopt when none fits. Counted as a hit
+  // or a miss unless `retry` (the take after a miss mapped its segment).
+  std::optional<void*> take(size_t bytes, bool retry = false);
+  // Enters a segment the backend just allocated; its bytes become cached.
+  void add_segment(const ps_allocation& segment, double alloc_seconds);
+
+  // A live block, taken out of the live set by release().
+  struct Released {
+    void* ptr = nullptr;
+    size_t span = 0;                  // block bytes (whole pages)
+    std::vector<ps_stream*> streams;  // streams whose copies read or wrote it
+  };
+  // Takes the live block at exactly `ptr` out of the live set; nullopt when none.
+  std::optional<Released> release(void* ptr);
+  // Makes a released block reusable now.
+  void recycle(void* ptr, size_t span);
+  // Holds a released block until every event has been reached (poll).
+  void park(void* ptr, size_t span, std::vector<ps_event*> events);
+  // The parked blocks whose events `reached` says are all complete become reusable;
+  // returns their events for the caller to destroy.
+  template <class Reached>
+  std::vector<ps_event*> poll(Reached&& reached);
+  // Every parked event (finalize), leaving none parked.
+  std::vector<ps_event*> take_parked_events();
+
+  // Removes whole free segments, largest first, until at least `bytes` are removed or
+  // none is left (bytes = UINT64_MAX: all of them), and returns them for release.
+  std::vector<ps_allocation> take_free_segments(uint64_t bytes);
+  // The same, down to `limit` cached bytes.
+  std::vector<ps_allocation> over_limit(uint64_t limit);
+  // Every segment (finalize), leaving the pool empty; the live blocks are dropped.
+  std::vector<ps_allocation> take_all_segments();
+  void count_release(const ps_allocation& segment, double seconds);
+
+  // The one range query: [ptr, ptr + bytes) lies inside one live block.
+  bool contains(const void* ptr, size_t bytes) const;
+  // As contains(), and notes that `stream` may touch the block (Note [Host memory pool]).
+  bool note_use(const void* ptr, size_t bytes, ps_stream* stream);
+
+  uint64_t cached_bytes() const noexcept { return free_.free_bytes(); }
+  uint64_t largest_cached() const noexcept { return free_.largest(); }
+  uint64_t live_count() const noexcept { return live_.size(); }
+  uint64_t live_bytes() const noexcept { return stats_.allocated_bytes; }
+  HostMemoryStats stats() const;
+  void add_time(double alloc_seconds, double free_seconds);
+
+ private:
+  struct Block {
+    size_t bytes = 0;  // as requested
+    size_t span = 0;   // whole pages
+    std::vector<ps_stream*> streams;
+  };
+  struct Parked {
+    void* ptr;
+    size_t span;
+    std::vector<ps_event*> events;
+  };
+  std::vector<ps_allocation> take_segments_while(uint64_t bytes);
+
+  FreeRanges free_;
+  std::map<uintptr_t, ps_allocation> segments_;  // base -> the backend's record
+  std::map<uintptr_t, Block> live_;
+  std::vector<Parked> parked_;
+  HostMemoryStats stats_;
+};
+
+template <class Reached>
+std::vector<ps_event*> HostPool::poll(Reached&& reached) {
+  std::vector<ps_event*> done;
+  for (size_t i = 0; i < parked_.size();) {
+    bool all = true;
+    for (ps_event* e : parked_[i].events) all = all && reached(e);
+    if (!all) {
+      ++i;
+      continue;
+    }
+    done.insert(done.end(), parked_[i].events.begin(), parked_[i].events.end());
+    stats_.pending_bytes -= parked_[i].span;
+    --stats_.pending_blocks;
+    recycle(parked_[i].ptr, parked_[i].span);
+    parked_[i] = std::move(parked_.back());
+    parked_.pop_back();
+  }
+  return done;
+}
+
+}  // namespace pinstage::runtime
