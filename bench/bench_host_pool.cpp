@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "pinned alloc of %.2f GiB: cold (empty pool) median %.4f s, warm (cache hit) median "
-      "%.6f s: warm/cold %.5f (goal < 0.01)\n",
+      "%.6f s: warm/cold %.2e (goal < 0.01)\n",
       gib, median(cold), median(warm), median(warm) / median(cold));
   // Huge pages: interleaved, off then thp, every round.
   std::vector<double> off, thp;

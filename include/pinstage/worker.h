@@ -292,8 +292,9 @@ class PINSTAGE_API Worker {
   uint64_t empty_cache();
   // The same, stopping once at least `bytes` went back.
   uint64_t trim_host_cache(uint64_t bytes);
-  // Makes sure `bytes` of pinned memory are cached in one range, mapping one segment of
-  // exactly the shortfall's size when not: a load calls it before its many allocations.
+  // Makes sure `bytes` of pinned memory are cached, mapping one segment of exactly the
+  // shortfall when they are not: a load calls it before its many allocations, so a
+  // first load maps once and a second load of the same tensors maps nothing.
   void reserve_pinned_host(size_t bytes);
   // True when [ptr, ptr + bytes) lies inside one live pinned buffer of this worker: the
   // one table of pinned ranges that copies, the Binder and the loader ask.

@@ -60,8 +60,11 @@ TEST(HostPoolTable, BlocksAreExactPagesBestFitAndMergeOnlyInsideASegment) {
   EXPECT_EQ(s.hits, 2u);
   EXPECT_EQ(s.misses, 2u);
   EXPECT_EQ(s.segments, 2u);
-  // Whole free segments go back, largest first, until the bytes asked for are met.
-  EXPECT_EQ(pool.take_free_segments(1).size(), 1u);
+  // Whole free segments go back, least recently used first, until the bytes asked for
+  // are met: the first segment was used last (the whole-segment take above).
+  const auto trimmed = pool.take_free_segments(1);
+  ASSERT_EQ(trimmed.size(), 1u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(trimmed[0].ptr), (uintptr_t{1} << 30) + 2 * kMiB);
   EXPECT_EQ(pool.stats().reserved_bytes, 2 * kMiB);
   auto b = pool.take(4096);
   ASSERT_TRUE(b);

@@ -172,14 +172,17 @@ void Worker::reserve_pinned_host(size_t bytes) {
   const runtime::CallGuard guard = enter();
   if (bytes == 0) return;
   const size_t want = runtime::HostPool::block_bytes_for(bytes);
+  size_t shortfall = 0;
   {
     std::lock_guard lock(state_->mu);
     state_->recycle_reached_locked();
-    if (state_->host.largest_cached() >= want) return;
+    const uint64_t cached = state_->host.cached_bytes();
+    if (cached >= want) return;  // what a load freed is what its next load asks for
+    shortfall = runtime::HostPool::block_bytes_for(want - cached);
   }
   // Over the budget with PINSTAGE_PIN_POLICY=fallback nothing is reserved: each request
   // then takes its own way.
-  state_->map_segment(want, want);
+  state_->map_segment(shortfall, shortfall);
 }
 
 bool Worker::is_pinned_host(const void* ptr, size_t bytes) const {

@@ -17,11 +17,13 @@
 //    block until event_query says they are reached (ATen's HostBlock streams_). Without
 //    event_query the free synchronizes those streams instead.
 //  - Bounded: cached bytes above the limit (PINSTAGE_HOST_CACHE_MAX) go back to the OS,
-//    whole free segments first; empty_cache()/trim(bytes) do it on request.
+//    whole free segments, least recently used first; empty_cache()/trim(bytes) do it on
+//    request.
 //  - Pageable fallbacks (PINSTAGE_PIN_POLICY=fallback) never enter the pool.
 #include "runtime/host_memory/host_pool.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "pinstage/pages.h"
 
@@ -43,6 +45,8 @@ std::optional<void*> HostPool::take(size_t bytes, bool retry) {
     return std::nullopt;
   }
   if (!retry) ++stats_.hits;
+  auto seg = segments_.upper_bound(*at);  // the segment holding the block: recently used
+  if (seg != segments_.begin()) std::prev(seg)->second.last_use = ++clock_;
   live_[*at] = Block{bytes, span, {}};
   stats_.allocated_bytes += bytes;
   stats_.allocations += 1;
@@ -54,7 +58,7 @@ std::optional<void*> HostPool::take(size_t bytes, bool retry) {
 void HostPool::add_segment(const ps_allocation& segment, double alloc_seconds) {
   const auto base = reinterpret_cast<uintptr_t>(segment.ptr);
   const size_t bytes = block_bytes_for(segment.bytes);
-  segments_[base] = segment;
+  segments_[base] = Segment{segment, ++clock_};
   free_.add_fence(base);
   free_.give(base, bytes);
   stats_.reserved_bytes += bytes;
@@ -96,20 +100,22 @@ std::vector<ps_event*> HostPool::take_parked_events() {
 
 std::vector<ps_allocation> HostPool::take_segments_while(uint64_t bytes) {
   // Whole free segments: a free range that starts at a segment's base and spans it.
-  std::vector<std::pair<uint64_t, uintptr_t>> whole;  // (bytes, base)
+  std::vector<std::pair<uint64_t, uintptr_t>> whole;  // (last use, base)
   for (const auto& [base, seg] : segments_) {
-    const uint64_t size = block_bytes_for(seg.bytes);
+    const uint64_t size = block_bytes_for(seg.allocation.bytes);
     const auto it = free_.ranges().find(base);
-    if (it != free_.ranges().end() && it->second == size) whole.emplace_back(size, base);
+    if (it != free_.ranges().end() && it->second == size) whole.emplace_back(seg.last_use, base);
   }
-  std::sort(whole.rbegin(), whole.rend());  // largest first: fewest calls per byte
+  // Least recently used first: what a load or a bind just used is what it asks for next.
+  std::sort(whole.begin(), whole.end());
   std::vector<ps_allocation> out;
   uint64_t removed = 0;
-  for (const auto& [size, base] : whole) {
+  for (const auto& [last_use, base] : whole) {
     if (removed >= bytes) break;
+    const uint64_t size = block_bytes_for(segments_.at(base).allocation.bytes);
     free_.remove(base, size);
     free_.remove_fence(base);
-    out.push_back(segments_.at(base));
+    out.push_back(segments_.at(base).allocation);
     segments_.erase(base);
     stats_.reserved_bytes -= size;
     stats_.segments -= 1;
@@ -129,7 +135,7 @@ std::vector<ps_allocation> HostPool::over_limit(uint64_t limit) {
 
 std::vector<ps_allocation> HostPool::take_all_segments() {
   std::vector<ps_allocation> out;
-  for (const auto& [base, seg] : segments_) out.push_back(seg);
+  for (const auto& [base, seg] : segments_) out.push_back(seg.allocation);
   segments_.clear();
   live_.clear();
   free_ = FreeRanges{};

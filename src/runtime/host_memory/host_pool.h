@@ -51,8 +51,9 @@ class HostPool {
   // Every parked event (finalize), leaving none parked.
   std::vector<ps_event*> take_parked_events();
 
-  // Removes whole free segments, largest first, until at least `bytes` are removed or
-  // none is left (bytes = UINT64_MAX: all of them), and returns them for release.
+  // Removes whole free segments, least recently used first, until at least `bytes` are
+  // removed or none is left (bytes = UINT64_MAX: all of them), and returns them for
+  // release.
   std::vector<ps_allocation> take_free_segments(uint64_t bytes);
   // The same, down to `limit` cached bytes.
   std::vector<ps_allocation> over_limit(uint64_t limit);
@@ -78,6 +79,10 @@ class HostPool {
     size_t span = 0;   // whole pages
     std::vector<ps_stream*> streams;
   };
+  struct Segment {
+    ps_allocation allocation;  // the backend's record
+    uint64_t last_use = 0;     // the pool's clock when a block was last carved from it
+  };
   struct Parked {
     void* ptr;
     size_t span;
@@ -86,7 +91,8 @@ class HostPool {
   std::vector<ps_allocation> take_segments_while(uint64_t bytes);
 
   FreeRanges free_;
-  std::map<uintptr_t, ps_allocation> segments_;  // base -> the backend's record
+  std::map<uintptr_t, Segment> segments_;  // by base address
+  uint64_t clock_ = 0;
   std::map<uintptr_t, Block> live_;
   std::vector<Parked> parked_;
   HostMemoryStats stats_;
