@@ -199,7 +199,10 @@ def main():
                          f" threads, cudaHostRegister {p['register_seconds']:.2f} s)")
             print(f"pin {p['bytes'] / 2**30:.2f} GiB [{p['config']}, round {p.get('round', 0) + 1}]: "
                   f"{p['pin_seconds']:.2f} s "
-                  f"= {p['pin_gib_per_s']:.2f} GiB/s{extra}; free {p['free_seconds']:.2f} s; "
+                  f"= {p['pin_gib_per_s']:.2f} GiB/s{extra}; "
+                  + (f"warm (pool hit) {p['warm_pin_seconds'] * 1e3:.3f} ms = "
+                     f"{p['warm_over_cold']:.1e} of cold; " if "warm_pin_seconds" in p else "")
+                  + f"free {p['free_seconds']:.2f} s; "
                   f"copy from it {p['copy_h2d_wall']['best_gbps']:.2f} GB/s")
     else:
         print("probe: no result")

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "backends/acl/acl_ext.h"
+#include "pinstage/backend/acl_ext.h"
 #include "fake_acl_client.h"
 #include "pinstage/worker.h"
 #include "tensor_test_util.h"

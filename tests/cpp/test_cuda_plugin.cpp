@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "backends/cuda/cuda_config.h"
 #include "backends/cuda/cuda_status.h"
 #include "pinstage/backend/cuda_ext.h"
+#include "pinstage/backend/pin_mode.h"
 #include "pinstage/backend/platform_abi.h"
 #include "pinstage/worker.h"
 
@@ -208,11 +208,11 @@ TEST(CudaPlugin, LastErrorIsPerThread) {
 
 // ---- config ----
 
-using pinstage::cuda::CudaConfig;
-using pinstage::cuda::PinnedMode;
+using CudaConfig = pinstage::backend::PinConfig;
+using pinstage::backend::PinnedMode;
 using Entries = std::initializer_list<ps_config_entry>;
 
-CudaConfig parse(Entries entries) { return pinstage::cuda::parse_config(entries); }
+CudaConfig parse(Entries entries) { return pinstage::backend::parse_pin_config(entries); }
 
 // The message of the invalid_argument a bad config throws ("" when it parses).
 std::string parse_error(Entries entries) {
@@ -259,7 +259,7 @@ TEST(CudaConfig, EveryKey) {
 TEST(CudaConfig, UnknownAndRepeatedKeysNameTheKeyAndListTheAcceptedOnes) {
   const std::string unknown = parse_error({{"pinned_mod", "alloc"}});
   EXPECT_TRUE(contains(unknown, "unknown key 'pinned_mod'")) << unknown;
-  EXPECT_TRUE(contains(unknown, pinstage::cuda::config_keys())) << unknown;
+  EXPECT_TRUE(contains(unknown, pinstage::backend::kPinConfigKeys)) << unknown;
   const std::string twice = parse_error({{"pinned_mode", "alloc"}, {"pinned_mode", "alloc"}});
   EXPECT_TRUE(contains(twice, "'pinned_mode' is given twice")) << twice;
   EXPECT_TRUE(contains(twice, "register_threshold_mb")) << twice;
@@ -299,14 +299,14 @@ TEST(CudaConfig, BadValuesNameTheKeyValueAndWhatIsExpected) {
 TEST(CudaConfig, ChooseModeBySizeOrForce) {
   CudaConfig c = parse({{"register_threshold_mb", "2"}});
   const size_t two_mib = size_t{2} << 20;
-  EXPECT_EQ(pinstage::cuda::choose_pinned_mode(c, 1), PinnedMode::alloc);
-  EXPECT_EQ(pinstage::cuda::choose_pinned_mode(c, two_mib - 1), PinnedMode::alloc);
-  EXPECT_EQ(pinstage::cuda::choose_pinned_mode(c, two_mib), PinnedMode::reg);
+  EXPECT_EQ(pinstage::backend::choose_pinned_mode(c, 1), PinnedMode::alloc);
+  EXPECT_EQ(pinstage::backend::choose_pinned_mode(c, two_mib - 1), PinnedMode::alloc);
+  EXPECT_EQ(pinstage::backend::choose_pinned_mode(c, two_mib), PinnedMode::reg);
   c.pinned_mode = PinnedMode::alloc;
-  EXPECT_EQ(pinstage::cuda::choose_pinned_mode(c, size_t{1} << 40), PinnedMode::alloc);
+  EXPECT_EQ(pinstage::backend::choose_pinned_mode(c, size_t{1} << 40), PinnedMode::alloc);
   c.pinned_mode = PinnedMode::reg;
-  EXPECT_EQ(pinstage::cuda::choose_pinned_mode(c, 1), PinnedMode::reg);
-  EXPECT_STREQ(pinstage::cuda::pinned_mode_name(PinnedMode::reg), "register");
+  EXPECT_EQ(pinstage::backend::choose_pinned_mode(c, 1), PinnedMode::reg);
+  EXPECT_STREQ(pinstage::backend::pinned_mode_name(PinnedMode::reg), "register");
 }
 
 // ---- CUDA error mapping ----

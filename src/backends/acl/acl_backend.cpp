@@ -50,10 +50,11 @@
 #include <utility>
 #include <vector>
 
-#include "backends/acl/acl_ext.h"
 #include "backends/acl/acl_runtime.h"
-#include "backends/cuda/cuda_config.h"
+#include "pinstage/backend/acl_ext.h"
+#include "pinstage/backend/capacity.h"
 #include "pinstage/backend/faults.h"
+#include "pinstage/backend/pin_mode.h"
 #include "pinstage/backend/platform_abi.h"
 #include "pinstage/backend/slot.h"
 #include "pinstage/clock.h"
@@ -63,8 +64,8 @@
 
 using pinstage::acl::aclError;
 using pinstage::acl::Runtime;
-using PinConfig = pinstage::cuda::CudaConfig;  // the pin-mode keys are shared with cuda
-using pinstage::cuda::PinnedMode;
+using pinstage::backend::PinConfig;  // the pin-mode keys, shared with cuda
+using pinstage::backend::PinnedMode;
 
 struct ps_stream {
   pinstage::acl::aclrtStream stream = nullptr;
@@ -94,11 +95,10 @@ struct RetryItem {
 struct ps_device_ctx {
   int device = 0;
   PinConfig config;
-  uint64_t capacity = 0;
+  pinstage::backend::CapacityLedger capacity;  // device memory (backend/capacity.h)
   pinstage::acl::aclrtContext context = nullptr;
 
-  std::mutex mu;           // guards everything below
-  uint64_t committed = 0;  // includes reservations of aclrtMalloc calls in flight
+  std::mutex mu;                              // guards everything below
   pinstage::backend::FaultCountdowns faults;  // the fault hook (backend/faults.h)
   ps_acl_pin_stats pin_stats{};
   bool register_unsupported = false;  // the runtime answered FEATURE_NOT_SUPPORT once
@@ -241,12 +241,12 @@ void open_device(ps_device_ctx* ctx, uint64_t requested, bool& device_set) {
   size_t free_bytes = 0, total_bytes = 0;
   check(rt.aclrtGetMemInfo(acl::ACL_HBM_MEM, &free_bytes, &total_bytes),
         "aclrtGetMemInfo(ACL_HBM_MEM) on device " + dev);
-  ctx->capacity = requested == 0 ? total_bytes : std::min<uint64_t>(requested, total_bytes);
+  ctx->capacity.set_capacity(pinstage::backend::plan_capacity(requested, free_bytes));
   pinstage::log(pinstage::LogLevel::info,
                 "acl: device " + dev + " has " + std::to_string(total_bytes >> 20) + " MiB (" +
                     std::to_string(free_bytes >> 20) + " free), capacity " +
-                    std::to_string(ctx->capacity >> 20) + " MiB, pinned_mode=" +
-                    pinstage::cuda::pinned_mode_name(ctx->config.pinned_mode));
+                    std::to_string(ctx->capacity.capacity() >> 20) + " MiB, pinned_mode=" +
+                    pinstage::backend::pinned_mode_name(ctx->config.pinned_mode));
 }
 
 // ---- releases, shared by the slots and the retry at teardown ----
@@ -279,8 +279,7 @@ void free_device(ps_device_ctx* ctx, const ps_allocation& a) {
   // On failure the memory may still be held: it stays committed.
   check(runtime().aclrtFree(a.ptr),
         [&] { return "aclrtFree of " + std::to_string(a.bytes) + " bytes on " + dev_name(ctx); });
-  std::lock_guard lock(ctx->mu);
-  ctx->committed -= std::min<uint64_t>(a.bytes, ctx->committed);
+  ctx->capacity.release(a.bytes);
 }
 
 // Unregisters what is still registered (last chunk first), then unmaps. A failure leaves
@@ -389,7 +388,7 @@ int acl_create_context(int device_id, const ps_context_options* options, ps_devi
       require(options->config != nullptr || options->config_count == 0,
               "create_context: config is NULL but config_count is not 0");
       // Checked before the runtime is looked for: a typo fails the same everywhere.
-      ctx->config = pinstage::cuda::parse_config({options->config, options->config_count});
+      ctx->config = pinstage::backend::parse_pin_config({options->config, options->config_count});
     }
     acquire_process();
     bool device_set = false;
@@ -427,22 +426,12 @@ int acl_device_malloc(ps_device_ctx* ctx, size_t bytes, ps_allocation* out) {
     require(bytes > 0, "device_malloc: cannot allocate 0 bytes");
     maybe_fault(ctx, PS_FAULT_DEVICE_MALLOC, "device_malloc");
     use_ctx(ctx);
-    {
-      std::lock_guard lock(ctx->mu);  // reserve first: two requests cannot both fit
-      if (bytes > ctx->capacity - ctx->committed)
-        fail(PS_ERR_OUT_OF_MEMORY,
-             "device_malloc of " + std::to_string(bytes) + " bytes on " + dev_name(ctx) +
-                 " exceeds the capacity: " + std::to_string(ctx->committed) + " of " +
-                 std::to_string(ctx->capacity) + " bytes already committed");
-      ctx->committed += bytes;
-    }
+    ctx->capacity.reserve(
+        bytes, "device_malloc of " + std::to_string(bytes) + " bytes on " + dev_name(ctx));
     void* ptr = nullptr;
     const aclError code = runtime().aclrtMalloc(&ptr, bytes, acl::ACL_MEM_MALLOC_HUGE_FIRST);
     if (code != acl::ACL_SUCCESS) {
-      {
-        std::lock_guard lock(ctx->mu);
-        ctx->committed -= bytes;
-      }
+      ctx->capacity.release(bytes);
       check(code, "aclrtMalloc(" + std::to_string(bytes) +
                       " bytes, ACL_MEM_MALLOC_HUGE_FIRST) on " + dev_name(ctx));
     }
@@ -692,7 +681,7 @@ int acl_host_alloc_pinned(ps_device_ctx* ctx, size_t bytes, ps_allocation* out) 
       std::lock_guard lock(ctx->mu);
       skip_register = ctx->register_unsupported;
     }
-    if (pinstage::cuda::choose_pinned_mode(ctx->config, bytes) == PinnedMode::reg) {
+    if (pinstage::backend::choose_pinned_mode(ctx->config, bytes) == PinnedMode::reg) {
       std::unique_ptr<RegisteredPages> record;
       if (!skip_register) record = pin_by_register(ctx, bytes);
       if (record) {
@@ -727,8 +716,8 @@ int acl_mem_info(ps_device_ctx* ctx, uint64_t* capacity, uint64_t* committed) {
     require_ctx(ctx);
     require(capacity != nullptr && committed != nullptr, "mem_info: an output pointer is NULL");
     std::lock_guard lock(ctx->mu);
-    *capacity = ctx->capacity;
-    *committed = ctx->committed;
+    *capacity = ctx->capacity.capacity();
+    *committed = ctx->capacity.committed();
   });
 }
 

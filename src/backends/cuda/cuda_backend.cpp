@@ -72,10 +72,11 @@
 #include <utility>
 #include <vector>
 
-#include "backends/cuda/cuda_config.h"
 #include "backends/cuda/cuda_status.h"
+#include "pinstage/backend/capacity.h"
 #include "pinstage/backend/cuda_ext.h"
 #include "pinstage/backend/faults.h"
+#include "pinstage/backend/pin_mode.h"
 #include "pinstage/backend/platform_abi.h"
 #include "pinstage/backend/slot.h"
 #include "pinstage/clock.h"
@@ -83,8 +84,8 @@
 #include "pinstage/log.h"
 #include "pinstage/pages.h"
 
-using pinstage::cuda::CudaConfig;
-using pinstage::cuda::PinnedMode;
+using CudaConfig = pinstage::backend::PinConfig;  // the pin-mode keys, shared with acl
+using pinstage::backend::PinnedMode;
 
 struct ps_stream {
   cudaStream_t stream = nullptr;
@@ -97,10 +98,9 @@ struct ps_event {
 struct ps_device_ctx {
   int device = 0;
   CudaConfig config;
-  uint64_t capacity = 0;
+  pinstage::backend::CapacityLedger capacity;  // device memory (backend/capacity.h)
 
   std::mutex mu;                              // guards everything below up to streams_mu
-  uint64_t committed = 0;                     // includes reservations of cudaMalloc calls in flight
   pinstage::backend::FaultCountdowns faults;  // the fault hook (backend/faults.h)
   ps_cuda_pin_stats pin_stats{};
   std::vector<cudaStream_t> idle_copy_streams;  // Note [Streams of synchronous copies]
@@ -342,7 +342,7 @@ void log_context(const ps_device_ctx* ctx, size_t free_bytes, size_t total_bytes
         "cuda: " + dev_name(ctx) + " is " + prop.name + ", " + std::to_string(total_bytes >> 20) +
             " MiB (" + std::to_string(free_bytes >> 20) + " free), capacity " +
             std::to_string(capacity >> 20) +
-            " MiB, pinned_mode=" + pinstage::cuda::pinned_mode_name(ctx->config.pinned_mode));
+            " MiB, pinned_mode=" + pinstage::backend::pinned_mode_name(ctx->config.pinned_mode));
   (void)cudaGetLastError();
 }
 
@@ -356,7 +356,7 @@ uint64_t plan_capacity(ps_device_ctx* ctx, const ps_context_options* options) {
   size_t free_bytes = 0, total_bytes = 0;
   check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo on " + dev_name(ctx));
   const uint64_t requested = options != nullptr ? options->device_capacity_bytes : 0;
-  const uint64_t capacity = requested == 0 ? free_bytes : std::min<uint64_t>(requested, free_bytes);
+  const uint64_t capacity = pinstage::backend::plan_capacity(requested, free_bytes);
   log_context(ctx, free_bytes, total_bytes, capacity);
   return capacity;
 }
@@ -372,7 +372,7 @@ int cuda_create_context(int device_id, const ps_context_options* options, ps_dev
       require(options->config != nullptr || options->config_count == 0,
               "create_context: config is NULL but config_count is not 0");
       // Checked before any GPU is looked for: a typo fails the same everywhere.
-      config = pinstage::cuda::parse_config({options->config, options->config_count});
+      config = pinstage::backend::parse_pin_config({options->config, options->config_count});
     }
     require_device(device_id);
 
@@ -380,7 +380,7 @@ int cuda_create_context(int device_id, const ps_context_options* options, ps_dev
     ctx->device = device_id;
     ctx->config = config;
     const DeviceSwitch device(device_id, true);
-    ctx->capacity = plan_capacity(ctx.get(), options);
+    ctx->capacity.set_capacity(plan_capacity(ctx.get(), options));
     *out = ctx.release();
   });
 }
@@ -409,23 +409,12 @@ int cuda_device_malloc(ps_device_ctx* ctx, size_t bytes, ps_allocation* out) {
     require(bytes > 0, "device_malloc: cannot allocate 0 bytes");
     maybe_fault(ctx, PS_FAULT_DEVICE_MALLOC, "device_malloc");
     const SlotScope scope(ctx);
-    {
-      // Reserve first so concurrent requests cannot both pass the capacity check.
-      std::lock_guard lock(ctx->mu);
-      if (bytes > ctx->capacity - ctx->committed)
-        fail(PS_ERR_OUT_OF_MEMORY,
-             "device_malloc of " + std::to_string(bytes) + " bytes on " + dev_name(ctx) +
-                 " exceeds the capacity: " + std::to_string(ctx->committed) + " of " +
-                 std::to_string(ctx->capacity) + " bytes already committed");
-      ctx->committed += bytes;
-    }
+    ctx->capacity.reserve(
+        bytes, "device_malloc of " + std::to_string(bytes) + " bytes on " + dev_name(ctx));
     void* ptr = nullptr;
     const cudaError_t err = cudaMalloc(&ptr, bytes);
     if (err != cudaSuccess) {
-      {
-        std::lock_guard lock(ctx->mu);
-        ctx->committed -= bytes;
-      }
+      ctx->capacity.release(bytes);
       check(err, "cudaMalloc of " + std::to_string(bytes) + " bytes on " + dev_name(ctx));
     }
     out->ptr = ptr;
@@ -445,8 +434,7 @@ int cuda_device_free(ps_device_ctx* ctx, const ps_allocation* allocation) {
     check(cudaFree(allocation->ptr), [&] {
       return "cudaFree of " + std::to_string(allocation->bytes) + " bytes on " + dev_name(ctx);
     });
-    std::lock_guard lock(ctx->mu);
-    ctx->committed -= std::min<uint64_t>(allocation->bytes, ctx->committed);
+    ctx->capacity.release(allocation->bytes);
   });
 }
 
@@ -741,7 +729,7 @@ int cuda_host_alloc_pinned(ps_device_ctx* ctx, size_t bytes, ps_allocation* out)
     ps_cuda_pin_stats last{};
     last.last_bytes = bytes;
     const pinstage::Stopwatch watch;
-    if (pinstage::cuda::choose_pinned_mode(ctx->config, bytes) == PinnedMode::alloc) {
+    if (pinstage::backend::choose_pinned_mode(ctx->config, bytes) == PinnedMode::alloc) {
       last.last_mode = PS_CUDA_PIN_ALLOC;
       out->ptr = pin_by_alloc(bytes, desc);
     } else {
@@ -814,8 +802,8 @@ int cuda_mem_info(ps_device_ctx* ctx, uint64_t* capacity, uint64_t* committed) {
     require_ctx(ctx);
     require(capacity != nullptr && committed != nullptr, "mem_info: an output pointer is NULL");
     std::lock_guard lock(ctx->mu);
-    *capacity = ctx->capacity;
-    *committed = ctx->committed;
+    *capacity = ctx->capacity.capacity();
+    *committed = ctx->capacity.committed();
   });
 }
 
