@@ -6,10 +6,12 @@ build=${1:-$root/build}
 shift || true
 # ccache (Debian's, installed by setup.sh) keeps objects across clones on this machine, so
 # CI after a session, and every later build, recompiles only what changed.
-# BASEDIR and NOHASHDIR make its keys independent of the clone's folder.
+# BASEDIR, NOHASHDIR and the ignored -fmacro-prefix-map (its value is the clone's folder;
+# it maps that folder away, so the object is the same from any clone) make its keys
+# independent of the clone's folder.
 launcher=()
 if command -v ccache >/dev/null; then
-  export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
+  export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1 CCACHE_IGNOREOPTIONS="-fmacro-prefix-map=*"
   launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
             -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
