@@ -1,5 +1,6 @@
 // Plugin loading: every failure names the backend, the path and the reason.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <string>
@@ -64,7 +65,15 @@ TEST(PluginLoad, MissingRequiredSlot) {
 }
 
 TEST(PluginLoad, NotASharedObject) {
-  const std::string msg = init_error("text", std::string(__FILE__));
+  // A text file made here (a source path from __FILE__ is relative under ccache's basedir).
+  char path[] = "/tmp/pinstage-not-a-plugin-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const char text[] = "not a shared object\n";
+  ASSERT_EQ(write(fd, text, sizeof text - 1), static_cast<ssize_t>(sizeof text - 1));
+  close(fd);
+  const std::string msg = init_error("text", path);
+  unlink(path);
   EXPECT_NE(msg.find("dlopen failed"), std::string::npos) << msg;
 }
 
