@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "pinstage/backend/acl_ext.h"
 #include "fake_acl_client.h"
+#include "pinstage/backend/acl_ext.h"
 #include "pinstage/worker.h"
 #include "tensor_test_util.h"
 
