@@ -22,9 +22,9 @@ void WorkerState::recycle_reached_locked() {
 }
 
 bool WorkerState::map_segment(size_t bytes, size_t minimum) {
-  std::string refusal = pin_budget_refusal(bytes, read_pin_budget(pins_with_mlock));
-  if (!refusal.empty() && minimum < bytes &&
-      pin_budget_refusal(minimum, read_pin_budget(pins_with_mlock)).empty()) {
+  const PinBudget budget = read_pin_budget(pins_with_mlock);  // once per miss
+  std::string refusal = pin_budget_refusal(bytes, budget);
+  if (!refusal.empty() && minimum < bytes && pin_budget_refusal(minimum, budget).empty()) {
     bytes = minimum;  // the 2 MiB rounding does not fit, the request itself does
     refusal.clear();
   }
@@ -74,7 +74,7 @@ uint64_t WorkerState::release_segments(const std::vector<ps_allocation>& segment
     const Stopwatch watch;
     const int status = api().host_free_pinned(ctx, &seg);
     std::lock_guard lock(mu);
-    host.count_release(seg, watch.seconds());
+    host.count_release(watch.seconds());
     if (status == PS_OK) {
       released += HostPool::block_bytes_for(seg.bytes);
       continue;
@@ -132,10 +132,9 @@ bool WorkerState::free_pinned(void* ptr) {
   {
     std::lock_guard lock(mu);
     over = host.over_limit(host_cache_limit);
+    host.add_time(0, watch.seconds());  // the pool's own work; a trim counts as host_free
   }
   if (!over.empty()) release_segments(over, false);
-  std::lock_guard lock(mu);
-  host.add_time(0, watch.seconds());
   return true;
 }
 

@@ -98,7 +98,7 @@ std::vector<ps_event*> HostPool::take_parked_events() {
   return events;
 }
 
-std::vector<ps_allocation> HostPool::take_segments_while(uint64_t bytes) {
+std::vector<ps_allocation> HostPool::take_free_segments(uint64_t bytes) {
   // Whole free segments: a free range that starts at a segment's base and spans it.
   std::vector<std::pair<uint64_t, uintptr_t>> whole;  // (last use, base)
   for (const auto& [base, seg] : segments_) {
@@ -124,13 +124,9 @@ std::vector<ps_allocation> HostPool::take_segments_while(uint64_t bytes) {
   return out;
 }
 
-std::vector<ps_allocation> HostPool::take_free_segments(uint64_t bytes) {
-  return take_segments_while(bytes);
-}
-
 std::vector<ps_allocation> HostPool::over_limit(uint64_t limit) {
   const uint64_t cached = free_.free_bytes();
-  return cached > limit ? take_segments_while(cached - limit) : std::vector<ps_allocation>{};
+  return cached > limit ? take_free_segments(cached - limit) : std::vector<ps_allocation>{};
 }
 
 std::vector<ps_allocation> HostPool::take_all_segments() {
@@ -146,7 +142,7 @@ std::vector<ps_allocation> HostPool::take_all_segments() {
   return out;
 }
 
-void HostPool::count_release(const ps_allocation& /*segment*/, double seconds) {
+void HostPool::count_release(double seconds) {
   stats_.num_host_free += 1;
   stats_.host_free_seconds += seconds;
 }

@@ -59,7 +59,7 @@ class HostPool {
   std::vector<ps_allocation> over_limit(uint64_t limit);
   // Every segment (finalize), leaving the pool empty; the live blocks are dropped.
   std::vector<ps_allocation> take_all_segments();
-  void count_release(const ps_allocation& segment, double seconds);
+  void count_release(double seconds);  // one segment released, in `seconds`
 
   // The one range query: [ptr, ptr + bytes) lies inside one live block.
   bool contains(const void* ptr, size_t bytes) const;
@@ -88,7 +88,6 @@ class HostPool {
     size_t span;
     std::vector<ps_event*> events;
   };
-  std::vector<ps_allocation> take_segments_while(uint64_t bytes);
 
   FreeRanges free_;
   std::map<uintptr_t, Segment> segments_;  // by base address
