@@ -121,6 +121,24 @@ TEST(Settings, PinPolicy) {
   EXPECT_EQ(setting_choice(Setting::pin_policy), "fallback");
 }
 
+TEST(Settings, HostCacheMaxAndHugePages) {
+  for (const char* bad : {"-1", "00x", "1.5G", "4 G", "off", "00"})
+    expect_refused("PINSTAGE_HOST_CACHE_MAX", bad);
+  EXPECT_EQ(setting_host_cache_max(), std::nullopt);  // default: an eighth of RAM
+  {
+    EnvVar env("PINSTAGE_HOST_CACHE_MAX", "0");
+    EXPECT_EQ(setting_host_cache_max(), 0u);
+  }
+  {
+    EnvVar env("PINSTAGE_HOST_CACHE_MAX", "512M");
+    EXPECT_EQ(setting_host_cache_max(), uint64_t{512} << 20);
+  }
+  for (const char* bad : {"on", "THP", "thp,off", "1"})
+    expect_refused("PINSTAGE_HOST_HUGE_PAGES", bad);
+  EnvVar env("PINSTAGE_HOST_HUGE_PAGES", "thp");
+  EXPECT_EQ(setting_choice(Setting::host_huge_pages), "thp");
+}
+
 TEST(Settings, ByteCountsAndIntegersAreParsedStrictly) {
   EXPECT_EQ(parse_byte_count("4096", "--bytes"), 4096u);
   EXPECT_EQ(parse_byte_count("64K", "--bytes"), uint64_t{64} << 10);

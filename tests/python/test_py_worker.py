@@ -111,6 +111,13 @@ def test_options_reach_the_backend():
         pinstage.Worker(device_capacity_bytes=-1)
     with pytest.raises(pinstage.InvalidArgumentError, match="must be an int"):
         pinstage.Worker(device_capacity_bytes="1G")
+    w = pinstage.Worker(host_cache_limit_bytes=1 << 20)
+    try:
+        assert w.host_memory_stats()["cache_limit_bytes"] == 1 << 20
+    finally:
+        w.finalize()
+    with pytest.raises(pinstage.InvalidArgumentError, match="host_cache_limit_bytes must be >= 0"):
+        pinstage.Worker(host_cache_limit_bytes=-1)
     with pytest.raises(pinstage.Error) as e:
         pinstage.Worker(plugin_path="/nonexistent/libpinstage_backend_sim.so")
     assert e.value.code == "plugin_load"
