@@ -32,6 +32,12 @@ mutations=(
   "pool_freed_range_pinned|src/runtime/host_memory/host_memory.cpp|s/return host\.note_use\(host_ptr, bytes, stream\) \? PS_COPY_HOST_PINNED : 0u;/host.note_use(host_ptr, bytes, stream); return PS_COPY_HOST_PINNED;/|test_runtime|bin/test_runtime '--gtest_filter=HostPoolTest.AFreedRange*'"
   "pool_merge_across_segments|src/base/free_ranges.cpp|s/ && !fences_\.contains\(next->first\)//|test_runtime|bin/test_runtime '--gtest_filter=HostPoolTable.*'"
   "pool_cache_unbounded|src/runtime/host_memory/host_pool.cpp|s/return cached > limit \?/return false ?/|test_runtime|bin/test_runtime '--gtest_filter=HostPoolTest.TheCacheBound*'"
+  # Issue 21: sim's copy engines and the A/B summary.
+  "dma_one_worker|src/backends/sim/dma.cpp|s/job->slices = slice_count\(bytes, workers_\.size\(\)\);/job->slices = 1;/|test_sim pinstage_backend_sim|bin/test_sim '--gtest_filter=SimDriver.*'"
+  "stream_copy_head|src/base/parallel.cpp|s/std::memcpy\(d, s, head\);/;/|test_runtime_concurrency|bin/test_runtime_concurrency '--gtest_filter=StreamCopy.*'"
+  "pageable_double_stage|src/backends/sim/dma.cpp|s/(std::memcpy\(buffer, static_cast<const char\*>\(src\) \+ off, n\);\n\s*staged_bytes_ \+= n;)/\1\n\1/|test_sim pinstage_backend_sim|bin/test_sim '--gtest_filter=SimDriver.*'"
+  "summary_tie_band|src/bench/output.cpp|s/constexpr double kTieBand = 0\.005;/constexpr double kTieBand = 0.0;/|test_ab_bench|bin/test_ab_bench '--gtest_filter=AbSummary.*'"
+  "target_any_direct_arm|src/bench/output.cpp|s/if \(arms\[a\] != Arm::pinned\) continue;/if (arms[a] == Arm::staged) continue;/|test_ab_bench|bin/test_ab_bench '--gtest_filter=AbSummary.*'"
 )
 
 selected=${MUTATIONS:-}

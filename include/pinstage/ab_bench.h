@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,6 +43,13 @@ PINSTAGE_API double median_of(std::vector<double> values);
 // Positive = faster than the reference; 0 when the reference is not positive.
 PINSTAGE_API double reduction(double reference_seconds, double seconds);
 
+// sim's copy engines, as the model needs them: from backend_model and the host.
+struct CopyModel {
+  int cores = 1;           // CPUs this process may run on (usable_cpu_count)
+  int dma_threads = 1;     // workers per copy engine (the dma_threads option)
+  double link_gbps = 0.0;  // link pacing; 0 = none
+};
+
 // Raw round timings of one benchmark, [group][arm][round], rounds in run order (the first
 // is the cold one). upload and baseline may be empty (not measured).
 struct Timings {
@@ -49,11 +57,26 @@ struct Timings {
   size_t reference = 0;      // arm the reductions are measured against (pageable)
   uint64_t input_bytes = 0;  // bytes one bind uploads
   bool keep_cold = false;    // false: round 0 of every arm in every group is dropped
-  std::vector<std::vector<std::vector<double>>> latency;   // whole bind, seconds
-  std::vector<std::vector<std::vector<double>>> upload;    // the bind's upload phase
-  std::vector<std::vector<std::vector<double>>> alloc;     // the bind's device_alloc phase
-  std::vector<std::vector<std::vector<double>>> baseline;  // plain all-cores memcpy
+  std::vector<std::vector<std::vector<double>>> latency;            // whole bind, seconds
+  std::vector<std::vector<std::vector<double>>> upload;             // the bind's upload phase
+  std::vector<std::vector<std::vector<double>>> alloc;              // the bind's device_alloc phase
+  std::vector<std::vector<std::vector<double>>> baseline;           // plain all-cores memcpy
+  std::vector<std::vector<std::vector<double>>> baseline_one_core;  // one thread; all kept
+  // sim's copy-engine model, when the backend has one: the upload ratios are then also
+  // predicted from the memcpy rates (predicted_upload_gbps).
+  std::optional<CopyModel> model;
 };
+
+// The upload rate an arm reaches in sim's copy-engine model (docs/worker.md, "sim
+// semantics"), from a one-thread and an all-core copy rate. The engine's workers copy at
+// engine = all * min(1, dma_threads / cores); link is model.link_gbps (0 = no limit).
+//  pinned:   min(engine, link): the engine carries it;
+//  pageable: min(one, engine, cores / (1 / one + cores / all), link): the driver's staging
+//            pass runs on one thread, and its CPU time and the engine's share the cores;
+//  staged:   min(1 / (1 / all + 1 / engine), link): the ring copy, then the engine's pass.
+// 0 when a rate is not positive.
+PINSTAGE_API double predicted_upload_gbps(Arm arm, double one_core_gbps, double all_core_gbps,
+                                          const CopyModel& model);
 
 // One arm in one group.
 struct GroupArmStats {
@@ -65,8 +88,9 @@ struct GroupArmStats {
   double upload_gbps = 0.0;        // input bytes / min upload phase
   double alloc_min_seconds = 0.0;  // min device_alloc phase: allocation, apart from transport
   double memcpy_min_seconds = 0.0;
-  double memcpy_gbps = 0.0;       // input bytes / min memcpy; 0 when not measured
-  double upload_vs_memcpy = 0.0;  // upload_gbps / memcpy_gbps; 0 when not measured
+  double memcpy_gbps = 0.0;           // input bytes / min memcpy; 0 when not measured
+  double upload_vs_memcpy = 0.0;      // upload_gbps / memcpy_gbps; 0 when not measured
+  double memcpy_one_core_gbps = 0.0;  // input bytes / min one-thread memcpy; 0 = not measured
 };
 
 // One arm across the groups.
@@ -78,6 +102,7 @@ struct ArmSummary {
   double max_gbps = 0.0;
   double median_reduction = 0.0;  // median over groups of the paired (same-group) reduction
   double worst_reduction = 0.0;   // the paired reduction least in the median's direction
+  size_t worst_group = 0;         // 0-based group of worst_reduction
   // Cross-range, most conservative: this arm's worst group min against the reference's
   // best group min (1 - max_seconds / reference min_seconds).
   double conservative_reduction = 0.0;
@@ -90,6 +115,13 @@ struct ArmSummary {
   double median_upload_gbps = 0.0;       // median over groups of upload_gbps
   double median_upload_vs_memcpy = 0.0;  // 0 when not measured
   double worst_upload_vs_memcpy = 0.0;
+  double median_memcpy_gbps = 0.0;           // 0 when not measured
+  double median_memcpy_one_core_gbps = 0.0;  // 0 when not measured
+  // Median over groups of this arm's upload GB/s over the reference's in the same group.
+  double upload_ratio = 0.0;
+  // The same ratio as the model predicts it from the medians of the memcpy rates (the
+  // reference's one-core rate, each arm's all-core rate); 0 when the model does not apply.
+  double predicted_upload_ratio = 0.0;
 };
 
 struct Stats {
@@ -199,9 +231,10 @@ struct ArmRun {
   Arm arm = Arm::pageable;
   double generate_seconds = 0.0;  // building the args in the arm's storage
   std::vector<RoundRecord> binds;
-  std::vector<double> memcpy_seconds;     // baseline rounds (empty when off)
-  std::string bind_summary;               // BindReport::summary() of the last round
-  std::vector<TensorBindReport> tensors;  // per-tensor rows of the last timed round
+  std::vector<double> memcpy_seconds;           // baseline rounds (empty when off)
+  std::vector<double> memcpy_one_core_seconds;  // one one-thread baseline round (empty when off)
+  std::string bind_summary;                     // BindReport::summary() of the last round
+  std::vector<TensorBindReport> tensors;        // per-tensor rows of the last timed round
   // The untimed verification bind after the timed rounds read every input back and found
   // it identical (a mismatch throws instead, failing the bench).
   bool verified = false;
@@ -210,15 +243,16 @@ struct ArmRun {
 struct PINSTAGE_API BenchResult {
   BenchConfig config;
   SizePlan plan;
-  std::string task;           // the task's name; empty for run_ab
-  std::string description;    // BenchTask::describe at the planned size
-  std::string size_name;      // the task's size knob ("layers"); empty when it has none
-  SceneValues params;         // the task's other parameters
-  std::string backend;        // the loaded backend's name
-  std::string baseline_kind;  // what the memcpy baseline copies into
-  int threads = 0;            // copy threads (all cores)
-  TaskSizes sizes;            // of the task's arguments (measured from the built args)
-  RunInfo run;                // where and how it ran (the report's "run" block)
+  std::string task;                // the task's name; empty for run_ab
+  std::string description;         // BenchTask::describe at the planned size
+  std::string size_name;           // the task's size knob ("layers"); empty when it has none
+  SceneValues params;              // the task's other parameters
+  std::string backend;             // the loaded backend's name
+  std::string baseline_kind;       // what the memcpy baseline copies into
+  int threads = 0;                 // copy threads (all cores)
+  std::optional<CopyModel> model;  // the backend's copy-engine model (sim), else none
+  TaskSizes sizes;                 // of the task's arguments (measured from the built args)
+  RunInfo run;                     // where and how it ran (the report's "run" block)
   std::vector<std::vector<ArmRun>> groups;  // [group][arm]
   Stats stats;
 

@@ -24,8 +24,17 @@ PINSTAGE_API int default_thread_count();
 PINSTAGE_API void parallel_for(size_t n, size_t grain,
                                const std::function<void(size_t, size_t)>& fn, int threads = 0);
 
-// memcpy split across threads for large sizes (the sim backend's copy, the baseline of
-// the bind benchmark).
+// A copy with non-temporal (streaming) stores: the destination is written around the CPU
+// caches, with no read of its old lines, as a DMA engine writes memory. Faster than memcpy
+// for copies larger than the caches, slower for data read again at once. Bit-exact at any
+// size and alignment; it ends with a store fence, so the bytes are visible to another
+// thread that synchronizes with this one afterwards. memcpy where the CPU has no
+// streaming stores (non-x86).
+PINSTAGE_API void stream_copy(void* dst, const void* src, size_t bytes);
+
+// A large copy split across threads, each piece copied with stream_copy (pieces of 1 MiB
+// and more) or memcpy: the all-core host copy rate, the baseline of the bind and load
+// benchmarks.
 PINSTAGE_API void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads = 0);
 
 }  // namespace pinstage

@@ -28,7 +28,14 @@ struct RunInfo {
   std::string driver;            // what the backend says of its driver/runtime, or
                                  // "not reported by the backend"
   std::vector<std::pair<std::string, std::string>> options;  // every option, as given
+  // The backend's copy-engine model (backend_model); empty on a real device.
+  std::vector<std::pair<std::string, int64_t>> model;
 };
+
+// The parameters of the backend's copy-engine model: on sim, dma_threads,
+// bounce_chunk_bytes, bounce_buffers and link_gbps (from sim.stats, docs/worker.md "sim
+// semantics"); empty for a backend without one (a real device).
+PINSTAGE_API std::vector<std::pair<std::string, int64_t>> backend_model(const Worker& worker);
 
 // Machine facts now; backend facts from `worker` when it is not null and initialized.
 PINSTAGE_API RunInfo collect_run_info(const Worker* worker,

@@ -2,8 +2,13 @@
 
 #include <sched.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -174,14 +179,49 @@ void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_
   });
 }
 
+void stream_copy(void* dst, const void* src, size_t bytes) {
+#if defined(__SSE2__)
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  // Up to the destination's first cache line with memcpy, then whole lines streamed.
+  const size_t head = std::min(bytes, (64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63);
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  bytes -= head;
+  const size_t lines = bytes & ~size_t{63};
+  for (size_t i = 0; i < lines; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  _mm_sfence();  // streaming stores are weakly ordered: publish them before returning
+  std::memcpy(d + lines, s + lines, bytes - lines);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
 void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
   // Below a few MiB a thread hand-off costs more than it saves.
   constexpr size_t kGrain = size_t{4} << 20;
+  constexpr size_t kStreamFrom = size_t{1} << 20;  // smaller pieces may stay in cache
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
   parallel_for(
       bytes, kGrain,
-      [&](size_t begin, size_t end) { std::memcpy(d + begin, s + begin, end - begin); }, threads);
+      [&](size_t begin, size_t end) {
+        if (end - begin >= kStreamFrom)
+          stream_copy(d + begin, s + begin, end - begin);
+        else
+          std::memcpy(d + begin, s + begin, end - begin);
+      },
+      threads);
 }
 
 }  // namespace pinstage

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "pinstage/backend/sim_ext.h"
 #include "pinstage/pages.h"
 #include "pinstage/parallel.h"
 #include "pinstage/version.h"
@@ -50,6 +51,18 @@ std::string thp_mode() {
 
 }  // namespace
 
+std::vector<std::pair<std::string, int64_t>> backend_model(const Worker& worker) {
+  if (!worker.initialized()) return {};
+  const auto stats_fn =
+      reinterpret_cast<ps_sim_stats_fn>(worker.backend_extension(PS_SIM_STATS_NAME));
+  ps_sim_stats s{};
+  if (stats_fn == nullptr || stats_fn(worker.native_context(), &s) != PS_OK) return {};
+  return {{"dma_threads", s.dma_threads},
+          {"bounce_chunk_bytes", static_cast<int64_t>(s.bounce_chunk_bytes)},
+          {"bounce_buffers", s.bounce_buffers},
+          {"link_gbps", s.link_gbps}};
+}
+
 RunInfo collect_run_info(const Worker* worker,
                          std::vector<std::pair<std::string, std::string>> options) {
   RunInfo info;
@@ -67,6 +80,7 @@ RunInfo collect_run_info(const Worker* worker,
     info.backend = worker->backend().name;
     info.device = info.backend + " device " + std::to_string(worker->device_id());
     info.driver = "not reported by the backend";
+    info.model = backend_model(*worker);
   }
   info.options = std::move(options);
   return info;
@@ -75,6 +89,8 @@ RunInfo collect_run_info(const Worker* worker,
 std::string run_info_json(const RunInfo& info) {
   nlohmann::ordered_json options = nlohmann::ordered_json::object();
   for (const auto& [key, value] : info.options) options[key] = value;
+  nlohmann::ordered_json model = nlohmann::ordered_json::object();
+  for (const auto& [key, value] : info.model) model[key] = value;
   const nlohmann::ordered_json doc = {
       {"pinstage_version", info.pinstage_version},
       {"utc_time", info.utc_time},
@@ -88,6 +104,7 @@ std::string run_info_json(const RunInfo& info) {
       {"device", info.device},
       {"driver", info.driver},
       {"options", options},
+      {"model", model},
   };
   return doc.dump();
 }

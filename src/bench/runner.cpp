@@ -38,13 +38,13 @@ class Baseline {
     dst_ = static_cast<unsigned char*>(device_ ? device_.data() : host_->data());
   }
 
-  // One timed round.
-  double round() {
+  // One timed round on `threads` threads (0 = all cores).
+  double round(int threads = 0) {
     const Stopwatch clock;
     for (size_t i = 0; i < args_.size(); ++i) {
       const Tensor& t = args_.at(i);
       if (t.direction() == Direction::out || t.nbytes() == 0) continue;
-      parallel_memcpy(dst_ + offsets_[i], t.data(), t.nbytes());
+      parallel_memcpy(dst_ + offsets_[i], t.data(), t.nbytes(), threads);
     }
     return clock.seconds();
   }
@@ -63,7 +63,7 @@ class Steps {
   Steps(const BenchConfig& config, const ProgressFn& fn) : fn_(fn) {
     const size_t rounds = static_cast<size_t>(config.rounds);
     prog_.total = static_cast<size_t>(config.groups) * config.arms.size() *
-                  (1 + rounds + (config.baseline ? rounds : 0));
+                  (1 + rounds + (config.baseline ? rounds + 1 : 0));
   }
   void done(int group, Arm arm, std::string step) {
     ++prog_.done;
@@ -145,6 +145,10 @@ ArmRun run_arm(Worker& worker, const BenchConfig& config, const ArgsFactory& mak
       run.memcpy_seconds.push_back(baseline.round());
       steps.done(g, arm, step_name("memcpy", r, rounds));
     }
+    // One round on one thread: the rate of the driver's one-thread staging pass, for the
+    // copy-engine model's prediction.
+    run.memcpy_one_core_seconds.push_back(baseline.round(1));
+    steps.done(g, arm, "memcpy one core");
   }
   return run;
 }
@@ -164,6 +168,7 @@ Timings BenchResult::timings() const {
     auto& up = t.upload.emplace_back();
     auto& al = t.alloc.emplace_back();
     auto& base = t.baseline.emplace_back();
+    auto& one = t.baseline_one_core.emplace_back();
     for (const ArmRun& run : group) {
       auto& l = lat.emplace_back();
       auto& u = up.emplace_back();
@@ -174,9 +179,14 @@ Timings BenchResult::timings() const {
         d.push_back(rec.phase_seconds[static_cast<size_t>(BindPhase::device_alloc)]);
       }
       base.push_back(run.memcpy_seconds);
+      one.push_back(run.memcpy_one_core_seconds);
     }
   }
-  if (!config.baseline) t.baseline.clear();
+  if (!config.baseline) {
+    t.baseline.clear();
+    t.baseline_one_core.clear();
+  }
+  t.model = model;
   return t;
 }
 
@@ -191,6 +201,14 @@ BenchResult run_ab(Worker& worker, const BenchConfig& config, const ArgsFactory&
   result.config = config;
   result.backend = worker.backend().name;
   result.threads = default_thread_count();
+  // sim's DMA is a host memcpy, so its model predicts the upload ratios (Timings::model).
+  result.model.reset();
+  for (const auto& [key, value] : backend_model(worker)) {
+    CopyModel& m = result.model ? *result.model : result.model.emplace();
+    m.cores = usable_cpu_count();
+    if (key == "dma_threads") m.dma_threads = static_cast<int>(value);
+    if (key == "link_gbps") m.link_gbps = static_cast<double>(value);
+  }
   const bool device_is_host = worker.capabilities().device_memory_is_host;
   result.baseline_kind =
       device_is_host ? "device memory, which is host memory on " + result.backend

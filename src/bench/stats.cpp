@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +51,12 @@ size_t check_shape(const Series& series, size_t groups, size_t arms, size_t skip
   return rounds;
 }
 
+std::optional<Arm> arm_named(const std::string& name) {
+  for (Arm arm : {Arm::pageable, Arm::pinned, Arm::staged})
+    if (name == arm_name(arm)) return arm;
+  return std::nullopt;
+}
+
 double min_after(const std::vector<double>& rounds, size_t skip) {
   return min_of(
       std::vector<double>(rounds.begin() + static_cast<std::ptrdiff_t>(skip), rounds.end()));
@@ -60,8 +68,12 @@ ArmSummary summarize_arm(const Stats& s, const std::string& name, size_t a, uint
   const size_t groups = s.groups.size();
   ArmSummary sum;
   sum.arm = name;
-  std::vector<double> mins, reductions, ratios, allocs, uploads;
+  std::vector<double> mins, reductions, ratios, allocs, uploads, memcpys, one_cores, vs_ref;
   for (size_t g = 0; g < groups; ++g) {
+    memcpys.push_back(s.groups[g][a].memcpy_gbps);
+    one_cores.push_back(s.groups[g][a].memcpy_one_core_gbps);
+    const double ref_upload = s.groups[g][s.reference].upload_gbps;
+    vs_ref.push_back(ref_upload > 0.0 ? s.groups[g][a].upload_gbps / ref_upload : 0.0);
     mins.push_back(s.groups[g][a].min_seconds);
     reductions.push_back(s.groups[g][a].reduction);
     ratios.push_back(s.groups[g][a].upload_vs_memcpy);
@@ -76,8 +88,13 @@ ArmSummary summarize_arm(const Stats& s, const std::string& name, size_t a, uint
   sum.max_gbps = gbps(input_bytes, sum.min_seconds);
   sum.median_reduction = median_of(reductions);
   const bool faster = sum.median_reduction >= 0.0;
-  sum.worst_reduction = faster ? *std::min_element(reductions.begin(), reductions.end())
-                               : *std::max_element(reductions.begin(), reductions.end());
+  const auto worst = faster ? std::min_element(reductions.begin(), reductions.end())
+                            : std::max_element(reductions.begin(), reductions.end());
+  sum.worst_reduction = *worst;
+  sum.worst_group = static_cast<size_t>(worst - reductions.begin());
+  sum.median_memcpy_gbps = median_of(memcpys);
+  sum.median_memcpy_one_core_gbps = median_of(one_cores);
+  sum.upload_ratio = median_of(vs_ref);
   for (double r : reductions) {
     const bool agrees = sum.median_reduction > 0.0   ? r > 0.0
                         : sum.median_reduction < 0.0 ? r < 0.0
@@ -114,6 +131,26 @@ double reduction(double reference_seconds, double seconds) {
   return reference_seconds > 0.0 ? 1.0 - seconds / reference_seconds : 0.0;
 }
 
+double predicted_upload_gbps(Arm arm, double one_core_gbps, double all_core_gbps,
+                             const CopyModel& model) {
+  if (one_core_gbps <= 0.0 || all_core_gbps <= 0.0) return 0.0;
+  const double inf = std::numeric_limits<double>::infinity();
+  const double link = model.link_gbps > 0.0 ? model.link_gbps : inf;
+  const double cores = std::max(1, model.cores);
+  // The engine: its workers' share of the all-core rate.
+  const double engine = all_core_gbps * std::min(1.0, std::max(1, model.dma_threads) / cores);
+  switch (arm) {
+    case Arm::pinned:
+      return std::min(engine, link);
+    case Arm::pageable:  // one staging thread, and both passes' CPU time within the cores
+      return std::min(
+          {one_core_gbps, engine, cores / (1.0 / one_core_gbps + cores / all_core_gbps), link});
+    case Arm::staged:  // the ring copy on every core, then the engine's pass
+      return std::min(1.0 / (1.0 / all_core_gbps + 1.0 / engine), link);
+  }
+  return 0.0;
+}
+
 std::string describe_reduction(double reduction) {
   if (reduction == 0.0) return "no change";
   char buf[48];
@@ -137,6 +174,8 @@ Stats compute_stats(const Timings& t) {
   const bool have_alloc = !t.alloc.empty();
   if (have_alloc) check_shape(t.alloc, groups, arms, skip, "alloc");
   if (have_baseline) check_shape(t.baseline, groups, arms, skip, "baseline");
+  const bool have_one_core = !t.baseline_one_core.empty();
+  if (have_one_core) check_shape(t.baseline_one_core, groups, arms, 0, "one-core baseline");
 
   Stats s;
   s.reference = t.reference;
@@ -157,6 +196,8 @@ Stats compute_stats(const Timings& t) {
         ga.memcpy_min_seconds = min_after(t.baseline[g][a], skip);
         ga.memcpy_gbps = gbps(t.input_bytes, ga.memcpy_min_seconds);
       }
+      if (have_one_core)
+        ga.memcpy_one_core_gbps = gbps(t.input_bytes, min_of(t.baseline_one_core[g][a]));
       if (have_upload && have_baseline && ga.memcpy_gbps > 0.0)
         ga.upload_vs_memcpy = ga.upload_gbps / ga.memcpy_gbps;
     }
@@ -168,14 +209,24 @@ Stats compute_stats(const Timings& t) {
   s.arms.resize(arms);
   for (size_t a = 0; a < arms; ++a)
     s.arms[a] = summarize_arm(s, t.arms[a], a, t.input_bytes, have_upload && have_baseline);
-  // The conservative pairing needs the reference's range, known only now.
+  // The conservative pairing and the model's ratio need the reference's summary.
   const ArmSummary& ref = s.arms[t.reference];
+  const std::optional<Arm> ref_arm = arm_named(ref.arm);
+  const double ref_model = t.model && ref_arm && have_one_core && have_baseline
+                               ? predicted_upload_gbps(*ref_arm, ref.median_memcpy_one_core_gbps,
+                                                       ref.median_memcpy_gbps, *t.model)
+                               : 0.0;
   for (size_t a = 0; a < arms; ++a) {
     ArmSummary& sum = s.arms[a];
     if (a == t.reference) continue;  // against itself it says nothing
     sum.conservative_reduction = sum.median_reduction >= 0.0
                                      ? reduction(ref.min_seconds, sum.max_seconds)
                                      : reduction(ref.max_seconds, sum.min_seconds);
+    const std::optional<Arm> arm = arm_named(sum.arm);
+    if (ref_model > 0.0 && arm)
+      sum.predicted_upload_ratio = predicted_upload_gbps(*arm, ref.median_memcpy_one_core_gbps,
+                                                         sum.median_memcpy_gbps, *t.model) /
+                                   ref_model;
   }
   return s;
 }

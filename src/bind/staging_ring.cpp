@@ -16,13 +16,14 @@ namespace {
 
 // Host copy into a staging buffer. A piece is a few MiB, so it is split finer than
 // parallel_memcpy's grain: on a many-core host the copy into the ring must outrun the
-// device link, which takes more than the two threads a 4 MiB grain would give 8 MiB.
+// device link, which takes more than the two threads a 4 MiB grain would give 8 MiB. The
+// CPU never reads a staging buffer again (the device does), so its lines are streamed.
 void ring_copy(void* dst, const unsigned char* src, size_t bytes, int threads) {
   constexpr size_t kGrain = size_t{512} << 10;
   auto* d = static_cast<unsigned char*>(dst);
   parallel_for(
       bytes, kGrain,
-      [&](size_t begin, size_t end) { std::memcpy(d + begin, src + begin, end - begin); }, threads);
+      [&](size_t begin, size_t end) { stream_copy(d + begin, src + begin, end - begin); }, threads);
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "pinstage/ab_bench.h"
+#include "pinstage/backend/sim_ext.h"
 #include "pinstage/pages.h"
+#include "pinstage/parallel.h"
 
 namespace pinstage::ab {
 namespace {
@@ -116,6 +118,128 @@ TEST(AbStats, DirectionAgreementWhenEveryGroupAgrees) {
   EXPECT_NEAR(ss.arms[1].worst_reduction, -0.1, 1e-12);
   EXPECT_DOUBLE_EQ(ss.arms[1].conservative_reduction, 1.0 - 1.5 / 2.0);
   EXPECT_EQ(ss.arms[1].median_upload_vs_memcpy, 0.0);  // not measured
+}
+
+// Conclusive takes at least 3 groups and at least 4 in 5 of them agreeing.
+TEST(AbStats, ConclusiveNeedsThreeGroupsAndFourInFiveAgreeing) {
+  const auto run = [](const std::vector<double>& pinned_seconds) {
+    Timings t;
+    t.arms = {"pageable", "pinned"};
+    t.keep_cold = true;
+    for (double p : pinned_seconds) t.latency.push_back({{1.0}, {p}});
+    return compute_stats(t).arms[1];
+  };
+  EXPECT_TRUE(run({0.5, 0.5, 0.5, 0.5, 1.5}).conclusive);        // 4 of 5
+  EXPECT_FALSE(run({0.5, 0.5, 0.5, 1.5, 1.5}).conclusive);       // 3 of 5
+  EXPECT_TRUE(run({0.5, 0.5, 0.5}).conclusive);                  // 3 of 3
+  EXPECT_FALSE(run({0.5, 0.5}).conclusive);                      // too few groups
+  EXPECT_FALSE(run({0.5, 0.5, 0.5, 0.5, 1.5, 1.5}).conclusive);  // 4 of 6 < 4 in 5
+  EXPECT_FALSE(run({1.0, 1.0, 1.0}).conclusive);                 // no change at all
+}
+
+// The copy-engine model's rates, worked by hand: one = 6, all = 12 GB/s on 2 cores.
+TEST(AbModel, PredictedUploadRatesFollowTheDocumentedFormulas) {
+  const CopyModel two{.cores = 2, .dma_threads = 2, .link_gbps = 0.0};
+  EXPECT_DOUBLE_EQ(predicted_upload_gbps(Arm::pinned, 6.0, 12.0, two), 12.0);
+  // min(6, 12, 2 / (1/6 + 2/12)) = 6.
+  EXPECT_DOUBLE_EQ(predicted_upload_gbps(Arm::pageable, 6.0, 12.0, two), 6.0);
+  // On a slow one-core copy the shared CPU time, not the staging thread, binds:
+  // 2 / (1/10 + 2/12) = 7.5 < 10.
+  EXPECT_DOUBLE_EQ(predicted_upload_gbps(Arm::pageable, 10.0, 12.0, two), 7.5);
+  EXPECT_DOUBLE_EQ(predicted_upload_gbps(Arm::staged, 6.0, 12.0, two), 6.0);   // 1/(1/12+1/12)
+  const CopyModel one_worker{.cores = 2, .dma_threads = 1, .link_gbps = 0.0};  // engine 6
+  EXPECT_DOUBLE_EQ(predicted_upload_gbps(Arm::pinned, 6.0, 12.0, one_worker), 6.0);
+  EXPECT_DOUBLE_EQ(predicted_upload_gbps(Arm::staged, 6.0, 12.0, one_worker), 4.0);
+  const CopyModel paced{.cores = 2, .dma_threads = 2, .link_gbps = 5.0};
+  EXPECT_DOUBLE_EQ(predicted_upload_gbps(Arm::pinned, 6.0, 12.0, paced), 5.0);
+  EXPECT_DOUBLE_EQ(predicted_upload_gbps(Arm::pageable, 6.0, 12.0, paced), 5.0);
+  EXPECT_EQ(predicted_upload_gbps(Arm::pinned, 0.0, 12.0, two), 0.0);  // not measured
+}
+
+// A result whose pinned arm took `pinned` seconds per group against 1 s for pageable,
+// with uploads at 2 and 1 GB/s and memcpy at 4 (all cores) and 2 GB/s (one), on sim.
+BenchResult summarized(const std::vector<double>& pinned, double pinned_upload_gbps = 2.0) {
+  BenchResult r;
+  r.config.arms = {Arm::pageable, Arm::pinned};
+  r.config.rounds = 1;
+  r.config.keep_cold = true;
+  r.backend = "sim";
+  r.threads = 2;
+  r.model = CopyModel{.cores = 2, .dma_threads = 2, .link_gbps = 0.0};
+  Timings t;
+  t.arms = {"pageable", "pinned"};
+  t.keep_cold = true;
+  t.input_bytes = 1'000'000'000;
+  t.model = r.model;
+  for (double p : pinned) {
+    t.latency.push_back({{1.0}, {p}});
+    t.upload.push_back({{1.0}, {1.0 / pinned_upload_gbps}});
+    t.baseline.push_back({{0.25}, {0.25}});
+    t.baseline_one_core.push_back({{0.5}, {0.5}});
+  }
+  r.stats = compute_stats(t);
+  return r;
+}
+
+std::string summary_of(const BenchResult& r) {
+  const std::string table = format_table(r);
+  return table.substr(table.find("\nsummary:\n"));
+}
+
+TEST(AbSummary, WordsFasterSlowerAndTieWithTheWorstGroupAndAgreement) {
+  const std::string faster = summary_of(summarized({0.6, 0.5, 0.8, 0.6, 0.55}));
+  EXPECT_NE(faster.find("  pinned is 40.0% faster than pageable (bind latency, median of 5 paired "
+                        "groups); 5 of 5 groups agree\n"),
+            std::string::npos)
+      << faster;
+  EXPECT_NE(faster.find("    worst group: group 3, 20.0% faster\n"), std::string::npos) << faster;
+  // The model: pageable min(2, 4, 2 / (1/2 + 2/4)) = 2, pinned 4: 2x predicted.
+  EXPECT_NE(
+      faster.find("upload 2.00 GB/s vs 1.00 GB/s: 2.00x measured, 2.00x predicted by sim's "
+                  "copy-engine model from memcpy 4.00 GB/s on all cores and 2.00 GB/s on one"),
+      std::string::npos)
+      << faster;
+  EXPECT_EQ(faster.find("conservative"), std::string::npos) << "the cross-range figure is gone";
+
+  const std::string slower = summary_of(summarized({1.2, 1.3, 1.25, 0.9, 1.25}));
+  EXPECT_NE(slower.find("  pinned is 25.0% slower than pageable (bind latency, median of 5 paired "
+                        "groups); 4 of 5 groups agree\n"),
+            std::string::npos)
+      << slower;
+  EXPECT_NE(slower.find("    worst group: group 4, 10.0% faster\n"), std::string::npos) << slower;
+
+  const std::string tie = summary_of(summarized({0.998, 1.01, 0.997, 1.002, 0.999}));
+  EXPECT_NE(tie.find("  pinned ties with pageable (0.1% faster, within 0.5%) (bind latency, median "
+                     "of 5 paired groups); 3 of 5 groups agree; not conclusive (fewer than 4 in 5 "
+                     "agree)\n"),
+            std::string::npos)
+      << tie;
+  const std::string two = summary_of(summarized({0.5, 0.5}));
+  EXPECT_NE(two.find("2 of 2 groups agree; not conclusive (fewer than 3 groups)"),
+            std::string::npos)
+      << two;
+}
+
+TEST(AbSummary, TheUploadTargetIsThePinnedArmsWithItsFigureAndReason) {
+  // Pinned uploads at 3.8 of 4 GB/s all-core memcpy: met; pageable's 1 GB/s is no target.
+  const std::string met = summary_of(summarized({0.5, 0.5, 0.5}, 3.8));
+  EXPECT_NE(met.find("  upload target (pinned upload >= 0.90x a plain all-core memcpy): met "
+                     "(0.950x: 3.80 of 4.00 GB/s)\n"),
+            std::string::npos)
+      << met;
+  const std::string missed = summary_of(summarized({0.5, 0.5, 0.5}, 2.0));
+  EXPECT_NE(missed.find("NOT met (0.500x: 2.00 of 4.00 GB/s): the copy engine did not get the "
+                        "cores it copies on"),
+            std::string::npos)
+      << missed;
+  // Paced below the memcpy rate, the target is the link's.
+  BenchResult paced = summarized({0.5, 0.5, 0.5}, 1.9);
+  paced.model->link_gbps = 2.0;
+  const std::string link = summary_of(paced);
+  EXPECT_NE(link.find("upload target (pinned upload >= 0.90x the link (link_gbps)): met (0.950x: "
+                      "1.90 of 2.00 GB/s)"),
+            std::string::npos)
+      << link;
 }
 
 TEST(AbStats, KeepColdCountsTheFirstRound) {
@@ -315,7 +439,8 @@ TEST(AbRun, SmallRunProducesTableAndJson) {
     total = p.total;
   });
   EXPECT_EQ(calls, total);
-  EXPECT_EQ(total, 2u * 3u * (1u + 2u + 2u));
+  // Per group and arm: generate, 2 binds, 2 all-core memcpy rounds, 1 one-core round.
+  EXPECT_EQ(total, 2u * 3u * (1u + 2u + 2u + 1u));
   EXPECT_EQ(worker.stats().device_count, 0u);
   EXPECT_EQ(worker.stats().pinned_count, 0u);  // every arm freed its args and ring
 
@@ -334,6 +459,7 @@ TEST(AbRun, SmallRunProducesTableAndJson) {
       EXPECT_TRUE(run.binds[0].cold);
       EXPECT_FALSE(run.binds[1].cold);
       EXPECT_EQ(run.memcpy_seconds.size(), 2u);
+      EXPECT_EQ(run.memcpy_one_core_seconds.size(), 1u);
       // BindReport::summary(): "2 of 3 tensors ..., <staged> bytes".
       EXPECT_EQ(run.bind_summary.rfind("2 of 3 tensors", 0), 0u) << run.bind_summary;
       EXPECT_NE(run.bind_summary.find(format_thousands(staged) + " bytes"), std::string::npos);
@@ -366,8 +492,16 @@ TEST(AbRun, SmallRunProducesTableAndJson) {
       EXPECT_TRUE(arm["binds"][1]["phases"].contains("upload"));
       EXPECT_EQ(arm["memcpy_seconds"].size(), 2u);
       EXPECT_EQ(arm["memcpy_seconds"][1].get<double>(), r.groups[g][a].memcpy_seconds[1]);
+      EXPECT_EQ(arm["memcpy_one_core_seconds"].size(), 1u);
     }
   EXPECT_EQ(doc["summary"]["arms"].size(), 3u);
+  // sim has a copy-engine model, taken from the backend: the ratios are predicted.
+  ASSERT_TRUE(r.model.has_value());
+  EXPECT_EQ(r.model->dma_threads, std::min(default_thread_count(), PS_SIM_DMA_THREADS_MAX));
+  EXPECT_EQ(r.model->cores, usable_cpu_count());
+  EXPECT_GT(doc["summary"]["arms"][2]["predicted_upload_ratio"].get<double>(), 0.0);
+  EXPECT_GT(doc["summary"]["arms"][2]["upload_ratio"].get<double>(), 0.0);
+  EXPECT_EQ(doc["summary"]["arms"][2]["arm"], "pinned");
 }
 
 TEST(AbRun, RejectsBadInputBeforeRunning) {
@@ -436,7 +570,7 @@ TEST(AbSynthetic, RunsThroughTheGenericHarness) {
   EXPECT_NE(r.groups[0][0].bind_summary.find("3,145,728 bytes"), std::string::npos);
   const std::string table = format_table(r);
   for (const char* needle : {"pinstage bench synthetic: backend sim, 3 tensors x 1,048,576 bytes",
-                             "pinned is ", "than pageable in bind latency", "upload target"})
+                             "pinned is ", "than pageable (bind latency", "upload target"})
     EXPECT_NE(table.find(needle), std::string::npos) << needle << "\n" << table;
   const auto doc = nlohmann::json::parse(to_json(r));
   EXPECT_EQ(doc["benchmark"], "pinstage bench synthetic");

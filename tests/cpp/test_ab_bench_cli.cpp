@@ -90,7 +90,7 @@ TEST(BenchCli, SmallRunPrintsTheTableAndWritesTheJson) {
   ASSERT_EQ(r.status, 0) << r.output;
   for (const char* needle :
        {"--layers 1", "group", "vs pageable", "alloc ms", "upload GB/s", "pinned is ",
-        "than pageable in bind latency", "upload target", "report with every raw timing"})
+        "than pageable (bind latency", "upload target", "report with every raw timing"})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
   std::ifstream in(path);
   ASSERT_TRUE(in) << path;
@@ -108,6 +108,12 @@ TEST(BenchCli, SmallRunPrintsTheTableAndWritesTheJson) {
   EXPECT_EQ(doc["run"]["backend"], "sim");
   EXPECT_FALSE(doc["run"]["pinstage_version"].get<std::string>().empty());
   EXPECT_FALSE(doc["run"]["options"]["--arms"].get<std::string>().empty());
+  // The copy-engine model's parameters, as the backend reports them.
+  const auto& model = doc["run"]["model"];
+  EXPECT_GE(model["dma_threads"].get<int>(), 1);
+  EXPECT_EQ(model["bounce_chunk_bytes"], 2 << 20);
+  EXPECT_EQ(model["bounce_buffers"], 2);
+  EXPECT_EQ(model["link_gbps"], 0);
   // The automatic-size line is printed once (here the size was given: no such line).
   EXPECT_EQ(r.output.find("automatic"), std::string::npos) << r.output;
   std::filesystem::remove(path);
@@ -227,7 +233,7 @@ TEST(BenchCli, SyntheticRunsThroughTheSameHarness) {
   ASSERT_EQ(r.status, 0) << r.output;
   for (const char* needle : {"pinstage bench synthetic: backend sim, 4 tensors x 67,108,864 bytes",
                              "args: 4 tensors, 4 inputs, 268.44 MB per bind", "group",
-                             "vs pageable", "than pageable in bind latency", "upload target"})
+                             "vs pageable", "than pageable (bind latency", "upload target"})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
 }
 

@@ -4,9 +4,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -98,6 +100,25 @@ uint64_t address_space_bytes() {
 // Issue 14, defect 6: the pool must fail with a clear error (twice: the second call
 // retries and fails the same way), not hang or terminate while unwinding. Runs in a
 // fresh child (threadsafe death test) so the pool is not built yet.
+// Streaming stores write whole 64-byte lines: every size and misalignment of either
+// side around a line must still land byte for byte, touching nothing outside the range.
+TEST(StreamCopy, IsBitExactAtEverySizeAndAlignment) {
+  std::vector<unsigned char> src(4096 + 192), dst(src.size());
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+  for (size_t n : {0, 1, 15, 63, 64, 65, 127, 128, 129, 200, 1000, 4096}) {
+    for (size_t s_off : {0, 1, 17, 63}) {
+      for (size_t d_off : {0, 1, 31, 63}) {
+        std::fill(dst.begin(), dst.end(), 0xcc);
+        stream_copy(dst.data() + d_off, src.data() + s_off, n);
+        ASSERT_EQ(std::memcmp(dst.data() + d_off, src.data() + s_off, n), 0)
+            << n << " bytes from +" << s_off << " to +" << d_off;
+        for (size_t i = 0; i < dst.size(); ++i)
+          if (i < d_off || i >= d_off + n) ASSERT_EQ(dst[i], 0xcc) << "byte " << i << " touched";
+      }
+    }
+  }
+}
+
 TEST(ParallelForDeathTest, APartialPoolStartIsAClearErrorNotAHang) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "sanitizer runtimes reserve address space: RLIMIT_AS cannot model this";

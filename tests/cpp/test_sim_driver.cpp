@@ -10,10 +10,12 @@
 #include <thread>
 #include <vector>
 
+#include "backends/sim/dma.h"
 #include "backends/sim/sim_config.h"
 #include "lock_test_util.h"
 #include "pinstage/backend/sim_ext.h"
 #include "pinstage/error.h"
+#include "pinstage/parallel.h"
 #include "pinstage/worker.h"
 #include "tensor_test_util.h"
 
@@ -109,6 +111,120 @@ TEST_F(SimDriver, PinnedCopiesAreDmaedDirectlyAndBitExact) {
   EXPECT_EQ(s.h2d_direct_bytes, bytes);
   EXPECT_EQ(s.d2h_direct_bytes, bytes);
   EXPECT_EQ(s.h2d_bounced_count + s.d2h_bounced_count, 0u);
+}
+
+// The copy engine's workers (dma_threads): 256 KiB chunks split into up to four 64 KiB
+// slices, at sizes and offsets that cut slices, chunks and cache lines anywhere.
+TEST_F(SimDriver, CopiesAreBitExactWithOneTwoAndThreeDmaThreads) {
+  const size_t sizes[] = {1,
+                          63,
+                          65,
+                          (64 << 10) + 1,
+                          (128 << 10) - 1,
+                          (192 << 10) + 63,
+                          (256 << 10) + 7,
+                          (3 << 20) + 13};
+  for (const char* threads : {"1", "2", "3"}) {
+    SCOPED_TRACE(std::string("dma_threads=") + threads);
+    init({{"bounce_chunk", "256K"}, {"dma_threads", threads}});
+    ASSERT_EQ(stats().dma_threads, std::stoi(threads));
+    DeviceBuffer dev = w().alloc_device(4 << 20);
+    PinnedHostBuffer pinned = w().alloc_pinned_host(4 << 20);
+    auto* host = static_cast<unsigned char*>(pinned.data());
+    for (size_t size : sizes) {
+      for (size_t offset : {size_t{0}, size_t{1}, size_t{4095}}) {
+        SCOPED_TRACE(std::to_string(size) + " at " + std::to_string(offset));
+        const auto src = pattern(size, static_cast<unsigned>(size + offset));
+        std::memset(dev.data(), 0xee, 4 << 20);
+        std::memcpy(host + 3, src.data(), size);
+        w().copy_to_device(dev, offset, host + 3, size);  // direct
+        ASSERT_EQ(std::memcmp(device_bytes(dev) + offset, src.data(), size), 0);
+        if (offset > 0) {
+          ASSERT_EQ(device_bytes(dev)[offset - 1], 0xee);
+        }
+        ASSERT_EQ(device_bytes(dev)[offset + size], 0xee);
+        std::memset(host, 0, 4 << 20);
+        w().copy_to_host(host + 1, dev, offset, size);  // direct
+        ASSERT_EQ(std::memcmp(host + 1, src.data(), size), 0);
+        ASSERT_EQ(host[0], 0);
+        ASSERT_EQ(host[1 + size], 0);
+        std::vector<unsigned char> back(size + 2, 0);          // pageable: bounced, the engine's
+        w().copy_to_host(back.data() + 1, dev, offset, size);  // slices into the bounce
+        ASSERT_EQ(std::memcmp(back.data() + 1, src.data(), size), 0);
+        ASSERT_EQ(back[0] | back[size + 1], 0);
+      }
+    }
+  }
+}
+
+// What the engine recorded: each of its three workers copied exactly its 64 KiB slice of
+// every 192 KiB chunk, both ways; a chunk too small to split is carried by one worker.
+TEST_F(SimDriver, EveryDmaThreadCarriesItsSliceOfEachChunk) {
+  init({{"bounce_chunk", "192K"}, {"dma_threads", "3"}});
+  DeviceBuffer dev = w().alloc_device(1 << 20);
+  PinnedHostBuffer pinned = w().alloc_pinned_host(1 << 20);
+  std::memset(pinned.data(), 0x5a, 1 << 20);
+  w().copy_to_device(dev, 0, pinned.data(), 4 * (192 << 10));  // four chunks
+  w().copy_to_host(pinned.data(), dev, 0, 2 * (192 << 10));    // two chunks
+  ps_sim_stats s = stats();
+  ASSERT_EQ(s.dma_threads, 3);
+  for (int t = 0; t < 3; ++t) {
+    EXPECT_EQ(s.h2d_dma_thread_bytes[t], 4u * (64 << 10)) << "worker " << t;
+    EXPECT_EQ(s.d2h_dma_thread_bytes[t], 2u * (64 << 10)) << "worker " << t;
+  }
+  for (int t = 3; t < PS_SIM_DMA_THREADS_MAX; ++t)
+    EXPECT_EQ(s.h2d_dma_thread_bytes[t] + s.d2h_dma_thread_bytes[t], 0u) << t;
+  w().copy_to_device(dev, 0, pinned.data(), (64 << 10) - 1);  // under two slices: one worker
+  s = stats();
+  EXPECT_EQ(s.h2d_dma_thread_bytes[0], 4u * (64 << 10) + (64 << 10) - 1);
+  EXPECT_EQ(s.h2d_dma_thread_bytes[1], 4u * (64 << 10));
+  EXPECT_EQ(s.h2d_staged_bytes + s.d2h_staged_bytes, 0u) << "pinned copies stage nothing";
+}
+
+// A pageable copy moves through the bounce buffers once: the calling thread stages each
+// byte exactly once, and the engine's workers carry each byte once between the bounce
+// buffers and the device.
+TEST_F(SimDriver, PageableCopiesTakeExactlyOneStagingPass) {
+  init({{"bounce_chunk", "128K"}, {"bounce_buffers", "2"}, {"dma_threads", "2"}});
+  DeviceBuffer dev = w().alloc_device(1 << 20);
+  const size_t up = 5 * (128 << 10) + 4097, down = 3 * (128 << 10) + 1;
+  const auto src = pattern(up, 3);
+  w().copy_to_device(dev, 0, src.data(), up);
+  std::vector<unsigned char> back(down);
+  w().copy_to_host(back.data(), dev, 0, down);
+  ASSERT_EQ(std::memcmp(back.data(), src.data(), down), 0);
+  const ps_sim_stats s = stats();
+  EXPECT_EQ(s.h2d_staged_bytes, up);
+  EXPECT_EQ(s.d2h_staged_bytes, down);
+  EXPECT_EQ(s.h2d_dma_thread_bytes[0] + s.h2d_dma_thread_bytes[1], up);
+  EXPECT_EQ(s.d2h_dma_thread_bytes[0] + s.d2h_dma_thread_bytes[1], down);
+  EXPECT_GT(s.h2d_dma_thread_bytes[1], 0u) << "the engine's second worker took its slices";
+  EXPECT_EQ(s.h2d_bounced_bytes, up);
+  EXPECT_EQ(s.h2d_direct_count + s.d2h_direct_count, 0u);
+}
+
+// The slices of a chunk tile it exactly, in order, cut at 64-byte boundaries.
+TEST(SimDmaSlices, SlicesTileEveryChunk) {
+  for (size_t bytes :
+       {size_t{1}, size_t{64}, size_t{65} << 10, size_t{1} << 20, (size_t{1} << 30) + 12345}) {
+    for (size_t threads : {1, 2, 3, 7, 64}) {
+      const size_t slices = sim::DmaEngine::slice_count(bytes, threads);
+      ASSERT_GE(slices, 1u);
+      ASSERT_LE(slices, threads);
+      ASSERT_LE(slices, std::max<size_t>(1, bytes / sim::DmaEngine::kMinSlice));
+      size_t prev = 0;
+      for (size_t w = 1; w <= threads; ++w) {
+        const size_t b = sim::DmaEngine::slice_begin(bytes, slices, w);
+        ASSERT_GE(b, prev) << bytes << "/" << threads;
+        if (w < slices) {
+          ASSERT_EQ(b % 64, 0u);
+          ASSERT_GT(b, prev) << "no empty slice";
+        }
+        prev = b;
+      }
+      ASSERT_EQ(prev, bytes) << "the last slice ends at the chunk's end";
+    }
+  }
 }
 
 TEST_F(SimDriver, OnlyThisWorkersPinnedMemoryIsDirect) {
@@ -220,6 +336,7 @@ TEST_F(SimDriver, OptionsShapeTheDriverAndTheBounceBuffersAreLocked) {
   EXPECT_EQ(d.bounce_chunk_bytes, 2u << 20);
   EXPECT_EQ(d.bounce_buffers, 2);
   EXPECT_EQ(d.link_gbps, 0);
+  EXPECT_EQ(d.dma_threads, std::min(default_thread_count(), PS_SIM_DMA_THREADS_MAX));
 }
 
 TEST_F(SimDriver, PacedCopiesStayBitExact) {
@@ -246,6 +363,9 @@ TEST(SimOptions, BadOptionsAreRefusedNamingTheKey) {
       {{{"link_gbps", "55.5"}}, "link_gbps='55.5' is not valid"},
       {{{"link_gbps", "10001"}}, "link_gbps='10001' is not valid"},
       {{{"link_gbps", ""}}, "link_gbps='' is not valid"},
+      {{{"dma_threads", "0"}}, "dma_threads='0' is not valid"},
+      {{{"dma_threads", "65"}}, "dma_threads='65' is not valid"},
+      {{{"dma_threads", "0x2"}}, "dma_threads='0x2' is not valid"},
   };
   for (const auto& [config, message] : cases) {
     SCOPED_TRACE(message);

@@ -18,6 +18,9 @@ extern "C" {
 /* get_proc_address("sim.stats") returns a ps_sim_stats_fn. */
 #define PS_SIM_STATS_NAME "sim.stats"
 
+/* Most workers a sim copy engine runs (the backend option dma_threads). */
+#define PS_SIM_DMA_THREADS_MAX 64
+
 /* Totals over the context's life, and its settings and pool now. */
 typedef struct ps_sim_stats {
   /* Copies (sync and async) by direction and path: "direct" when the host side lies in
@@ -33,6 +36,15 @@ typedef struct ps_sim_stats {
   int bounce_buffers; /* per direction */
   int bounce_locked;  /* 1 when every bounce buffer is mlock'ed */
   int64_t link_gbps;  /* 0 = unpaced */
+
+  /* The copy engines (backend option dma_threads): workers per engine, the bytes each
+   * host-to-device and device-to-host worker copied (entries from dma_threads on are 0),
+   * and the bytes the copying threads staged through the bounce buffers (one pass per
+   * pageable byte). */
+  int dma_threads;
+  uint64_t h2d_dma_thread_bytes[PS_SIM_DMA_THREADS_MAX];
+  uint64_t d2h_dma_thread_bytes[PS_SIM_DMA_THREADS_MAX];
+  uint64_t h2d_staged_bytes, d2h_staged_bytes;
 
   /* The device pool (docs/worker.md): bytes it can hand out, in live blocks, backed so
    * far (the high-water mark; freed blocks stay backed), its free ranges after

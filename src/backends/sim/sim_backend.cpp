@@ -172,8 +172,11 @@ int create_context(int device_id, const ps_context_options* options, ps_device_c
     for (const FaultSetting& f : setting_sim_faults()) ctx->faults.set(f.kind, f.nth);
     ctx->pool = std::make_unique<DevicePool>(ctx->capacity);
     const SimConfig& c = ctx->config;
-    ctx->h2d = std::make_unique<Channel>(c.bounce_chunk, c.bounce_buffers, c.link_gbps);
-    ctx->d2h = std::make_unique<Channel>(c.bounce_chunk, c.bounce_buffers, c.link_gbps);
+    const int dma_threads = resolved_dma_threads(c);
+    ctx->h2d =
+        std::make_unique<Channel>(c.bounce_chunk, c.bounce_buffers, c.link_gbps, dma_threads);
+    ctx->d2h =
+        std::make_unique<Channel>(c.bounce_chunk, c.bounce_buffers, c.link_gbps, dma_threads);
     *out = reinterpret_cast<ps_device_ctx*>(ctx.release());
   });
 }
@@ -451,12 +454,21 @@ int sim_stats(ps_device_ctx* raw, ps_sim_stats* out) {
         .bounce_buffers = ctx->config.bounce_buffers,
         .bounce_locked = ctx->h2d->locked() && ctx->d2h->locked() ? 1 : 0,
         .link_gbps = ctx->config.link_gbps,
+        .dma_threads = ctx->h2d->engine().threads(),
+        .h2d_dma_thread_bytes = {},
+        .d2h_dma_thread_bytes = {},
+        .h2d_staged_bytes = ctx->h2d->staged_bytes(),
+        .d2h_staged_bytes = ctx->d2h->staged_bytes(),
         .pool_span_bytes = pool.span,
         .pool_used_bytes = pool.used,
         .pool_backed_bytes = pool.backed,
         .pool_free_blocks = pool.free_blocks,
         .pool_largest_free_bytes = pool.largest_free,
         .pool_backing_seconds = pool.backing_seconds};
+    for (int w = 0; w < out->dma_threads; ++w) {
+      out->h2d_dma_thread_bytes[w] = ctx->h2d->engine().thread_bytes(w);
+      out->d2h_dma_thread_bytes[w] = ctx->d2h->engine().thread_bytes(w);
+    }
   });
 }
 

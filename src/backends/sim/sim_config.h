@@ -17,9 +17,15 @@ struct SimConfig {
   int bounce_buffers = 2;
   // Link rate in GB/s (1e9 bytes per second, per direction); 0 = unpaced (memcpy speed).
   int64_t link_gbps = 0;
+  // Workers per copy engine, each copying a slice of every chunk; 0 = the process's thread
+  // count (PINSTAGE_NUM_THREADS, else the CPUs in the affinity mask), at most 64.
+  int dma_threads = 0;
 };
 
-// The accepted keys, for messages: "bounce_chunk, bounce_buffers, link_gbps".
+// The engine's workers: config.dma_threads, or the default it stands for.
+int resolved_dma_threads(const SimConfig& config);
+
+// The accepted keys, for messages: "bounce_chunk, bounce_buffers, link_gbps, dma_threads".
 const char* config_keys();
 
 // Parses the entries strictly: each key at most once, values exactly as documented.
