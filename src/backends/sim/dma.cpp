@@ -13,6 +13,7 @@ namespace pinstage::sim {
 
 Transfer::~Transfer() {
   std::unique_lock lock(mu_);
+  wanted_ = submitted_;
   cv_.wait(lock, [&] { return done_ >= submitted_; });
 }
 
@@ -23,12 +24,14 @@ void Transfer::add_one() {
 
 void Transfer::complete_one() {
   std::lock_guard lock(mu_);
-  ++done_;
-  cv_.notify_all();
+  // Only the completion the waiter asked for wakes it: a wake-up per chunk would take a
+  // core from the engine's workers thousands of times per large copy.
+  if (++done_ >= wanted_) cv_.notify_all();
 }
 
 void Transfer::wait_for(size_t chunks) {
   std::unique_lock lock(mu_);
+  wanted_ = chunks;
   cv_.wait(lock, [&] { return done_ >= chunks; });
 }
 

@@ -35,6 +35,7 @@ class Transfer {
   std::condition_variable cv_;
   size_t submitted_ = 0;
   size_t done_ = 0;
+  size_t wanted_ = SIZE_MAX;  // the count the waiter waits for (none: no wake-ups)
 };
 
 // One copy engine: `threads` workers that run DMA chunks in submission order, each
