@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The C++ suite under ASan+UBSan, the concurrency tests under TSan, each fuzz target for
-# 60 s (PINSTAGE_FUZZ_SECONDS) under ASan+UBSan.
+# The C++ suite under ASan+UBSan (less its long numeric tests), the concurrency tests under
+# TSan, each fuzz target for 60 s (PINSTAGE_FUZZ_SECONDS) under ASan+UBSan.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINSTAGE_BUILD_BENCH=OFF -DPINSTAGE_BUILD_PYTHON=OFF)
@@ -12,10 +12,16 @@ common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINSTAGE_BUILD_BENCH=OFF -DPINSTAGE_
 # then segfaults at exit ("Tracer caught signal 11"; google/sanitizers#1322). Which test
 # hits it depends on the heap layout, so it is deterministic but moves. Leaks are still
 # found; only dynamic TLS is not scanned for roots.
+# Left out under ASan (and only there): the tests whose time is full-size numerics, one or
+# two layers of Qwen3 weights generated and run through the golden (70-145 s each under
+# ASan, 7-14 s in the release suite, which runs them all). Their code runs under ASan at
+# smaller sizes: FixtureValues.TwoLayersFollowTheSpec, the other GoldenDecode and
+# SceneExecute tests, test_golden_kernels and Cli.SceneJsonAndCaseInsensitiveChoices.
+asan_long='^(SceneRestore\.CachesHold|GoldenDecode\.(ReadsOnly|SameResult)|SceneExecute\.(ACorrupted|RunsThePortable)|FixtureValues\.BytesDoNotDepend|WeightsAndPools/SceneCatchesCorruption)'
 (cd "$root/build-asan" &&
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:intercept_tls_get_addr=0 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  ctest --output-on-failure -j2 --timeout 1800)
+  ctest --output-on-failure -j2 --timeout 1800 -E "$asan_long")
 
 # TSan runs the tests labelled concurrency (the worker and thread pool, the Binder, the
 # staging ring), so it builds only the binaries that carry the label, and the Python
