@@ -291,6 +291,47 @@ TEST_F(CheckpointTest, TenThousandTinyTensorsOnHostAndDevice) {
   }
 }
 
+// Today's checkpoint sizes (issue 23, defects 1 and 2): 100,000 tensors, as many as an MoE
+// checkpoint lists, open (the header parse is linear, not quadratic) and load into pinned
+// memory (the pool's few mappings, not one each against vm.max_map_count) and onto the
+// device, every byte as written.
+TEST_F(CheckpointTest, AHundredThousandTensorsLoadIntoPinnedMemoryAndOntoTheDevice) {
+  constexpr size_t kTensors = 100'000;
+  std::string header = "{", data;
+  for (size_t k = 0; k < kTensors; ++k) {
+    const uint64_t n = k % 5;  // 0..4 bytes: zero-byte tensors too
+    header.append(k ? ",\"t." : "\"t.").append(std::to_string(k));
+    header.append(R"(":{"dtype":"U8","shape":[)").append(std::to_string(n));
+    header.append(R"(],"data_offsets":[)").append(std::to_string(data.size())).append(",");
+    header.append(std::to_string(data.size() + n)).append("]}");
+    for (uint64_t i = 0; i < n; ++i) data += static_cast<char>(byte_at(k, i));
+  }
+  write_bytes(path("many.safetensors"), file_of(header + "}", data));
+  const Checkpoint c = Checkpoint::open(path("many.safetensors"));
+  ASSERT_EQ(c.tensors().size(), kTensors);
+
+  Worker worker;
+  worker.init("sim");
+  PinnedAllocator pinned(worker);
+  const HostLoad host = load_to_host(c, pinned, {});
+  expect_bytes(host.tensors);
+  for (const HostTensor& t : host.tensors)
+    ASSERT_TRUE(t.info.bytes == 0 || worker.is_pinned_host(t.storage->data(), t.info.bytes))
+        << t.info.name;
+
+  CheckpointLoadOptions o;
+  o.ring_bytes = 1 << 16;  // many tensors per ring buffer
+  const DeviceLoad dev = load_to_device(c, worker, o);
+  ASSERT_EQ(dev.tensors.size(), kTensors);
+  std::vector<unsigned char> back(8);
+  for (size_t k = 0; k < dev.tensors.size(); ++k) {
+    const uint64_t n = dev.tensors[k].info.bytes;
+    if (n == 0) continue;
+    worker.copy_to_host(back.data(), dev.tensors[k].buffer, 0, n);
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(back[i], byte_at(k, i)) << k;
+  }
+}
+
 // Word i of the big tensor: a distinct value every 64 KiB, zero between (a sparse file,
 // so the test writes 128 KiB, not 1 GiB, and still sees any byte that lands elsewhere).
 constexpr uint64_t kMarkEvery = 8192;  // words
