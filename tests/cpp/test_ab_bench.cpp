@@ -181,6 +181,10 @@ BenchResult summarized(const std::vector<double>& pinned, double pinned_upload_g
   return r;
 }
 
+void expect_has(const std::string& text, const std::string& needle) {
+  EXPECT_NE(text.find(needle), std::string::npos) << "missing: " << needle << "\n" << text;
+}
+
 std::string summary_of(const BenchResult& r) {
   const std::string table = format_table(r);
   return table.substr(table.find("\nsummary:\n"));
@@ -188,58 +192,48 @@ std::string summary_of(const BenchResult& r) {
 
 TEST(AbSummary, WordsFasterSlowerAndTieWithTheWorstGroupAndAgreement) {
   const std::string faster = summary_of(summarized({0.6, 0.5, 0.8, 0.6, 0.55}));
-  EXPECT_NE(faster.find("  pinned is 40.0% faster than pageable (bind latency, median of 5 paired "
-                        "groups); 5 of 5 groups agree\n"),
-            std::string::npos)
-      << faster;
-  EXPECT_NE(faster.find("    worst group: group 3, 20.0% faster\n"), std::string::npos) << faster;
+  expect_has(faster,
+             "  pinned is 40.0% faster than pageable (bind latency, median of 5 paired "
+             "groups); 5 of 5 groups agree\n");
+  expect_has(faster, "    worst group: group 3, 20.0% faster\n");
   // The model: pageable min(2, 4, 2 / (1/2 + 2/4)) = 2, pinned 4: 2x predicted.
-  EXPECT_NE(
-      faster.find("upload 2.00 GB/s vs 1.00 GB/s: 2.00x measured, 2.00x predicted by sim's "
-                  "copy-engine model from memcpy 4.00 GB/s on all cores and 2.00 GB/s on one"),
-      std::string::npos)
-      << faster;
+  expect_has(faster,
+             "upload 2.00 GB/s vs 1.00 GB/s: 2.00x measured, 2.00x predicted by sim's "
+             "copy-engine model from memcpy 4.00 GB/s on all cores and 2.00 GB/s on one");
   EXPECT_EQ(faster.find("conservative"), std::string::npos) << "the cross-range figure is gone";
 
   const std::string slower = summary_of(summarized({1.2, 1.3, 1.25, 0.9, 1.25}));
-  EXPECT_NE(slower.find("  pinned is 25.0% slower than pageable (bind latency, median of 5 paired "
-                        "groups); 4 of 5 groups agree\n"),
-            std::string::npos)
-      << slower;
-  EXPECT_NE(slower.find("    worst group: group 4, 10.0% faster\n"), std::string::npos) << slower;
+  expect_has(slower,
+             "  pinned is 25.0% slower than pageable (bind latency, median of 5 paired "
+             "groups); 4 of 5 groups agree\n");
+  expect_has(slower, "    worst group: group 4, 10.0% faster\n");
 
   const std::string tie = summary_of(summarized({0.998, 1.01, 0.997, 1.002, 0.999}));
-  EXPECT_NE(tie.find("  pinned ties with pageable (0.1% faster, within 0.5%) (bind latency, median "
-                     "of 5 paired groups); 3 of 5 groups agree; not conclusive (fewer than 4 in 5 "
-                     "agree)\n"),
-            std::string::npos)
-      << tie;
+  expect_has(tie,
+             "  pinned ties with pageable (0.1% faster, within 0.5%) (bind latency, median "
+             "of 5 paired groups); 3 of 5 groups agree; not conclusive (fewer than 4 in 5 "
+             "agree)\n");
   const std::string two = summary_of(summarized({0.5, 0.5}));
-  EXPECT_NE(two.find("2 of 2 groups agree; not conclusive (fewer than 3 groups)"),
-            std::string::npos)
-      << two;
+  expect_has(two, "2 of 2 groups agree; not conclusive (fewer than 3 groups)");
 }
 
 TEST(AbSummary, TheUploadTargetIsThePinnedArmsWithItsFigureAndReason) {
   // Pinned uploads at 3.8 of 4 GB/s all-core memcpy: met; pageable's 1 GB/s is no target.
   const std::string met = summary_of(summarized({0.5, 0.5, 0.5}, 3.8));
-  EXPECT_NE(met.find("  upload target (pinned upload >= 0.90x a plain all-core memcpy): met "
-                     "(0.950x: 3.80 of 4.00 GB/s)\n"),
-            std::string::npos)
-      << met;
+  expect_has(met,
+             "  upload target (pinned upload >= 0.90x a plain all-core memcpy): met "
+             "(0.950x: 3.80 of 4.00 GB/s)\n");
   const std::string missed = summary_of(summarized({0.5, 0.5, 0.5}, 2.0));
-  EXPECT_NE(missed.find("NOT met (0.500x: 2.00 of 4.00 GB/s): the copy engine did not get the "
-                        "cores it copies on"),
-            std::string::npos)
-      << missed;
+  expect_has(missed,
+             "NOT met (0.500x: 2.00 of 4.00 GB/s): the copy engine did not get the "
+             "cores it copies on");
   // Paced below the memcpy rate, the target is the link's.
   BenchResult paced = summarized({0.5, 0.5, 0.5}, 1.9);
   paced.model->link_gbps = 2.0;
   const std::string link = summary_of(paced);
-  EXPECT_NE(link.find("upload target (pinned upload >= 0.90x the link (link_gbps)): met (0.950x: "
-                      "1.90 of 2.00 GB/s)"),
-            std::string::npos)
-      << link;
+  expect_has(link,
+             "upload target (pinned upload >= 0.90x the link (link_gbps)): met (0.950x: "
+             "1.90 of 2.00 GB/s)");
 }
 
 TEST(AbStats, KeepColdCountsTheFirstRound) {
