@@ -203,11 +203,13 @@ BenchResult run_ab(Worker& worker, const BenchConfig& config, const ArgsFactory&
   result.threads = default_thread_count();
   // sim's DMA is a host memcpy, so its model predicts the upload ratios (Timings::model).
   result.model.reset();
-  for (const auto& [key, value] : backend_model(worker)) {
-    CopyModel& m = result.model ? *result.model : result.model.emplace();
+  if (const auto params = backend_model(worker); !params.empty()) {
+    CopyModel& m = result.model.emplace();
     m.cores = usable_cpu_count();
-    if (key == "dma_threads") m.dma_threads = static_cast<int>(value);
-    if (key == "link_gbps") m.link_gbps = static_cast<double>(value);
+    for (const auto& [key, value] : params) {
+      if (key == "dma_threads") m.dma_threads = static_cast<int>(value);
+      if (key == "link_gbps") m.link_gbps = static_cast<double>(value);
+    }
   }
   const bool device_is_host = worker.capabilities().device_memory_is_host;
   result.baseline_kind =
