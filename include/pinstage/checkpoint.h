@@ -43,7 +43,8 @@ struct CheckpointIndex {
 // byte-order mark, bad JSON, nesting deeper than kSafetensorsMaxJsonDepth, a repeated key
 // at any level, a missing or non-object weight_map, an unknown top-level key, a tensor
 // name that is empty or holds a NUL, a shard that is not a plain file name ending in
-// .safetensors (no '/', no "..", no NUL), and a metadata value that is an array or object.
+// .safetensors (no '/', no "..", no NUL), a metadata value that is null, an array or
+// an object, and a raw NUL byte anywhere in the text.
 PINSTAGE_API CheckpointIndex parse_checkpoint_index(std::string_view text,
                                                     const std::string& source);
 
@@ -109,7 +110,12 @@ struct CheckpointLoadOptions {
   // bounce buffer, since tensors start anywhere in a file. Where the file system refuses
   // O_DIRECT, the load falls back to buffered reads and says so in the report.
   bool direct = false;
-  bool verify = false;  // check each tensor's xxh3-64 against the recorded one
+  // Check each tensor's xxh3-64 against the recorded one: on a host load the bytes read,
+  // on a device load the bytes as they pass and again as read back from the device. A
+  // tensor without a recorded hash is an Error(invalid_argument) before anything is
+  // read, unless verify_if_present (then it is counted in LoadReport::unverified).
+  bool verify = false;
+  bool verify_if_present = false;
   // Device loads: pinned bytes of the StagingRing (split into ring_buffers buffers).
   uint64_t ring_bytes = uint64_t{64} << 20;
   size_t ring_buffers = 4;
@@ -134,7 +140,8 @@ struct LoadReport {
   bool direct = false;             // O_DIRECT was used for every file
   std::string direct_note;         // why it was not, when asked for
   bool verified = false;           // every tensor had a recorded hash and it matched
-  size_t unverified = 0;           // tensors without a recorded hash (verify on)
+  size_t unverified = 0;           // tensors without a recorded hash (verify_if_present)
+  uint64_t verify_readback_bytes = 0;  // device loads: bytes read back from the device and hashed
   uint64_t ring_pinned_bytes = 0;  // device loads: pinned bytes of the ring
   uint64_t peak_pinned_bytes = 0;  // worker's pinned bytes at the peak of the load
   int threads = 0;

@@ -3,6 +3,7 @@
 #include "pinstage/checkpoint.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,6 +16,7 @@
 
 #include "pinstage/atomic_file.h"
 #include "pinstage/error.h"
+#include "pinstage/files.h"
 #include "pinstage/safetensors.h"
 #include "tensor/strict_json.h"
 
@@ -59,8 +61,10 @@ std::vector<std::pair<std::string, std::string>> index_metadata(const nlohmann::
   for (auto it = v.begin(); it != v.end(); ++it) {
     if (it.key().empty() || it.key().find('\0') != std::string::npos)
       ckpt_error(source, "a metadata key is empty or holds a NUL byte");
-    if (it.value().is_structured())
-      ckpt_error(source, "metadata " + shown(it.key()) + " must be a string, number or boolean");
+    if (it.value().is_structured() || it.value().is_null())
+      ckpt_error(source, "metadata " + shown(it.key()) + " is " +
+                             (it.value().is_null() ? "null" : "an array or object") +
+                             "; it must be a string, number or boolean");
     out.emplace_back(it.key(),
                      it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
   }
@@ -88,15 +92,25 @@ void merge_metadata(std::vector<std::pair<std::string, std::string>>& into,
 }
 
 std::string read_index_text(const std::string& path) {
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  if (ec) ckpt_error(path, "cannot read the index: " + ec.message());
+  std::string why;
+  const UniqueFd fd(open_regular_file(path, 0, &why));
+  if (fd.get() < 0) ckpt_error(path, "cannot read the index: " + why);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) ckpt_error(path, "cannot stat the index");
+  const auto size = static_cast<uint64_t>(st.st_size);
   if (size > kCheckpointMaxIndexBytes)
     ckpt_error(path, "the index is " + std::to_string(size) + " bytes, over the " +
                          std::to_string(kCheckpointMaxIndexBytes >> 20) + " MiB limit");
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), {});
-  if (!in.good() && !in.eof()) ckpt_error(path, "cannot read the index");
+  std::string text(static_cast<size_t>(size), '\0');
+  size_t have = 0;
+  while (have < text.size()) {
+    const ssize_t n = ::pread(fd.get(), text.data() + have, text.size() - have,
+                              static_cast<off_t>(have));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) ckpt_error(path, std::string("cannot read the index: ") + std::strerror(errno));
+    if (n == 0) ckpt_error(path, "the index shrank while it was read");
+    have += static_cast<size_t>(n);
+  }
   return text;
 }
 

@@ -19,6 +19,7 @@
 #include "pinstage/checkpoint.h"
 #include "pinstage/clock.h"
 #include "pinstage/error.h"
+#include "pinstage/files.h"
 #include "pinstage/parallel.h"
 #include "pinstage/safetensors.h"
 #include "pinstage/staging_ring.h"
@@ -49,17 +50,24 @@ void check_options(const CheckpointLoadOptions& o, bool device) {
                     " bytes");
 }
 
-// The open files of a load: buffered or O_DIRECT descriptors, closed on every path out.
+// The open files of a load: buffered or O_DIRECT descriptors of the files that hold a
+// wanted tensor (another shard that changed or went away does not fail this read),
+// closed on every path out, a constructor that throws included.
 class Files {
  public:
-  Files(const Checkpoint& c, bool direct, LoadReport& report) {
+  Files(const Checkpoint& c, const std::vector<bool>& wanted, bool direct, LoadReport& report)
+      : fds_(c.files().size()), direct_(c.files().size(), false) {
     report.direct = direct;
-    for (const CheckpointFile& f : c.files()) {
-      int fd = direct ? open_direct(f.path, report) : -1;
-      if (fd < 0) fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) read_error(f.path, std::string("cannot open: ") + std::strerror(errno));
-      fds_.push_back(fd);
-      direct_.push_back(fd_is_direct_);
+    for (size_t i = 0; i < c.files().size(); ++i) {
+      if (!wanted[i]) continue;
+      const CheckpointFile& f = c.files()[i];
+      std::string why;
+      bool is_direct = false;
+      int fd = direct ? open_direct(f.path, report, &is_direct) : -1;
+      direct_[i] = is_direct;
+      if (fd < 0) fd = open_regular_file(f.path, 0, &why);
+      if (fd < 0) read_error(f.path, "cannot open: " + why);
+      fds_[i] = UniqueFd(fd);
       struct stat st {};
       if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != f.size)
         read_error(f.path, "its size changed since the checkpoint was opened (" +
@@ -67,30 +75,25 @@ class Files {
                                std::to_string(st.st_size) + " now)");
     }
   }
-  ~Files() {
-    for (int fd : fds_) ::close(fd);
-  }
-  Files(const Files&) = delete;
-  Files& operator=(const Files&) = delete;
-  int fd(size_t file) const { return fds_[file]; }
+  int fd(size_t file) const { return fds_[file].get(); }
   bool direct(size_t file) const { return direct_[file]; }
 
  private:
   // O_DIRECT descriptor, or -1 with the reason in the report when the file system
   // refuses it (at open, or at a first aligned read).
-  int open_direct(const std::string& path, LoadReport& report) {
-    fd_is_direct_ = false;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-    int err = fd < 0 ? errno : 0;
-    if (fd >= 0) {
+  static int open_direct(const std::string& path, LoadReport& report, bool* is_direct) {
+    std::string why;
+    UniqueFd fd(open_regular_file(path, O_DIRECT, &why));
+    int err = fd.get() < 0 ? errno : 0;
+    if (fd.get() < 0 && err == 0) read_error(path, "cannot open: " + why);  // not regular
+    if (fd.get() >= 0) {
       void* probe = std::aligned_alloc(kDirectAlign, kDirectAlign);
-      if (probe != nullptr && ::pread(fd, probe, kDirectAlign, 0) < 0) err = errno;
+      if (probe != nullptr && ::pread(fd.get(), probe, kDirectAlign, 0) < 0) err = errno;
       std::free(probe);
       if (err == 0) {
-        fd_is_direct_ = true;
-        return fd;
+        *is_direct = true;
+        return fd.release();
       }
-      ::close(fd);
     }
     report.direct = false;
     report.direct_note = "O_DIRECT refused for '" + path + "' (" + std::strerror(err) +
@@ -98,10 +101,16 @@ class Files {
     return -1;
   }
 
-  std::vector<int> fds_;
+  std::vector<UniqueFd> fds_;
   std::vector<bool> direct_;
-  bool fd_is_direct_ = false;
 };
+
+// The files that hold at least one of `tensors`.
+std::vector<bool> files_of(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors) {
+  std::vector<bool> wanted(c.files().size(), false);
+  for (const CheckpointTensor* t : tensors) wanted[t->file] = true;
+  return wanted;
+}
 
 // Buffered: exactly `bytes` at `offset` into dst.
 void pread_all(int fd, void* dst, uint64_t bytes, uint64_t offset, const std::string& path) {
@@ -120,15 +129,21 @@ void pread_all(int fd, void* dst, uint64_t bytes, uint64_t offset, const std::st
   }
 }
 
-// O_DIRECT: the aligned range around [offset, offset + bytes) into a per-thread aligned
+// A reader's aligned buffer for O_DIRECT, grown as needed and freed when its read
+// call ends (a thread_local one outlived the load and the worker).
+struct Bounce {
+  void* data = nullptr;
+  size_t size = 0;
+  Bounce() = default;
+  Bounce(const Bounce&) = delete;
+  Bounce& operator=(const Bounce&) = delete;
+  ~Bounce() { std::free(data); }
+};
+
+// O_DIRECT: the aligned range around [offset, offset + bytes) into the reader's aligned
 // bounce buffer, then the wanted bytes into dst.
-void pread_direct(int fd, void* dst, uint64_t bytes, uint64_t offset, const std::string& path) {
-  struct Bounce {
-    void* data = nullptr;
-    size_t size = 0;
-    ~Bounce() { std::free(data); }
-  };
-  thread_local Bounce bounce;
+void pread_direct(int fd, void* dst, uint64_t bytes, uint64_t offset, const std::string& path,
+                  Bounce& bounce) {
   const uint64_t begin = offset / kDirectAlign * kDirectAlign;
   const uint64_t end = (offset + bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
   if (bounce.size < end - begin) {
@@ -164,12 +179,12 @@ struct Chunk {
 // thread per core, and a cold disk wants more requests in flight than that). The first
 // exception is rethrown after every thread stopped; a thread that cannot start is an
 // error after the started ones are joined.
-void run_readers(int threads, const std::function<void()>& body) {
+void run_readers(int threads, const std::function<void(int)>& body) {
   std::exception_ptr first;
   std::mutex mutex;
-  auto guarded = [&] {
+  auto guarded = [&](int index) {
     try {
-      body();
+      body(index);
     } catch (...) {
       const std::lock_guard<std::mutex> lock(mutex);
       if (!first) first = std::current_exception();
@@ -177,7 +192,7 @@ void run_readers(int threads, const std::function<void()>& body) {
   };
   std::vector<std::thread> pool;
   try {
-    for (int i = 1; i < threads; ++i) pool.emplace_back(guarded);
+    for (int i = 1; i < threads; ++i) pool.emplace_back(guarded, i);
   } catch (const std::system_error& e) {
     const std::lock_guard<std::mutex> lock(mutex);
     first = std::make_exception_ptr(Error(
@@ -185,28 +200,30 @@ void run_readers(int threads, const std::function<void()>& body) {
                                       std::to_string(pool.size() + 1) + " of " +
                                       std::to_string(threads) + " reader threads: " + e.what()));
   }
-  if (!first) guarded();
+  if (!first) guarded(0);
   for (std::thread& t : pool) t.join();
   if (first) std::rethrow_exception(first);
 }
 
-// Reads the chunks on `threads` threads, each taking the next one until none are left or
-// one failed; progress (one caller at a time) after each.
+// Reads the chunks on `threads` threads (at most bounces.size()), each taking the next one
+// until none are left or one failed; progress (one caller at a time) after each. Reader
+// i reads O_DIRECT files through bounces[i], which the load owns.
 void read_chunks(const Checkpoint& c, const Files& files, const std::vector<Chunk>& chunks,
-                 int threads, const CheckpointLoadOptions& o, uint64_t* done_bytes,
-                 uint64_t total) {
+                 std::vector<Bounce>& bounces, const CheckpointLoadOptions& o,
+                 uint64_t* done_bytes, uint64_t total) {
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> done{*done_bytes};
   std::mutex progress_mutex;
-  const int n = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), chunks.size()));
-  run_readers(std::max(n, 1), [&] {
+  const int n = static_cast<int>(std::min(bounces.size(), chunks.size()));
+  run_readers(std::max(n, 1), [&](int reader) {
+    Bounce& bounce = bounces[static_cast<size_t>(reader)];
     try {
       for (size_t i = next.fetch_add(1); i < chunks.size() && !failed; i = next.fetch_add(1)) {
         const Chunk& k = chunks[i];
         const std::string& path = c.files()[k.file].path;
         if (files.direct(k.file))
-          pread_direct(files.fd(k.file), k.dst, k.bytes, k.offset, path);
+          pread_direct(files.fd(k.file), k.dst, k.bytes, k.offset, path, bounce);
         else
           pread_all(files.fd(k.file), k.dst, k.bytes, k.offset, path);
         const uint64_t now = done.fetch_add(k.bytes) + k.bytes;
@@ -234,17 +251,42 @@ int thread_count(const CheckpointLoadOptions& o) {
   return o.threads > 0 ? o.threads : default_thread_count();
 }
 
+// verify asks every tensor to be checked: one without a recorded hash is an error before
+// anything is read, unless verify_if_present.
+void check_verifiable(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors,
+                      const CheckpointLoadOptions& o) {
+  if (!o.verify || o.verify_if_present) return;
+  size_t unhashed = 0;
+  const CheckpointTensor* first = nullptr;
+  for (const CheckpointTensor* t : tensors)
+    if (!t->xxh3) {
+      ++unhashed;
+      if (first == nullptr) first = t;
+    }
+  if (unhashed == 0) return;
+  throw Error(ErrorCode::invalid_argument,
+              "checkpoint '" + c.path() + "': verify cannot check " + std::to_string(unhashed) +
+                  " of " + std::to_string(tensors.size()) +
+                  " tensors, which have no recorded xxh3-64 hash (the first is '" +
+                  first->name.substr(0, 96) +
+                  "'); nothing was loaded. Verify only the tensors that have one with "
+                  "verify_if_present (CLI --verify=if-present)");
+}
+
 }  // namespace
 
 LoadReport read_checkpoint(const Checkpoint& c, const std::vector<ReadTarget>& targets,
                            const CheckpointLoadOptions& o) {
   check_options(o, false);
+  std::vector<const CheckpointTensor*> wanted;
+  for (const ReadTarget& t : targets) wanted.push_back(t.tensor);
+  check_verifiable(c, wanted, o);
   const Stopwatch total;
   LoadReport r;
   r.files = c.files().size();
   r.threads = thread_count(o);
   r.chunk_bytes = o.chunk_bytes;
-  const Files files(c, o.direct, r);
+  const Files files(c, files_of(c, wanted), o.direct, r);
   std::vector<Chunk> chunks;
   for (const ReadTarget& t : targets) {
     r.bytes += t.tensor->bytes;
@@ -255,8 +297,9 @@ LoadReport read_checkpoint(const Checkpoint& c, const std::vector<ReadTarget>& t
                         static_cast<unsigned char*>(t.dst) + off});
   }
   uint64_t done = 0;
+  std::vector<Bounce> bounces(static_cast<size_t>(r.threads));
   const Stopwatch read;
-  read_chunks(c, files, chunks, r.threads, o, &done, r.bytes);
+  read_chunks(c, files, chunks, bounces, o, &done, r.bytes);
   r.read_s = read.seconds();
   if (o.verify) {
     const Stopwatch verify;
@@ -358,14 +401,16 @@ Piece next_piece(const std::vector<CheckpointTensor>& tensors, size_t* i, uint64
 
 // Reads a piece into `buffer` split over the threads (pieces of 256 KiB at least).
 void read_piece(const Checkpoint& c, const Files& files, const Piece& p, unsigned char* buffer,
-                int threads, const CheckpointLoadOptions& o, uint64_t* done, uint64_t total) {
+                std::vector<Bounce>& bounces, const CheckpointLoadOptions& o, uint64_t* done,
+                uint64_t total) {
+  const auto threads = static_cast<uint64_t>(bounces.size());
   const uint64_t part = std::max<uint64_t>(
-      std::min(o.chunk_bytes, (p.bytes + threads - 1) / static_cast<uint64_t>(threads)),
+      std::min(o.chunk_bytes, (p.bytes + threads - 1) / threads),
       uint64_t{256} << 10);
   std::vector<Chunk> chunks;
   for (uint64_t off = 0; off < p.bytes; off += part)
     chunks.push_back({p.file, p.file_offset + off, std::min(part, p.bytes - off), buffer + off});
-  read_chunks(c, files, chunks, threads, o, done, total);
+  read_chunks(c, files, chunks, bounces, o, done, total);
 }
 
 // Queues a piece's device copies. The ring's enqueue copies from the buffer's start, so
@@ -394,6 +439,28 @@ void check_hashes(const Checkpoint& c, std::vector<Xxh3Stream>& hashes, LoadRepo
   r.verified = r.unverified == 0;
 }
 
+// The check of what arrived: every hashed tensor read back from the device through the
+// ring and hashed again, so a copy that damaged bytes on the way is caught too.
+void check_device_hashes(const Checkpoint& c, StagingRing& ring,
+                         const std::vector<DeviceTensor>& tensors, LoadReport& r) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const CheckpointTensor& t = c.tensors()[i];
+    if (!t.xxh3 || t.bytes == 0) continue;
+    Xxh3Stream hash;
+    ring.readback(tensors[i].buffer, 0, t.bytes,
+                  [&](size_t, const void* data, size_t bytes) { hash.update(data, bytes); });
+    ring.drain();
+    r.verify_readback_bytes += t.bytes;
+    const uint64_t got = hash.digest();
+    if (got != *t.xxh3)
+      throw Error(ErrorCode::io, "checkpoint file '" + c.files()[t.file].path + "': tensor '" +
+                                     t.name.substr(0, 96) +
+                                     "' arrived damaged on the device: xxh3-64 " + xxh3_hex(got) +
+                                     " read back, " + xxh3_hex(*t.xxh3) +
+                                     " recorded and read from the file (a device copy corrupted it)");
+  }
+}
+
 }  // namespace
 
 DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointLoadOptions& o) {
@@ -407,7 +474,11 @@ DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointL
   r.chunk_bytes = o.chunk_bytes;
   r.bytes = c.total_bytes();
   r.tensors = c.tensors().size();
-  const Files files(c, o.direct, r);
+  std::vector<const CheckpointTensor*> wanted;
+  for (const CheckpointTensor& t : c.tensors()) wanted.push_back(&t);
+  check_verifiable(c, wanted, o);
+  const Files files(c, files_of(c, wanted), o.direct, r);
+  std::vector<Bounce> bounces(static_cast<size_t>(r.threads));
   const Stopwatch alloc;
   for (const CheckpointTensor& t : c.tensors())
     out.tensors.push_back({t, t.bytes > 0 ? worker.alloc_device(t.bytes) : DeviceBuffer{}});
@@ -428,7 +499,7 @@ DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointL
     Stopwatch phase;
     auto* buffer = static_cast<unsigned char*>(ring.advance());
     r.upload_s += phase.restart();
-    read_piece(c, files, p, buffer, r.threads, o, &done, r.bytes);
+    read_piece(c, files, p, buffer, bounces, o, &done, r.bytes);
     const double read_s = phase.restart();
     r.read_s += read_s;
     if (queued > 0) overlapped_read_s += read_s;
@@ -443,7 +514,12 @@ DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointL
   ring.drain();
   r.upload_s += drain.seconds();
   r.overlap = r.read_s > 0 ? overlapped_read_s / r.read_s : 0;
-  if (o.verify) check_hashes(c, hashes, r);
+  if (o.verify) {
+    const Stopwatch verify;
+    check_hashes(c, hashes, r);
+    check_device_hashes(c, ring, out.tensors, r);
+    r.verify_s += verify.seconds();
+  }
   r.total_s = total.seconds();
   return out;
 }

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "pinstage/error.h"
+#include "pinstage/files.h"
 #include "pinstage/log.h"
 
 namespace pinstage {
@@ -82,13 +83,10 @@ void check_required_slots(const ps_platform_api& api, const std::string& backend
 
 Plugin load(const std::string& backend, const std::string& path) {
   if (!std::filesystem::exists(path)) fail(backend, path, "no such file");
-  dlerror();
   // Never closed (see plugin.h); NODELETE keeps it mapped even if someone else dlcloses.
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-  if (handle == nullptr) {
-    const char* why = dlerror();
-    fail(backend, path, std::string("dlopen failed: ") + (why ? why : "unknown reason"));
-  }
+  std::string why;
+  void* handle = dlopen_regular_file(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE, &why);
+  if (handle == nullptr) fail(backend, path, "dlopen failed: " + why);
   auto entry =
       reinterpret_cast<ps_platform_entry_fn>(dlsym(handle, PINSTAGE_PLATFORM_ENTRY_SYMBOL));
   if (entry == nullptr)

@@ -16,6 +16,7 @@
 
 #include "pinstage/atomic_file.h"
 #include "pinstage/error.h"
+#include "pinstage/files.h"
 #include "pinstage/pages.h"
 #include "pinstage/parallel.h"
 #include "tensor/strict_json.h"
@@ -32,13 +33,6 @@ namespace {
 constexpr uint64_t kIoChunk = uint64_t{8} << 20;
 using detail::shown;
 
-// Closes the descriptor on every path out.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 [[noreturn]] void io_error(const std::string& path, const std::string& what) {
   throw Error(ErrorCode::io, "safetensors '" + path + "': " + what);
@@ -222,10 +216,10 @@ void check_pinstage_metadata(const SafetensorsHeader& h, const std::string& path
   }
 }
 
-Fd open_read(const std::string& path) {
-  Fd fd;
-  fd.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd.fd < 0) io_error(path, "cannot open: " + sys_reason(errno));
+UniqueFd open_read(const std::string& path) {
+  std::string why;
+  UniqueFd fd(open_regular_file(path, 0, &why));
+  if (fd.get() < 0) io_error(path, "cannot open: " + why);
   return fd;
 }
 
@@ -339,8 +333,8 @@ SafetensorsHeader parse_safetensors_header(std::string_view text, uint64_t data_
 }
 
 SafetensorsHeader read_safetensors_layout(const std::string& path) {
-  Fd fd = open_read(path);
-  return layout_of(fd.fd, path);
+  UniqueFd fd = open_read(path);
+  return layout_of(fd.get(), path);
 }
 
 uint64_t xxh3_64(const void* data, size_t bytes) noexcept { return XXH3_64bits(data, bytes); }
@@ -410,8 +404,8 @@ TaskArgs load_safetensors(const std::string& path, HostAllocator& allocator,
   if (options.threads < 0)
     throw Error(ErrorCode::invalid_argument,
                 "load_safetensors: threads must be >= 0 (0 = all cores)");
-  Fd fd = open_read(path);
-  const SafetensorsHeader header = layout_of(fd.fd, path);
+  UniqueFd fd = open_read(path);
+  const SafetensorsHeader header = layout_of(fd.get(), path);
   const std::vector<SafetensorsEntry> entries = entries_of(header, path, options.default_direction);
 
   std::vector<Tensor> tensors;
@@ -438,7 +432,7 @@ TaskArgs load_safetensors(const std::string& path, HostAllocator& allocator,
           const Chunk& c = chunks[i];
           auto* dst = static_cast<unsigned char*>(tensors[c.tensor].data()) + c.offset;
           if (populate) populate_for_write(dst, c.bytes);
-          read_all(fd.fd, dst, c.bytes, header.data_start + entries[c.tensor].begin + c.offset,
+          read_all(fd.get(), dst, c.bytes, header.data_start + entries[c.tensor].begin + c.offset,
                    path);
         }
       },

@@ -106,6 +106,10 @@ std::string shown(std::string_view text) {
 Json parse_strict_json(std::string_view text, const std::string& what, int max_depth) {
   if (text.size() >= 3 && text.substr(0, 3) == "\xEF\xBB\xBF")
     throw StrictJsonError{what + " starts with a byte-order mark; it must be plain JSON"};
+  // nlohmann's lexer takes a raw NUL for the end of input and would ignore what follows.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    throw StrictJsonError{what + " holds a NUL byte at offset " + std::to_string(nul) +
+                          "; JSON text cannot contain one"};
   StrictSax sax(what, max_depth);
   try {
     Json::sax_parse(text.begin(), text.end(), &sax);

@@ -2,6 +2,8 @@
 // error text, against copies of the libascendcl double at known places. No plugin here:
 // the loader is called directly with the inputs the environment would give.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
@@ -68,6 +70,16 @@ TEST(AclSearch, AnExplicitLibraryIsTheOnlyOneTried) {
   EXPECT_TRUE(has(text, "tried: PINSTAGE_ACL_LIBRARY /nonexistent/libascendcl.so (no such file)"))
       << text;
   EXPECT_FALSE(has(text, "ASCEND_HOME_PATH")) << text;
+}
+
+// dlopen of a FIFO blocks until a writer comes: the type is checked first, without blocking.
+TEST(AclSearch, AFifoNamedAsTheLibraryIsRefusedWithoutBlocking) {
+  const std::string fifo = ::testing::TempDir() + "acl-fifo-" + std::to_string(::getpid()) + ".so";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string text = load_error({fifo, kHome, std::nullopt});
+  ::unlink(fifo.c_str());
+  EXPECT_TRUE(has(text, "PINSTAGE_ACL_LIBRARY " + fifo + " (it is a FIFO, not a regular file)"))
+      << text;
 }
 
 TEST(AclSearch, NothingLoadableIsOneLineNamingEveryTry) {

@@ -4,6 +4,7 @@
 // during read and upload leave nothing allocated or locked; xxh3 catches a flipped byte.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -489,14 +490,107 @@ TEST_F(CheckpointTest, ChecksumCatchesOneFlippedByteAndNamesTheTensor) {
   EXPECT_EQ(worker.stats().device_count, 0u);
 }
 
-TEST_F(CheckpointTest, VerifyCountsTensorsWithoutARecordedHash) {
+TEST_F(CheckpointTest, VerifyWithoutRecordedHashesIsRefusedBeforeAnyReadUnlessIfPresent) {
   write_raw(path("m.safetensors"), every_dtype(), 0, false);
-  PageableAllocator pageable;
+  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  Worker worker;
+  worker.init("sim");
+  PinnedAllocator pinned(worker);
   CheckpointLoadOptions o;
   o.verify = true;
-  const HostLoad load = load_to_host(Checkpoint::open(path("m.safetensors")), pageable, o);
+  const std::vector<std::string> words = {"m.safetensors", "14 of 14", "no recorded xxh3-64",
+                                          "'bool'", "verify_if_present", "--verify=if-present"};
+  expect_error([&] { load_to_host(c, pinned, o); }, words, ErrorCode::invalid_argument);
+  EXPECT_EQ(worker.stats().pinned_count, 0u) << "refused before any memory was taken";
+  expect_error([&] { load_to_device(c, worker, o); }, words, ErrorCode::invalid_argument);
+  EXPECT_EQ(worker.stats().device_count, 0u);
+  o.verify_if_present = true;
+  const HostLoad load = load_to_host(c, pinned, o);
   EXPECT_FALSE(load.report.verified);
   EXPECT_EQ(load.report.unverified, every_dtype().size());
+  expect_bytes(load.tensors);
+}
+
+// A shard directory: one shard with hashes, one without. The device load checks the first
+// (on the device, by read-back) and counts the second.
+TEST_F(CheckpointTest, DeviceVerifyReadsBackWhatItChecksAndCountsTheRest) {
+  const std::string d = path("model");
+  fs::create_directories(d);
+  const std::vector<Raw> all = every_dtype();
+  const std::vector<Raw> hashed(all.begin(), all.begin() + 6), bare(all.begin() + 6, all.end());
+  write_raw(d + "/a.safetensors", hashed, 0, true);
+  write_raw(d + "/b.safetensors", bare, 6, false);
+  const Checkpoint c = Checkpoint::open(d);
+  uint64_t hashed_bytes = 0;
+  for (const Raw& r : hashed) hashed_bytes += raw_bytes(r);
+  Worker worker;
+  worker.init("sim");
+  CheckpointLoadOptions o;
+  o.verify = true;
+  o.verify_if_present = true;
+  o.ring_bytes = 4096;
+  const DeviceLoad load = load_to_device(c, worker, o);
+  EXPECT_EQ(load.report.unverified, bare.size());
+  EXPECT_FALSE(load.report.verified);
+  EXPECT_EQ(load.report.verify_readback_bytes, hashed_bytes);
+  o.verify_if_present = false;
+  expect_error([&] { load_to_device(c, worker, o); }, {"8 of 14", "'f16'"},
+               ErrorCode::invalid_argument);
+}
+
+// The nth upload flips a byte on the device after the host side hashed clean: only a
+// check of what arrived sees it.
+TEST_F(CheckpointTest, DeviceVerifyCatchesACopyThatDamagedBytesOnTheDevice) {
+  std::vector<Raw> raws;
+  for (int i = 0; i < 3; ++i) raws.push_back({"w" + std::to_string(i), "U8", {64 << 10}});
+  write_raw(path("m.safetensors"), raws);
+  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  Worker worker;
+  worker.init("sim");
+  CheckpointLoadOptions o;
+  o.ring_bytes = 128 << 10;  // two buffers of one tensor each
+  o.ring_buffers = 2;
+  worker.inject_fault(FaultKind::corrupt_h2d, 2);
+  {
+    const DeviceLoad load = load_to_device(c, worker, o);  // no check: the damage is silent
+    std::string back(64 << 10, '\0');
+    worker.copy_to_host(back.data(), load.tensors[1].buffer, 0, back.size());
+    EXPECT_NE(xxh3_64(back.data(), back.size()), *c.tensors()[1].xxh3) << "the fault took effect";
+  }
+  worker.inject_fault(FaultKind::corrupt_h2d, 2);
+  o.verify = true;
+  expect_error([&] { load_to_device(c, worker, o); },
+               {"'w1'", "arrived damaged on the device", "read back"});
+  EXPECT_EQ(worker.stats().device_count, 0u) << "released on the error";
+  worker.inject_fault(FaultKind::corrupt_h2d, 0);
+  EXPECT_TRUE(load_to_device(c, worker, o).report.verified);
+}
+
+// Every open descriptor of this process.
+size_t open_fds() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// A shard that changed size fails the reads that need it, without leaking a descriptor,
+// and does not fail reads of the other shards.
+TEST_F(CheckpointTest, AShardThatChangedSizeFailsOnlyItsOwnReadsAndLeaksNoDescriptor) {
+  const std::string d = indexed();
+  const Checkpoint c = Checkpoint::open(d);
+  const std::string third = d + "/model-00003-of-00003.safetensors";
+  ASSERT_EQ(::truncate(third.c_str(), static_cast<off_t>(c.files()[2].size + 1)), 0);
+  PageableAllocator pageable;
+  const CheckpointTensor& first = c.get("bool");   // in shard 1
+  const CheckpointTensor& last = c.get("scalar");  // in shard 3
+  std::string a(first.bytes, '\0'), b(last.bytes, '\0');
+  EXPECT_NO_THROW(read_checkpoint(c, {{&first, a.data()}}));
+  EXPECT_EQ(static_cast<unsigned char>(a[1]), byte_at(0, 1));
+  const size_t fds = open_fds();
+  for (int round = 0; round < 3; ++round)
+    expect_error([&] { read_checkpoint(c, {{&first, a.data()}, {&last, b.data()}}); },
+                 {"model-00003-of-00003.safetensors", "size changed"});
+  EXPECT_EQ(open_fds(), fds) << "every descriptor opened before the failure was closed";
 }
 
 TEST_F(CheckpointTest, DirectReadsWorkOrFallBackWithAMessage) {
@@ -522,6 +616,92 @@ TEST_F(CheckpointTest, DirectReadsWorkOrFallBackWithAMessage) {
   worker.init("sim");
   o.ring_bytes = 1 << 20;
   EXPECT_TRUE(load_to_device(c, worker, o).report.verified);
+}
+
+// The O_DIRECT flag of the open descriptors of `file`, read from /proc/self/fdinfo while
+// a load runs: what the kernel was asked for, not what the report claims.
+bool some_fd_of_file_is_direct(const std::string& file) {
+  const std::string want = fs::canonical(file).string();
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    if (fs::read_symlink(e.path(), ec).string() != want) continue;
+    std::ifstream info("/proc/self/fdinfo/" + e.path().filename().string());
+    std::string key;
+    unsigned long flags = 0;
+    while (info >> key)
+      if (key == "flags:") info >> std::oct >> flags;
+    if ((flags & O_DIRECT) != 0) return true;
+  }
+  return false;
+}
+
+// Whether this file system takes O_DIRECT reads of `file` (the test's own probe).
+bool file_system_takes_o_direct(const std::string& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_DIRECT);
+  if (fd < 0) return false;
+  void* probe = std::aligned_alloc(4096, 4096);
+  const bool ok = ::pread(fd, probe, 4096, 0) >= 0;
+  std::free(probe);
+  ::close(fd);
+  return ok;
+}
+
+TEST_F(CheckpointTest, DirectReadsUseODirectWhereTheFileSystemTakesIt) {
+  write_raw(path("m.safetensors"), {{"big", "U8", {3 << 20}}});
+  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  PageableAllocator pageable;
+  CheckpointLoadOptions o;
+  o.direct = true;
+  o.threads = 1;
+  o.chunk_bytes = 1 << 20;
+  bool seen_direct = false;
+  o.progress = [&](uint64_t, uint64_t) {
+    seen_direct = seen_direct || some_fd_of_file_is_direct(path("m.safetensors"));
+  };
+  const HostLoad load = load_to_host(c, pageable, o);
+  expect_bytes(load.tensors);
+  EXPECT_EQ(load.report.direct, file_system_takes_o_direct(path("m.safetensors")))
+      << load.report.direct_note;
+  EXPECT_EQ(seen_direct, load.report.direct) << "the descriptor really is O_DIRECT";
+}
+
+// The O_DIRECT bounce buffers belong to the load: none stays allocated after it.
+TEST_F(CheckpointTest, DirectReadsKeepNoBounceBufferAfterTheLoad) {
+  write_raw(path("m.safetensors"), {{"big", "U8", {16 << 20}}});
+  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  Worker worker;
+  worker.init("sim");
+  PinnedAllocator pinned(worker);  // the tensor's own bytes are not malloc's
+  CheckpointLoadOptions o;
+  o.direct = true;
+  o.threads = 1;  // the caller's own thread reads
+  o.chunk_bytes = 8 << 20;
+  const auto in_use = [] {  // bytes malloc has handed out, from its heap and mmapped blocks
+    const struct mallinfo2 m = mallinfo2();
+    return m.uordblks + m.hblkhd;
+  };
+  if (in_use() == 0) GTEST_SKIP() << "no malloc statistics here (a sanitizer's allocator)";
+  const size_t before = in_use();
+  size_t during = 0;
+  o.progress = [&](uint64_t, uint64_t) { during = std::max(during, in_use()); };
+  const HostLoad load = load_to_host(c, pinned, o);
+  if (!load.report.direct) GTEST_SKIP() << load.report.direct_note;
+  EXPECT_GE(during, before + (4u << 20)) << "the bounce buffer was seen during the load";
+  EXPECT_LT(in_use(), before + (1u << 20)) << "and is freed after it";
+}
+
+// A FIFO where a shard or the index should be fails at once; reading it would block.
+TEST_F(CheckpointTest, AFifoListedAsAShardOrIndexIsRefusedWithoutBlocking) {
+  const std::string d = indexed();
+  const std::string shard = d + "/model-00002-of-00003.safetensors";
+  fs::remove(shard);
+  ASSERT_EQ(::mkfifo(shard.c_str(), 0600), 0);
+  expect_error([&] { Checkpoint::open(d); }, {"model-00002-of-00003.safetensors", "a FIFO"});
+  const std::string index = d + "/" + kCheckpointIndexName;
+  fs::remove(index);
+  ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
+  expect_error([&] { Checkpoint::open(d); }, {kCheckpointIndexName, "a FIFO"});
+  expect_error([&] { read_safetensors_layout(shard); }, {"a FIFO"});
 }
 
 TEST_F(CheckpointTest, BadOptionsAreRefusedBeforeAnyWork) {
@@ -689,6 +869,13 @@ TEST_F(CheckpointTest, IndexParserRefusesUnknownKeysAndBadValues) {
       {"NUL"});
   expect_error([] { parse_checkpoint_index("\xEF\xBB\xBF{\"weight_map\":{}}", "i"); },
                {"byte-order mark"});
+  // A raw NUL ends nlohmann's input: what follows it must not be ignored.
+  using namespace std::string_view_literals;
+  expect_error([] { parse_checkpoint_index("{\"weight_map\":{}}\0junk"sv, "i"); },
+               {"NUL byte at offset 17"});
+  expect_error([] { parse_safetensors_header("{}\0{\"a\":1}"sv, 0, "h"); }, {"NUL byte at offset 2"});
+  expect_error([] { parse_checkpoint_index(R"({"metadata":{"n":null},"weight_map":{}})", "i"); },
+               {"metadata 'n'", "null"});
   const CheckpointIndex ok = parse_checkpoint_index(
       R"({"metadata":{"total_size":12,"n":"x"},"weight_map":{"a":"s.safetensors"}})", "i");
   EXPECT_NE(std::find(ok.metadata.begin(), ok.metadata.end(),

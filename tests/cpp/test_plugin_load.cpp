@@ -1,5 +1,6 @@
 // Plugin loading: every failure names the backend, the path and the reason.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +33,14 @@ TEST(PluginLoad, MissingFile) {
   EXPECT_NE(msg.find("'ghost'"), std::string::npos) << msg;
   EXPECT_NE(msg.find(kDir + "/libghost.so"), std::string::npos) << msg;
   EXPECT_NE(msg.find("no such file"), std::string::npos) << msg;
+}
+
+TEST(PluginLoad, AFifoIsRefusedWithoutBlocking) {
+  const std::string fifo = ::testing::TempDir() + "plugin-fifo-" + std::to_string(::getpid()) + ".so";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string msg = init_error("ghost", fifo);
+  ::unlink(fifo.c_str());
+  EXPECT_NE(msg.find("it is a FIFO, not a regular file"), std::string::npos) << msg;
 }
 
 TEST(PluginLoad, UnknownBackendNameLooksNextToTheLibrary) {

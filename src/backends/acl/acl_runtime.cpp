@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "pinstage/error.h"
+#include "pinstage/files.h"
 #include "pinstage/settings.h"
 
 namespace pinstage::acl {
@@ -52,13 +53,18 @@ std::unique_ptr<Runtime> try_candidate(const Candidate& c, std::string& why) {
     why = "no such file";
     return nullptr;
   }
-  dlerror();
-  void* handle = dlopen(c.path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) {
-    const char* text = dlerror();
-    why = text != nullptr ? text : "dlopen failed";
-    return nullptr;
+  void* handle = nullptr;
+  if (is_path) {  // a FIFO named by PINSTAGE_ACL_LIBRARY would block dlopen forever
+    handle = dlopen_regular_file(c.path, RTLD_NOW | RTLD_LOCAL, &why);
+  } else {  // a bare name: the loader searches its own directories
+    dlerror();
+    handle = dlopen(c.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      const char* text = dlerror();
+      why = text != nullptr ? text : "dlopen failed";
+    }
   }
+  if (handle == nullptr) return nullptr;
   auto rt = std::make_unique<Runtime>();
   const std::string missing = resolve(handle, *rt);
   if (!missing.empty()) {

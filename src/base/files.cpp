@@ -1,0 +1,83 @@
+// Non-blocking type checks before reading files; see pinstage/files.h.
+#include "pinstage/files.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace pinstage {
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+const char* file_type_name(mode_t mode) noexcept {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "a special file";
+}
+
+int open_regular_file(const std::string& path, int flags, std::string* why) {
+  // O_NONBLOCK: open() of a FIFO without a writer returns at once instead of waiting.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | flags);
+  if (fd < 0) {
+    const int err = errno;
+    *why = std::strerror(err);
+    errno = err;
+    return -1;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int err = errno;
+    *why = st.st_mode != 0 ? std::string("it is ") + file_type_name(st.st_mode) +
+                                 ", not a regular file"
+                           : std::string("cannot stat: ") + std::strerror(err);
+    ::close(fd);
+    errno = 0;
+    return -1;
+  }
+  // Reads of a regular file never block on O_NONBLOCK's account, but clear it anyway so
+  // the descriptor behaves as a plain one.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+void* dlopen_regular_file(const std::string& path, int mode, std::string* why) {
+  const UniqueFd fd(open_regular_file(path, 0, why));
+  if (fd.get() < 0) return nullptr;
+  dlerror();
+  void* handle = dlopen(path.c_str(), mode);
+  if (handle == nullptr) {
+    const char* text = dlerror();
+    *why = text != nullptr ? text : "dlopen failed";
+    return nullptr;
+  }
+  // The path could have been swapped between the check and dlopen's own open.
+  struct stat checked {}, now {};
+  if (::fstat(fd.get(), &checked) != 0 || ::stat(path.c_str(), &now) != 0 ||
+      checked.st_dev != now.st_dev || checked.st_ino != now.st_ino) {
+    dlclose(handle);
+    *why = "the file changed while it was being loaded";
+    return nullptr;
+  }
+  return handle;
+}
+
+}  // namespace pinstage
