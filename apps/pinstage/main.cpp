@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "commands.h"
+#include "pinstage/atomic_file.h"
 #include "pinstage/error.h"
 #include "pinstage/settings.h"
 #include "pinstage/version.h"
@@ -43,6 +44,8 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Ctrl-C or a kill during `fixture --out` leaves no .tmp-XXXXXX file behind.
+  pinstage::remove_temporary_files_on_signals();
   try {
     return run(argc, argv);
   } catch (...) {  // building the CLI itself failed (out of memory): still no escape

@@ -1,7 +1,8 @@
 // The one way pinstage writes a file: into a temporary file in the target's directory,
 // fsync, then rename over the target. A failure at any point leaves the target as it
 // was; a target that exists and is not a regular file (a device, a directory, a FIFO)
-// is refused before any work. See docs/cli.md ("Files pinstage writes").
+// is refused before any work. A symbolic link is followed: the file it points to is
+// replaced atomically and the link stays a link. See docs/cli.md ("Files pinstage writes").
 #pragma once
 
 #include <cstddef>
@@ -37,14 +38,22 @@ class PINSTAGE_API AtomicFile {
   // fsync, then rename over the target (and fsync its directory). Throws Error(io);
   // after a failure the target is unchanged.
   void commit();
+  // The file written: the given path with every symbolic link followed.
   const std::string& path() const noexcept { return path_; }
 
  private:
   std::string path_;
   std::string temp_path_;
+  int temp_slot_ = -1;  // its entry in the table remove_temporary_files_on_signals() reads
   int fd_ = -1;
   bool committed_ = false;
 };
+
+// Installs handlers for SIGINT, SIGTERM and SIGHUP that remove the temporary file of
+// every AtomicFile not yet committed (the targets stay as they were), then end the
+// process with the signal's default action. For programs (the CLI calls it first);
+// a library caller keeps its own handlers. Up to 64 files at once are tracked.
+PINSTAGE_API void remove_temporary_files_on_signals();
 
 // Writes `text` to `path` atomically (AtomicFile, one write, commit).
 PINSTAGE_API void write_file_atomically(const std::string& path, std::string_view text);

@@ -205,12 +205,23 @@ struct DeviceLoad {
 PINSTAGE_API DeviceLoad load_to_device(const Checkpoint& checkpoint, Worker& worker,
                                        const CheckpointLoadOptions& options = {});
 
+// The index metadata key of the checkpoint-level digest the sharded writer records: the
+// xxh3-64 (16 hex digits) of every tensor's shard, name, dtype, shape, place and hash.
+// Checkpoint::open checks it when present (Error(io): "a mix of two writes?").
+inline constexpr const char* kCheckpointDigestKey = "pinstage.checkpoint_xxh3";
+
 // Writes `args` as a sharded checkpoint in directory `dir` (created if missing): shards
-// model-0000i-of-0000N.safetensors of at most `shard_bytes` of tensor data each (a larger
-// tensor gets a shard of its own), and model.safetensors.index.json with
-// metadata.total_size and the weight_map. Every file goes through the atomic writer.
-// Returns the number of shards. Error(invalid_argument) for shard_bytes 0.
+// of at most `shard_bytes` of tensor data each (a larger tensor gets a shard of its own),
+// then model.safetensors.index.json with metadata.total_size, kCheckpointDigestKey and
+// the weight_map. The write is atomic as a whole: shards are named
+// model-0000i-of-0000N.safetensors, with a tag (model-00001-of-00003-3fa2b1c0.safetensors)
+// when those names exist, so no shard an index names is overwritten; the index is renamed
+// in last; then the shards only the old index named are removed. Stopped at any point
+// before the index's rename, `dir` holds the old checkpoint, whole (and perhaps new shard
+// files no index names). on_shard(done, shards) after each shard. Returns the number of
+// shards. Error(invalid_argument) for shard_bytes 0.
 PINSTAGE_API size_t save_sharded_checkpoint(const TaskArgs& args, const std::string& dir,
-                                            uint64_t shard_bytes);
+                                            uint64_t shard_bytes,
+                                            const std::function<void(size_t, size_t)>& on_shard = {});
 
 }  // namespace pinstage

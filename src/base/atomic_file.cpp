@@ -2,9 +2,11 @@
 #include "pinstage/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +28,58 @@ std::string directory_of(const std::string& path) {
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
+}
+
+// The file a path names once every symbolic link on it is followed: writing replaces
+// that file, and the link keeps pointing at it. A dangling link names its target.
+std::string follow_links(const std::string& path) {
+  std::string at = path;
+  for (int hops = 0; hops < 40; ++hops) {
+    struct stat st {};
+    if (::lstat(at.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return at;
+    std::vector<char> buf(4096);
+    const ssize_t n = ::readlink(at.c_str(), buf.data(), buf.size());
+    if (n <= 0 || static_cast<size_t>(n) >= buf.size()) io_error(path, "cannot read the link");
+    std::string target(buf.data(), static_cast<size_t>(n));
+    at = target.front() == '/' ? target : directory_of(at) + "/" + target;
+  }
+  io_error(path, "too many levels of symbolic links");
+}
+
+// Temporary files of live AtomicFiles, for the signal handler: fixed slots so that the
+// handler touches no lock and no heap.
+constexpr size_t kTempSlots = 64;
+constexpr size_t kTempPathMax = 4096;
+struct TempSlot {
+  std::atomic<bool> used{false};
+  std::atomic<bool> ready{false};
+  char path[kTempPathMax];
+};
+TempSlot g_temp_slots[kTempSlots];
+
+int register_temp(const std::string& temp) {
+  if (temp.size() >= kTempPathMax) return -1;
+  for (size_t i = 0; i < kTempSlots; ++i) {
+    bool expected = false;
+    if (!g_temp_slots[i].used.compare_exchange_strong(expected, true)) continue;
+    std::memcpy(g_temp_slots[i].path, temp.c_str(), temp.size() + 1);
+    g_temp_slots[i].ready.store(true);
+    return static_cast<int>(i);
+  }
+  return -1;  // more than kTempSlots files at once: that one is not removed on a signal
+}
+
+void unregister_temp(int slot) {
+  if (slot < 0) return;
+  g_temp_slots[slot].ready.store(false);
+  g_temp_slots[slot].used.store(false);
+}
+
+void remove_temps_and_reraise(int sig) {
+  for (TempSlot& slot : g_temp_slots)
+    if (slot.ready.load()) ::unlink(slot.path);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
 }
 
 void fsync_directory(const std::string& dir) {
@@ -55,7 +109,16 @@ void check_output_path(const std::string& path) {
     io_error(path, "directory '" + dir + "' is not writable: " + errno_text(errno));
 }
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+void remove_temporary_files_on_signals() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction sa {};
+    sa.sa_handler = remove_temps_and_reraise;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(sig, &sa, nullptr);
+  }
+}
+
+AtomicFile::AtomicFile(std::string path) : path_(follow_links(path)) {
   check_output_path(path_);
   std::string name = path_ + ".tmp-XXXXXX";
   std::vector<char> buf(name.begin(), name.end());
@@ -63,12 +126,14 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   fd_ = ::mkostemp(buf.data(), O_CLOEXEC);
   if (fd_ < 0) io_error(path_, "cannot create a temporary file next to it: " + errno_text(errno));
   temp_path_ = buf.data();
+  temp_slot_ = register_temp(temp_path_);
   ::fchmod(fd_, 0644);  // mkostemp makes 0600; outputs are ordinary files
 }
 
 AtomicFile::~AtomicFile() {
   if (fd_ >= 0) ::close(fd_);
   if (!committed_ && !temp_path_.empty()) ::unlink(temp_path_.c_str());
+  unregister_temp(temp_slot_);
 }
 
 void AtomicFile::write(const void* data, size_t bytes) {
@@ -107,6 +172,8 @@ void AtomicFile::commit() {
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
     io_error(path_, "rename failed: " + errno_text(errno));
   committed_ = true;
+  unregister_temp(temp_slot_);
+  temp_slot_ = -1;
   fsync_directory(directory_of(path_));
 }
 

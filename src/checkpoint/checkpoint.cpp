@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 
 #include "pinstage/atomic_file.h"
@@ -224,6 +225,38 @@ void check_against_index(const CheckpointIndex& index, const std::vector<Checkpo
                    " in this shard, which does not hold it: it does not match the index");
 }
 
+// The checkpoint-level digest the sharded writer records in the index: xxh3-64 over
+// every tensor's shard name, name, dtype, shape, place and recorded hash, in read order.
+// A shard from another write changes it, even one that matches its own hashes.
+uint64_t checkpoint_digest(const std::vector<CheckpointFile>& files,
+                           const std::vector<CheckpointTensor>& tensors) {
+  std::string text;
+  for (const CheckpointTensor& t : tensors) {
+    text += fs::path(files[t.file].path).filename().string();
+    text += '\0' + t.name + '\0' + t.dtype + '\0';
+    for (int64_t d : t.shape) text += std::to_string(d) + ',';
+    text += '\0' + std::to_string(t.offset) + '\0' + std::to_string(t.bytes) + '\0' +
+            (t.xxh3 ? xxh3_hex(*t.xxh3) : std::string("-")) + '\n';
+  }
+  return xxh3_64(text.data(), text.size());
+}
+
+void check_digest(const CheckpointIndex& index, const std::vector<CheckpointFile>& files,
+                  const std::vector<CheckpointTensor>& tensors, const std::string& index_path) {
+  for (const auto& [key, value] : index.metadata) {
+    if (key != kCheckpointDigestKey) continue;
+    const std::optional<uint64_t> recorded = parse_xxh3_hex(value);
+    if (!recorded)
+      ckpt_error(index_path, std::string("metadata '") + kCheckpointDigestKey + "' is " +
+                                 shown(value) + " (expected 16 lower-case hex digits)");
+    if (*recorded != checkpoint_digest(files, tensors))
+      ckpt_error(index_path, std::string("the shards do not match the index's ") +
+                                 kCheckpointDigestKey +
+                                 ": they are not the files this index was written with (a "
+                                 "mix of two writes?)");
+  }
+}
+
 }  // namespace
 
 Checkpoint Checkpoint::open(const std::string& path) {
@@ -257,6 +290,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
   std::map<std::string, std::string> origin;
   if (index) {
     check_against_index(*index, c.files_, c.tensors_, path);
+    check_digest(*index, c.files_, c.tensors_, path + "/" + kCheckpointIndexName);
     merge_metadata(c.metadata_, origin, index->metadata, path + "/" + kCheckpointIndexName);
   }
   for (const CheckpointFile& f : c.files_) merge_metadata(c.metadata_, origin, f.metadata, f.path);
@@ -282,13 +316,55 @@ uint64_t Checkpoint::total_bytes() const noexcept {
   return n;
 }
 
-size_t save_sharded_checkpoint(const TaskArgs& args, const std::string& dir, uint64_t shard_bytes) {
+namespace {
+
+// The shard names of the index in `dir`, if it has one that parses; else none.
+std::set<std::string> indexed_shards(const std::string& dir) {
+  std::set<std::string> out;
+  const std::string index_path = (fs::path(dir) / kCheckpointIndexName).string();
+  std::error_code ec;
+  if (!fs::exists(index_path, ec)) return out;
+  try {
+    for (const auto& entry : parse_checkpoint_index(read_index_text(index_path), index_path).weight_map)
+      out.insert(entry.second);
+  } catch (const Error&) {
+    out.clear();  // not ours to clean up after
+  }
+  return out;
+}
+
+// model-0000i-of-0000N.safetensors, or with a tag ("-3fa2b1c0") when a file of the plain
+// names exists: a new write never overwrites a shard the current index may name.
+std::vector<std::string> new_shard_names(const std::string& dir, size_t shards) {
+  std::random_device random;
+  for (int attempt = 0;; ++attempt) {
+    char tag[16] = "";
+    if (attempt > 0) std::snprintf(tag, sizeof tag, "-%08x", static_cast<unsigned>(random()));
+    std::vector<std::string> names;
+    bool taken = false;
+    for (size_t i = 0; i < shards; ++i) {
+      char name[80];
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu%s.safetensors", i + 1, shards, tag);
+      names.emplace_back(name);
+      std::error_code ec;
+      taken = taken || fs::exists(fs::symlink_status(fs::path(dir) / name, ec));
+    }
+    if (!taken) return names;
+    if (attempt == 100) ckpt_error(dir, "cannot find unused shard names");
+  }
+}
+
+}  // namespace
+
+size_t save_sharded_checkpoint(const TaskArgs& args, const std::string& dir, uint64_t shard_bytes,
+                               const std::function<void(size_t, size_t)>& on_shard) {
   if (shard_bytes == 0)
     throw Error(ErrorCode::invalid_argument, "save_sharded_checkpoint: the shard size must be > 0");
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(ErrorCode::io, "checkpoint '" + dir + "': cannot create: " + ec.message());
-  check_output_path((fs::path(dir) / kCheckpointIndexName).string());
+  const std::string index_path = (fs::path(dir) / kCheckpointIndexName).string();
+  check_output_path(index_path);
   // Tensors in order, a new shard when the next one would pass shard_bytes.
   std::vector<TaskArgs> shards(1);
   uint64_t in_shard = 0;
@@ -300,16 +376,30 @@ size_t save_sharded_checkpoint(const TaskArgs& args, const std::string& dir, uin
     shards.back().add(t);
     in_shard += t.nbytes();
   }
-  char name[64];
+  // The whole write is atomic: new shards under names no index uses, then the index (with
+  // the digest of exactly those shards) in one rename, then the old shards go. Stopped
+  // anywhere before the rename, the old checkpoint is whole.
+  const std::set<std::string> old_shards = indexed_shards(dir);
+  const std::vector<std::string> names = new_shard_names(dir, shards.size());
   nlohmann::ordered_json index;
   index["metadata"] = {{"total_size", args.total_bytes()}};
   index["weight_map"] = nlohmann::ordered_json::object();
+  std::vector<std::string> paths;
   for (size_t i = 0; i < shards.size(); ++i) {
-    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-    save_safetensors(shards[i], (fs::path(dir) / name).string());
-    for (const Tensor& t : shards[i]) index["weight_map"][t.name()] = name;
+    paths.push_back((fs::path(dir) / names[i]).string());
+    save_safetensors(shards[i], paths.back());
+    for (const Tensor& t : shards[i]) index["weight_map"][t.name()] = names[i];
+    if (on_shard) on_shard(i + 1, shards.size());
   }
-  write_file_atomically((fs::path(dir) / kCheckpointIndexName).string(), index.dump(2) + "\n");
+  std::vector<CheckpointFile> files;
+  std::vector<CheckpointTensor> tensors;
+  std::sort(paths.begin(), paths.end());  // the order Checkpoint::open reads them in
+  add_files(files, tensors, paths);
+  index["metadata"][kCheckpointDigestKey] = xxh3_hex(checkpoint_digest(files, tensors));
+  write_file_atomically(index_path, index.dump(2) + "\n");
+  for (const std::string& old : old_shards)
+    if (std::find(names.begin(), names.end(), old) == names.end())
+      fs::remove(fs::path(dir) / old, ec);  // best effort: the index no longer names it
   return shards.size();
 }
 

@@ -120,3 +120,65 @@ TEST_F(AtomicFileTest, AFailedWriteLeavesThePreviousFile) {
 }
 
 }  // namespace
+
+namespace {
+
+// A link is followed: the file it names gets the new bytes, and the link stays a link.
+TEST_F(AtomicFileTest, ASymlinkIsFollowedAndStaysALink) {
+  pinstage::write_file_atomically(path("target.json"), "old");
+  fs::create_symlink("target.json", path("link.json"));  // relative, as users make them
+  pinstage::write_file_atomically(path("link.json"), "new");
+  EXPECT_TRUE(fs::is_symlink(path("link.json")));
+  EXPECT_EQ(read(path("target.json")), "new");
+  EXPECT_EQ(read(path("link.json")), "new");
+  EXPECT_EQ(entries(), 2u);
+  fs::create_symlink(path("absent.json"), path("dangling.json"));  // a link to be
+  pinstage::write_file_atomically(path("dangling.json"), "made");
+  EXPECT_TRUE(fs::is_symlink(path("dangling.json")));
+  EXPECT_EQ(read(path("absent.json")), "made");
+  fs::create_symlink("loop-b", path("loop-a"));
+  fs::create_symlink("loop-a", path("loop-b"));
+  try {
+    pinstage::write_file_atomically(path("loop-a"), "x");
+    ADD_FAILURE() << "a link loop was written";
+  } catch (const pinstage::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("too many levels of symbolic links"), std::string::npos)
+        << e.what();
+  }
+}
+
+// A signal during a write: the child opens an AtomicFile, writes, tells the parent and
+// waits on a pipe; the parent kills it there. The temporary file goes, the old file stays.
+TEST_F(AtomicFileTest, ASignalDuringAWriteRemovesTheTemporaryFileAndKeepsTheOldOne) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    SCOPED_TRACE(sig);
+    pinstage::write_file_atomically(path("out.bin"), "old");
+    int ready[2], hold[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    ASSERT_EQ(::pipe(hold), 0);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      pinstage::remove_temporary_files_on_signals();
+      pinstage::AtomicFile f(path("out.bin"));
+      const std::string half(1 << 20, 'n');
+      f.write(half);
+      char c = 'r';
+      (void)!::write(ready[1], &c, 1);
+      (void)!::read(hold[0], &c, 1);  // never answered: the parent signals first
+      ::_exit(3);
+    }
+    char c = 0;
+    ASSERT_EQ(::read(ready[0], &c, 1), 1);
+    EXPECT_EQ(entries(), 2u) << "the temporary file exists while the child writes";
+    ASSERT_EQ(::kill(child, sig), 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << "ends by the signal";
+    for (int fd : {ready[0], ready[1], hold[0], hold[1]}) ::close(fd);
+    EXPECT_EQ(entries(), 1u) << "no .tmp- file left";
+    EXPECT_EQ(read(path("out.bin")), "old");
+  }
+}
+
+}  // namespace

@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -240,6 +242,74 @@ TEST_F(CheckpointTest, RoundTripThroughTheShardedWriterIntoPinnedMemory) {
       EXPECT_TRUE(b.pinned());
     }
   }
+}
+
+// Seven tensors numbered from `first` (their bytes tell the writes apart).
+TaskArgs seven_tensors(PageableAllocator& pageable, size_t first) {
+  TaskArgs args;
+  for (int i = 0; i < 7; ++i) {
+    args.add(Tensor::empty("t" + std::to_string(i), DType::f32, {1000}, Direction::in, pageable));
+    auto* p = static_cast<unsigned char*>(args.at(i).data());
+    for (uint64_t b = 0; b < args.at(i).nbytes(); ++b) p[b] = byte_at(first + i, b);
+  }
+  return args;
+}
+
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A rewrite over a checkpoint never touches the shards its index names until the new
+// index is in: killed (SIGKILL, no cleanup) after two of seven new shards, the directory
+// still opens as the old checkpoint and every byte verifies.
+TEST_F(CheckpointTest, AShardedRewriteKilledMidWayLeavesTheOldCheckpointWhole) {
+  PageableAllocator pageable;
+  const std::string d = path("ckpt");
+  ASSERT_EQ(save_sharded_checkpoint(seven_tensors(pageable, 0), d, 4000), 7u);
+  const std::vector<std::string> old_names = names_in(d);
+  EXPECT_EQ(old_names.front(), "model-00001-of-00007.safetensors") << "plain names when free";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    PageableAllocator mine;
+    save_sharded_checkpoint(seven_tensors(mine, 100), d, 4000, [](size_t done, size_t) {
+      if (done == 2) ::raise(SIGKILL);
+    });
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  const Checkpoint c = Checkpoint::open(d);
+  CheckpointLoadOptions o;
+  o.verify = true;
+  const HostLoad load = load_to_host(c, pageable, o);
+  EXPECT_TRUE(load.report.verified);
+  expect_bytes(load.tensors, 0);
+  // A finished rewrite: new tagged names, the old shards gone, the new bytes.
+  ASSERT_EQ(save_sharded_checkpoint(seven_tensors(pageable, 200), d, 4000), 7u);
+  const Checkpoint n = Checkpoint::open(d);
+  for (const CheckpointFile& f : n.files())
+    EXPECT_EQ(std::count(old_names.begin(), old_names.end(), fs::path(f.path).filename()), 0)
+        << f.path;
+  for (const std::string& old : old_names)
+    if (old != kCheckpointIndexName) EXPECT_FALSE(fs::exists(d + "/" + old)) << old;
+  expect_bytes(load_to_host(n, pageable, o).tensors, 200);
+}
+
+// Shards from two writes, each matching its own hashes, are refused by the index's digest.
+TEST_F(CheckpointTest, ShardsFromTwoWritesAreRefusedByTheIndexDigest) {
+  PageableAllocator pageable;
+  save_sharded_checkpoint(seven_tensors(pageable, 0), path("a"), 4000);
+  save_sharded_checkpoint(seven_tensors(pageable, 300), path("b"), 4000);
+  const std::string shard = "/model-00003-of-00007.safetensors";
+  fs::copy_file(path("b") + shard, path("a") + shard, fs::copy_options::overwrite_existing);
+  expect_error([&] { Checkpoint::open(path("a")); },
+               {kCheckpointIndexName, kCheckpointDigestKey, "mix of two writes"});
+  EXPECT_NO_THROW(Checkpoint::open(path("b")));
 }
 
 TEST_F(CheckpointTest, EveryThreadCountAndChunkSizeAroundTensorBoundaries) {
