@@ -1,5 +1,7 @@
 #include "pinstage/parallel.h"
 
+#include <unistd.h>
+
 #include <sched.h>
 
 #if defined(__SSE2__)
@@ -136,9 +138,24 @@ class Pool {
 // Never destroyed: at process exit, threads the program never joined (Python daemon
 // threads in a bind) may still be inside run(); destroying the pool under them would
 // join, or tear down locked mutexes, while they wait on it.
+// A forked child has none of the parent's pool threads (and its mutex may have been held
+// at the fork): it gets a pool of its own, and the copy of the parent's is left alone.
 Pool& pool() {
-  static Pool* instance = new Pool(default_thread_count() - 1);
-  return *instance;
+  static std::atomic<Pool*> instance{nullptr};
+  static std::atomic<pid_t> owner{0};
+  static std::mutex create;
+  const pid_t self = ::getpid();
+  Pool* p = instance.load(std::memory_order_acquire);
+  if (p != nullptr && owner.load(std::memory_order_acquire) == self) return *p;
+  std::unique_lock lock(create, std::defer_lock);
+  if (p == nullptr) lock.lock();  // a child skips the lock: its copy may be held
+  p = instance.load(std::memory_order_acquire);
+  if (p == nullptr || owner.load(std::memory_order_acquire) != self) {
+    p = new Pool(default_thread_count() - 1);
+    owner.store(self, std::memory_order_release);
+    instance.store(p, std::memory_order_release);
+  }
+  return *p;
 }
 
 }  // namespace

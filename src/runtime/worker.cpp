@@ -12,6 +12,14 @@
 //    device, pinned; logging the count) and destroys the bare context. The plugin stays
 //    loaded for the process (plugin.h). A buffer released afterwards is a no-op.
 //  - Destructors never throw; a failed release is logged with the backend's reason.
+//
+// Note [Fork]
+// ~~~~~~~~~~~
+// fork() copies a Worker's memory but none of its threads (the backend's stream and copy
+// threads, the reader pool). In the child every call is Error(invalid_argument,
+// kForkedMessage), buffers release nothing, and the Worker's destructor leaks its state
+// on purpose: destroying the context would join threads and destroy condition variables
+// that exist only in the parent. The child makes its own Worker.
 #include "pinstage/worker.h"
 #include "pinstage/names.h"
 
@@ -66,7 +74,13 @@ void add_backend_option(BackendConfig& config, std::string_view key_equals_value
 
 Worker::Worker(WorkerLevel level) : level_(level) {}
 
-Worker::~Worker() { finalize(); }
+Worker::~Worker() {
+  if (state_ && state_->forked()) {
+    new std::shared_ptr<runtime::WorkerState>(std::move(state_));  // Note [Fork]
+    return;
+  }
+  finalize();
+}
 
 void Worker::init(const std::string& backend, int device_id, const WorkerOptions& options) {
   if (finalized_unused_) throw Error(ErrorCode::finalized, kInitAfterFinalizeMessage);
@@ -115,10 +129,12 @@ void Worker::init(const std::string& backend, int device_id, const WorkerOptions
   state->host_cache_limit = options.host_cache_limit_bytes.value_or(
       setting_host_cache_max().value_or(physical_memory_bytes() / 8));
   state->live = true;
+  state->owner_pid = ::getpid();
   state_ = std::move(state);
 }
 
 void Worker::finalize() noexcept {
+  if (state_ && state_->forked()) return;  // Note [Fork]
   if (state_)
     state_->shutdown();
   else
@@ -131,7 +147,7 @@ void Worker::require_state() const {
 }
 
 bool Worker::initialized() const noexcept {
-  if (!state_) return false;
+  if (!state_ || state_->forked()) return false;
   std::lock_guard lock(state_->mu);
   return state_->live;
 }
@@ -142,6 +158,7 @@ bool Worker::finalized() const noexcept {
 
 const runtime::WorkerState& Worker::state() const {
   require_state();
+  if (state_->forked()) throw Error(ErrorCode::invalid_argument, runtime::kForkedMessage);
   std::lock_guard lock(state_->mu);
   if (!state_->live) throw Error(ErrorCode::finalized, runtime::kFinalizedMessage);
   return *state_;

@@ -22,6 +22,10 @@ const char* kind_name(MemoryKind kind) {
 }  // namespace
 
 CallGuard::CallGuard(WorkerState& state) noexcept : state_(state) {
+  if (state_.forked()) {  // a child's buffers release nothing; its calls are refused
+    entered_ = false;
+    return;
+  }
   std::lock_guard lock(state_.mu);
   entered_ = state_.live;
   if (entered_) ++state_.in_flight;
@@ -37,6 +41,7 @@ CallGuard::CallGuard(CallGuard&& other) noexcept
     : state_(other.state_), entered_(std::exchange(other.entered_, false)) {}
 
 void CallGuard::require() const {
+  if (!entered_ && state_.forked()) throw Error(ErrorCode::invalid_argument, kForkedMessage);
   if (!entered_) throw Error(ErrorCode::finalized, kFinalizedMessage);
 }
 
@@ -214,6 +219,7 @@ void release_all(WorkerState& s, EntryKind kind, const std::vector<ps_allocation
 }  // namespace
 
 void WorkerState::shutdown() noexcept {
+  if (forked()) return;  // the parent's to release
   std::array<std::vector<ps_allocation>, kEntryKindCount> left;
   std::array<std::vector<ps_allocation>, kEntryKindCount> retry;
   std::vector<ps_event*> parked;

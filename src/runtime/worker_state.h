@@ -7,6 +7,8 @@
 #include <mutex>
 #include <string>
 
+#include <unistd.h>
+
 #include "pinstage/backend/platform_abi.h"
 #include "pinstage/worker.h"
 #include "runtime/allocation_table.h"
@@ -18,8 +20,19 @@ namespace pinstage::runtime {
 inline constexpr const char* kFinalizedMessage =
     "worker is finalized: create and init a new Worker to use the device again";
 
+// A forked child's copy of a Worker: the context, its threads and the pinned memory stay
+// with the parent (Note [Fork] in worker.cpp).
+inline constexpr const char* kForkedMessage =
+    "this Worker belongs to the process that initialized it; after fork() the child cannot "
+    "use it (its device context, threads and pinned memory stay with the parent): create "
+    "and init a new Worker in the child";
+
 struct WorkerState {
   const Plugin* plugin = nullptr;
+  pid_t owner_pid = 0;  // the process that created the context
+  // True in a forked child: nothing may touch the context or take `mu` (it may have been
+  // held by a thread that does not exist here).
+  bool forked() const noexcept { return owner_pid != 0 && ::getpid() != owner_pid; }
   ps_device_ctx* ctx = nullptr;
   int device_id = 0;
 

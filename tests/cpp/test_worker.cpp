@@ -1,5 +1,6 @@
 // Worker lifecycle, pinned and device buffers, copies and error paths on the sim backend.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "lock_test_util.h"
 #include "pinstage/log.h"
+#include "pinstage/parallel.h"
 #include "pinstage/worker.h"
 #include "tensor_test_util.h"
 
@@ -415,6 +417,73 @@ TEST(WorkerInit, ChipGuardRejectsAnUninitializedWorker) {
             std::string::npos);
   worker.init("sim");
   EXPECT_NO_THROW(require_chip_worker(worker, "PinnedAllocator"));
+}
+
+}  // namespace
+}  // namespace pinstage
+
+namespace pinstage {
+namespace {
+
+// fork() after a sim Worker ran copies on a stream: in the child the parent's worker is a
+// clear error and releases nothing, the thread pool and a new Worker work, and the child
+// exits normally (the worker's destructor, then static destructors) with its own status.
+TEST(WorkerFork, AChildRefusesTheParentsWorkerAndExitsCleanly) {
+  auto worker = std::make_unique<Worker>();
+  worker->init("sim");
+  PinnedHostBuffer host = worker->alloc_pinned_host(1 << 20);
+  DeviceBuffer dev = worker->alloc_device(1 << 20);
+  Stream stream = worker->create_stream();
+  std::memset(host.data(), 7, host.size());
+  worker->copy_to_device_async(dev, 0, host.data(), host.size(), stream);
+  worker->synchronize(stream);
+  std::vector<int> v(1 << 16, 1);
+  parallel_for(v.size(), 1024, [&](size_t b, size_t e) { std::fill(v.begin() + b, v.begin() + e, 2); });
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int code = 0;
+    try {
+      worker->alloc_pinned_host(4096);
+      code = 10;  // the parent's worker served the child
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::invalid_argument ||
+          std::string(e.what()).find("after fork() the child cannot use it") == std::string::npos)
+        code = 11;
+    }
+    if (code == 0 && worker->initialized()) code = 12;
+    std::vector<int> w(1 << 16, 1);  // the pool's threads are the parent's: a new pool
+    parallel_for(w.size(), 1024, [&](size_t b, size_t e) { std::fill(w.begin() + b, w.begin() + e, 3); });
+    if (code == 0 && std::count(w.begin(), w.end(), 3) != static_cast<long>(w.size())) code = 13;
+    if (code == 0) {
+      Worker mine;
+      mine.init("sim");
+      PinnedHostBuffer h = mine.alloc_pinned_host(4096);
+      DeviceBuffer d = mine.alloc_device(4096);
+      std::memset(h.data(), 9, 4096);
+      mine.copy_to_device(d, 0, h.data(), 4096);
+      std::vector<unsigned char> back(4096);
+      mine.copy_to_host(back.data(), d, 0, 4096);
+      if (back[4095] != 9) code = 14;
+    }
+    {  // the parent's buffers and worker go out of scope in the child: no release, no hang
+      PinnedHostBuffer gone = std::move(host);
+      DeviceBuffer gone_too = std::move(dev);
+      Stream gone_stream = std::move(stream);
+    }
+    worker.reset();
+    std::exit(code);  // static destructors run too
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10: served, 11: wrong error, 12: initialized, "
+                                       "13: pool, 14: new worker";
+  // The parent's worker is untouched by what the child did.
+  EXPECT_EQ(worker->stats().pinned_count, 1u);
+  std::vector<unsigned char> back(1 << 20);
+  worker->copy_to_host(back.data(), dev, 0, back.size());
+  EXPECT_EQ(back[12345], 7);
 }
 
 }  // namespace
