@@ -139,10 +139,20 @@ struct PinBudget {
   uint64_t cgroup_used_bytes = 0;
   std::string cgroup_path;                // the cgroup whose memory.max is the limit
   uint64_t available_bytes = UINT64_MAX;  // MemAvailable
+  // Of locked_bytes, what the asking worker's own pool holds (the Worker fills it in), so
+  // that a refusal says who holds the budget.
+  uint64_t worker_locked_bytes = 0;
+};
+
+// Where read_pin_budget reads the cgroup from: the defaults are the live system's; a test
+// gives a tree of its own.
+struct PinBudgetFiles {
+  std::string proc_self_cgroup = "/proc/self/cgroup";  // holds "0::/the/cgroup"
+  std::string cgroup_root = "/sys/fs/cgroup";          // where that path is mounted
 };
 
 // The budget now. `memlock_applies`: the backend pins with mlock(2).
-PINSTAGE_API PinBudget read_pin_budget(bool memlock_applies);
+PINSTAGE_API PinBudget read_pin_budget(bool memlock_applies, const PinBudgetFiles& files = {});
 // Why a pinned request of `bytes` (page-rounded: what the kernel locks) does not fit
 // `budget`: names the limit, the figures and how to raise it. Empty when it fits.
 PINSTAGE_API std::string pin_budget_refusal(uint64_t bytes, const PinBudget& budget);

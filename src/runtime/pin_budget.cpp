@@ -14,6 +14,7 @@
 // backend still handles a refused lock (sim: unlocked, capability says so).
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <sstream>
@@ -56,19 +57,19 @@ uint64_t read_cgroup_number(const std::string& file) {
 }
 
 // This process's cgroup v2 path ("/user.slice/x"), or empty without a v2 hierarchy.
-std::string cgroup_v2_path() {
-  std::ifstream in("/proc/self/cgroup");
+std::string cgroup_v2_path(const std::string& proc_self_cgroup) {
+  std::ifstream in(proc_self_cgroup);
   std::string line;
   while (std::getline(in, line))
     if (line.rfind("0::", 0) == 0) return line.substr(3);
   return {};
 }
 
-void read_cgroup_limit(PinBudget& budget) {
-  std::string dir = cgroup_v2_path();
+void read_cgroup_limit(PinBudget& budget, const PinBudgetFiles& files) {
+  std::string dir = cgroup_v2_path(files.proc_self_cgroup);
   if (dir.empty()) return;
   for (;;) {
-    const std::string base = "/sys/fs/cgroup" + (dir == "/" ? std::string() : dir);
+    const std::string base = files.cgroup_root + (dir == "/" ? std::string() : dir);
     const uint64_t limit = read_cgroup_number(base + "/memory.max");
     if (limit < budget.cgroup_limit_bytes) {
       budget.cgroup_limit_bytes = limit;
@@ -97,14 +98,14 @@ uint64_t locked_memory_bytes() {
   return text.empty() ? 0 : std::stoull(text) * 1024;  // "   12 kB"
 }
 
-PinBudget read_pin_budget(bool memlock_applies) {
+PinBudget read_pin_budget(bool memlock_applies, const PinBudgetFiles& files) {
   PinBudget budget;
   budget.locked_bytes = locked_memory_bytes();
   rlimit limit{};
   if (memlock_applies && getrlimit(RLIMIT_MEMLOCK, &limit) == 0 &&
       limit.rlim_cur != RLIM_INFINITY && !has_cap_ipc_lock())
     budget.memlock_limit_bytes = limit.rlim_cur;
-  read_cgroup_limit(budget);
+  read_cgroup_limit(budget, files);
   budget.available_bytes = available_memory_bytes();
   return budget;
 }
@@ -117,8 +118,10 @@ std::string pin_budget_refusal(uint64_t bytes, const PinBudget& budget) {
   if (over(budget.locked_bytes, budget.memlock_limit_bytes))
     return request_text(bytes, need) +
            " does not fit RLIMIT_MEMLOCK: " + std::to_string(budget.locked_bytes) + " of its " +
-           std::to_string(budget.memlock_limit_bytes) +
-           " bytes are locked already. Raise it (ulimit -l, LimitMEMLOCK= in a systemd unit, "
+           std::to_string(budget.memlock_limit_bytes) + " bytes are locked already, " +
+           std::to_string(std::min(budget.worker_locked_bytes, budget.locked_bytes)) +
+           " of them by this worker's pinned memory and the rest by other workers, the "
+           "backend's own buffers or the program. Raise it (ulimit -l, LimitMEMLOCK= in a systemd unit, "
            "docker run --ulimit memlock=-1) or grant CAP_IPC_LOCK" +
            kFallbackHint;
   if (over(budget.cgroup_used_bytes, budget.cgroup_limit_bytes))

@@ -115,7 +115,7 @@ void WorkerState::free(MemoryKind kind, void* ptr) {
 }
 
 void* WorkerState::over_budget(size_t bytes) {
-  const std::string refusal = pin_budget_refusal(bytes, read_pin_budget(pins_with_mlock));
+  const std::string refusal = pin_budget_refusal(bytes, pin_budget());
   if (refusal.empty()) return nullptr;
   if (setting_choice(Setting::pin_policy).value_or("strict") != "fallback")
     throw Error(ErrorCode::out_of_memory, name() + ": " + refusal);

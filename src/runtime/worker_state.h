@@ -61,6 +61,8 @@ struct WorkerState {
   // Maps one segment of `bytes` (or of `minimum` when only that fits the pin budget) into
   // the pool. Over the budget: Error(out_of_memory), or false under the fallback policy.
   bool map_segment(size_t bytes, size_t minimum);
+  // read_pin_budget for this worker's backend, with what its pool holds locked; takes `mu`.
+  PinBudget pin_budget() const;
   // Releases the pool block at `ptr`; false when it is none.
   bool free_pinned(void* ptr);
   // Releases `segments` through the backend; returns the bytes released. Failures are

@@ -120,6 +120,67 @@ int low_memlock_child(bool fallback) {
   return failed;
 }
 
+// A common default: RLIMIT_MEMLOCK 8 MiB without CAP_IPC_LOCK. sim's bounce buffers must
+// leave the budget to the worker's own pinned memory, and a refusal says who holds what.
+int typical_memlock_child() {
+  if (!test::drop_lock_rights(8u << 20)) return 64;
+  int failed = 0;
+  Worker worker;
+  worker.init("sim");
+  if (test::kVmLckTracksMlock && test::vmlck_bytes() > (2u << 20)) {
+    std::fprintf(stderr, "FAILED: VmLck %llu after init: the backend took the budget\n",
+                 static_cast<unsigned long long>(test::vmlck_bytes()));
+    failed |= 1;
+  }
+  try {
+    PinnedHostBuffer small = worker.alloc_pinned_host(4096);
+    std::memset(small.data(), 1, 4096);
+    PinnedHostBuffer big = worker.alloc_pinned_host(16u << 20);
+    std::fprintf(stderr, "FAILED: 16 MiB pinned under an 8 MiB limit\n");
+    failed |= 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    if (!has(e.what(), "of them by this worker's pinned memory")) failed |= 4;
+  }
+  worker.finalize();
+  return failed;
+}
+
+TEST(PinBudgetDeathTest, ATypicalEightMiBLimitLeavesRoomForTheWorkersOwnMemory) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(_exit(typical_memlock_child()), ::testing::ExitedWithCode(0),
+              "does not fit RLIMIT_MEMLOCK: [0-9]+ of its 8388608 bytes are locked already, "
+              "[0-9]+ of them by this worker's pinned memory");
+}
+
+// The cgroup reader follows /proc/self/cgroup's path up a tree it is given: the lowest
+// memory.max along the ancestors is the limit, with that cgroup's memory.current.
+TEST(PinBudget, TheCgroupLimitIsTheLowestAlongTheAncestorsOfAGivenTree) {
+  const std::string root = ::testing::TempDir() + "cgroup-" + std::to_string(::getpid());
+  const auto put = [](const std::string& file, const std::string& text) {
+    FILE* f = std::fopen(file.c_str(), "w");
+    ASSERT_NE(f, nullptr) << file;
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  };
+  ASSERT_EQ(std::system(("mkdir -p " + root + "/sys/a/b/c").c_str()), 0);
+  put(root + "/self", "1:name=systemd:/elsewhere\n0::/a/b/c\n");
+  put(root + "/sys/a/b/c/memory.max", "max\n");
+  put(root + "/sys/a/b/memory.max", "1048576\n");
+  put(root + "/sys/a/b/memory.current", "4096\n");
+  put(root + "/sys/a/memory.max", "2097152\n");
+  put(root + "/sys/memory.max", "max\n");
+  PinBudgetFiles files{root + "/self", root + "/sys"};
+  const PinBudget b = read_pin_budget(false, files);
+  EXPECT_EQ(b.cgroup_limit_bytes, 1048576u);
+  EXPECT_EQ(b.cgroup_used_bytes, 4096u);
+  EXPECT_EQ(b.cgroup_path, root + "/sys/a/b");
+  EXPECT_NE(pin_budget_refusal(1048576, b).find(root + "/sys/a/b/memory.max"), std::string::npos);
+  put(root + "/self", "0::/\n");  // the root cgroup: its own memory.max only
+  EXPECT_EQ(read_pin_budget(false, files).cgroup_limit_bytes, UINT64_MAX);
+  ASSERT_EQ(std::system(("rm -rf " + root).c_str()), 0);
+}
+
 TEST(PinBudgetDeathTest, StrictRefusesOverRlimitMemlock) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   // _exit: LSan cannot trace the process without the dropped rights.

@@ -1,5 +1,7 @@
 #include "backends/sim/dma.h"
 
+#include <sys/resource.h>
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -153,8 +155,13 @@ Channel::Channel(size_t chunk, int buffers, int64_t link_gbps, int dma_threads)
   map_ = pages.base;
   map_bytes_ = pages.map_bytes;
   // The driver's staging memory is page-locked, as the CUDA driver's is; where the OS
-  // refuses, the copies still work and sim.stats says so.
-  locked_ = mlock(pages.data, pages.bytes) == 0;
+  // refuses, the copies still work and sim.stats says so. Under a small RLIMIT_MEMLOCK
+  // (8 MiB is a common default) the buffers stay unlocked rather than take the budget
+  // the worker's own pinned memory needs: they are locked only within a quarter of it.
+  rlimit limit{};
+  const bool fits = getrlimit(RLIMIT_MEMLOCK, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY ||
+                    pages.bytes <= limit.rlim_cur / 4;
+  locked_ = fits && mlock(pages.data, pages.bytes) == 0;
   for (int i = 0; i < buffers; ++i)
     buffers_.push_back(static_cast<char*>(pages.data) + static_cast<size_t>(i) * chunk);
 }

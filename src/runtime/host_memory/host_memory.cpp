@@ -22,7 +22,7 @@ void WorkerState::recycle_reached_locked() {
 }
 
 bool WorkerState::map_segment(size_t bytes, size_t minimum) {
-  const PinBudget budget = read_pin_budget(pins_with_mlock);  // once per miss
+  const PinBudget budget = pin_budget();  // once per miss
   std::string refusal = pin_budget_refusal(bytes, budget);
   if (!refusal.empty() && minimum < bytes && pin_budget_refusal(minimum, budget).empty()) {
     bytes = minimum;  // the 2 MiB rounding does not fit, the request itself does
@@ -42,6 +42,15 @@ bool WorkerState::map_segment(size_t bytes, size_t minimum) {
   std::lock_guard lock(mu);
   host.add_segment(seg, watch.seconds());
   return true;
+}
+
+PinBudget WorkerState::pin_budget() const {
+  PinBudget budget = read_pin_budget(pins_with_mlock);
+  if (pins_with_mlock) {
+    std::lock_guard lock(mu);
+    budget.worker_locked_bytes = host.stats().reserved_bytes;
+  }
+  return budget;
 }
 
 void* WorkerState::alloc_pinned(size_t bytes) {
