@@ -19,7 +19,7 @@ namespace pinstage {
 enum class Setting {
   log,                  // PINSTAGE_LOG: debug|info|warn|error|off
   num_threads,          // PINSTAGE_NUM_THREADS: threads for parallel loops, 1..4096
-  sim_device_capacity,  // PINSTAGE_SIM_DEVICE_CAPACITY: sim device bytes ("8G", "512M")
+  sim_device_capacity,  // PINSTAGE_SIM_DEVICE_CAPACITY: sim device bytes ("8G", "512M"), >= 256
   sim_fault,            // PINSTAGE_SIM_FAULT: "kind:nth,..." faults for the sim backend
   gen_isa,              // PINSTAGE_GEN_ISA: generic|avx2|avx512|avx512bf16
   golden_isa,           // PINSTAGE_GOLDEN_ISA: generic|avx2|avx512

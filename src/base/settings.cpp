@@ -19,7 +19,8 @@ constexpr SettingInfo kSettings[] = {
      "log threshold on stderr (default warn)"},
     {Setting::num_threads, "PINSTAGE_NUM_THREADS", "1..4096",
      "threads for parallel loops (default: all online cores)"},
-    {Setting::sim_device_capacity, "PINSTAGE_SIM_DEVICE_CAPACITY", "a byte count: 8G, 512M, 4096",
+    {Setting::sim_device_capacity, "PINSTAGE_SIM_DEVICE_CAPACITY",
+     "a byte count of at least 256: 8G, 512M, 4096",
      "sim device memory (default: 80% of physical memory)"},
     {Setting::sim_fault, "PINSTAGE_SIM_FAULT", "kind:nth[,kind:nth...]",
      "fail the nth sim call of a kind (tests); kinds: device_malloc, device_free, host_alloc, "
@@ -59,6 +60,10 @@ uint64_t parse_digits(std::string_view digits, std::string_view what, std::strin
   }
   return value;
 }
+
+// The smallest sim device: one of its 256-byte blocks (sim::DevicePool::kAlignment); a
+// smaller capacity would round down to a device of 0 bytes.
+constexpr uint64_t kMinSimDeviceCapacity = 256;
 
 }  // namespace
 
@@ -121,7 +126,13 @@ std::optional<int> setting_num_threads() {
 std::optional<uint64_t> setting_sim_device_capacity() {
   const auto text = setting_text(Setting::sim_device_capacity);
   if (!text) return std::nullopt;
-  return parse_byte_count(*text, setting_info(Setting::sim_device_capacity).name);
+  const char* name = setting_info(Setting::sim_device_capacity).name;
+  const uint64_t bytes = parse_byte_count(*text, name);
+  if (bytes < kMinSimDeviceCapacity)
+    bad(name, *text,
+        "must be at least " + std::to_string(kMinSimDeviceCapacity) +
+            " bytes (one block of the sim device; less rounds down to a device of 0 bytes)");
+  return bytes;
 }
 
 std::optional<uint64_t> setting_host_cache_max() {

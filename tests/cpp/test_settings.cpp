@@ -73,6 +73,24 @@ TEST(Settings, SimDeviceCapacity) {
   EXPECT_EQ(setting_sim_device_capacity(), uint64_t{16} << 20);
 }
 
+// A capacity the sim device would round down to nothing (it hands out 256-byte granules)
+// is refused, naming the minimum; 256 is the smallest accepted and gives a usable device.
+TEST(Settings, SimDeviceCapacityBelowOneGranuleIsRefused) {
+  for (const char* bad : {"1", "255"}) {
+    expect_refused("PINSTAGE_SIM_DEVICE_CAPACITY", bad);
+    EnvVar env("PINSTAGE_SIM_DEVICE_CAPACITY", bad);
+    const std::string text = error_of([] { check_settings(); }).what();
+    EXPECT_NE(text.find("at least 256 bytes"), std::string::npos) << text;
+  }
+  EnvVar env("PINSTAGE_SIM_DEVICE_CAPACITY", "256");
+  EXPECT_EQ(setting_sim_device_capacity(), 256u);
+  Worker worker;
+  worker.init("sim");
+  EXPECT_EQ(worker.stats().device_capacity_bytes, 256u);
+  EXPECT_EQ(worker.alloc_device(256).size(), 256u);
+  worker.finalize();
+}
+
 TEST(Settings, SimFault) {
   for (const char* bad : {"teleport:2", "copy_h2d", "copy_h2d:0", "copy_h2d:x",
                           "copy_h2d:1,copy_h2d:2", "copy_h2d:1,"})
