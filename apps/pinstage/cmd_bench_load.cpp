@@ -261,12 +261,6 @@ MappedPages fault_and_lock(uint64_t bytes) {
 
 void run_bench_load(BenchLoadArgs& a) {
   check_report_args(a.report);
-  if (a.rounds < 1 || a.rounds > 1000)
-    throw Error(ErrorCode::invalid_argument,
-                "--rounds is " + std::to_string(a.rounds) + "; it must be in 1..1000");
-  if (a.chunk_mib < 1 || a.chunk_mib > 4096)
-    throw Error(ErrorCode::invalid_argument,
-                "--chunk-mib is " + std::to_string(a.chunk_mib) + "; it must be in 1..4096");
   const WorkerOptions wo = worker_options(a.backend);
   const Checkpoint c = Checkpoint::open(a.path);
   Worker worker;
@@ -343,11 +337,14 @@ void add_bench_load_command(CLI::App& bench) {
   a->cmd = q;
   q->add_option("PATH", a->path, "A .safetensors file, or a directory of shards")->required();
   add_backend_args(*q, a->backend);
-  q->add_option("--rounds", a->rounds, "Rounds; each runs every arm warm then cold")
+  add_integer_option(*q, "--rounds", a->rounds,
+                     "Rounds; each runs every arm warm then cold, 1..1000", 1, 1000)
       ->capture_default_str();
-  q->add_option("--threads", a->threads, "Reader and copy threads (0 = all cores)")
+  add_integer_option(*q, "--threads", a->threads,
+                     "Reader and copy threads, 0..1024 (0 = all cores)", 0, 1024)
       ->capture_default_str();
-  q->add_option("--chunk-mib", a->chunk_mib, "MiB per pread, 1..4096")->capture_default_str();
+  add_integer_option(*q, "--chunk-mib", a->chunk_mib, "MiB per pread, 1..4096", 1, 4096)
+      ->capture_default_str();
   q->add_flag("--no-cold", a->no_cold, "Skip the cold (page cache dropped) runs");
   add_report_options(*q, a->report);
   q->callback([a] { run_bench_load(*a); });

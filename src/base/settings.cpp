@@ -48,14 +48,16 @@ constexpr SettingInfo kSettings[] = {
                   (text.size() > 64 ? "...'" : "'") + " is not valid: " + why);
 }
 
-// Digits only, no sign or space: strtoull would take "-1" as 2^64 - 1.
-uint64_t parse_digits(std::string_view digits, std::string_view what, std::string_view text) {
-  if (digits.empty()) bad(what, text, "expected a whole number");
+// Digits only, no sign or space: strtoull would take "-1" as 2^64 - 1. `not_number` and
+// `too_large` are the reasons given for those failures.
+uint64_t parse_digits(std::string_view digits, std::string_view what, std::string_view text,
+                      const std::string& not_number, const std::string& too_large) {
+  if (digits.empty()) bad(what, text, not_number);
   uint64_t value = 0;
   for (char c : digits) {
-    if (c < '0' || c > '9') bad(what, text, "expected a whole number");
+    if (c < '0' || c > '9') bad(what, text, not_number);
     const uint64_t d = static_cast<uint64_t>(c - '0');
-    if (value > (std::numeric_limits<uint64_t>::max() - d) / 10) bad(what, text, "too large");
+    if (value > (std::numeric_limits<uint64_t>::max() - d) / 10) bad(what, text, too_large);
     value = value * 10 + d;
   }
   return value;
@@ -87,7 +89,8 @@ uint64_t parse_byte_count(std::string_view text, std::string_view what) {
       {"", "", 0}, {"K", "KiB", 10}, {"M", "MiB", 20}, {"G", "GiB", 30}, {"T", "TiB", 40}};
   for (const auto& u : kUnits) {
     if (suffix != u.a && suffix != u.b) continue;
-    const uint64_t value = parse_digits(text.substr(0, end), what, text);
+    const uint64_t value =
+        parse_digits(text.substr(0, end), what, text, "expected a whole number", "too large");
     if (value == 0) bad(what, text, "must be more than 0 bytes (e.g. 8G, 512M, 4096)");
     if (value > (std::numeric_limits<uint64_t>::max() >> u.shift)) bad(what, text, "too large");
     return value << u.shift;
@@ -96,16 +99,18 @@ uint64_t parse_byte_count(std::string_view text, std::string_view what) {
 }
 
 int64_t parse_integer(std::string_view text, int64_t min, int64_t max, std::string_view what) {
+  // Every failure names the range, so that an option's error says what it takes.
+  const std::string range = "[" + std::to_string(min) + ", " + std::to_string(max) + "]";
   const bool negative = !text.empty() && text[0] == '-';
-  const uint64_t magnitude = parse_digits(negative ? text.substr(1) : text, what, text);
-  const auto range = [&] {
-    return "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
-  };
-  if (magnitude > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-    bad(what, text, range());
+  const uint64_t magnitude =
+      parse_digits(negative ? text.substr(1) : text, what, text,
+                   "expected a whole number in " + range, "must be in " + range);
+  // -2^63 is the one magnitude past INT64_MAX that fits.
+  const uint64_t limit = static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) + negative;
+  if (magnitude > limit) bad(what, text, "must be in " + range);
   const int64_t value =
-      negative ? -static_cast<int64_t>(magnitude) : static_cast<int64_t>(magnitude);
-  if (value < min || value > max) bad(what, text, range());
+      negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
+  if (value < min || value > max) bad(what, text, "must be in " + range);
   return value;
 }
 

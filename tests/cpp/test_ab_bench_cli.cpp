@@ -49,14 +49,20 @@ void expect_rejected(const std::string& args, const std::string& needle,
   EXPECT_EQ(r.output.find("group  "), std::string::npos) << "no table on an error";
 }
 
-TEST(BenchCli, GroupsZero) { expect_rejected("--groups 0", "--groups is 0"); }
+TEST(BenchCli, GroupsZero) {
+  expect_rejected("--groups 0", "--groups='0' is not valid: must be in [1, 2147483647]");
+}
 
-TEST(BenchCli, RoundsZero) { expect_rejected("--rounds 0", "--rounds is 0"); }
+TEST(BenchCli, RoundsZero) {
+  expect_rejected("--rounds 0", "--rounds='0' is not valid: must be in [1, 2147483647]");
+}
 
 TEST(BenchCli, StagingSizesOutOfRange) {
-  expect_rejected("--staging-buffers 0", "staging_buffers is 0");
-  expect_rejected("--staging-buffer-mib 0", "--staging-buffer-mib is 0");
-  expect_rejected("--staging-buffer-mib 2048", "--staging-buffer-mib is 2048");
+  expect_rejected("--staging-buffers 0", "--staging-buffers='0' is not valid: must be in [1, 64]");
+  expect_rejected("--staging-buffers 65", "--staging-buffers='65' is not valid");
+  expect_rejected("--staging-buffer-mib 0", "--staging-buffer-mib='0' is not valid");
+  expect_rejected("--staging-buffer-mib 2048",
+                  "--staging-buffer-mib='2048' is not valid: must be in [1, 1024]");
 }
 
 TEST(BenchCli, OneRoundWithTheColdRoundDroppedLeavesNothing) {
@@ -198,8 +204,9 @@ TEST(BenchCli, LayersZeroIsAnError) {
 TEST(BenchCli, SeedOutOfRange) {
   expect_rejected("--layers 1 --seed -1", "seed is -1");
   expect_usage_error("--layers 1 --seed 18446744073709551616",
-                     "--seed 18446744073709551616 is out of range");
-  expect_usage_error("--layers 1 --seed 1.5", "--seed 1.5 is not a whole number");
+                     "--seed='18446744073709551616' is not valid: must be in "
+                     "[-9223372036854775808, 9223372036854775807]");
+  expect_usage_error("--layers 1 --seed 1.5", "--seed='1.5' is not valid: expected a whole number");
 }
 
 TEST(BenchCli, EmptyJsonIsAnError) { expect_rejected("--layers 1 --json ''", "--json is empty"); }
@@ -238,7 +245,8 @@ TEST(BenchCli, SyntheticRunsThroughTheSameHarness) {
 }
 
 TEST(BenchCli, SyntheticBadSizes) {
-  expect_rejected("--tensors 0 --bytes 1M", "--tensors is 0", "synthetic");
+  expect_rejected("--tensors 0 --bytes 1M", "--tensors='0' is not valid: must be in [1, 65536]",
+                  "synthetic");
   expect_rejected("--tensors 4 --bytes abc", "--bytes", "synthetic");
   expect_rejected("--tensors 4 --bytes 6", "--bytes is 6", "synthetic");
 }
