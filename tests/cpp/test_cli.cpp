@@ -1,10 +1,16 @@
 // The CLI conventions every command shares: --json FILE or - (stdout), outputs checked
-// before any work and never half-written, size knobs >= 1, case-insensitive choices.
+// before any work and never half-written, size knobs >= 1, strict numbers,
+// case-insensitive choices; and bench load's file-reading arms on a truncated shard.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -12,7 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "bench_load_arms.h"
 #include "cli_test_util.h"
+#include "pinstage/safetensors.h"
+#include "tensor_test_util.h"
 
 namespace {
 
@@ -224,6 +233,80 @@ TEST(Cli, InfoSaysPerBackendWhetherADeviceIsUsable) {
     if (b["name"] == "sim") sim = b["usable"].get<bool>();
   }
   EXPECT_TRUE(sim) << r.out;
+}
+
+// bench load's file-reading arms on a shard truncated under them (after the checkpoint
+// was opened): an error naming the file, never SIGBUS, and nothing left allocated or mapped.
+class TruncatedShard : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    pinstage::PageableAllocator pageable;
+    pinstage::TaskArgs args;
+    for (const char* name : {"a", "b"}) {
+      pinstage::Tensor t = pinstage::Tensor::empty(name, pinstage::DType::f32, {16384},
+                                                   pinstage::Direction::in, pageable);
+      std::memset(t.data(), 0x5a, t.nbytes());
+      args.add(std::move(t));
+    }
+    pinstage::save_safetensors(args, path);
+  }
+  void TearDown() override { std::filesystem::remove(path); }
+
+  // Whether this process still maps `path`.
+  bool mapped() const { return read_file("/proc/self/maps").find(path) != std::string::npos; }
+
+  const std::string path = temp_path("truncated.safetensors");
+};
+
+TEST_F(TruncatedShard, MmapArmNamesTheFileInsteadOfDyingOfSigbus) {
+  const pinstage::Checkpoint c = pinstage::Checkpoint::open(path);
+  pinstage::test::CountingAllocator pinned;
+  pinstage::cli::arm_mmap_copy(c, pinned);  // whole: no error
+  EXPECT_EQ(pinned.live(), 0);
+  // Truncated after the mmap, before the copies: the first copy reads a page the file no
+  // longer backs.
+  const pinstage::Error e = pinstage::test::error_of([&] {
+    pinstage::cli::arm_mmap_copy(c, pinned, [](const pinstage::CheckpointFile& f) {
+      ASSERT_EQ(::truncate(f.path.c_str(), 0), 0);
+    });
+  });
+  EXPECT_EQ(e.code(), pinstage::ErrorCode::io);
+  EXPECT_NE(std::string(e.what()).find("'" + path + "' was truncated while being read"),
+            std::string::npos)
+      << e.what();
+  EXPECT_EQ(pinned.live(), 0);
+  EXPECT_FALSE(mapped());
+}
+
+TEST_F(TruncatedShard, ReadArmNamesTheFile) {
+  const pinstage::Checkpoint c = pinstage::Checkpoint::open(path);
+  ASSERT_EQ(::truncate(path.c_str(), 4096), 0);
+  pinstage::test::CountingAllocator pinned;
+  const pinstage::Error e =
+      pinstage::test::error_of([&] { pinstage::cli::arm_read_then_copy(c, pinned); });
+  EXPECT_EQ(e.code(), pinstage::ErrorCode::io);
+  EXPECT_NE(std::string(e.what()).find("'" + path + "' was truncated while being read"),
+            std::string::npos)
+      << e.what();
+  EXPECT_EQ(pinned.live(), 0);
+}
+
+// The guard is scoped to its copy: a SIGBUS anywhere else (here a read of a truncated
+// mapping after the guard was installed) still kills the process with SIGBUS.
+TEST_F(TruncatedShard, SigbusOutsideTheGuardStillKills) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const pinstage::Checkpoint c = pinstage::Checkpoint::open(path);
+        pinstage::test::CountingAllocator pinned;
+        pinstage::cli::arm_mmap_copy(c, pinned);  // installs the handler
+        const int fd = ::open(path.c_str(), O_RDONLY);
+        const auto* p =
+            static_cast<const volatile char*>(::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0));
+        if (p == MAP_FAILED || ::truncate(path.c_str(), 0) != 0) std::exit(1);
+        std::exit(p[0] == 0 ? 2 : 3);  // never reached: the read faults
+      },
+      ::testing::KilledBySignal(SIGBUS), "");
 }
 
 }  // namespace
