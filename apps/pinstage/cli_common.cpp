@@ -14,6 +14,7 @@
 #include "pinstage/atomic_file.h"
 #include "pinstage/clock.h"
 #include "pinstage/error.h"
+#include "pinstage/settings.h"
 
 namespace pinstage::cli {
 
@@ -128,6 +129,16 @@ ProgressTicker::~ProgressTicker() {
   }
   state_->cv.notify_one();
   state_->thread.join();
+}
+
+CLI::Validator integer_validator(const std::string& flag, int64_t min, int64_t max) {
+  return CLI::Validator(
+      [flag, min, max](std::string& text) {
+        // Thrown, not returned: CLI11 would put the flag in front of the message again.
+        text = std::to_string(parse_integer(text, min, max, flag));
+        return std::string();
+      },
+      "", "integer");
 }
 
 std::string plural(size_t n, const char* noun) {

@@ -4,13 +4,16 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "pinstage/error.h"
 #include "pinstage/run_info.h"
 #include "pinstage/worker.h"
 
@@ -64,6 +67,26 @@ class ProgressTicker {
   struct State;
   std::unique_ptr<State> state_;
 };
+
+// The validator behind add_integer_option: parse_integer(text, min, max, flag), throwing its
+// Error, then the text rewritten to the number's plain decimal for CLI11 to convert.
+CLI::Validator integer_validator(const std::string& flag, int64_t min, int64_t max);
+
+// A whole-number option bound to `value`, parsed by the one strict parser (parse_integer,
+// settings.h): decimal digits with an optional '-', in [min, max]. Hex, an empty value, a
+// fraction, trailing text or a value out of range is Error(invalid_argument) naming the
+// option, the value and the range ("--threads='0x10' is not valid: expected a whole number
+// in [0, 1024]"), raised while the command line is parsed, before any work. "010" is ten.
+// Every numeric option takes this: CLI11 alone reads 0x10 as 16, '' as 0, 010 as 8 and -1
+// into a size_t as 2^64 - 1.
+template <typename T>
+CLI::Option* add_integer_option(CLI::App& cmd, const std::string& flag, T& value,
+                                const std::string& help, int64_t min, int64_t max) {
+  static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>);
+  if (min > max || !std::in_range<T>(min) || !std::in_range<T>(max))
+    throw Error(ErrorCode::internal, flag + ": its range does not fit the option's type");
+  return cmd.add_option(flag, value, help)->transform(integer_validator(flag, min, max));
+}
 
 // "1 tensor", "3 tensors".
 std::string plural(size_t n, const char* noun);

@@ -2,6 +2,7 @@
 // registered scene and for the synthetic task (K tensors of N bytes).
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -43,10 +44,6 @@ ab::BenchConfig make_config(const BenchArgs& a, int64_t size) {
   config.keep_cold = a.keep_cold;
   config.baseline = !a.no_baseline;
   config.bind.staging_buffers = a.staging_buffers;
-  if (a.staging_buffer_mib < 1 || a.staging_buffer_mib > 1024)
-    throw Error(ErrorCode::invalid_argument, "--staging-buffer-mib is " +
-                                                 std::to_string(a.staging_buffer_mib) +
-                                                 "; it must be in [1, 1024]");
   config.bind.staging_buffer_bytes = a.staging_buffer_mib << 20;
   ab::validate(config);
   return config;
@@ -122,15 +119,20 @@ void add_common_options(CLI::App& q, BenchArgs& args) {
   q.add_option("--arms", args.arms, "Comma-separated arms in run order: pageable,pinned,staged")
       ->transform(kLowerCase)
       ->capture_default_str();
-  q.add_option("--groups", args.groups, "Groups; each runs every arm once")->capture_default_str();
-  q.add_option("--rounds", args.rounds, "Binds per arm per group")->capture_default_str();
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  add_integer_option(q, "--groups", args.groups, "Groups; each runs every arm once", 1, kIntMax)
+      ->capture_default_str();
+  add_integer_option(q, "--rounds", args.rounds, "Binds per arm per group", 1, kIntMax)
+      ->capture_default_str();
   q.add_flag("--keep-cold", args.keep_cold,
              "Keep the first (cold) bind of every arm in the statistics");
   q.add_flag("--no-baseline", args.no_baseline, "Skip the plain memcpy baseline rounds");
-  q.add_option("--staging-buffers", args.staging_buffers, "Staging ring buffers (staged arm)")
+  // BindOptions' ranges (validate in bind.h), checked here while parsing.
+  add_integer_option(q, "--staging-buffers", args.staging_buffers,
+                     "Staging ring buffers (staged arm), 1..64", 1, 64)
       ->capture_default_str();
-  q.add_option("--staging-buffer-mib", args.staging_buffer_mib,
-               "Size of each staging buffer in MiB (staged arm)")
+  add_integer_option(q, "--staging-buffer-mib", args.staging_buffer_mib,
+                     "Size of each staging buffer in MiB (staged arm), 1..1024", 1, 1024)
       ->capture_default_str();
   add_report_options(q, args.report);
   q.add_flag("--no-plot", args.no_plot, "Do not draw the PNG next to the --json report");
@@ -166,7 +168,8 @@ void add_synthetic_bench(CLI::App& bench) {
   CLI::App* q = bench.add_subcommand(
       "synthetic", "A/B benchmark of a synthetic task: --tensors IN tensors of --bytes each");
   add_common_options(*q, args->common);
-  q->add_option("--tensors", args->tensors, "IN tensors, [1, 65536]")->capture_default_str();
+  add_integer_option(*q, "--tensors", args->tensors, "IN tensors, 1..65536", 1, 65536)
+      ->capture_default_str();
   q->add_option("--bytes", args->bytes, "Bytes per tensor, a multiple of 4 (64M, 1G, 4096)")
       ->capture_default_str();
   q->callback([args] {

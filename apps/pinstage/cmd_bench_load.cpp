@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -16,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_load_arms.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "pinstage/checkpoint.h"
@@ -39,10 +39,6 @@ struct BenchLoadArgs {
   CLI::App* cmd = nullptr;
 };
 
-[[noreturn]] void bench_io(const std::string& path, const char* what) {
-  throw Error(ErrorCode::io, "bench load: '" + path + "': " + what + ": " + std::strerror(errno));
-}
-
 // Drops every file from the page cache; returns the fraction of its pages still resident
 // afterwards (mincore over a mapping), so the report says whether the drop took effect.
 double drop_cache(const Checkpoint& c) {
@@ -63,54 +59,6 @@ double drop_cache(const Checkpoint& c) {
     ::close(fd);
   }
   return pages > 0 ? static_cast<double>(resident) / static_cast<double>(pages) : 0.0;
-}
-
-// Arm a: read() each whole file into fresh pageable memory, then copy each tensor into
-// its own pinned storage (what a Python user does by hand).
-void arm_read_then_copy(const Checkpoint& c, HostAllocator& pinned) {
-  std::vector<std::shared_ptr<Storage>> out;
-  PageableAllocator pageable;
-  for (size_t f = 0; f < c.files().size(); ++f) {
-    const CheckpointFile& file = c.files()[f];
-    const auto buf = pageable.allocate(file.size);
-    const int fd = ::open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) bench_io(file.path, "open");
-    auto* p = static_cast<unsigned char*>(buf->data());
-    for (uint64_t done = 0; done < file.size;) {
-      const ssize_t r = ::read(fd, p + done, std::min<uint64_t>(file.size - done, 1 << 30));
-      if (r <= 0) {
-        ::close(fd);
-        bench_io(file.path, "read");
-      }
-      done += static_cast<uint64_t>(r);
-    }
-    ::close(fd);
-    for (const CheckpointTensor& t : c.tensors()) {
-      if (t.file != f) continue;
-      out.push_back(pinned.allocate(t.bytes));
-      if (t.bytes > 0) std::memcpy(out.back()->data(), p + t.offset, t.bytes);
-    }
-  }
-}
-
-// Arm b: mmap each file and copy each tensor out of the mapping into pinned storage (what
-// safetensors' safe_open does, into pinned memory here so every arm ends in the same place).
-void arm_mmap_copy(const Checkpoint& c, HostAllocator& pinned) {
-  std::vector<std::shared_ptr<Storage>> out;
-  for (size_t f = 0; f < c.files().size(); ++f) {
-    const CheckpointFile& file = c.files()[f];
-    const int fd = ::open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) bench_io(file.path, "open");
-    void* map = ::mmap(nullptr, file.size, PROT_READ, MAP_PRIVATE, fd, 0);
-    ::close(fd);
-    if (map == MAP_FAILED) bench_io(file.path, "mmap");
-    for (const CheckpointTensor& t : c.tensors()) {
-      if (t.file != f) continue;
-      out.push_back(pinned.allocate(t.bytes));
-      if (t.bytes > 0) std::memcpy(out.back()->data(), static_cast<char*>(map) + t.offset, t.bytes);
-    }
-    ::munmap(map, file.size);
-  }
 }
 
 // The disk or page-cache limit: every tensor's bytes by parallel pread into one
@@ -261,12 +209,6 @@ MappedPages fault_and_lock(uint64_t bytes) {
 
 void run_bench_load(BenchLoadArgs& a) {
   check_report_args(a.report);
-  if (a.rounds < 1 || a.rounds > 1000)
-    throw Error(ErrorCode::invalid_argument,
-                "--rounds is " + std::to_string(a.rounds) + "; it must be in 1..1000");
-  if (a.chunk_mib < 1 || a.chunk_mib > 4096)
-    throw Error(ErrorCode::invalid_argument,
-                "--chunk-mib is " + std::to_string(a.chunk_mib) + "; it must be in 1..4096");
   const WorkerOptions wo = worker_options(a.backend);
   const Checkpoint c = Checkpoint::open(a.path);
   Worker worker;
@@ -343,11 +285,14 @@ void add_bench_load_command(CLI::App& bench) {
   a->cmd = q;
   q->add_option("PATH", a->path, "A .safetensors file, or a directory of shards")->required();
   add_backend_args(*q, a->backend);
-  q->add_option("--rounds", a->rounds, "Rounds; each runs every arm warm then cold")
+  add_integer_option(*q, "--rounds", a->rounds,
+                     "Rounds; each runs every arm warm then cold, 1..1000", 1, 1000)
       ->capture_default_str();
-  q->add_option("--threads", a->threads, "Reader and copy threads (0 = all cores)")
+  add_integer_option(*q, "--threads", a->threads,
+                     "Reader and copy threads, 0..1024 (0 = all cores)", 0, 1024)
       ->capture_default_str();
-  q->add_option("--chunk-mib", a->chunk_mib, "MiB per pread, 1..4096")->capture_default_str();
+  add_integer_option(*q, "--chunk-mib", a->chunk_mib, "MiB per pread, 1..4096", 1, 4096)
+      ->capture_default_str();
   q->add_flag("--no-cold", a->no_cold, "Skip the cold (page cache dropped) runs");
   add_report_options(*q, a->report);
   q->callback([a] { run_bench_load(*a); });

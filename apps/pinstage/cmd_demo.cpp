@@ -63,8 +63,7 @@ void add_demo_command(CLI::App& app) {
   static std::string backend = "sim";
   static size_t mib = 256;
   cmd->add_option("--backend", backend, "Backend plugin name")->capture_default_str();
-  cmd->add_option("--mib", mib, "Buffer size in MiB")
-      ->check(CLI::Range(1, 1 << 20))
+  add_integer_option(*cmd, "--mib", mib, "Buffer size in MiB, 1..1048576", 1, 1 << 20)
       ->capture_default_str();
   cmd->callback([] { run_demo(backend, mib); });
 }

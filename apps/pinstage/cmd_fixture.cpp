@@ -2,6 +2,7 @@
 // first-touch floor, optionally write them to a .safetensors file.
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -83,12 +84,6 @@ void print_table(FILE* out, const std::vector<SceneTensor>& tensors) {
 void check_options(const FixtureArgs& a) {
   check_report_args(a.report);
   if (a.out_given && a.shard_size.empty()) check_out_option("--out", a.out);
-  if (a.repeat < 1)
-    throw Error(ErrorCode::invalid_argument,
-                "--repeat is " + std::to_string(a.repeat) + "; it must be >= 1");
-  if (a.threads < 0)
-    throw Error(ErrorCode::invalid_argument,
-                "--threads is " + std::to_string(a.threads) + "; it must be >= 0 (0 = all cores)");
   if (a.size_only && (a.out_given || a.first_touch || a.pinned || a.repeat != 1))
     throw Error(ErrorCode::invalid_argument,
                 "--size-only allocates nothing: it cannot be combined with --out, --first-touch, "
@@ -274,13 +269,16 @@ void add_fixture_command(CLI::App& app) {
     CLI::App* q = fixture->add_subcommand(
         scene->name(), scene->description() + ": prints bytes, seconds and GB/s");
     add_scene_options(*q, *scene, args->values, SizeDefault::automatic);
-    q->add_option("--threads", args->threads, "Generation threads (0 = all cores)")
+    add_integer_option(*q, "--threads", args->threads,
+                       "Generation threads, 0..4096 (0 = all cores)", 0, 4096)
         ->capture_default_str();
     q->add_flag("--pinned", args->pinned, "Generate into pinned memory of a sim worker");
     q->add_flag("--size-only", args->size_only, "Print shapes and byte totals; allocate nothing");
     q->add_flag("--first-touch", args->first_touch,
                 "Also time the floor: allocating the same bytes and touching every page");
-    q->add_option("--repeat", args->repeat, "Runs (each on fresh memory); the best is reported")
+    add_integer_option(*q, "--repeat", args->repeat,
+                       "Runs (each on fresh memory); the best is reported", 1,
+                       std::numeric_limits<int>::max())
         ->capture_default_str();
     add_report_options(*q, args->report);
     q->add_option("--out", args->out, "Write the arguments to this .safetensors file")

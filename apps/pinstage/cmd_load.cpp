@@ -27,18 +27,10 @@ struct LoadArgs {
   CLI::App* cmd = nullptr;
 };
 
+// The options' ranges were checked while parsing (add_integer_option).
 CheckpointLoadOptions load_options(const LoadArgs& a) {
-  if (a.threads < 0 || a.threads > 1024)
-    throw Error(ErrorCode::invalid_argument, "--threads is " + std::to_string(a.threads) +
-                                                 "; it must be in 0..1024 (0 = all cores)");
   CheckpointLoadOptions o;
   o.threads = a.threads;
-  if (a.chunk_mib < 1 || a.chunk_mib > 4096)
-    throw Error(ErrorCode::invalid_argument,
-                "--chunk-mib is " + std::to_string(a.chunk_mib) + "; it must be in 1..4096");
-  if (a.ring_mib < 1 || a.ring_mib > 65536)
-    throw Error(ErrorCode::invalid_argument,
-                "--ring-mib is " + std::to_string(a.ring_mib) + "; it must be in 1..65536");
   o.chunk_bytes = static_cast<uint64_t>(a.chunk_mib) << 20;
   o.ring_bytes = static_cast<uint64_t>(a.ring_mib) << 20;
   o.direct = a.direct;
@@ -150,9 +142,13 @@ void add_load_command(CLI::App& app) {
       ->transform(kLowerCase)
       ->check(CLI::IsMember({"host", "device"}))
       ->capture_default_str();
-  q->add_option("--threads", a->threads, "Reader threads (0 = all cores)")->capture_default_str();
-  q->add_option("--chunk-mib", a->chunk_mib, "MiB per pread, 1..4096")->capture_default_str();
-  q->add_option("--ring-mib", a->ring_mib, "Pinned MiB of the staging ring (--to device)")
+  add_integer_option(*q, "--threads", a->threads, "Reader threads, 0..1024 (0 = all cores)", 0,
+                     1024)
+      ->capture_default_str();
+  add_integer_option(*q, "--chunk-mib", a->chunk_mib, "MiB per pread, 1..4096", 1, 4096)
+      ->capture_default_str();
+  add_integer_option(*q, "--ring-mib", a->ring_mib,
+                     "Pinned MiB of the staging ring (--to device), 1..65536", 1, 65536)
       ->capture_default_str();
   q->add_flag("--direct", a->direct, "O_DIRECT reads (falls back, with a message, where refused)");
   q->add_flag("--verify", a->verify, "Check each tensor's recorded xxh3-64");

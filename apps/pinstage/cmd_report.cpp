@@ -3,10 +3,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli_common.h"
@@ -105,21 +107,114 @@ void add_plot_command(CLI::App& app) {
   });
 }
 
+// Reading a report: every key is looked up with a check, never through nlohmann's const
+// operator[] (undefined behaviour on a missing key). A missing key or a value of another
+// type is Error(invalid_argument) naming the file and the key's path
+// ("A.json: config.arms is missing", "A.json: config.arms is a number, not an array").
+enum class Kind { object, array, string, number };
+
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::object:
+      return "an object";
+    case Kind::array:
+      return "an array";
+    case Kind::string:
+      return "a string";
+    case Kind::number:
+      return "a number";
+  }
+  return "?";
+}
+
+// "a number", "an array", "null": what the value at a path is.
+std::string what_it_is(const nlohmann::json& value) {
+  const std::string name = value.type_name();
+  if (value.is_null()) return name;
+  return (name[0] == 'a' || name[0] == 'o' ? "an " : "a ") + name;
+}
+
+const nlohmann::json& checked(const nlohmann::json& value, const std::string& file,
+                              const std::string& where, Kind kind) {
+  const bool ok = kind == Kind::object   ? value.is_object()
+                  : kind == Kind::array  ? value.is_array()
+                  : kind == Kind::string ? value.is_string()
+                                         : value.is_number();
+  if (!ok)
+    throw Error(ErrorCode::invalid_argument, file + ": " + (where.empty() ? "the report" : where) +
+                                                 " is " + what_it_is(value) + ", not " +
+                                                 kind_name(kind));
+  return value;
+}
+
+// parent[key] of `kind`, or nullptr when the key is missing; `where` is parent's path.
+const nlohmann::json* optional_key(const nlohmann::json& parent, const std::string& file,
+                                   const std::string& where, const char* key, Kind kind) {
+  const std::string path = where.empty() ? key : where + "." + key;
+  const auto it = parent.find(key);
+  return it == parent.end() ? nullptr : &checked(*it, file, path, kind);
+}
+
+const nlohmann::json& required_key(const nlohmann::json& parent, const std::string& file,
+                                   const std::string& where, const char* key, Kind kind) {
+  const nlohmann::json* value = optional_key(parent, file, where, key, kind);
+  if (value == nullptr)
+    throw Error(ErrorCode::invalid_argument,
+                file + ": " + (where.empty() ? key : where + "." + key) + " is missing");
+  return *value;
+}
+
+std::string string_or(const nlohmann::json& parent, const std::string& file,
+                      const std::string& where, const char* key, const char* fallback) {
+  const nlohmann::json* value = optional_key(parent, file, where, key, Kind::string);
+  return value ? value->get<std::string>() : fallback;
+}
+
+double number_or(const nlohmann::json& parent, const std::string& file, const std::string& where,
+                 const char* key, double fallback) {
+  const nlohmann::json* value = optional_key(parent, file, where, key, Kind::number);
+  return value ? value->get<double>() : fallback;
+}
+
+// A bench report read for compare: its config.arms, its summary's figures per arm and the
+// line that says where it came from.
+struct CompareReport {
+  std::string file;
+  nlohmann::json doc;
+  std::vector<std::string> arms;  // config.arms, in run order
+};
+
+CompareReport read_compare_report(const std::string& file) {
+  CompareReport r{file, read_json(file), {}};
+  checked(r.doc, file, "", Kind::object);
+  const nlohmann::json& config = required_key(r.doc, file, "", "config", Kind::object);
+  const nlohmann::json& arms = required_key(config, file, "config", "arms", Kind::array);
+  for (size_t i = 0; i < arms.size(); ++i)
+    r.arms.push_back(checked(arms[i], file, "config.arms[" + std::to_string(i) + "]", Kind::string)
+                         .get<std::string>());
+  required_key(required_key(r.doc, file, "", "summary", Kind::object), file, "summary", "arms",
+               Kind::array);
+  return r;
+}
+
 // One arm's figures from a report's summary.
 struct ArmFigures {
   double bind_min_ms = 0, upload_gbps = 0, alloc_ms = 0, reduction = 0;
   bool found = false;
 };
 
-ArmFigures arm_figures(const nlohmann::json& doc, const std::string& arm) {
+ArmFigures arm_figures(const CompareReport& r, const std::string& arm) {
   ArmFigures f;
-  for (const auto& a : doc.at("summary").at("arms")) {
-    if (a.at("arm") != arm) continue;
+  const nlohmann::json& arms = r.doc.at("summary").at("arms");  // read_compare_report checked
+  for (size_t i = 0; i < arms.size(); ++i) {
+    const std::string where = "summary.arms[" + std::to_string(i) + "]";
+    const nlohmann::json& a = checked(arms[i], r.file, where, Kind::object);
+    if (required_key(a, r.file, where, "arm", Kind::string) != arm) continue;
     f.found = true;
-    f.bind_min_ms = a.at("min_seconds").get<double>() * 1e3;
-    f.upload_gbps = a.value("median_upload_gbps", 0.0);
-    f.alloc_ms = a.value("median_alloc_seconds", 0.0) * 1e3;
-    f.reduction = a.value("median_reduction", 0.0);
+    f.bind_min_ms = required_key(a, r.file, where, "min_seconds", Kind::number).get<double>() * 1e3;
+    f.upload_gbps = number_or(a, r.file, where, "median_upload_gbps", 0.0);
+    f.alloc_ms = number_or(a, r.file, where, "median_alloc_seconds", 0.0) * 1e3;
+    f.reduction = number_or(a, r.file, where, "median_reduction", 0.0);
   }
   return f;
 }
@@ -131,25 +226,29 @@ std::string change(double before, double after) {
   return buf;
 }
 
+// "A: a.json  (2024-05-01T10:00:00Z, sim on host, pinstage 0.2.0)"
+std::string source_line(const char* tag, const CompareReport& r) {
+  static const nlohmann::json kNone = nlohmann::json::object();
+  const nlohmann::json* found = optional_key(r.doc, r.file, "", "run", Kind::object);
+  const nlohmann::json& run = found ? *found : kNone;
+  return std::string(tag) + ": " + r.file + "  (" + string_or(run, r.file, "run", "utc_time", "?") +
+         ", " + string_or(r.doc.at("config"), r.file, "config", "backend", "?") + " on " +
+         string_or(run, r.file, "run", "host", "?") + ", pinstage " +
+         string_or(run, r.file, "run", "pinstage_version", "?") + ")";
+}
+
 void compare_reports(const std::string& path_a, const std::string& path_b) {
-  const nlohmann::json a = read_json(path_a);
-  const nlohmann::json b = read_json(path_b);
-  for (const auto* doc : {&a, &b})
-    if (!doc->contains("summary") || !doc->contains("config"))
-      throw Error(ErrorCode::invalid_argument,
-                  "bench compare: both files must be reports of pinstage bench --json");
-  const auto run_line = [](const char* tag, const nlohmann::json& d, const std::string& p) {
-    const nlohmann::json run = d.value("run", nlohmann::json::object());
-    std::printf("%s: %s  (%s, %s on %s, pinstage %s)\n", tag, p.c_str(),
-                run.value("utc_time", "?").c_str(), d["config"].value("backend", "?").c_str(),
-                run.value("host", "?").c_str(), run.value("pinstage_version", "?").c_str());
-  };
-  run_line("A", a, path_a);
-  run_line("B", b, path_b);
+  const CompareReport a = read_compare_report(path_a);
+  const CompareReport b = read_compare_report(path_b);
+  // Every figure is read before anything is printed: a bad report prints no table.
+  std::vector<std::pair<ArmFigures, ArmFigures>> figures;
+  for (const std::string& arm : a.arms)
+    figures.emplace_back(arm_figures(a, arm), arm_figures(b, arm));
+  std::printf("%s\n%s\n", source_line("A", a).c_str(), source_line("B", b).c_str());
   std::printf("\n%-9s %-22s %12s %12s %9s\n", "arm", "figure", "A", "B", "B vs A");
-  for (const auto& arm_entry : a["config"]["arms"]) {
-    const std::string arm = arm_entry.get<std::string>();
-    const ArmFigures fa = arm_figures(a, arm), fb = arm_figures(b, arm);
+  for (size_t i = 0; i < a.arms.size(); ++i) {
+    const std::string& arm = a.arms[i];
+    const auto& [fa, fb] = figures[i];
     if (!fb.found) {
       std::printf("%-9s only in A\n", arm.c_str());
       continue;
@@ -163,6 +262,9 @@ void compare_reports(const std::string& path_a, const std::string& path_b) {
     std::printf("%-9s %-22s %11.1f%% %11.1f%%\n", "", "faster than reference", fa.reduction * 100,
                 fb.reduction * 100);
   }
+  for (const std::string& arm : b.arms)
+    if (std::find(a.arms.begin(), a.arms.end(), arm) == a.arms.end())
+      std::printf("%-9s only in B\n", arm.c_str());
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -148,9 +149,11 @@ void add_scene_command(CLI::App& app) {
     a->cmd = cmd;
     add_backend_args(*cmd, a->backend);
     add_scene_options(*cmd, *scene, a->values, SizeDefault::scene);
-    cmd->add_option("--threads", a->threads, "Generation threads (0 = all cores)")
+    add_integer_option(*cmd, "--threads", a->threads, "Generation threads, 0..4096 (0 = all cores)",
+                       0, 4096)
         ->capture_default_str();
-    cmd->add_option("--rounds", a->rounds, "Bind/execute/compare rounds (>= 1)")
+    add_integer_option(*cmd, "--rounds", a->rounds, "Bind/execute/compare rounds (>= 1)", 1,
+                       std::numeric_limits<int>::max())
         ->capture_default_str();
     cmd->add_option("--storage", a->storage, "Host storage: pageable or pinned")
         ->transform(kLowerCase)

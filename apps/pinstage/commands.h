@@ -3,11 +3,12 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <charconv>
+#include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <string>
-#include <system_error>
 
+#include "cli_common.h"
 #include "pinstage/scene.h"
 
 namespace pinstage::cli {
@@ -47,22 +48,6 @@ inline CLI::Validator positive_size(const std::string& flag, SizeDefault size_de
       "", "positive size");
 }
 
-// Scene parameters are int64: a value that is not a whole number in that range (a seed of
-// 2^64) is an error, never saturated by the conversion.
-inline CLI::Validator strict_int64(const std::string& flag) {
-  return CLI::Validator(
-      [flag](const std::string& text) {
-        int64_t v = 0;
-        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (ec == std::errc::result_out_of_range)
-          return flag + " " + text + " is out of range (a signed 64-bit integer)";
-        if (ec != std::errc() || end != text.data() + text.size())
-          return flag + " " + text + " is not a whole number";
-        return std::string();
-      },
-      "", "int64");
-}
-
 // One option per scene parameter (--seq-len for seq_len), bound to values[name], which
 // gets the parameter's default first.
 inline void add_scene_options(CLI::App& cmd, const Scene& scene, SceneValues& values,
@@ -77,9 +62,12 @@ inline void add_scene_options(CLI::App& cmd, const Scene& scene, SceneValues& va
       value = 0;
       help += "; default: the largest that fits in half of MemAvailable";
     }
-    CLI::Option* option = cmd.add_option(param_flag(p.name), value, help);
+    // Scene parameters are int64: a seed of 2^64 is an error, never saturated; the scene
+    // checks its own ranges (validate).
+    CLI::Option* option = add_integer_option(cmd, param_flag(p.name), value, help,
+                                             std::numeric_limits<int64_t>::min(),
+                                             std::numeric_limits<int64_t>::max());
     if (!(p.size && size_default == SizeDefault::automatic)) option->capture_default_str();
-    option->check(strict_int64(param_flag(p.name)));
     if (p.size) option->check(positive_size(param_flag(p.name), size_default));
   }
 }

@@ -19,7 +19,7 @@ namespace pinstage {
 enum class Setting {
   log,                  // PINSTAGE_LOG: debug|info|warn|error|off
   num_threads,          // PINSTAGE_NUM_THREADS: threads for parallel loops, 1..4096
-  sim_device_capacity,  // PINSTAGE_SIM_DEVICE_CAPACITY: sim device bytes ("8G", "512M")
+  sim_device_capacity,  // PINSTAGE_SIM_DEVICE_CAPACITY: sim device bytes ("8G", "512M"), >= 256
   sim_fault,            // PINSTAGE_SIM_FAULT: "kind:nth,..." faults for the sim backend
   gen_isa,              // PINSTAGE_GEN_ISA: generic|avx2|avx512|avx512bf16
   golden_isa,           // PINSTAGE_GOLDEN_ISA: generic|avx2|avx512
@@ -67,7 +67,8 @@ PINSTAGE_API void check_settings();
 // the error ("PINSTAGE_NUM_THREADS", "--bytes").
 // A byte count: digits with an optional K/M/G/T (KiB, MiB, GiB, TiB) suffix; > 0.
 PINSTAGE_API uint64_t parse_byte_count(std::string_view text, std::string_view what);
-// A whole decimal number in [min, max].
+// A whole decimal number in [min, max]: digits with an optional '-' (no '+', space, hex or
+// octal; "010" is ten). Every error names `what`, the text and the range.
 PINSTAGE_API int64_t parse_integer(std::string_view text, int64_t min, int64_t max,
                                    std::string_view what);
 

@@ -25,24 +25,52 @@ def load_report(path: str) -> dict:
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     if not isinstance(doc, dict) or "groups" not in doc or "config" not in doc:
-        raise ValueError(f"{path} is not a report of pinstage bench --json")
+        raise ValueError("it is not a report of pinstage bench --json (no groups or config)")
     return doc
 
 
-def _used_binds(arm_run: dict) -> list:
-    binds = [b for b in arm_run["binds"] if not b.get("dropped")]
-    return binds or arm_run["binds"]
+def _key(obj, key: str, where: str):
+    """``obj[key]``; ValueError naming the key's path (``where`` is obj's) when obj is not
+    an object or has no such key, so a damaged report never ends in a bare KeyError."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where or 'the report'} is not an object")
+    if key not in obj:
+        raise ValueError(f"{where + '.' if where else ''}{key} is missing")
+    return obj[key]
+
+
+def _arm_runs(group: dict, g: int):
+    """(path, run) for each arm run of groups[g]."""
+    where = f"groups[{g}]"
+    return [(f"{where}.arms[{i}]", run) for i, run in enumerate(_key(group, "arms", where))]
+
+
+def _arm_run(group: dict, g: int, arm: str):
+    """(path, run) of ``arm`` in groups[g]. Every group runs every arm of config.arms, so a
+    missing one means a damaged or edited report: an error naming both, not a gap."""
+    for where, run in _arm_runs(group, g):
+        if _key(run, "arm", where) == arm:
+            return where, run
+    raise ValueError(f"config.arms lists '{arm}', but groups[{g}] has no run of it "
+                     "(every group runs every arm; the report is damaged or edited)")
+
+
+def _used_binds(arm_run: dict, where: str) -> list:
+    all_binds = _key(arm_run, "binds", where)
+    binds = [b for b in all_binds if not b.get("dropped")]
+    return binds or all_binds
 
 
 def phase_medians(doc: dict) -> dict:
     """{arm: {phase: median seconds over every measured round of every group}}."""
     per_arm: dict = {}
-    for group in doc["groups"]:
-        for arm_run in group["arms"]:
-            phases = per_arm.setdefault(arm_run["arm"], {p: [] for p in PHASES})
-            for bind in _used_binds(arm_run):
+    for g, group in enumerate(_key(doc, "groups", "")):
+        for where, arm_run in _arm_runs(group, g):
+            phases = per_arm.setdefault(_key(arm_run, "arm", where), {p: [] for p in PHASES})
+            for b, bind in enumerate(_used_binds(arm_run, where)):
+                bind_phases = _key(bind, "phases", f"{where}.binds[{b}]")
                 for p in PHASES:
-                    phases[p].append(bind["phases"].get(p, 0.0))
+                    phases[p].append(bind_phases.get(p, 0.0))
     return {arm: {p: statistics.median(v) if v else 0.0 for p, v in phases.items()}
             for arm, phases in per_arm.items()}
 
@@ -53,18 +81,19 @@ def render(doc: dict):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms = list(doc["config"]["arms"])
-    groups = doc["groups"]
+    arms = list(_key(_key(doc, "config", ""), "arms", "config"))
+    groups = _key(doc, "groups", "")
     fig, (ax_lat, ax_up, ax_ph) = plt.subplots(1, 3, figsize=(16, 5.2))
     width = 0.8 / max(len(arms), 1)
     xs = list(range(1, len(groups) + 1))
     memcpy = []
     for i, arm in enumerate(arms):
         lat, up = [], []
-        for group in groups:
-            stats = next(a["stats"] for a in group["arms"] if a["arm"] == arm)
-            lat.append(stats["min_seconds"] * 1e3)
-            up.append(stats["upload_gbps"])
+        for g, group in enumerate(groups):
+            where, run = _arm_run(group, g, arm)
+            stats = _key(run, "stats", where)
+            lat.append(_key(stats, "min_seconds", where + ".stats") * 1e3)
+            up.append(_key(stats, "upload_gbps", where + ".stats"))
             if stats.get("memcpy_gbps"):
                 memcpy.append(stats["memcpy_gbps"])
         offs = [x + (i - (len(arms) - 1) / 2) * width for x in xs]
@@ -104,9 +133,11 @@ def render(doc: dict):
 def _title(doc: dict) -> str:
     config = doc["config"]
     title = f"{doc.get('benchmark', 'pinstage bench')} on {config.get('backend', '?')}"
-    verdicts = [f"{a['arm']}: {a['verdict']} ({a['groups_agreeing']} of {len(doc['groups'])}"
-                f" groups agree)" for a in doc.get("summary", {}).get("arms", [])
-                if a["arm"] != config.get("reference_arm") and "verdict" in a]
+    summary = doc.get("summary", {}).get("arms", [])
+    verdicts = [f"{_key(a, 'arm', f'summary.arms[{i}]')}: {a['verdict']} "
+                f"({_key(a, 'groups_agreeing', f'summary.arms[{i}]')} of {len(doc['groups'])}"
+                f" groups agree)" for i, a in enumerate(summary)
+                if "verdict" in a and a.get("arm") != config.get("reference_arm")]
     return title + ("\n" + "; ".join(verdicts) if verdicts else "")
 
 
@@ -123,11 +154,11 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 3
     try:
-        doc = load_report(args.report)
+        fig = render(load_report(args.report))
     except (OSError, ValueError) as e:
-        print(f"cannot plot: {e}", file=sys.stderr)
+        print(f"cannot plot {args.report}: {e}", file=sys.stderr)
         return 2
-    save_atomically(render(doc), out)
+    save_atomically(fig, out)
     print(out)
     return 0
 

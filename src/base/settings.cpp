@@ -19,7 +19,8 @@ constexpr SettingInfo kSettings[] = {
      "log threshold on stderr (default warn)"},
     {Setting::num_threads, "PINSTAGE_NUM_THREADS", "1..4096",
      "threads for parallel loops (default: all online cores)"},
-    {Setting::sim_device_capacity, "PINSTAGE_SIM_DEVICE_CAPACITY", "a byte count: 8G, 512M, 4096",
+    {Setting::sim_device_capacity, "PINSTAGE_SIM_DEVICE_CAPACITY",
+     "a byte count of at least 256: 8G, 512M, 4096",
      "sim device memory (default: 80% of physical memory)"},
     {Setting::sim_fault, "PINSTAGE_SIM_FAULT", "kind:nth[,kind:nth...]",
      "fail the nth sim call of a kind (tests); kinds: device_malloc, device_free, host_alloc, "
@@ -47,18 +48,24 @@ constexpr SettingInfo kSettings[] = {
                   (text.size() > 64 ? "...'" : "'") + " is not valid: " + why);
 }
 
-// Digits only, no sign or space: strtoull would take "-1" as 2^64 - 1.
-uint64_t parse_digits(std::string_view digits, std::string_view what, std::string_view text) {
-  if (digits.empty()) bad(what, text, "expected a whole number");
+// Digits only, no sign or space: strtoull would take "-1" as 2^64 - 1. `not_number` and
+// `too_large` are the reasons given for those failures.
+uint64_t parse_digits(std::string_view digits, std::string_view what, std::string_view text,
+                      const std::string& not_number, const std::string& too_large) {
+  if (digits.empty()) bad(what, text, not_number);
   uint64_t value = 0;
   for (char c : digits) {
-    if (c < '0' || c > '9') bad(what, text, "expected a whole number");
+    if (c < '0' || c > '9') bad(what, text, not_number);
     const uint64_t d = static_cast<uint64_t>(c - '0');
-    if (value > (std::numeric_limits<uint64_t>::max() - d) / 10) bad(what, text, "too large");
+    if (value > (std::numeric_limits<uint64_t>::max() - d) / 10) bad(what, text, too_large);
     value = value * 10 + d;
   }
   return value;
 }
+
+// The smallest sim device: one of its 256-byte blocks (sim::DevicePool::kAlignment); a
+// smaller capacity would round down to a device of 0 bytes.
+constexpr uint64_t kMinSimDeviceCapacity = 256;
 
 }  // namespace
 
@@ -82,7 +89,8 @@ uint64_t parse_byte_count(std::string_view text, std::string_view what) {
       {"", "", 0}, {"K", "KiB", 10}, {"M", "MiB", 20}, {"G", "GiB", 30}, {"T", "TiB", 40}};
   for (const auto& u : kUnits) {
     if (suffix != u.a && suffix != u.b) continue;
-    const uint64_t value = parse_digits(text.substr(0, end), what, text);
+    const uint64_t value =
+        parse_digits(text.substr(0, end), what, text, "expected a whole number", "too large");
     if (value == 0) bad(what, text, "must be more than 0 bytes (e.g. 8G, 512M, 4096)");
     if (value > (std::numeric_limits<uint64_t>::max() >> u.shift)) bad(what, text, "too large");
     return value << u.shift;
@@ -91,16 +99,18 @@ uint64_t parse_byte_count(std::string_view text, std::string_view what) {
 }
 
 int64_t parse_integer(std::string_view text, int64_t min, int64_t max, std::string_view what) {
+  // Every failure names the range, so that an option's error says what it takes.
+  const std::string range = "[" + std::to_string(min) + ", " + std::to_string(max) + "]";
   const bool negative = !text.empty() && text[0] == '-';
-  const uint64_t magnitude = parse_digits(negative ? text.substr(1) : text, what, text);
-  const auto range = [&] {
-    return "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
-  };
-  if (magnitude > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-    bad(what, text, range());
+  const uint64_t magnitude =
+      parse_digits(negative ? text.substr(1) : text, what, text,
+                   "expected a whole number in " + range, "must be in " + range);
+  // -2^63 is the one magnitude past INT64_MAX that fits.
+  const uint64_t limit = static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) + negative;
+  if (magnitude > limit) bad(what, text, "must be in " + range);
   const int64_t value =
-      negative ? -static_cast<int64_t>(magnitude) : static_cast<int64_t>(magnitude);
-  if (value < min || value > max) bad(what, text, range());
+      negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
+  if (value < min || value > max) bad(what, text, "must be in " + range);
   return value;
 }
 
@@ -121,7 +131,13 @@ std::optional<int> setting_num_threads() {
 std::optional<uint64_t> setting_sim_device_capacity() {
   const auto text = setting_text(Setting::sim_device_capacity);
   if (!text) return std::nullopt;
-  return parse_byte_count(*text, setting_info(Setting::sim_device_capacity).name);
+  const char* name = setting_info(Setting::sim_device_capacity).name;
+  const uint64_t bytes = parse_byte_count(*text, name);
+  if (bytes < kMinSimDeviceCapacity)
+    bad(name, *text,
+        "must be at least " + std::to_string(kMinSimDeviceCapacity) +
+            " bytes (one block of the sim device; less rounds down to a device of 0 bytes)");
+  return bytes;
 }
 
 std::optional<uint64_t> setting_host_cache_max() {

@@ -1,10 +1,10 @@
 // A/B benchmark configuration: arm names, validation, and the automatic size.
-#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "pinstage/ab_bench.h"
 #include "pinstage/names.h"
+#include "pinstage/tensor.h"
 
 namespace pinstage::ab {
 
@@ -12,26 +12,22 @@ namespace {
 
 constexpr uint64_t kPage = 4096;  // PageableAllocator rounds each storage to a page
 
-std::string gb(uint64_t bytes) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(bytes) / 1e9);
-  return buf;
-}
-
 bool has_arm(const BenchConfig& config, Arm arm) {
   for (Arm a : config.arms)
     if (a == arm) return true;
   return false;
 }
 
-// "host args 5.14 GB + device memory 5.14 GB (host memory on sim) + staging 0.03 GB"
+// "host args 5.14 GB + device memory 5.14 GB (host memory here) + staging ring 33.55 MB"
 std::string describe_need(const MemoryNeed& need, const MemoryBudget& budget) {
-  std::string s = "host args " + gb(need.host_args);
-  if (budget.device_is_host) s += " + device memory " + gb(need.device) + " (host memory here)";
+  std::string s = "host args " + format_bytes(need.host_args);
+  if (budget.device_is_host)
+    s += " + device memory " + format_bytes(need.device) + " (host memory here)";
   if (need.host_total > need.host_args + need.staging + (budget.device_is_host ? need.device : 0))
-    s += " + memcpy baseline buffer " + gb(need.host_total - need.host_args - need.staging -
-                                           (budget.device_is_host ? need.device : 0));
-  if (need.staging > 0) s += " + staging ring " + gb(need.staging);
+    s += " + memcpy baseline buffer " +
+         format_bytes(need.host_total - need.host_args - need.staging -
+                      (budget.device_is_host ? need.device : 0));
+  if (need.staging > 0) s += " + staging ring " + format_bytes(need.staging);
   return s;
 }
 
@@ -71,11 +67,12 @@ SizePlan explicit_plan(const BenchConfig& config, const BenchTask& task, const M
   if (!host_ok || !device_ok) {
     std::string msg = asked + " needs ";
     if (!host_ok)
-      msg += gb(plan.need.host_total) + " of host memory (" + describe_need(plan.need, budget) +
-             ") but MemAvailable is " + gb(budget.host_available);
+      msg += format_bytes(plan.need.host_total) + " of host memory (" +
+             describe_need(plan.need, budget) + ") but MemAvailable is " +
+             format_bytes(budget.host_available);
     else
-      msg += gb(plan.need.device) + " of device memory but the device holds " +
-             gb(budget.device_capacity);
+      msg += format_bytes(plan.need.device) + " of device memory but the device holds " +
+             format_bytes(budget.device_capacity);
     if (knob.fixed())
       msg += "; choose smaller sizes";
     else
@@ -88,7 +85,8 @@ SizePlan explicit_plan(const BenchConfig& config, const BenchTask& task, const M
     throw Error(ErrorCode::out_of_memory, msg);
   }
   plan.reason = asked + ": needs " + describe_need(plan.need, budget) + " = " +
-                gb(plan.need.host_total) + " of " + gb(budget.host_available) + " available";
+                format_bytes(plan.need.host_total) + " of " + format_bytes(budget.host_available) +
+                " available";
   return plan;
 }
 
@@ -99,13 +97,14 @@ SizePlan automatic_plan(const BenchConfig& config, const BenchTask& task,
     const MemoryNeed one = memory_need(config, task, 1, budget);
     throw Error(
         ErrorCode::out_of_memory,
-        "even 1 " + knob.unit + " needs " + gb(one.host_total) + " of host memory (" +
+        "even 1 " + knob.unit + " needs " + format_bytes(one.host_total) + " of host memory (" +
             describe_need(one, budget) + ")" +
-            (budget.device_capacity > 0 ? " and " + gb(one.device) + " of device memory"
+            (budget.device_capacity > 0 ? " and " + format_bytes(one.device) + " of device memory"
                                         : std::string()) +
-            ", more than half of MemAvailable (" + gb(budget.host_available) + ")" +
-            (budget.device_capacity > 0 ? " or the device (" + gb(budget.device_capacity) + ")"
-                                        : std::string()) +
+            ", more than half of MemAvailable (" + format_bytes(budget.host_available) + ")" +
+            (budget.device_capacity > 0
+                 ? " or the device (" + format_bytes(budget.device_capacity) + ")"
+                 : std::string()) +
             "; free memory or pass " + knob.flag + " 1 explicitly to use all of MemAvailable");
   }
   SizePlan plan;
@@ -115,10 +114,12 @@ SizePlan automatic_plan(const BenchConfig& config, const BenchTask& task,
   plan.host_budget = half;
   plan.reason = "automatic size: " + knob.count(best) +
                 (best == knob.max ? " (" + knob.max_note + ")" : " (the largest that fits)") +
-                ": " + describe_need(plan.need, budget) + " = " + gb(plan.need.host_total) +
-                " within half of MemAvailable (" + gb(half) + ")";
+                ": " + describe_need(plan.need, budget) + " = " +
+                format_bytes(plan.need.host_total) + " within half of MemAvailable (" +
+                format_bytes(half) + ")";
   if (budget.device_capacity > 0)
-    plan.reason += ", device memory " + gb(plan.need.device) + " of " + gb(budget.device_capacity);
+    plan.reason += ", device memory " + format_bytes(plan.need.device) + " of " +
+                   format_bytes(budget.device_capacity);
   return plan;
 }
 

@@ -1,8 +1,11 @@
 # The CLI's shared conventions (--json FILE|-, --quiet, empty or bad output paths, size
-# knobs, case-insensitive choices) on fixture, scene, info and plot. Label cli.
+# knobs, case-insensitive choices) on fixture, scene, info and plot, and bench load's
+# file-reading arms (built in) on a truncated shard. Label cli.
 pinstage_add_gtest(test_cli
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cli.cpp
+          ${PROJECT_SOURCE_DIR}/apps/pinstage/bench_load_arms.cpp
   LABELS cli)
+target_include_directories(test_cli PRIVATE ${PROJECT_SOURCE_DIR}/apps/pinstage)
 target_compile_definitions(test_cli PRIVATE PINSTAGE_CLI_PATH="$<TARGET_FILE:pinstage_cli>")
 add_dependencies(test_cli pinstage_cli pinstage_backend_sim)
 

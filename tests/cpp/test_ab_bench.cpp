@@ -406,6 +406,26 @@ TEST(AbPlan, AFixedSizeTaskMustFitInAllOfMemAvailable) {
   expect_error([&] { plan_size(c, task, b); }, ErrorCode::out_of_memory, "synthetic needs");
 }
 
+// Small sizes keep their figures: a unit that shows them (format_bytes), never "0.00 GB".
+TEST(AbPlan, SmallSizesAreWordedInAUnitThatShowsThem) {
+  const BenchTask task = synthetic_task(1, 4096);  // 4,096 + 256 (arena) device bytes
+  BenchConfig c;
+  MemoryBudget b;
+  b.device_is_host = true;
+  b.host_available = 3000;
+  expect_error([&] { plan_size(c, task, b); }, ErrorCode::out_of_memory,
+               "synthetic needs 12.54 kB of host memory (host args 8.19 kB + device memory "
+               "4.35 kB (host memory here)) but MemAvailable is 3.00 kB");
+  b.host_available = 1'000'000;
+  EXPECT_EQ(plan_size(c, task, b).reason,
+            "synthetic: needs host args 8.19 kB + device memory 4.35 kB (host memory here) = "
+            "12.54 kB of 1.00 MB available");
+  b.device_is_host = false;
+  b.device_capacity = 1000;
+  expect_error([&] { plan_size(c, task, b); }, ErrorCode::out_of_memory,
+               "synthetic needs 4.35 kB of device memory but the device holds 1.00 kB");
+}
+
 // A small task (a few MB) so the full harness runs in well under a second.
 TaskArgs small_task(HostAllocator& alloc) {
   TaskArgs args;

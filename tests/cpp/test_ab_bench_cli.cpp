@@ -49,14 +49,20 @@ void expect_rejected(const std::string& args, const std::string& needle,
   EXPECT_EQ(r.output.find("group  "), std::string::npos) << "no table on an error";
 }
 
-TEST(BenchCli, GroupsZero) { expect_rejected("--groups 0", "--groups is 0"); }
+TEST(BenchCli, GroupsZero) {
+  expect_rejected("--groups 0", "--groups='0' is not valid: must be in [1, 2147483647]");
+}
 
-TEST(BenchCli, RoundsZero) { expect_rejected("--rounds 0", "--rounds is 0"); }
+TEST(BenchCli, RoundsZero) {
+  expect_rejected("--rounds 0", "--rounds='0' is not valid: must be in [1, 2147483647]");
+}
 
 TEST(BenchCli, StagingSizesOutOfRange) {
-  expect_rejected("--staging-buffers 0", "staging_buffers is 0");
-  expect_rejected("--staging-buffer-mib 0", "--staging-buffer-mib is 0");
-  expect_rejected("--staging-buffer-mib 2048", "--staging-buffer-mib is 2048");
+  expect_rejected("--staging-buffers 0", "--staging-buffers='0' is not valid: must be in [1, 64]");
+  expect_rejected("--staging-buffers 65", "--staging-buffers='65' is not valid");
+  expect_rejected("--staging-buffer-mib 0", "--staging-buffer-mib='0' is not valid");
+  expect_rejected("--staging-buffer-mib 2048",
+                  "--staging-buffer-mib='2048' is not valid: must be in [1, 1024]");
 }
 
 TEST(BenchCli, OneRoundWithTheColdRoundDroppedLeavesNothing) {
@@ -198,8 +204,9 @@ TEST(BenchCli, LayersZeroIsAnError) {
 TEST(BenchCli, SeedOutOfRange) {
   expect_rejected("--layers 1 --seed -1", "seed is -1");
   expect_usage_error("--layers 1 --seed 18446744073709551616",
-                     "--seed 18446744073709551616 is out of range");
-  expect_usage_error("--layers 1 --seed 1.5", "--seed 1.5 is not a whole number");
+                     "--seed='18446744073709551616' is not valid: must be in "
+                     "[-9223372036854775808, 9223372036854775807]");
+  expect_usage_error("--layers 1 --seed 1.5", "--seed='1.5' is not valid: expected a whole number");
 }
 
 TEST(BenchCli, EmptyJsonIsAnError) { expect_rejected("--layers 1 --json ''", "--json is empty"); }
@@ -228,6 +235,67 @@ TEST(BenchCli, CompareTwoReports) {
   std::filesystem::remove(b);
 }
 
+// A report with a key missing or of the wrong type is a clear error naming the file and
+// the key's path, never a read of a missing key (undefined behaviour) or a bare JSON
+// exception; no table is printed.
+TEST(BenchCli, CompareNamesTheFileAndTheKeyOfABadReport) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto good = dir / ("pinstage_cmp_good_" + std::to_string(getpid()) + ".json");
+  const auto bad = dir / ("pinstage_cmp_bad_" + std::to_string(getpid()) + ".json");
+  ASSERT_EQ(run_task("synthetic",
+                     "--tensors 1 --bytes 64K --groups 1 --rounds 2 --no-plot "
+                     "--json " +
+                         good.string())
+                .status,
+            0);
+  nlohmann::json doc;
+  {
+    std::ifstream in(good);
+    doc = nlohmann::json::parse(in);
+  }
+  const struct {
+    const char* pointer;   // what is changed, as a JSON pointer
+    nlohmann::json value;  // null: removed
+    const char* says;
+  } cases[] = {
+      {"/config/arms", nullptr, "config.arms is missing"},
+      {"/config/arms", 5, "config.arms is a number, not an array"},
+      {"/config/arms", nlohmann::json::array({1}), "config.arms[0] is a number, not a string"},
+      {"/config", "x", "config is a string, not an object"},
+      {"/summary", nullptr, "summary is missing"},
+      {"/summary/arms/0/min_seconds", nullptr, "summary.arms[0].min_seconds is missing"},
+      {"/summary/arms/0/median_upload_gbps", "fast",
+       "summary.arms[0].median_upload_gbps is a string, not a number"},
+      {"/run/utc_time", 5, "run.utc_time is a number, not a string"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.pointer);
+    nlohmann::json changed = doc;
+    const nlohmann::json::json_pointer at(c.pointer);
+    if (c.value.is_null())
+      changed[at.parent_pointer()].erase(at.back());
+    else
+      changed[at] = c.value;
+    { std::ofstream(bad) << changed.dump(); }
+    for (const std::string& files :
+         {good.string() + " " + bad.string(), bad.string() + " " + good.string()}) {
+      const Result r = run_compare(files);
+      EXPECT_EQ(r.status, 1) << files << "\n" << r.output;
+      EXPECT_NE(r.output.find(bad.string() + ": " + c.says), std::string::npos) << files << "\n"
+                                                                                << r.output;
+      EXPECT_EQ(r.output.find("best bind ms"), std::string::npos) << files << "\n" << r.output;
+    }
+  }
+  { std::ofstream(bad) << "[1, 2]"; }
+  const Result r = run_compare(bad.string() + " " + good.string());
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find(bad.string() + ": the report is an array, not an object"),
+            std::string::npos)
+      << r.output;
+  std::filesystem::remove(good);
+  std::filesystem::remove(bad);
+}
+
 TEST(BenchCli, SyntheticRunsThroughTheSameHarness) {
   const Result r = run_task("synthetic", "--tensors 4 --bytes 64M --groups 2 --rounds 2");
   ASSERT_EQ(r.status, 0) << r.output;
@@ -238,7 +306,8 @@ TEST(BenchCli, SyntheticRunsThroughTheSameHarness) {
 }
 
 TEST(BenchCli, SyntheticBadSizes) {
-  expect_rejected("--tensors 0 --bytes 1M", "--tensors is 0", "synthetic");
+  expect_rejected("--tensors 0 --bytes 1M", "--tensors='0' is not valid: must be in [1, 65536]",
+                  "synthetic");
   expect_rejected("--tensors 4 --bytes abc", "--bytes", "synthetic");
   expect_rejected("--tensors 4 --bytes 6", "--bytes is 6", "synthetic");
 }

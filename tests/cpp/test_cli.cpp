@@ -1,16 +1,27 @@
 // The CLI conventions every command shares: --json FILE or - (stdout), outputs checked
-// before any work and never half-written, size knobs >= 1, case-insensitive choices.
+// before any work and never half-written, size knobs >= 1, strict numbers,
+// case-insensitive choices; and bench load's file-reading arms on a truncated shard.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "bench_load_arms.h"
 #include "cli_test_util.h"
+#include "pinstage/safetensors.h"
+#include "tensor_test_util.h"
 
 namespace {
 
@@ -142,6 +153,75 @@ TEST(Cli, BackendOptionIsParsedStrictly) {
   EXPECT_NE(r.all.find("novalue"), std::string::npos) << r.all;
 }
 
+// Every numeric option of every command goes through the one strict parser: hex, an empty
+// value, a negative one (which CLI11 wraps into a size_t), one past either end and trailing
+// text are each an error naming the option, the value and the range, exit 1, before any
+// work. `rest` makes the command otherwise cheap, or failing in another way (`--json ''`
+// where an accepted value would start a long run).
+TEST(Cli, EveryNumericOptionIsParsedStrictly) {
+  const struct {
+    const char* command;
+    const char* option;
+    int64_t min, max;
+    const char* rest;
+  } options[] = {
+      {"demo", "--mib", 1, 1 << 20, ""},
+      {"bench synthetic", "--groups", 1, 2147483647, "--tensors 1 --bytes 4K --quiet"},
+      {"bench synthetic", "--rounds", 1, 2147483647, "--tensors 1 --bytes 4K --quiet"},
+      {"bench synthetic", "--staging-buffers", 1, 64,
+       "--tensors 1 --bytes 4K --arms staged --quiet"},
+      {"bench synthetic", "--staging-buffer-mib", 1, 1024,
+       "--tensors 1 --bytes 4K --arms staged --quiet"},
+      {"bench synthetic", "--tensors", 1, 65536, "--bytes 4K --quiet"},
+      {"bench qwen3-decode", "--seq-len", INT64_MIN, INT64_MAX, "--layers 1 --quiet"},
+      {"bench load /nonexistent", "--rounds", 1, 1000, "--quiet"},
+      {"bench load /nonexistent", "--threads", 0, 1024, "--quiet"},
+      {"bench load /nonexistent", "--chunk-mib", 1, 4096, "--quiet"},
+      {"load /nonexistent", "--threads", 0, 1024, "--quiet"},
+      {"load /nonexistent", "--chunk-mib", 1, 4096, "--quiet"},
+      {"load /nonexistent", "--ring-mib", 1, 65536, "--quiet"},
+      {"fixture qwen3-decode", "--threads", 0, 4096, "--layers 1 --size-only --quiet"},
+      {"fixture qwen3-decode", "--repeat", 1, 2147483647, "--layers 1 --quiet --json ''"},
+      {"scene qwen3-decode", "--threads", 0, 4096,
+       "--layers 1 --seq-len 64 --skip-golden --quiet --json ''"},
+      {"scene qwen3-decode", "--rounds", 1, 2147483647,
+       "--layers 1 --seq-len 64 --skip-golden --quiet --json ''"},
+  };
+  for (const auto& o : options) {
+    const std::string range = "[" + std::to_string(o.min) + ", " + std::to_string(o.max) + "]";
+    std::vector<std::string> bad = {"0x10", "", "5abc", "1.5"};
+    if (o.min > INT64_MIN) bad.push_back(std::to_string(o.min - 1));
+    bad.push_back(o.max < INT64_MAX ? std::to_string(o.max + 1) : "9223372036854775808");
+    if (o.min >= 0) bad.push_back("-1");
+    for (const std::string& value : bad) {
+      const std::string args =
+          std::string(o.command) + " " + o.option + " '" + value + "' " + o.rest;
+      SCOPED_TRACE(args);
+      const Result r = run(args);
+      EXPECT_EQ(r.status, 1) << r.all;
+      EXPECT_NE(r.all.find(std::string(o.option) + "='" + value + "' is not valid"),
+                std::string::npos)
+          << r.all;
+      EXPECT_NE(r.all.find(range), std::string::npos) << r.all;
+      for (const char* work :
+           {"worker:", "pinstage bench:", "round 1:", "generated", "no such file"})
+        EXPECT_EQ(r.all.find(work), std::string::npos) << "work done: " << r.all;
+    }
+  }
+}
+
+// A leading zero is decimal, never octal (CLI11 alone reads 010 as 8), and the report's
+// option list records the value as parsed.
+TEST(Cli, LeadingZeroIsDecimal) {
+  const Result r = run("demo --mib 010");
+  ASSERT_EQ(r.status, 0) << r.all;
+  EXPECT_NE(r.out.find("pinned 10,485,760 bytes"), std::string::npos) << r.out;
+  const Result s = run(std::string(kSmallFixture) + " --size-only --seed 010 --json -");
+  ASSERT_EQ(s.status, 0) << s.all;
+  EXPECT_NE(s.all.find("seq_len 64, seed 10\n"), std::string::npos) << s.all;
+  EXPECT_EQ(nlohmann::json::parse(s.out)["run"]["options"]["--seed"], "10");
+}
+
 TEST(Cli, InfoSaysPerBackendWhetherADeviceIsUsable) {
   const Result r = run("info --json -");
   ASSERT_EQ(r.status, 0) << r.all;
@@ -153,6 +233,80 @@ TEST(Cli, InfoSaysPerBackendWhetherADeviceIsUsable) {
     if (b["name"] == "sim") sim = b["usable"].get<bool>();
   }
   EXPECT_TRUE(sim) << r.out;
+}
+
+// bench load's file-reading arms on a shard truncated under them (after the checkpoint
+// was opened): an error naming the file, never SIGBUS, and nothing left allocated or mapped.
+class TruncatedShard : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    pinstage::PageableAllocator pageable;
+    pinstage::TaskArgs args;
+    for (const char* name : {"a", "b"}) {
+      pinstage::Tensor t = pinstage::Tensor::empty(name, pinstage::DType::f32, {16384},
+                                                   pinstage::Direction::in, pageable);
+      std::memset(t.data(), 0x5a, t.nbytes());
+      args.add(std::move(t));
+    }
+    pinstage::save_safetensors(args, path);
+  }
+  void TearDown() override { std::filesystem::remove(path); }
+
+  // Whether this process still maps `path`.
+  bool mapped() const { return read_file("/proc/self/maps").find(path) != std::string::npos; }
+
+  const std::string path = temp_path("truncated.safetensors");
+};
+
+TEST_F(TruncatedShard, MmapArmNamesTheFileInsteadOfDyingOfSigbus) {
+  const pinstage::Checkpoint c = pinstage::Checkpoint::open(path);
+  pinstage::test::CountingAllocator pinned;
+  pinstage::cli::arm_mmap_copy(c, pinned);  // whole: no error
+  EXPECT_EQ(pinned.live(), 0);
+  // Truncated after the mmap, before the copies: the first copy reads a page the file no
+  // longer backs.
+  const pinstage::Error e = pinstage::test::error_of([&] {
+    pinstage::cli::arm_mmap_copy(c, pinned, [](const pinstage::CheckpointFile& f) {
+      ASSERT_EQ(::truncate(f.path.c_str(), 0), 0);
+    });
+  });
+  EXPECT_EQ(e.code(), pinstage::ErrorCode::io);
+  EXPECT_NE(std::string(e.what()).find("'" + path + "' was truncated while being read"),
+            std::string::npos)
+      << e.what();
+  EXPECT_EQ(pinned.live(), 0);
+  EXPECT_FALSE(mapped());
+}
+
+TEST_F(TruncatedShard, ReadArmNamesTheFile) {
+  const pinstage::Checkpoint c = pinstage::Checkpoint::open(path);
+  ASSERT_EQ(::truncate(path.c_str(), 4096), 0);
+  pinstage::test::CountingAllocator pinned;
+  const pinstage::Error e =
+      pinstage::test::error_of([&] { pinstage::cli::arm_read_then_copy(c, pinned); });
+  EXPECT_EQ(e.code(), pinstage::ErrorCode::io);
+  EXPECT_NE(std::string(e.what()).find("'" + path + "' was truncated while being read"),
+            std::string::npos)
+      << e.what();
+  EXPECT_EQ(pinned.live(), 0);
+}
+
+// The guard is scoped to its copy: a SIGBUS anywhere else (here a read of a truncated
+// mapping after the guard was installed) still kills the process with SIGBUS.
+TEST_F(TruncatedShard, SigbusOutsideTheGuardStillKills) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const pinstage::Checkpoint c = pinstage::Checkpoint::open(path);
+        pinstage::test::CountingAllocator pinned;
+        pinstage::cli::arm_mmap_copy(c, pinned);  // installs the handler
+        const int fd = ::open(path.c_str(), O_RDONLY);
+        const auto* p =
+            static_cast<const volatile char*>(::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0));
+        if (p == MAP_FAILED || ::truncate(path.c_str(), 0) != 0) std::exit(1);
+        std::exit(p[0] == 0 ? 2 : 3);  // never reached: the read faults
+      },
+      ::testing::KilledBySignal(SIGBUS), "");
 }
 
 }  // namespace

@@ -73,6 +73,40 @@ TEST(Settings, SimDeviceCapacity) {
   EXPECT_EQ(setting_sim_device_capacity(), uint64_t{16} << 20);
 }
 
+// A capacity the sim device would round down to nothing (it hands out 256-byte granules)
+// is refused, naming the minimum; 256 is the smallest accepted and gives a usable device.
+TEST(Settings, SimDeviceCapacityBelowOneGranuleIsRefused) {
+  for (const char* bad : {"1", "255"}) {
+    expect_refused("PINSTAGE_SIM_DEVICE_CAPACITY", bad);
+    EnvVar env("PINSTAGE_SIM_DEVICE_CAPACITY", bad);
+    const std::string text = error_of([] { check_settings(); }).what();
+    EXPECT_NE(text.find("at least 256 bytes"), std::string::npos) << text;
+  }
+  EnvVar env("PINSTAGE_SIM_DEVICE_CAPACITY", "256");
+  EXPECT_EQ(setting_sim_device_capacity(), 256u);
+  Worker worker;
+  worker.init("sim");
+  EXPECT_EQ(worker.stats().device_capacity_bytes, 256u);
+  EXPECT_EQ(worker.alloc_device(256).size(), 256u);
+  worker.finalize();
+}
+
+// Every way a number can be wrong names the value, the name it was given under and the
+// range, so a CLI option's error says what it takes; "010" is ten, never octal.
+TEST(Settings, ParseIntegerNamesTheRangeForEveryBadValue) {
+  for (const char* bad : {"0x10", "", "-", "1.5", "5abc", " 5", "+5", "99999999999999999999",
+                          "-99999999999999999999", "11", "-1"}) {
+    SCOPED_TRACE(std::string("'") + bad + "'");
+    const Error e = error_of([&] { parse_integer(bad, 0, 10, "--n"); });
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    const std::string text = e.what();
+    EXPECT_NE(text.find(std::string("--n='") + bad + "' is not valid"), std::string::npos) << text;
+    EXPECT_NE(text.find("[0, 10]"), std::string::npos) << text;
+  }
+  EXPECT_EQ(parse_integer("010", 0, 10, "--n"), 10);
+  EXPECT_EQ(parse_integer("-3", -5, 10, "--n"), -3);
+}
+
 TEST(Settings, SimFault) {
   for (const char* bad : {"teleport:2", "copy_h2d", "copy_h2d:0", "copy_h2d:x",
                           "copy_h2d:1,copy_h2d:2", "copy_h2d:1,"})

@@ -39,7 +39,7 @@ def test_load_host_and_device_report_exact_bytes(cli, tmp_path):
 def test_load_refuses_bad_input_before_work(cli, tmp_path):
     path = small(tmp_path)
     p = run(cli, "load", path, "--chunk-mib", "0")
-    assert p.returncode != 0 and "--chunk-mib is 0; it must be in 1..4096" in p.stderr
+    assert p.returncode != 0 and "--chunk-mib='0' is not valid: must be in [1, 4096]" in p.stderr
     p = run(cli, "load", tmp_path / "missing")
     assert p.returncode != 0 and "missing': no such file or directory" in p.stderr
     p = run(cli, "load", path, "--json", "/dev/null")

@@ -1,6 +1,7 @@
 """`pinstage bench ... --json` draws a PNG next to its report, and pinstage.plot draws
 every arm's bars and the memcpy line (checked on the Figure's artists, then the file)."""
 import json
+import re
 import subprocess
 
 import pytest
@@ -75,3 +76,45 @@ def test_plot_refuses_a_file_that_is_not_a_bench_report(tmp_path, cli):
     assert done.returncode == 1
     assert "not a report of pinstage bench --json" in done.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def _without_arm(doc: dict, arm: str) -> dict:
+    doc = json.loads(json.dumps(doc))
+    for group in doc["groups"]:
+        group["arms"] = [a for a in group["arms"] if a["arm"] != arm]
+    return doc
+
+
+def test_plot_names_a_config_arm_that_no_group_ran(report, tmp_path, cli):
+    """An arm of config.arms missing from a group is an error naming the arm and the group
+    (every group runs every arm, so the report is damaged): never StopIteration, and no
+    bars of zeros that would read as a measurement."""
+    from pinstage import plot
+
+    bad = tmp_path / "no_staged.json"
+    bad.write_text(json.dumps(_without_arm(plot.load_report(str(report[0])), "staged")))
+    with pytest.raises(ValueError, match=r"config\.arms lists 'staged', but groups\[0\] has no "
+                                         r"run of it"):
+        plot.render(plot.load_report(str(bad)))
+    done = subprocess.run([str(cli), "plot", str(bad), "--out", str(tmp_path / "x.png")],
+                          capture_output=True, text=True)
+    assert done.returncode == 1
+    assert f"cannot plot {bad}: config.arms lists 'staged'" in done.stderr, done.stderr
+    assert "StopIteration" not in done.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("drop,path", [
+    (lambda d: d["groups"][0]["arms"][1].pop("stats"), "groups[0].arms[1].stats"),
+    (lambda d: d["groups"][1]["arms"][0]["stats"].pop("min_seconds"),
+     "groups[1].arms[0].stats.min_seconds"),
+    (lambda d: d["groups"][0]["arms"][0].pop("binds"), "groups[0].arms[0].binds"),
+    (lambda d: d["config"].pop("arms"), "config.arms"),
+])
+def test_plot_names_a_missing_key(report, drop, path):
+    from pinstage import plot
+
+    doc = plot.load_report(str(report[0]))
+    drop(doc)
+    with pytest.raises(ValueError, match="^" + re.escape(path + " is missing") + "$"):
+        plot.render(doc)
