@@ -83,8 +83,12 @@ void print_info(FILE* out, const nlohmann::ordered_json& doc) {
   std::fprintf(out, "  RLIMIT_MEMLOCK: soft %s, hard %s\n", limit(m["rlimit_memlock_soft"]).c_str(),
                limit(m["rlimit_memlock_hard"]).c_str());
   const auto& sim = doc["sim"];
+  const std::string probe = sim["pinned_probe"];
   std::fprintf(out, "\nsim backend:\n  pinned memory page-locked: %s\n",
-               sim["pinned_is_page_locked"].get<bool>()
+               probe != "pinned" ? ("no: a " + format_bytes(sim["pinned_probe_bytes"]) +
+                                    " probe was refused: " + probe)
+                                       .c_str()
+               : sim["pinned_is_page_locked"].get<bool>()
                    ? "yes"
                    : "no (mlock refused: raise RLIMIT_MEMLOCK or grant CAP_IPC_LOCK)");
   std::fprintf(out, "  async copies: %s, host callables: %s\n",
@@ -105,10 +109,20 @@ void run_info(const ReportArgs& report, const CLI::App& cmd) {
   Worker worker;
   worker.init("sim");
   // Lock a real buffer bigger than a typical RLIMIT_MEMLOCK so the answer is what
-  // staging will see, not what a single page gets.
-  PinnedHostBuffer probe = worker.alloc_pinned_host(size_t{64} << 20);
+  // staging will see, not what a single page gets. A refusal is part of the answer, not
+  // a failure of the report: it is what a user under that limit needs to read.
+  constexpr size_t kProbeBytes = size_t{64} << 20;
+  std::string probe_refused;
+  try {
+    PinnedHostBuffer probe = worker.alloc_pinned_host(kProbeBytes);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::out_of_memory) throw;
+    probe_refused = e.what();
+  }
   const Capabilities caps = worker.capabilities();
-  doc["sim"] = {{"pinned_is_page_locked", caps.pinned_is_page_locked},
+  doc["sim"] = {{"pinned_probe_bytes", kProbeBytes},
+                {"pinned_probe", probe_refused.empty() ? "pinned" : probe_refused},
+                {"pinned_is_page_locked", caps.pinned_is_page_locked && probe_refused.empty()},
                 {"async_copy", caps.async_copy},
                 {"execute", caps.execute},
                 {"device_memory_is_host", caps.device_memory_is_host}};

@@ -22,7 +22,7 @@ struct LoadArgs {
   int64_t chunk_mib = 8;
   int64_t ring_mib = 64;
   bool direct = false;
-  bool verify = false;
+  std::string verify;  // "", "all" or "if-present"
   ReportArgs report;
   CLI::App* cmd = nullptr;
 };
@@ -34,7 +34,8 @@ CheckpointLoadOptions load_options(const LoadArgs& a) {
   o.chunk_bytes = static_cast<uint64_t>(a.chunk_mib) << 20;
   o.ring_bytes = static_cast<uint64_t>(a.ring_mib) << 20;
   o.direct = a.direct;
-  o.verify = a.verify;
+  o.verify = !a.verify.empty();
+  o.verify_if_present = a.verify == "if-present";
   return o;
 }
 
@@ -72,6 +73,7 @@ nlohmann::ordered_json report_json(const Checkpoint& c, const LoadReport& r,
   j["direct_note"] = r.direct_note;
   j["verified"] = r.verified;
   j["unverified_tensors"] = r.unverified;
+  if (to == "device") j["verify_readback_bytes"] = r.verify_readback_bytes;
   return j;
 }
 
@@ -92,7 +94,8 @@ void print_report(FILE* out, const Checkpoint& c, const LoadReport& r, const std
   if (r.verify_s > 0) std::fprintf(out, "  verify   %8.3f s\n", r.verify_s);
   if (!r.direct_note.empty()) std::fprintf(out, "  %s\n", r.direct_note.c_str());
   if (r.verified)
-    std::fprintf(out, "  every tensor's xxh3-64 matches the recorded one\n");
+    std::fprintf(out, "  every tensor's xxh3-64 matches the recorded one%s\n",
+                 to == "device" ? ", read back from the device" : "");
   else if (r.unverified > 0)
     std::fprintf(out, "  %s had no recorded xxh3-64 and could not be checked\n",
                  plural(r.unverified, "tensor").c_str());
@@ -151,7 +154,11 @@ void add_load_command(CLI::App& app) {
                      "Pinned MiB of the staging ring (--to device), 1..65536", 1, 65536)
       ->capture_default_str();
   q->add_flag("--direct", a->direct, "O_DIRECT reads (falls back, with a message, where refused)");
-  q->add_flag("--verify", a->verify, "Check each tensor's recorded xxh3-64");
+  q->add_flag("--verify{all}", a->verify,
+              "Check every tensor's recorded xxh3-64 (on --to device, as read back from the "
+              "device); a tensor without one is an error. --verify=if-present checks those "
+              "that have one")
+      ->check(CLI::IsMember({"all", "if-present"}));
   add_report_options(*q, a->report);
   q->callback([a] { run_load(*a); });
 }

@@ -235,6 +235,67 @@ TEST(Cli, InfoSaysPerBackendWhetherADeviceIsUsable) {
   EXPECT_TRUE(sim) << r.out;
 }
 
+// Under a typical RLIMIT_MEMLOCK (8 MiB) without CAP_IPC_LOCK, info still reports, and
+// says why its 64 MiB probe was refused.
+TEST(Cli, InfoReportsUnderATypicalMemlockLimit) {
+  if (std::system("command -v prlimit >/dev/null && command -v setpriv >/dev/null") != 0)
+    GTEST_SKIP() << "needs prlimit and setpriv (util-linux)";
+  const Result r = run("info --json -", "prlimit --memlock=8388608 setpriv --bounding-set=-ipc_lock --");
+  ASSERT_EQ(r.status, 0) << r.all;
+  const auto doc = nlohmann::json::parse(r.out);
+  const std::string probe = doc["sim"]["pinned_probe"];
+  EXPECT_NE(probe.find("does not fit RLIMIT_MEMLOCK"), std::string::npos) << probe;
+  EXPECT_NE(probe.find("of its 8388608 bytes"), std::string::npos) << probe;
+  EXPECT_FALSE(doc["sim"]["pinned_is_page_locked"].get<bool>());
+  EXPECT_EQ(doc["machine"]["rlimit_memlock_soft"], 8388608);
+  EXPECT_NE(r.all.find("probe was refused"), std::string::npos) << r.all;
+}
+
+// --verify means every tensor: a checkpoint without pinstage's hashes fails naming how to
+// check what can be checked; --verify=if-present loads it and says what went unchecked.
+TEST(Cli, LoadVerifyWithoutRecordedHashesFailsUnlessIfPresent) {
+  pinstage::PageableAllocator pageable;
+  pinstage::TaskArgs args;
+  args.add(pinstage::Tensor::empty("w", pinstage::DType::f32, {1024}, pinstage::Direction::in,
+                                   pageable));
+  std::memset(args.at(0).data(), 1, args.at(0).nbytes());
+  const std::string hashed = temp_path("hashed.safetensors");
+  pinstage::save_safetensors(args, hashed);
+  // The same tensor, written by hand without __metadata__ (as any other writer would).
+  const std::string bare = temp_path("bare.safetensors");
+  {
+    const std::string header = R"({"w":{"dtype":"F32","shape":[1024],"data_offsets":[0,4096]}})";
+    std::string file(8, '\0');
+    for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    file += header + std::string(4096, '\1');
+    std::ofstream(bare, std::ios::binary) << file;
+  }
+  for (const char* to : {"host", "device"}) {
+    SCOPED_TRACE(to);
+    const std::string load = std::string("load --to ") + to + " ";
+    Result r = run(load + bare + " --verify");
+    EXPECT_EQ(r.status, 1) << r.all;
+    EXPECT_NE(r.all.find("verify cannot check 1 of 1 tensors"), std::string::npos) << r.all;
+    EXPECT_NE(r.all.find("--verify=if-present"), std::string::npos) << r.all;
+    r = run(load + bare + " --verify=if-present");
+    EXPECT_EQ(r.status, 0) << r.all;
+    EXPECT_NE(r.all.find("1 tensor had no recorded xxh3-64 and could not be checked"),
+              std::string::npos)
+        << r.all;
+    r = run(load + hashed + " --verify --json -");
+    ASSERT_EQ(r.status, 0) << r.all;
+    const auto doc = nlohmann::json::parse(r.out);
+    EXPECT_TRUE(doc["verified"].get<bool>());
+    if (std::string(to) == "device") EXPECT_EQ(doc["verify_readback_bytes"], 4096);
+    r = run(load + hashed + " --verify=all");
+    EXPECT_EQ(r.status, 0) << r.all;
+    r = run(load + hashed + " --verify=maybe");
+    EXPECT_EQ(r.status, 1) << r.all;
+  }
+  std::filesystem::remove(hashed);
+  std::filesystem::remove(bare);
+}
+
 // bench load's file-reading arms on a shard truncated under them (after the checkpoint
 // was opened): an error naming the file, never SIGBUS, and nothing left allocated or mapped.
 class TruncatedShard : public ::testing::Test {
