@@ -510,12 +510,7 @@ TEST_F(BindTest, ReportTextNamesPhasesAndTensors) {
        {"3 of 4 tensors uploaded (inputs)", "device_alloc", "upload", "execute", "download",
         "release", "cache", "INOUT", "staged", "pageable", "through the staging ring"})
     EXPECT_NE(text.find(needle), std::string::npos) << needle << "\n" << text;
-  double sum = 0;
-  for (double s : rep.phase_seconds) {
-    EXPECT_GE(s, 0.0);
-    sum += s;
-  }
-  EXPECT_LE(sum, rep.total_seconds);
+  for (double s : rep.phase_seconds) EXPECT_GE(s, 0.0);  // durations; their sizes are timing
 }
 
 // "staged" means only "sent through the staging ring": a direct bind's report never says

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <numeric>
 #include <span>
@@ -484,6 +485,37 @@ TEST(WorkerFork, AChildRefusesTheParentsWorkerAndExitsCleanly) {
   std::vector<unsigned char> back(1 << 20);
   worker->copy_to_host(back.data(), dev, 0, back.size());
   EXPECT_EQ(back[12345], 7);
+}
+
+}  // namespace
+}  // namespace pinstage
+
+namespace pinstage {
+namespace {
+
+size_t mapping_count() {
+  std::ifstream in("/proc/self/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(in, line);) ++n;
+  return n;
+}
+
+// More pinned buffers than vm.max_map_count (65530) allows mappings: the pool packs them
+// into segments, so 70,000 small buffers take a handful of mappings, not one each.
+TEST(WorkerPool, SeventyThousandPinnedBuffersTakeAFewMappings) {
+  Worker worker;
+  worker.init("sim");
+  const size_t before = mapping_count();
+  std::vector<PinnedHostBuffer> buffers;
+  buffers.reserve(70000);
+  for (int i = 0; i < 70000; ++i) {
+    buffers.push_back(worker.alloc_pinned_host(4096));
+    static_cast<unsigned char*>(buffers.back().data())[4095] = static_cast<unsigned char>(i);
+  }
+  EXPECT_LT(mapping_count(), before + 1000) << "one mapping per buffer would pass 65530";
+  EXPECT_EQ(worker.stats().pinned_count, 70000u);
+  EXPECT_EQ(static_cast<unsigned char*>(buffers[69999].data())[4095],
+            static_cast<unsigned char>(69999));
 }
 
 }  // namespace
