@@ -329,6 +329,9 @@ LoadReport read_checkpoint(const Checkpoint& c, const std::vector<ReadTarget>& t
 HostLoad load_to_host(const Checkpoint& c, HostAllocator& allocator,
                       const CheckpointLoadOptions& o) {
   check_options(o, false);
+  std::vector<const CheckpointTensor*> all;
+  for (const CheckpointTensor& t : c.tensors()) all.push_back(&t);
+  check_verifiable(c, all, o);  // before any memory is taken
   const Stopwatch total;
   HostLoad out;
   std::vector<ReadTarget> targets;

@@ -571,7 +571,7 @@ TEST_F(CheckpointTest, VerifyWithoutRecordedHashesIsRefusedBeforeAnyReadUnlessIf
   const std::vector<std::string> words = {"m.safetensors", "14 of 14", "no recorded xxh3-64",
                                           "'bool'", "verify_if_present", "--verify=if-present"};
   expect_error([&] { load_to_host(c, pinned, o); }, words, ErrorCode::invalid_argument);
-  EXPECT_EQ(worker.stats().pinned_count, 0u) << "refused before any memory was taken";
+  EXPECT_EQ(worker.host_memory_stats().num_host_alloc, 0u) << "refused before any memory was taken";
   expect_error([&] { load_to_device(c, worker, o); }, words, ErrorCode::invalid_argument);
   EXPECT_EQ(worker.stats().device_count, 0u);
   o.verify_if_present = true;
