@@ -44,9 +44,15 @@ struct ViewHolder {
 // without the GIL, racing with finalization (TSan saw it), so the thread is parked
 // instead, as CPython 3.14 does itself; the process exits around it. Never use it in a
 // destructor: destructors keep the GIL instead.
+//
+// Tests can hold a call inside that GIL-free window on a latch: the hook that
+// pinstage._pinstage._set_gil_release_hook installs runs (the GIL taken back for it) right
+// after every release, in the releasing thread, so a race is opened deterministically.
 class GilReleased {
  public:
-  GilReleased() : state_(PyEval_SaveThread()) {}
+  GilReleased() : hook_(gil_release_hook()), state_(PyEval_SaveThread()) {
+    if (hook_ != nullptr) run_gil_release_hook(hook_);
+  }
   ~GilReleased() {
     try {
       PyEval_RestoreThread(state_);
@@ -58,6 +64,13 @@ class GilReleased {
   GilReleased& operator=(const GilReleased&) = delete;
 
  private:
+  // A new reference to the installed hook, or null (read under the GIL).
+  static PyObject* gil_release_hook();
+  // Calls the hook with the GIL taken back, then drops the reference; an exception it
+  // raises is reported as unraisable, never thrown into the C++ call.
+  static void run_gil_release_hook(PyObject* hook);
+
+  PyObject* hook_;
   PyThreadState* state_;
 };
 

@@ -34,6 +34,30 @@
 
 namespace pinstage::python {
 
+// ---- the GIL-release test hook (GilReleased in common.h) ----
+
+namespace {
+PyObject* installed_gil_release_hook = nullptr;  // a strong reference; touched under the GIL
+}  // namespace
+
+PyObject* GilReleased::gil_release_hook() {
+  Py_XINCREF(installed_gil_release_hook);
+  return installed_gil_release_hook;
+}
+
+void GilReleased::run_gil_release_hook(PyObject* hook) {
+  try {
+    const PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* result = PyObject_CallNoArgs(hook);
+    if (result == nullptr) PyErr_WriteUnraisable(hook);
+    Py_XDECREF(result);
+    Py_DECREF(hook);
+    PyGILState_Release(gil);
+  } catch (abi::__forced_unwind&) {
+    for (;;) pause();  // interpreter exit: parked as in ~GilReleased
+  }
+}
+
 // ---- registries ----
 
 std::map<uintptr_t, PyBuffer*>& open_buffers() {
@@ -732,6 +756,22 @@ void bind_worker(py::module_& m) {
       },
       py::arg("address"), py::arg("nbytes"),
       function_doc("_pinned_owner(address: int, nbytes: int) -> Worker | None"));
+
+  m.def(
+      "_set_gil_release_hook",
+      [](const py::object& hook) {
+        if (!hook.is_none() && !PyCallable_Check(hook.ptr()))
+          throw py::type_error("_set_gil_release_hook: hook must be callable or None, got " +
+                               type_name(hook));
+        PyObject* old = installed_gil_release_hook;
+        installed_gil_release_hook = hook.is_none() ? nullptr : hook.inc_ref().ptr();
+        Py_XDECREF(old);
+      },
+      py::arg("hook"),
+      function_doc("_set_gil_release_hook(hook: Callable[[], None] | None) -> None",
+                   "Tests: hook() runs in each thread right after a pinstage call released "
+                   "the GIL (GIL taken back for it), so a test can hold the call inside its "
+                   "GIL-free window on a latch; None removes it."));
 
   m.def(
       "require_chip_worker",
