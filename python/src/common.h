@@ -36,6 +36,7 @@ struct ViewHolder {
   virtual ~ViewHolder() = default;
   int64_t views = 0;
   int64_t args_views = 0;  // of `views`, those TaskArgs hold (named by finalize()'s refusal)
+  int64_t read_views = 0;  // of `views`, those running checkpoint reads hold (named too)
 };
 
 // Releases the GIL for a C++ call. A daemon thread that takes the GIL back while the
@@ -126,22 +127,30 @@ std::map<uintptr_t, PyBuffer*>& open_buffers();
 // The open buffer holding [ptr, ptr + bytes), or null.
 PyBuffer* find_pinned(const void* ptr, uint64_t bytes);
 
+// Who holds a Lease, for the refusals that name it.
+enum class LeaseHolder {
+  view,  // a buffer-protocol consumer (memoryview, NumPy, torch.frombuffer)
+  args,  // TaskArgs, for a tensor in pinned memory
+  read,  // a checkpoint read writing into the buffer without the GIL (read_into)
+};
+
 // One counted view of a holder for as long as this object lives: what the buffer
 // protocol hands out as Py_buffer.obj (consumers such as torch.frombuffer keep only that
-// reference and release the Py_buffer at once), and what TaskArgs holds for a tensor in
-// pinned memory. Python type pinstage._pinstage.BufferExport.
+// reference and release the Py_buffer at once), what TaskArgs holds for a tensor in
+// pinned memory, and what a checkpoint read holds on its buffers while it writes them.
+// Python type pinstage._pinstage.BufferExport.
 struct Lease {
-  Lease(py::object owner, ViewHolder* holder, bool by_args);
+  Lease(py::object owner, ViewHolder* holder, LeaseHolder by);
   ~Lease();
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
 
   py::object owner;  // keeps the holder (and its worker) alive
   ViewHolder* holder;
-  bool by_args;  // held by TaskArgs
+  LeaseHolder by;
 };
 // A new Lease on `holder` (whose Python object is `owner`), as a Python object.
-py::object make_lease(py::object owner, ViewHolder* holder, bool by_args = false);
+py::object make_lease(py::object owner, ViewHolder* holder, LeaseHolder by = LeaseHolder::view);
 
 // How export_dlpack shares the memory.
 struct DLPackRequest {

@@ -141,7 +141,7 @@ void add_tensor(PyArgs& a, const py::object& name_obj, const py::object& tensor,
   py::object owner = tensor;
   if (buffer != nullptr) {
     py::object buffer_obj = py::cast(buffer, py::return_value_policy::reference);
-    owner = py::make_tuple(tensor, make_lease(buffer_obj, buffer, /*by_args=*/true));
+    owner = py::make_tuple(tensor, make_lease(buffer_obj, buffer, LeaseHolder::args));
   }
   auto storage = std::make_shared<Storage>(data, nbytes, buffer != nullptr, python_owner(owner));
   a.args.add(Tensor(name, *dtype, std::move(shape), *dir, std::move(storage)));

@@ -111,6 +111,8 @@ std::string PyWorker::describe_views() const {
         << reinterpret_cast<uintptr_t>(b->buffer.data()) << std::dec << " (" << b->nbytes
         << " bytes): " << b->views << " view(s)";
     if (b->args_views > 0) out << ", " << b->args_views << " of them held by TaskArgs";
+    if (b->read_views > 0)
+      out << ", " << b->read_views << " of them held by a running checkpoint read";
     sep = "; ";
   }
   for (const ViewHolder* h : holders) {
@@ -176,9 +178,15 @@ void PyBuffer::require_open(const char* what) const {
 void PyBuffer::close() {
   if (!buffer) return;
   if (views > 0)
-    throw py::buffer_error("cannot close the PinnedHostBuffer: " + std::to_string(views) +
-                           " live view(s) (memoryview, NumPy array, torch tensor or DLPack "
-                           "capsule) still use it; delete them first");
+    throw py::buffer_error(
+        "cannot close the PinnedHostBuffer: " + std::to_string(views) +
+        " live view(s) (memoryview, NumPy array, torch tensor, DLPack capsule, TaskArgs or a "
+        "checkpoint read) still use it" +
+        (read_views > 0 ? ", " + std::to_string(read_views) +
+                              " of them held by a running checkpoint read (read_into); wait "
+                              "for it to return"
+                        : std::string()) +
+        "; delete them first");
   PinnedHostBuffer dying = take(*this);
   GilReleased nogil;
   dying.reset();

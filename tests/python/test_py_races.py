@@ -94,6 +94,40 @@ def test_finalize_refuses_while_alloc_pins():
     assert buffer.closed
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+def test_close_is_refused_while_a_checkpoint_read_writes_the_buffer(worker, tmp_path, direct):
+    """read_into writes into the buffers without the GIL: it holds each one for the whole
+    read, so close() there is refused naming the read (it used to release the memory under
+    the read: EFAULT, or a segfault with direct=True)."""
+    from test_py_checkpoint import raw, write_file
+    x = torch.arange(1 << 14, dtype=torch.float32)
+    path = tmp_path / "m.safetensors"
+    write_file(path, {"x": x})
+    checkpoint = _pinstage._Checkpoint(str(path))
+    buffer = worker.alloc_pinned_host(x.numel() * 4)
+    seen = []
+
+    def close_and_finalize():
+        seen.append(buffer.live_views)
+        with pytest.raises(BufferError) as finalize_refused:
+            worker.finalize()
+        seen.append(str(finalize_refused.value))
+        buffer.close()
+
+    refused, report, held = while_running(
+        lambda: checkpoint.read_into(["x"], [buffer], threads=1, direct=direct),
+        close_and_finalize)
+    assert held and seen[0] == 1  # held inside the read, which holds the buffer
+    assert isinstance(refused, BufferError), refused
+    assert "1 of them held by a running checkpoint read (read_into)" in str(refused)
+    assert "1 view(s), 1 of them held by a running checkpoint read" in seen[1]
+    assert isinstance(report, dict) and report["bytes"] == x.numel() * 4, report
+    assert not buffer.closed and buffer.live_views == 0
+    assert bytes(memoryview(buffer)) == raw(x)  # the read finished into live memory
+    buffer.close()
+    assert buffer.closed
+
+
 EXIT_SCRIPT = textwrap.dedent("""
     import threading, numpy, torch, pinstage
     w = pinstage.Worker()
