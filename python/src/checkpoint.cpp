@@ -168,10 +168,13 @@ void bind_device_load(py::module_& m) {
 
 void bind_checkpoint(py::module_& m) {
   py::class_<Checkpoint>(m, "_Checkpoint")
-      .def(py::init([](const std::string& path) { return Checkpoint::open(path); }),
-           py::arg("path"),
-           method_doc("__init__(path: str) -> None",
-                      "Opens and validates a .safetensors file or a checkpoint directory."))
+      .def(py::init([](const py::object& path, const std::string& who) {
+             return Checkpoint::open(path_arg(path, who + "(): path"));
+           }),
+           py::arg("path"), py::arg("who") = "_Checkpoint",
+           method_doc("__init__(path: str | os.PathLike[str], who: str = '_Checkpoint') -> None",
+                      "Opens and validates a .safetensors file or a checkpoint directory; "
+                      "errors about path name `who`, the public caller."))
       .def_property_readonly(
           "layout", [](const Checkpoint& c) { return checkpoint_layout_name(c.layout()); },
           "str: 'single_file', 'indexed_directory' or 'shard_directory'.")

@@ -180,6 +180,15 @@ inline bool interpreter_usable() {
 // Error(invalid_argument) naming `what` for another type or a value outside int64.
 int64_t int_arg(const py::handle& value, const std::string& what);
 
+// A path argument: a str, or an os.PathLike whose fspath is a str (TypeError naming `what`
+// otherwise: "load_file(): path must be str or os.PathLike, not int"). A NUL in it is
+// Error(invalid_argument) (require_no_nul).
+std::string path_arg(const py::handle& value, const std::string& what);
+// Error(invalid_argument) naming `what` and the value when `path` holds a NUL character:
+// the C file API would silently cut the path there ("m.safetensors\0.other" would open
+// m.safetensors).
+void require_no_nul(const std::string& path, const std::string& what);
+
 // Docstrings. pybind11's own signature lines are off (module.cpp): they name C++ types
 // and inspect cannot read them. Each def passes method_doc/function_doc instead, from a
 // typed line "name(a: int, b: str = 'x') -> T" and a text. The result starts with the

@@ -293,6 +293,28 @@ int64_t int_arg(const py::handle& value, const std::string& what) {
   return v;
 }
 
+void require_no_nul(const std::string& path, const std::string& what) {
+  if (path.find('\0') != std::string::npos)
+    throw Error(ErrorCode::invalid_argument,
+                what + " contains a NUL character: " + py::repr(py::str(path)).cast<std::string>() +
+                    "; a path cannot hold one");
+}
+
+std::string path_arg(const py::handle& value, const std::string& what) {
+  py::object path = py::reinterpret_borrow<py::object>(value);
+  if (!py::isinstance<py::str>(path)) {
+    // os.fspath() of an os.PathLike; bytes paths (and PathLikes giving bytes) are refused.
+    PyObject* fs = py::isinstance<py::bytes>(path) ? nullptr : PyOS_FSPath(path.ptr());
+    if (fs == nullptr) PyErr_Clear();
+    path = py::reinterpret_steal<py::object>(fs);
+    if (!path || !py::isinstance<py::str>(path))
+      throw py::type_error(what + " must be str or os.PathLike, not " + type_name(value));
+  }
+  auto text = path.cast<std::string>();
+  require_no_nul(text, what);
+  return text;
+}
+
 namespace {
 
 uint64_t non_negative(const py::handle& value, const char* name) {
@@ -312,7 +334,7 @@ WorkerOptions parse_options(const py::kwargs& kwargs) {
     else if (key == "host_cache_limit_bytes")
       options.host_cache_limit_bytes = non_negative(item.second, "host_cache_limit_bytes");
     else if (key == "plugin_path")
-      options.plugin_path = str_arg(item.second, "Worker option plugin_path");
+      options.plugin_path = path_arg(item.second, "Worker option plugin_path");
     else if (key == "config")
       options.config = backend_config(item.second);
     else
