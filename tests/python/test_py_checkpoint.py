@@ -260,3 +260,18 @@ def test_out_of_range_integers_name_the_public_function(worker, tmp_path, kwargs
     write_file(path, {"a": torch.zeros(2)})
     with pytest.raises(pinstage.InvalidArgumentError, match=message):
         pinstage.load_file(path, worker=worker, **kwargs)
+
+
+def test_a_finalized_worker_is_named_finalized_not_uninitialized(tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_file(path, {"a": torch.zeros(2)})
+    finalized = pinstage.Worker()
+    finalized.finalize()
+    with pytest.raises(pinstage.InvalidArgumentError) as e:
+        pinstage.load_file(path, worker=finalized)
+    assert "load_file needs an initialized chip-level worker (got a chip-level worker that " \
+           "was finalized; finalize is terminal: create a new Worker)" in str(e.value)
+    never = pinstage.Worker(initialize=False)
+    with pytest.raises(pinstage.InvalidArgumentError) as e:
+        pinstage.load_file(path, worker=never)
+    assert "(got a chip-level worker that is not initialized: call init() first)" in str(e.value)
