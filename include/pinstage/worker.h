@@ -356,7 +356,7 @@ class PINSTAGE_API Worker {
 
 // Throws Error(invalid_argument) unless `worker` is an initialized chip-level worker.
 // The one guard every place that needs a device-owning worker shares; `who` names the
-// caller in the message.
+// caller in the message, which tells a finalized worker from a never-initialized one.
 PINSTAGE_API void require_chip_worker(const Worker& worker, std::string_view who);
 
 }  // namespace pinstage

@@ -1,5 +1,6 @@
 # Type stubs of the pinstage package (docs/python.md). tests/python/test_py_stubs.py checks
 # that every public name here exists in the module and the other way round.
+import os
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -239,12 +240,12 @@ def run_scene(worker: Worker, scene: str, params: Mapping[str, int] | None = Non
               threads: int = 0, storage: str = "pinned", rounds: int = 1,
               skip_golden: bool = False, save_golden: str = "", callable: str = "",
               bind: Mapping[str, Any] | None = None) -> SceneReport: ...
-def safe_open(path: str, framework: str = "pt", worker: Worker | None = None,
+def safe_open(path: str | os.PathLike[str], framework: str = "pt",
+              worker: Worker | None = None, device: str = "cpu", verify: bool = False,
+              threads: int = 0, chunk_bytes: int = 8388608) -> Any: ...
+def load_file(path: str | os.PathLike[str], worker: Worker | None = None,
               device: str = "cpu", verify: bool = False, threads: int = 0,
-              chunk_bytes: int = 8388608) -> Any: ...
-def load_file(path: str, worker: Worker | None = None, device: str = "cpu",
-              verify: bool = False, threads: int = 0, chunk_bytes: int = 8388608,
-              direct: bool = False) -> dict[str, torch.Tensor]: ...
-def load_to_device(path: str, worker: Worker | None = None, verify: bool = False,
-                   threads: int = 0, chunk_bytes: int = 8388608, direct: bool = False,
-                   ring_bytes: int = 67108864) -> Any: ...
+              chunk_bytes: int = 8388608, direct: bool = False) -> dict[str, torch.Tensor]: ...
+def load_to_device(path: str | os.PathLike[str], worker: Worker | None = None,
+                   verify: bool = False, threads: int = 0, chunk_bytes: int = 8388608,
+                   direct: bool = False, ring_bytes: int = 67108864) -> Any: ...

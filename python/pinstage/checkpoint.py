@@ -15,6 +15,8 @@ pinned), viewed by torch through DLPack: the same lifetime rules as PinnedTorchA
 (the tensor keeps the buffer and the worker alive, and finalize() refuses while it lives).
 See docs/loading.md.
 """
+import operator
+
 import torch
 
 from . import _pinstage
@@ -45,6 +47,40 @@ def _check_worker(worker, who):
     _pinstage.require_chip_worker(worker, who)
 
 
+def _int(value, who, name, bits):
+    """`value` as an int for a C++ parameter of `bits` bits (31: int, 64: uint64):
+    TypeError for another type, InvalidArgumentError when the C++ type cannot hold it
+    (the C++ loader checks the meaningful range)."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{who}(): {name} must be int, not {type(value).__name__}")
+    value = operator.index(value)
+    if bits == 64 and value < 0:
+        raise InvalidArgumentError(f"{who}(): {name} must be >= 0, got {value}")
+    low = -(2**31) if bits == 31 else 0
+    if not low <= value <= 2**bits - 1:
+        raise InvalidArgumentError(f"{who}(): {name} must be at most 2**{bits} - 1, got {value}")
+    return value
+
+
+def _bool(value, who, name):
+    if not isinstance(value, bool):
+        raise TypeError(f"{who}(): {name} must be bool, not {type(value).__name__}")
+    return value
+
+
+def _name(value, who):
+    if not isinstance(value, str):
+        raise TypeError(f"{who}(): name must be str, not {type(value).__name__}")
+    return value
+
+
+def _options(who, threads, chunk_bytes, verify, direct):
+    """The reading options shared by safe_open, load_file and load_to_device, checked."""
+    return dict(threads=_int(threads, who, "threads", 31),
+                chunk_bytes=_int(chunk_bytes, who, "chunk_bytes", 64),
+                verify=_bool(verify, who, "verify"), direct=_bool(direct, who, "direct"))
+
+
 def _check_framework(framework, who):
     if framework != "pt":
         raise InvalidArgumentError(f"{who}: framework must be 'pt' (torch), got {framework!r}")
@@ -57,13 +93,12 @@ def _view(buffer, info, name):
     return flat[:nbytes].view(_torch_dtype(info["dtype"], name)).view(info["shape"])
 
 
-def _read(checkpoint, worker, names, threads, chunk_bytes, verify, direct):
+def _read(checkpoint, worker, names, options):
     infos = [checkpoint.info(n) for n in names]
     for n, info in zip(names, infos):
         _torch_dtype(info["dtype"], n)  # refused before any memory is taken
     buffers = [worker.alloc_pinned_host(max(info["nbytes"], 1)) for info in infos]
-    checkpoint.read_into(names, buffers, threads=threads, chunk_bytes=chunk_bytes,
-                         verify=verify, direct=direct)
+    checkpoint.read_into(names, buffers, **options)
     return {n: _view(b, info, n) for n, b, info in zip(names, buffers, infos)}
 
 
@@ -80,11 +115,9 @@ class safe_open:  # noqa: N801 (the safetensors name)
             raise InvalidArgumentError(
                 f"safe_open: device must be 'cpu' (pinned host memory), got {device!r}; "
                 "use pinstage.load_to_device for the device")
-        self._checkpoint = _pinstage._Checkpoint(str(path))
+        self._options = _options("safe_open", threads, chunk_bytes, verify, False)
+        self._checkpoint = _pinstage._Checkpoint(path, "safe_open")
         self._worker = worker
-        self._verify = verify
-        self._threads = threads
-        self._chunk_bytes = chunk_bytes
 
     def __enter__(self):
         return self
@@ -102,12 +135,12 @@ class safe_open:  # noqa: N801 (the safetensors name)
 
     def info(self, name):
         """{dtype, shape, file, offset, nbytes, xxh3} of one tensor."""
-        return self._checkpoint.info(name)
+        return self._checkpoint.info(_name(name, "safe_open.info"))
 
     def get_tensor(self, name):
         """Tensor `name` read into fresh pinned memory of exactly its bytes."""
-        return _read(self._checkpoint, self._worker, [name], self._threads, self._chunk_bytes,
-                     self._verify, False)[name]
+        name = _name(name, "safe_open.get_tensor")
+        return _read(self._checkpoint, self._worker, [name], self._options)[name]
 
 
 def load_file(path, worker=None, device="cpu", verify=False, threads=0, chunk_bytes=8 << 20,
@@ -119,8 +152,9 @@ def load_file(path, worker=None, device="cpu", verify=False, threads=0, chunk_by
         raise InvalidArgumentError(
             f"load_file: device must be 'cpu' (pinned host memory), got {device!r}; "
             "use pinstage.load_to_device for the device")
-    checkpoint = _pinstage._Checkpoint(str(path))
-    return _read(checkpoint, worker, checkpoint.keys(), threads, chunk_bytes, verify, direct)
+    options = _options("load_file", threads, chunk_bytes, verify, direct)
+    checkpoint = _pinstage._Checkpoint(path, "load_file")
+    return _read(checkpoint, worker, checkpoint.keys(), options)
 
 
 def load_to_device(path, worker=None, verify=False, threads=0, chunk_bytes=8 << 20,
@@ -130,6 +164,7 @@ def load_to_device(path, worker=None, verify=False, threads=0, chunk_bytes=8 << 
     ring_pinned_bytes...), .keys(), .nbytes(name), .device_ptr(name), .to_bytes(name) and
     close(); it owns the device buffers until closed or garbage collected."""
     _check_worker(worker, "load_to_device")
-    checkpoint = _pinstage._Checkpoint(str(path))
-    return checkpoint.load_to_device(worker, threads=threads, chunk_bytes=chunk_bytes,
-                                     verify=verify, direct=direct, ring_bytes=ring_bytes)
+    options = _options("load_to_device", threads, chunk_bytes, verify, direct)
+    ring_bytes = _int(ring_bytes, "load_to_device", "ring_bytes", 64)
+    checkpoint = _pinstage._Checkpoint(path, "load_to_device")
+    return checkpoint.load_to_device(worker, ring_bytes=ring_bytes, **options)

@@ -7,10 +7,11 @@ Fixtures:
                    finalized after the test.
   pinned_alloc     a PinnedTorchAllocator on pinstage_worker.
 
-After a failed test the traceback still holds the test's tensors, so finalize() would
-refuse: the fixture then leaves the worker to finalize when its last reference goes,
-and only the test's own failure is reported. After a passing test, views still alive
-are a leak and a teardown error names them.
+A test that raised (failed, xfailed, skipped) leaves its tensors in its traceback's
+frames: the fixture clears those frames' locals (the report is already written) and
+finalizes the worker. A view the test kept elsewhere (a global) then leaves the worker to
+finalize when its last reference goes, and only the test's own outcome is reported. After
+a passing test, views still alive are a leak and a teardown error names them.
 """
 import gc
 import os
@@ -20,6 +21,7 @@ import pytest
 import pinstage
 
 _REPORT = "_pinstage_call_report"
+_EXCINFO = "_pinstage_call_excinfo"
 
 
 def pytest_addoption(parser):
@@ -35,6 +37,7 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.when == "call":
         setattr(item, _REPORT, report)
+        setattr(item, _EXCINFO, call.excinfo)
 
 
 def backend_of(config):
@@ -43,15 +46,38 @@ def backend_of(config):
             or os.environ.get("PINSTAGE_TEST_BACKEND") or "sim")
 
 
+def _drop_locals(tb):
+    """Clears the locals of a finished test's traceback frames, which hold its tensors; the
+    report already shows them. Reading f_locals after clear() also empties the snapshot
+    dict an earlier read made (CPython < 3.13 keeps it past clear(), and pytest's report
+    reads it)."""
+    while tb is not None:
+        frame = tb.tb_frame
+        try:
+            frame.clear()
+        except RuntimeError:  # a frame still running (none once the call is over)
+            pass
+        else:
+            frame.f_locals  # noqa: B018 - the read resyncs the snapshot
+        tb = tb.tb_next
+
+
 @pytest.fixture
 def pinstage_worker(request):
     """An initialized pinstage.Worker, finalized after the test."""
     worker = pinstage.Worker(backend=backend_of(request.config))
     yield worker
     report = getattr(request.node, _REPORT, None)
+    excinfo = getattr(request.node, _EXCINFO, None)
+    if hasattr(request.node, _EXCINFO):
+        delattr(request.node, _EXCINFO)
+    if excinfo is not None:
+        _drop_locals(excinfo.tb)  # pytest keeps the traceback (sys.last_traceback)
+    del excinfo
     gc.collect()
-    if report is not None and report.failed and worker.live_views > 0:
-        return  # the failure's traceback holds views: it alone is reported
+    ended_badly = report is not None and not report.passed
+    if ended_badly and worker.live_views > 0:
+        return  # a view kept past the test: its outcome alone is reported
     worker.finalize()  # BufferError naming what a passing test leaked
 
 

@@ -61,7 +61,8 @@ py::dict tensor_dict(const Checkpoint& c, const CheckpointTensor& t) {
 }
 
 // Reads tensors `names` into `buffers` (PinnedHostBuffers of at least their bytes) without
-// the GIL; the buffers' workers count the call as busy, so finalize() waits or refuses.
+// the GIL. Each buffer is leased for the whole read, so its close() refuses naming the
+// read, and its worker counts the call as busy, so finalize() waits or refuses.
 py::dict read_into(const Checkpoint& c, const std::vector<std::string>& names,
                    const std::vector<py::object>& buffers, int threads, uint64_t chunk_bytes,
                    bool verify, bool direct) {
@@ -70,6 +71,7 @@ py::dict read_into(const Checkpoint& c, const std::vector<std::string>& names,
                                                  " names but " + std::to_string(buffers.size()) +
                                                  " buffers");
   std::vector<ReadTarget> targets;
+  std::vector<std::unique_ptr<Lease>> leases;  // destroyed after the GIL is back
   std::vector<std::unique_ptr<Busy>> busy;
   for (size_t i = 0; i < names.size(); ++i) {
     const CheckpointTensor& t = c.get(names[i]);
@@ -82,6 +84,7 @@ py::dict read_into(const Checkpoint& c, const std::vector<std::string>& names,
                                                    "' has " + std::to_string(b.nbytes) +
                                                    " bytes; it needs " + std::to_string(t.bytes));
     targets.push_back({&t, b.buffer.data()});
+    leases.push_back(std::make_unique<Lease>(buffers[i], &b, LeaseHolder::read));
     busy.push_back(std::make_unique<Busy>(b.worker));
   }
   const CheckpointLoadOptions o = load_options(threads, chunk_bytes, verify, direct, 0);
@@ -165,10 +168,13 @@ void bind_device_load(py::module_& m) {
 
 void bind_checkpoint(py::module_& m) {
   py::class_<Checkpoint>(m, "_Checkpoint")
-      .def(py::init([](const std::string& path) { return Checkpoint::open(path); }),
-           py::arg("path"),
-           method_doc("__init__(path: str) -> None",
-                      "Opens and validates a .safetensors file or a checkpoint directory."))
+      .def(py::init([](const py::object& path, const std::string& who) {
+             return Checkpoint::open(path_arg(path, who + "(): path"));
+           }),
+           py::arg("path"), py::arg("who") = "_Checkpoint",
+           method_doc("__init__(path: str | os.PathLike[str], who: str = '_Checkpoint') -> None",
+                      "Opens and validates a .safetensors file or a checkpoint directory; "
+                      "errors about path name `who`, the public caller."))
       .def_property_readonly(
           "layout", [](const Checkpoint& c) { return checkpoint_layout_name(c.layout()); },
           "str: 'single_file', 'indexed_directory' or 'shard_directory'.")

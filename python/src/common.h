@@ -36,6 +36,7 @@ struct ViewHolder {
   virtual ~ViewHolder() = default;
   int64_t views = 0;
   int64_t args_views = 0;  // of `views`, those TaskArgs hold (named by finalize()'s refusal)
+  int64_t read_views = 0;  // of `views`, those running checkpoint reads hold (named too)
 };
 
 // Releases the GIL for a C++ call. A daemon thread that takes the GIL back while the
@@ -44,9 +45,15 @@ struct ViewHolder {
 // without the GIL, racing with finalization (TSan saw it), so the thread is parked
 // instead, as CPython 3.14 does itself; the process exits around it. Never use it in a
 // destructor: destructors keep the GIL instead.
+//
+// Tests can hold a call inside that GIL-free window on a latch: the hook that
+// pinstage._pinstage._set_gil_release_hook installs runs (the GIL taken back for it) right
+// after every release, in the releasing thread, so a race is opened deterministically.
 class GilReleased {
  public:
-  GilReleased() : state_(PyEval_SaveThread()) {}
+  GilReleased() : hook_(gil_release_hook()), state_(PyEval_SaveThread()) {
+    if (hook_ != nullptr) run_gil_release_hook(hook_);
+  }
   ~GilReleased() {
     try {
       PyEval_RestoreThread(state_);
@@ -58,6 +65,13 @@ class GilReleased {
   GilReleased& operator=(const GilReleased&) = delete;
 
  private:
+  // A new reference to the installed hook, or null (read under the GIL).
+  static PyObject* gil_release_hook();
+  // Calls the hook with the GIL taken back, then drops the reference; an exception it
+  // raises is reported as unraisable, never thrown into the C++ call.
+  static void run_gil_release_hook(PyObject* hook);
+
+  PyObject* hook_;
   PyThreadState* state_;
 };
 
@@ -113,22 +127,30 @@ std::map<uintptr_t, PyBuffer*>& open_buffers();
 // The open buffer holding [ptr, ptr + bytes), or null.
 PyBuffer* find_pinned(const void* ptr, uint64_t bytes);
 
+// Who holds a Lease, for the refusals that name it.
+enum class LeaseHolder {
+  view,  // a buffer-protocol consumer (memoryview, NumPy, torch.frombuffer)
+  args,  // TaskArgs, for a tensor in pinned memory
+  read,  // a checkpoint read writing into the buffer without the GIL (read_into)
+};
+
 // One counted view of a holder for as long as this object lives: what the buffer
 // protocol hands out as Py_buffer.obj (consumers such as torch.frombuffer keep only that
-// reference and release the Py_buffer at once), and what TaskArgs holds for a tensor in
-// pinned memory. Python type pinstage._pinstage.BufferExport.
+// reference and release the Py_buffer at once), what TaskArgs holds for a tensor in
+// pinned memory, and what a checkpoint read holds on its buffers while it writes them.
+// Python type pinstage._pinstage.BufferExport.
 struct Lease {
-  Lease(py::object owner, ViewHolder* holder, bool by_args);
+  Lease(py::object owner, ViewHolder* holder, LeaseHolder by);
   ~Lease();
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
 
   py::object owner;  // keeps the holder (and its worker) alive
   ViewHolder* holder;
-  bool by_args;  // held by TaskArgs
+  LeaseHolder by;
 };
 // A new Lease on `holder` (whose Python object is `owner`), as a Python object.
-py::object make_lease(py::object owner, ViewHolder* holder, bool by_args = false);
+py::object make_lease(py::object owner, ViewHolder* holder, LeaseHolder by = LeaseHolder::view);
 
 // How export_dlpack shares the memory.
 struct DLPackRequest {
@@ -157,6 +179,15 @@ inline bool interpreter_usable() {
 // An int argument (anything with __index__: int, NumPy integers; never bool) as int64:
 // Error(invalid_argument) naming `what` for another type or a value outside int64.
 int64_t int_arg(const py::handle& value, const std::string& what);
+
+// A path argument: a str, or an os.PathLike whose fspath is a str (TypeError naming `what`
+// otherwise: "load_file(): path must be str or os.PathLike, not int"). A NUL in it is
+// Error(invalid_argument) (require_no_nul).
+std::string path_arg(const py::handle& value, const std::string& what);
+// Error(invalid_argument) naming `what` and the value when `path` holds a NUL character:
+// the C file API would silently cut the path there ("m.safetensors\0.other" would open
+// m.safetensors).
+void require_no_nul(const std::string& path, const std::string& what);
 
 // Docstrings. pybind11's own signature lines are off (module.cpp): they name C++ types
 // and inspect cannot read them. Each def passes method_doc/function_doc instead, from a

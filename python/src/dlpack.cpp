@@ -9,20 +9,38 @@ namespace pinstage::python {
 
 // ---- Lease ----
 
-Lease::Lease(py::object owner_, ViewHolder* holder_, bool by_args_)
-    : owner(std::move(owner_)), holder(holder_), by_args(by_args_) {
-  ++holder->views;
-  if (by_args) ++holder->args_views;
+namespace {
+
+// The holder's count of the leases `by` holds, if it keeps one.
+int64_t* lease_count(ViewHolder* holder, LeaseHolder by) {
+  switch (by) {
+    case LeaseHolder::args:
+      return &holder->args_views;
+    case LeaseHolder::read:
+      return &holder->read_views;
+    case LeaseHolder::view:
+      break;
+  }
+  return nullptr;
 }
 
-// Runs under the GIL (pybind11's dealloc); keeps it: a destructor never releases the GIL.
+}  // namespace
+
+Lease::Lease(py::object owner_, ViewHolder* holder_, LeaseHolder by_)
+    : owner(std::move(owner_)), holder(holder_), by(by_) {
+  ++holder->views;
+  if (int64_t* count = lease_count(holder, by)) ++*count;
+}
+
+// Runs under the GIL (pybind11's dealloc, or the read's frame); keeps it: a destructor
+// never releases the GIL.
 Lease::~Lease() {
   --holder->views;
-  if (by_args) --holder->args_views;
+  if (int64_t* count = lease_count(holder, by)) --*count;
 }
 
-py::object make_lease(py::object owner, ViewHolder* holder, bool by_args) {
-  return py::cast(std::make_unique<Lease>(std::move(owner), holder, by_args));
+py::object make_lease(py::object owner, ViewHolder* holder, LeaseHolder by) {
+  return py::cast(std::make_unique<Lease>(std::move(owner), holder, by));
 }
 
 void bind_lease(py::module_& m) {

@@ -205,6 +205,7 @@ SceneReport run(const py::object& worker_obj, const std::string& name, const py:
                 "run_scene: rounds must be >= 1, got " + std::to_string(rounds));
   options.rounds = static_cast<int>(rounds);
   options.skip_golden = skip_golden;
+  require_no_nul(save_golden, "run_scene: save_golden");
   options.save_golden = save_golden;
   options.callable = callable;
   options.bind = scene_bind_options(bind);

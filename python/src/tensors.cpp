@@ -8,6 +8,7 @@
 
 #include <climits>
 #include <optional>
+#include <utility>
 
 #include "args.h"
 #include "bind_options.h"
@@ -59,20 +60,35 @@ DLDataType dl_dtype(DType dtype) {
   throw Error(ErrorCode::internal, "unknown dtype");
 }
 
+// The torch dtypes TaskArgs takes (str(dtype) without "torch."), the allocator's set.
+constexpr std::pair<const char*, DType> kTorchDTypes[] = {{"float32", DType::f32},
+                                                          {"float64", DType::f64},
+                                                          {"float16", DType::f16},
+                                                          {"bfloat16", DType::bf16},
+                                                          {"int8", DType::i8},
+                                                          {"int16", DType::i16},
+                                                          {"int32", DType::i32},
+                                                          {"int64", DType::i64},
+                                                          {"uint8", DType::u8},
+                                                          {"bool", DType::boolean},
+                                                          {"float8_e4m3fn", DType::f8_e4m3},
+                                                          {"float8_e5m2", DType::f8_e5m2}};
+
 std::optional<DType> dtype_from_torch(const std::string& name) {
-  if (name == "torch.bfloat16") return DType::bf16;
-  if (name == "torch.float16") return DType::f16;
-  if (name == "torch.float32") return DType::f32;
-  if (name == "torch.int32") return DType::i32;
-  if (name == "torch.int64") return DType::i64;
-  if (name == "torch.bool") return DType::boolean;
-  if (name == "torch.uint8") return DType::u8;
-  if (name == "torch.int8") return DType::i8;
-  if (name == "torch.int16") return DType::i16;
-  if (name == "torch.float64") return DType::f64;
-  if (name == "torch.float8_e4m3fn") return DType::f8_e4m3;
-  if (name == "torch.float8_e5m2") return DType::f8_e5m2;
+  for (const auto& [torch_name, dtype] : kTorchDTypes)
+    if (name == std::string("torch.") + torch_name) return dtype;
   return std::nullopt;
+}
+
+// "float32, float64, ...": the dtypes this torch has of kTorchDTypes, for the refusal.
+std::string torch_dtype_names(const py::object& torch) {
+  std::string out;
+  for (const auto& [torch_name, dtype] : kTorchDTypes) {
+    if (!py::hasattr(torch, torch_name)) continue;  // float8: newer torch only
+    out += out.empty() ? "" : ", ";
+    out += torch_name;
+  }
+  return out;
 }
 
 py::object torch_module() { return py::module_::import("torch"); }
@@ -127,7 +143,7 @@ void add_tensor(PyArgs& a, const py::object& name_obj, const py::object& tensor,
   if (!dtype)
     throw Error(ErrorCode::invalid_argument,
                 "TaskArgs.add: '" + name + "' has dtype " + dtype_name +
-                    "; supported: bfloat16, float16, float32, int32, int64");
+                    "; supported: " + torch_dtype_names(torch) + "; convert it with .to()");
   std::vector<int64_t> shape;
   for (auto d : tensor.attr("shape")) shape.push_back(d.cast<int64_t>());
   const auto address = tensor.attr("data_ptr")().cast<uintptr_t>();
@@ -141,7 +157,7 @@ void add_tensor(PyArgs& a, const py::object& name_obj, const py::object& tensor,
   py::object owner = tensor;
   if (buffer != nullptr) {
     py::object buffer_obj = py::cast(buffer, py::return_value_policy::reference);
-    owner = py::make_tuple(tensor, make_lease(buffer_obj, buffer, /*by_args=*/true));
+    owner = py::make_tuple(tensor, make_lease(buffer_obj, buffer, LeaseHolder::args));
   }
   auto storage = std::make_shared<Storage>(data, nbytes, buffer != nullptr, python_owner(owner));
   a.args.add(Tensor(name, *dtype, std::move(shape), *dir, std::move(storage)));

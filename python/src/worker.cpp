@@ -34,6 +34,30 @@
 
 namespace pinstage::python {
 
+// ---- the GIL-release test hook (GilReleased in common.h) ----
+
+namespace {
+PyObject* installed_gil_release_hook = nullptr;  // a strong reference; touched under the GIL
+}  // namespace
+
+PyObject* GilReleased::gil_release_hook() {
+  Py_XINCREF(installed_gil_release_hook);
+  return installed_gil_release_hook;
+}
+
+void GilReleased::run_gil_release_hook(PyObject* hook) {
+  try {
+    const PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* result = PyObject_CallNoArgs(hook);
+    if (result == nullptr) PyErr_WriteUnraisable(hook);
+    Py_XDECREF(result);
+    Py_DECREF(hook);
+    PyGILState_Release(gil);
+  } catch (abi::__forced_unwind&) {
+    for (;;) pause();  // interpreter exit: parked as in ~GilReleased
+  }
+}
+
 // ---- registries ----
 
 std::map<uintptr_t, PyBuffer*>& open_buffers() {
@@ -87,6 +111,8 @@ std::string PyWorker::describe_views() const {
         << reinterpret_cast<uintptr_t>(b->buffer.data()) << std::dec << " (" << b->nbytes
         << " bytes): " << b->views << " view(s)";
     if (b->args_views > 0) out << ", " << b->args_views << " of them held by TaskArgs";
+    if (b->read_views > 0)
+      out << ", " << b->read_views << " of them held by a running checkpoint read";
     sep = "; ";
   }
   for (const ViewHolder* h : holders) {
@@ -152,9 +178,15 @@ void PyBuffer::require_open(const char* what) const {
 void PyBuffer::close() {
   if (!buffer) return;
   if (views > 0)
-    throw py::buffer_error("cannot close the PinnedHostBuffer: " + std::to_string(views) +
-                           " live view(s) (memoryview, NumPy array, torch tensor or DLPack "
-                           "capsule) still use it; delete them first");
+    throw py::buffer_error(
+        "cannot close the PinnedHostBuffer: " + std::to_string(views) +
+        " live view(s) (memoryview, NumPy array, torch tensor, DLPack capsule, TaskArgs or a "
+        "checkpoint read) still use it" +
+        (read_views > 0 ? ", " + std::to_string(read_views) +
+                              " of them held by a running checkpoint read (read_into); wait "
+                              "for it to return"
+                        : std::string()) +
+        "; delete them first");
   PinnedHostBuffer dying = take(*this);
   GilReleased nogil;
   dying.reset();
@@ -261,6 +293,28 @@ int64_t int_arg(const py::handle& value, const std::string& what) {
   return v;
 }
 
+void require_no_nul(const std::string& path, const std::string& what) {
+  if (path.find('\0') != std::string::npos)
+    throw Error(ErrorCode::invalid_argument,
+                what + " contains a NUL character: " + py::repr(py::str(path)).cast<std::string>() +
+                    "; a path cannot hold one");
+}
+
+std::string path_arg(const py::handle& value, const std::string& what) {
+  py::object path = py::reinterpret_borrow<py::object>(value);
+  if (!py::isinstance<py::str>(path)) {
+    // os.fspath() of an os.PathLike; bytes paths (and PathLikes giving bytes) are refused.
+    PyObject* fs = py::isinstance<py::bytes>(path) ? nullptr : PyOS_FSPath(path.ptr());
+    if (fs == nullptr) PyErr_Clear();
+    path = py::reinterpret_steal<py::object>(fs);
+    if (!path || !py::isinstance<py::str>(path))
+      throw py::type_error(what + " must be str or os.PathLike, not " + type_name(value));
+  }
+  auto text = path.cast<std::string>();
+  require_no_nul(text, what);
+  return text;
+}
+
 namespace {
 
 uint64_t non_negative(const py::handle& value, const char* name) {
@@ -280,7 +334,7 @@ WorkerOptions parse_options(const py::kwargs& kwargs) {
     else if (key == "host_cache_limit_bytes")
       options.host_cache_limit_bytes = non_negative(item.second, "host_cache_limit_bytes");
     else if (key == "plugin_path")
-      options.plugin_path = str_arg(item.second, "Worker option plugin_path");
+      options.plugin_path = path_arg(item.second, "Worker option plugin_path");
     else if (key == "config")
       options.config = backend_config(item.second);
     else
@@ -732,6 +786,22 @@ void bind_worker(py::module_& m) {
       },
       py::arg("address"), py::arg("nbytes"),
       function_doc("_pinned_owner(address: int, nbytes: int) -> Worker | None"));
+
+  m.def(
+      "_set_gil_release_hook",
+      [](const py::object& hook) {
+        if (!hook.is_none() && !PyCallable_Check(hook.ptr()))
+          throw py::type_error("_set_gil_release_hook: hook must be callable or None, got " +
+                               type_name(hook));
+        PyObject* old = installed_gil_release_hook;
+        installed_gil_release_hook = hook.is_none() ? nullptr : hook.inc_ref().ptr();
+        Py_XDECREF(old);
+      },
+      py::arg("hook"),
+      function_doc("_set_gil_release_hook(hook: Callable[[], None] | None) -> None",
+                   "Tests: hook() runs in each thread right after a pinstage call released "
+                   "the GIL (GIL taken back for it), so a test can hold the call inside its "
+                   "GIL-free window on a latch; None removes it."));
 
   m.def(
       "require_chip_worker",

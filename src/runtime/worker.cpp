@@ -426,11 +426,14 @@ void Worker::inject_fault(FaultKind kind, uint64_t nth) {
 
 void require_chip_worker(const Worker& worker, std::string_view who) {
   if (worker.level() != WorkerLevel::chip || !worker.initialized())
-    throw Error(ErrorCode::invalid_argument,
-                std::string(who) + " needs an initialized chip-level worker (got a " +
-                    worker_level_name(worker.level()) + "-level worker that is " +
-                    (worker.initialized() ? "initialized" : "not initialized") +
-                    "): pinned memory belongs to the worker that owns the device");
+    throw Error(
+        ErrorCode::invalid_argument,
+        std::string(who) + " needs an initialized chip-level worker (got a " +
+            worker_level_name(worker.level()) + "-level worker that " +
+            (worker.initialized() ? "is initialized"
+             : worker.finalized() ? "was finalized; finalize is terminal: create a new Worker"
+                                  : "is not initialized: call init() first") +
+            "): pinned memory belongs to the worker that owns the device");
 }
 
 }  // namespace pinstage

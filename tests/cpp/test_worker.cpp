@@ -416,8 +416,23 @@ TEST(WorkerInit, ChipGuardRejectsAnUninitializedWorker) {
   EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
   EXPECT_NE(std::string(e.what()).find("PinnedAllocator needs an initialized chip-level worker"),
             std::string::npos);
+  EXPECT_NE(std::string(e.what()).find("worker that is not initialized"), std::string::npos)
+      << e.what();
   worker.init("sim");
   EXPECT_NO_THROW(require_chip_worker(worker, "PinnedAllocator"));
+}
+
+TEST(WorkerInit, ChipGuardNamesAFinalizedWorkerFinalized) {
+  for (const bool init_first : {true, false}) {
+    Worker worker;
+    if (init_first) worker.init("sim");
+    worker.finalize();
+    Error e = error_of([&] { require_chip_worker(worker, "load_file"); });
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("worker that was finalized; finalize is terminal"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

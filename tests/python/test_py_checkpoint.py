@@ -3,6 +3,7 @@ safetensors format (below: 20 lines from the spec, sharing no code with pinstage
 lifetime rules of the tensors they return (the PinnedTorchAllocator's)."""
 import gc
 import json
+import re
 import struct
 
 import pytest
@@ -172,3 +173,105 @@ def test_bad_arguments(worker, tmp_path):
     with pytest.raises(pinstage.Error, match="bad.safetensors"):
         pinstage.load_file(tmp_path / "bad.safetensors", worker=worker)
     assert worker.stats().pinned_count == 0
+
+
+def test_paths_with_a_nul_are_refused_everywhere(worker, tmp_path):
+    """'m.safetensors\\0.other' used to open m.safetensors: the C file API stops at the NUL.
+    Every path argument of the Python surface refuses it instead, naming the function."""
+    import pathlib
+
+    from pinstage import _pinstage, qwen3
+    path = tmp_path / "m.safetensors"
+    write_file(path, {"a": torch.zeros(2)})
+    bad = str(path) + "\0.other"
+    golden = tmp_path / "g.safetensors"
+    scene = {"layers": 1, "seq_len": 16}
+    calls = {
+        "safe_open(): path": lambda p: pinstage.safe_open(p, worker=worker),
+        "load_file(): path": lambda p: pinstage.load_file(p, worker=worker),
+        "load_to_device(): path": lambda p: pinstage.load_to_device(p, worker=worker),
+        "_Checkpoint(): path": lambda p: _pinstage._Checkpoint(p),
+        "Worker option plugin_path": lambda p: pinstage.Worker(
+            plugin_path=worker.backend_path + p[len(str(path)):]),
+        "run_scene: save_golden": lambda p: pinstage.run_scene(
+            worker, "qwen3-decode", scene, save_golden=str(golden) + p[len(str(path)):]),
+        "run_scene: save_golden ": lambda p: qwen3.run_scene(
+            worker, 1, 16, save_golden=str(golden) + p[len(str(path)):]),
+    }
+    for who, call in calls.items():
+        for value in (bad, pathlib.PurePosixPath(bad)):
+            if who.startswith(("Worker", "run_scene")) and not isinstance(value, str):
+                continue
+            with pytest.raises(ValueError, match=re.escape(who.strip())
+                               + " contains a NUL character") as e:
+                call(value)
+            assert isinstance(e.value, pinstage.InvalidArgumentError), who
+            assert r"\x00.other" in str(e.value), who  # the whole value, NUL shown
+    assert not golden.exists()  # refused before the scene ran
+    assert worker.stats().pinned_count == 0
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda w, p: pinstage.load_file(5, worker=w),
+     r"load_file\(\): path must be str or os.PathLike, not int"),
+    (lambda w, p: pinstage.load_file(str(p).encode(), worker=w),
+     r"load_file\(\): path must be str or os.PathLike, not bytes"),
+    (lambda w, p: pinstage.load_file(p, worker=w, threads="2"),
+     r"load_file\(\): threads must be int, not str"),
+    (lambda w, p: pinstage.load_file(p, worker=w, threads=1.5),
+     r"load_file\(\): threads must be int, not float"),
+    (lambda w, p: pinstage.load_file(p, worker=w, threads=True),
+     r"load_file\(\): threads must be int, not bool"),
+    (lambda w, p: pinstage.load_file(p, worker=w, chunk_bytes=None),
+     r"load_file\(\): chunk_bytes must be int, not NoneType"),
+    (lambda w, p: pinstage.load_file(p, worker=w, verify="yes"),
+     r"load_file\(\): verify must be bool, not str"),
+    (lambda w, p: pinstage.load_file(p, worker=w, direct=None),
+     r"load_file\(\): direct must be bool, not NoneType"),
+    (lambda w, p: pinstage.safe_open(p, worker=w, threads="2"),
+     r"safe_open\(\): threads must be int, not str"),
+    (lambda w, p: pinstage.safe_open(p, worker=w, verify=1),
+     r"safe_open\(\): verify must be bool, not int"),
+    (lambda w, p: pinstage.safe_open(p, worker=w).get_tensor(3),
+     r"safe_open.get_tensor\(\): name must be str, not int"),
+    (lambda w, p: pinstage.safe_open(p, worker=w).info(None),
+     r"safe_open.info\(\): name must be str, not NoneType"),
+    (lambda w, p: pinstage.load_to_device(p, worker=w, ring_bytes="64M"),
+     r"load_to_device\(\): ring_bytes must be int, not str"),
+    (lambda w, p: pinstage.load_to_device(b"x", worker=w),
+     r"load_to_device\(\): path must be str or os.PathLike, not bytes"),
+])
+def test_wrong_argument_types_name_the_public_function(worker, tmp_path, call, message):
+    path = tmp_path / "m.safetensors"
+    write_file(path, {"a": torch.zeros(2)})
+    with pytest.raises(TypeError, match=message) as e:
+        call(worker, path)
+    assert "incompatible function arguments" not in str(e.value)
+    assert worker.stats().pinned_count == 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"chunk_bytes": -1}, r"load_file\(\): chunk_bytes must be >= 0, got -1"),
+    ({"chunk_bytes": 2**64}, r"load_file\(\): chunk_bytes must be at most 2\*\*64 - 1"),
+    ({"threads": 2**40}, r"load_file\(\): threads must be at most 2\*\*31 - 1"),
+])
+def test_out_of_range_integers_name_the_public_function(worker, tmp_path, kwargs, message):
+    path = tmp_path / "m.safetensors"
+    write_file(path, {"a": torch.zeros(2)})
+    with pytest.raises(pinstage.InvalidArgumentError, match=message):
+        pinstage.load_file(path, worker=worker, **kwargs)
+
+
+def test_a_finalized_worker_is_named_finalized_not_uninitialized(tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_file(path, {"a": torch.zeros(2)})
+    finalized = pinstage.Worker()
+    finalized.finalize()
+    with pytest.raises(pinstage.InvalidArgumentError) as e:
+        pinstage.load_file(path, worker=finalized)
+    assert "load_file needs an initialized chip-level worker (got a chip-level worker that " \
+           "was finalized; finalize is terminal: create a new Worker)" in str(e.value)
+    never = pinstage.Worker(initialize=False)
+    with pytest.raises(pinstage.InvalidArgumentError) as e:
+        pinstage.load_file(path, worker=never)
+    assert "(got a chip-level worker that is not initialized: call init() first)" in str(e.value)

@@ -19,7 +19,8 @@ def vm_locked_kib():
 
 
 @pytest.mark.parametrize("call, error, message", [
-    (lambda: pinstage.Worker(plugin_path=1), TypeError, "plugin_path must be a str, got int"),
+    (lambda: pinstage.Worker(plugin_path=1), TypeError,
+     "plugin_path must be str or os.PathLike, not int"),
     (lambda: pinstage.Worker(config={1: "x"}), TypeError, "config: a key must be a str"),
     (lambda: pinstage.Worker(config={"k": [1]}), TypeError, r"config\['k'\] must be a str"),
     (lambda: pinstage.Worker(config=5), TypeError, "config must be a dict"),

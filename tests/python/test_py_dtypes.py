@@ -1,6 +1,10 @@
 """One dtype set: every dtype the PinnedTorchAllocator hands out is one TaskArgs accepts,
 binds (the upload verified byte for byte) and reads back, including the raw-storage ones
 (bool, uint8, int8, int16, float64, float8 where torch has them)."""
+import pathlib
+import re
+import warnings
+
 import pytest
 import torch
 
@@ -37,3 +41,60 @@ def test_allocator_dtype_binds_through_task_args(worker, alloc, dtype):
 def test_a_dtype_outside_the_set_is_refused_by_the_allocator(alloc):
     with pytest.raises(Exception, match="complex64"):
         alloc.empty(2, dtype=torch.complex64)
+
+
+DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md"
+
+
+def torch_dtypes():
+    """Every dtype this torch has, by its canonical name (aliases such as torch.float fold)."""
+    found = {getattr(torch, n) for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
+    return {str(d).replace("torch.", ""): d for d in found}
+
+
+def documented_dtypes():
+    """The allocator's dtype list in docs/python.md, with the float8 kinds this torch has."""
+    text = " ".join(DOC.read_text().split())
+    m = re.search(r"`dtype` must be one of ([a-z0-9_, ]+?)(?:; also ([a-z0-9_ ]+?) on a torch "
+                  r"that has them)? \(else `InvalidArgumentError`\)", text)
+    assert m, "docs/python.md lost its PinnedTorchAllocator dtype sentence"
+    always = [n.strip() for n in m.group(1).split(",")]
+    optional = [n.strip() for n in (m.group(2) or "").split(" and ") if n.strip()]
+    return set(always) | {n for n in optional if hasattr(torch, n)}
+
+
+def test_the_documented_dtypes_are_the_ones_the_allocator_accepts(alloc):
+    accepted = set()
+    for name, dtype in torch_dtypes().items():
+        try:
+            t = alloc.empty(2, dtype=dtype)
+        except pinstage.InvalidArgumentError as e:
+            assert "dtype must be one of" in str(e), (name, e)
+            continue
+        assert t.dtype == dtype and pinstage.is_pinned(t), name
+        accepted.add(name)
+        del t
+    assert accepted == documented_dtypes()
+
+
+def test_task_args_accept_exactly_the_documented_dtypes():
+    """TaskArgs.add takes the same set (docs/python.md says so), and its refusal lists it."""
+    accepted, refusal = set(), None
+    for name, dtype in torch_dtypes().items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # complex32: "experimental"
+                t = torch.zeros(2, dtype=dtype)
+        except (RuntimeError, TypeError):
+            continue  # quantized kinds: no plain tensor to pass
+        try:
+            TaskArgs().add("x", t)
+        except pinstage.InvalidArgumentError as e:
+            refusal = str(e)
+            continue
+        accepted.add(name)
+    assert accepted == documented_dtypes()
+    listed = refusal.split("supported: ")[1].split("; ")[0]
+    assert set(listed.split(", ")) == accepted, refusal
+    text = " ".join(DOC.read_text().split())
+    assert "CPU torch tensor of one of the allocator's dtypes" in text

@@ -160,6 +160,30 @@ def test_old_consumers_get_the_unversioned_capsule_with_strides(worker):
         b.__dlpack__(max_version=1)
 
 
+def test_nd_dlpack_export_is_row_major_for_torch_and_numpy(worker, alloc):
+    """The N-d export (TaskArgs' zero-copy views) gives row-major strides: a 3-D pinned
+    tensor read back through DLPack by torch, then by NumPy, has C strides and the values
+    at every probed index, so a column-major stride bug cannot pass."""
+    shape = (3, 4, 5)
+    x = alloc.empty(*shape, dtype=torch.float32)
+    x.view(-1).copy_(torch.arange(60, dtype=torch.float32))  # x[i, j, k] = 20i + 5j + k
+    args = pinstage.TaskArgs()
+    args.add("x", x)
+    view = args["x"]  # torch.from_dlpack of the C++ export, over x's pinned bytes
+    assert view.shape == shape and view.stride() == (20, 5, 1) and view.is_contiguous()
+    assert view.data_ptr() == x.data_ptr()
+    array = np.from_dlpack(view)
+    assert array.shape == shape and array.strides == (80, 20, 4)
+    assert array.flags["C_CONTIGUOUS"]
+    for i, j, k in [(0, 0, 1), (0, 1, 0), (1, 0, 0), (1, 2, 3), (2, 3, 4), (2, 0, 4)]:
+        want = 20 * i + 5 * j + k
+        assert view[i, j, k].item() == want, (i, j, k)
+        assert array[i, j, k] == want, (i, j, k)
+    x[1, 2, 3] = -1.0  # the same memory, not a copy
+    assert view[1, 2, 3].item() == -1.0 and array[1, 2, 3] == -1.0
+    del view, array, args, x
+
+
 def test_copy_true_returns_a_flagged_copy(worker):
     b = worker.alloc_pinned_host(16)
     memoryview(b)[3] = 3
