@@ -1,7 +1,9 @@
 # Type stubs of the pinstage package (docs/python.md). tests/python/test_py_stubs.py checks
 # that every public name here exists in the module and the other way round.
 import os
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
+
+_Verify = bool | Literal["if-present"]  # verify=: every tensor, or those with a hash
 
 import torch
 
@@ -241,11 +243,11 @@ def run_scene(worker: Worker, scene: str, params: Mapping[str, int] | None = Non
               skip_golden: bool = False, save_golden: str = "", callable: str = "",
               bind: Mapping[str, Any] | None = None) -> SceneReport: ...
 def safe_open(path: str | os.PathLike[str], framework: str = "pt",
-              worker: Worker | None = None, device: str = "cpu", verify: bool = False,
+              worker: Worker | None = None, device: str = "cpu", verify: _Verify = False,
               threads: int = 0, chunk_bytes: int = 8388608) -> Any: ...
 def load_file(path: str | os.PathLike[str], worker: Worker | None = None,
-              device: str = "cpu", verify: bool = False, threads: int = 0,
+              device: str = "cpu", verify: _Verify = False, threads: int = 0,
               chunk_bytes: int = 8388608, direct: bool = False) -> dict[str, torch.Tensor]: ...
 def load_to_device(path: str | os.PathLike[str], worker: Worker | None = None,
-                   verify: bool = False, threads: int = 0, chunk_bytes: int = 8388608,
+                   verify: _Verify = False, threads: int = 0, chunk_bytes: int = 8388608,
                    direct: bool = False, ring_bytes: int = 67108864) -> Any: ...

@@ -74,11 +74,23 @@ def _name(value, who):
     return value
 
 
+def _verify(value, who):
+    """verify=True checks every tensor (one without a recorded hash is an error before
+    anything is read); "if-present" checks those that have one."""
+    if value == "if-present":
+        return True, True
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"{who}(): verify must be bool or 'if-present', not {type(value).__name__}")
+    return value, False
+
+
 def _options(who, threads, chunk_bytes, verify, direct):
     """The reading options shared by safe_open, load_file and load_to_device, checked."""
+    verify, if_present = _verify(verify, who)
     return dict(threads=_int(threads, who, "threads", 31),
                 chunk_bytes=_int(chunk_bytes, who, "chunk_bytes", 64),
-                verify=_bool(verify, who, "verify"), direct=_bool(direct, who, "direct"))
+                verify=verify, verify_if_present=if_present, direct=_bool(direct, who, "direct"))
 
 
 def _check_framework(framework, who):
@@ -105,7 +117,8 @@ def _read(checkpoint, worker, names, options):
 class safe_open:  # noqa: N801 (the safetensors name)
     """A checkpoint opened for reading tensors one at a time into `worker`'s pinned memory.
 
-    `verify=True` checks each tensor's recorded xxh3-64 as it is read."""
+    `verify=True` checks each tensor's recorded xxh3-64 as it is read (a tensor without
+    one is an error); `verify="if-present"` checks those that have one."""
 
     def __init__(self, path, framework="pt", worker=None, device="cpu", verify=False,
                  threads=0, chunk_bytes=8 << 20):

@@ -31,6 +31,7 @@ py::dict report_dict(const LoadReport& r) {
   d["direct_note"] = r.direct_note;
   d["verified"] = r.verified;
   d["unverified"] = r.unverified;
+  d["verify_readback_bytes"] = r.verify_readback_bytes;
   d["ring_pinned_bytes"] = r.ring_pinned_bytes;
   d["peak_pinned_bytes"] = r.peak_pinned_bytes;
   d["threads"] = r.threads;
@@ -38,12 +39,13 @@ py::dict report_dict(const LoadReport& r) {
   return d;
 }
 
-CheckpointLoadOptions load_options(int threads, uint64_t chunk_bytes, bool verify, bool direct,
-                                   uint64_t ring_bytes) {
+CheckpointLoadOptions load_options(int threads, uint64_t chunk_bytes, bool verify,
+                                   bool verify_if_present, bool direct, uint64_t ring_bytes) {
   CheckpointLoadOptions o;
   o.threads = threads;
   o.chunk_bytes = chunk_bytes;
   o.verify = verify;
+  o.verify_if_present = verify_if_present;
   o.direct = direct;
   o.ring_bytes = ring_bytes;
   return o;
@@ -65,7 +67,7 @@ py::dict tensor_dict(const Checkpoint& c, const CheckpointTensor& t) {
 // read, and its worker counts the call as busy, so finalize() waits or refuses.
 py::dict read_into(const Checkpoint& c, const std::vector<std::string>& names,
                    const std::vector<py::object>& buffers, int threads, uint64_t chunk_bytes,
-                   bool verify, bool direct) {
+                   bool verify, bool verify_if_present, bool direct) {
   if (names.size() != buffers.size())
     throw Error(ErrorCode::invalid_argument, "read_into: " + std::to_string(names.size()) +
                                                  " names but " + std::to_string(buffers.size()) +
@@ -87,7 +89,8 @@ py::dict read_into(const Checkpoint& c, const std::vector<std::string>& names,
     leases.push_back(std::make_unique<Lease>(buffers[i], &b, LeaseHolder::read));
     busy.push_back(std::make_unique<Busy>(b.worker));
   }
-  const CheckpointLoadOptions o = load_options(threads, chunk_bytes, verify, direct, 0);
+  const CheckpointLoadOptions o =
+      load_options(threads, chunk_bytes, verify, verify_if_present, direct, 0);
   LoadReport r;
   {
     GilReleased nogil;
@@ -103,10 +106,12 @@ struct PyDeviceLoad {
 };
 
 std::unique_ptr<PyDeviceLoad> to_device(const Checkpoint& c, py::object worker_obj, int threads,
-                                        uint64_t chunk_bytes, bool verify, bool direct,
+                                        uint64_t chunk_bytes, bool verify,
+                                        bool verify_if_present, bool direct,
                                         uint64_t ring_bytes) {
   PyWorker& w = as_worker(worker_obj, "load_to_device");
-  const CheckpointLoadOptions o = load_options(threads, chunk_bytes, verify, direct, ring_bytes);
+  const CheckpointLoadOptions o =
+      load_options(threads, chunk_bytes, verify, verify_if_present, direct, ring_bytes);
   auto out = std::make_unique<PyDeviceLoad>();
   out->worker_obj = worker_obj;
   Busy busy(&w);
@@ -210,19 +215,21 @@ void bind_checkpoint(py::module_& m) {
           py::arg("name"), method_doc("info(name: str) -> dict[str, Any]"))
       .def("read_into", &read_into, py::arg("names"), py::arg("buffers"), py::arg("threads") = 0,
            py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
-           py::arg("direct") = false,
+           py::arg("verify_if_present") = false, py::arg("direct") = false,
            method_doc(
                "read_into(names: list[str], buffers: list[PinnedHostBuffer], threads: int = 0, "
-               "chunk_bytes: int = 8388608, verify: bool = False, direct: bool = False)"
+               "chunk_bytes: int = 8388608, verify: bool = False, verify_if_present: bool = "
+               "False, direct: bool = False)"
                " -> dict[str, Any]",
                "Reads the named tensors into the PinnedHostBuffers (of at least their "
                "bytes) without the GIL; returns the load report."))
       .def("load_to_device", &to_device, py::arg("worker"), py::arg("threads") = 0,
            py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
-           py::arg("direct") = false, py::arg("ring_bytes") = uint64_t{64} << 20,
+           py::arg("verify_if_present") = false, py::arg("direct") = false,
+           py::arg("ring_bytes") = uint64_t{64} << 20,
            method_doc("load_to_device(worker: Worker, threads: int = 0, chunk_bytes: int = "
-                      "8388608, verify: bool = False, direct: bool = False, ring_bytes: int = "
-                      "67108864) -> _DeviceLoad",
+                      "8388608, verify: bool = False, verify_if_present: bool = False, direct: "
+                      "bool = False, ring_bytes: int = 67108864) -> _DeviceLoad",
                       "Streams every tensor onto worker's device through its staging ring."));
   bind_device_load(m);
 }

@@ -225,13 +225,13 @@ def test_paths_with_a_nul_are_refused_everywhere(worker, tmp_path):
     (lambda w, p: pinstage.load_file(p, worker=w, chunk_bytes=None),
      r"load_file\(\): chunk_bytes must be int, not NoneType"),
     (lambda w, p: pinstage.load_file(p, worker=w, verify="yes"),
-     r"load_file\(\): verify must be bool, not str"),
+     r"load_file\(\): verify must be bool or 'if-present', not str"),
     (lambda w, p: pinstage.load_file(p, worker=w, direct=None),
      r"load_file\(\): direct must be bool, not NoneType"),
     (lambda w, p: pinstage.safe_open(p, worker=w, threads="2"),
      r"safe_open\(\): threads must be int, not str"),
     (lambda w, p: pinstage.safe_open(p, worker=w, verify=1),
-     r"safe_open\(\): verify must be bool, not int"),
+     r"safe_open\(\): verify must be bool or 'if-present', not int"),
     (lambda w, p: pinstage.safe_open(p, worker=w).get_tensor(3),
      r"safe_open.get_tensor\(\): name must be str, not int"),
     (lambda w, p: pinstage.safe_open(p, worker=w).info(None),
@@ -275,3 +275,23 @@ def test_a_finalized_worker_is_named_finalized_not_uninitialized(tmp_path):
     with pytest.raises(pinstage.InvalidArgumentError) as e:
         pinstage.load_file(path, worker=never)
     assert "(got a chip-level worker that is not initialized: call init() first)" in str(e.value)
+
+
+def test_verify_on_a_checkpoint_without_hashes_is_an_error_unless_if_present(worker, tmp_path):
+    # An HF-style file (no pinstage metadata): verify=True used to return normally,
+    # having checked nothing.
+    path = tmp_path / "hf.safetensors"
+    write_file(path, {"w": torch.arange(12, dtype=torch.float32), "b": torch.ones(3)})
+    for call in (lambda v: pinstage.load_file(path, worker=worker, verify=v),
+                 lambda v: pinstage.safe_open(path, worker=worker, verify=v).get_tensor("w"),
+                 lambda v: pinstage.load_to_device(path, worker=worker, verify=v)):
+        with pytest.raises(pinstage.InvalidArgumentError,
+                           match=r"verify cannot check \d of \d tensors.*--verify=if-present"):
+            call(True)
+    assert worker.stats().pinned_count == 0
+    got = pinstage.load_file(path, worker=worker, verify="if-present")
+    assert torch.equal(got["w"], torch.arange(12, dtype=torch.float32))
+    dev = pinstage.load_to_device(path, worker=worker, verify="if-present")
+    assert (dev.report["verified"], dev.report["unverified"]) == (False, 2)
+    assert dev.report["verify_readback_bytes"] == 0
+    dev.close()

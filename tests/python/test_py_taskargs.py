@@ -159,8 +159,8 @@ def test_verify_upload_catches_a_corrupted_upload(worker, alloc):
     with pytest.raises(pinstage.BindError) as e:
         Binder(worker, verify_upload=True).run(args)
     assert (e.value.phase, e.value.tensor, e.value.code) == ("verify", "b", "mismatch")
-    report = Binder(worker, verify_upload=True).run(args)  # no fault: verifies clean
-    assert report.phase_seconds["verify"] > 0
+    Binder(worker, verify_upload=True).run(args)  # no fault: verifies clean (no BindError)
+    # That verify reads every upload back is proven by what it copies, in the next test.
 
 
 def test_verify_reads_every_upload_back(worker, alloc):
