@@ -132,18 +132,18 @@ struct LoadReport {
   size_t tensors = 0;
   size_t files = 0;
   double total_s = 0;
-  double alloc_s = 0;              // taking pinned host or device memory
-  double read_s = 0;               // pread time (all threads' wall time, not summed)
-  double verify_s = 0;             // xxh3 checks not overlapped with reading
-  double upload_s = 0;             // device loads: issuing copies and waiting for the ring
-  double overlap = 0;              // device loads, see above
-  bool direct = false;             // O_DIRECT was used for every file
-  std::string direct_note;         // why it was not, when asked for
-  bool verified = false;           // every tensor had a recorded hash and it matched
-  size_t unverified = 0;           // tensors without a recorded hash (verify_if_present)
+  double alloc_s = 0;                  // taking pinned host or device memory
+  double read_s = 0;                   // pread time (all threads' wall time, not summed)
+  double verify_s = 0;                 // xxh3 checks not overlapped with reading
+  double upload_s = 0;                 // device loads: issuing copies and waiting for the ring
+  double overlap = 0;                  // device loads, see above
+  bool direct = false;                 // O_DIRECT was used for every file
+  std::string direct_note;             // why it was not, when asked for
+  bool verified = false;               // every tensor had a recorded hash and it matched
+  size_t unverified = 0;               // tensors without a recorded hash (verify_if_present)
   uint64_t verify_readback_bytes = 0;  // device loads: bytes read back from the device and hashed
-  uint64_t ring_pinned_bytes = 0;  // device loads: pinned bytes of the ring
-  uint64_t peak_pinned_bytes = 0;  // worker's pinned bytes at the peak of the load
+  uint64_t ring_pinned_bytes = 0;      // device loads: pinned bytes of the ring
+  uint64_t peak_pinned_bytes = 0;      // worker's pinned bytes at the peak of the load
   int threads = 0;
   uint64_t chunk_bytes = 0;
   double gbps(double seconds) const {
@@ -220,8 +220,8 @@ inline constexpr const char* kCheckpointDigestKey = "pinstage.checkpoint_xxh3";
 // before the index's rename, `dir` holds the old checkpoint, whole (and perhaps new shard
 // files no index names). on_shard(done, shards) after each shard. Returns the number of
 // shards. Error(invalid_argument) for shard_bytes 0.
-PINSTAGE_API size_t save_sharded_checkpoint(const TaskArgs& args, const std::string& dir,
-                                            uint64_t shard_bytes,
-                                            const std::function<void(size_t, size_t)>& on_shard = {});
+PINSTAGE_API size_t
+save_sharded_checkpoint(const TaskArgs& args, const std::string& dir, uint64_t shard_bytes,
+                        const std::function<void(size_t, size_t)>& on_shard = {});
 
 }  // namespace pinstage

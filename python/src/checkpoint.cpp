@@ -106,9 +106,8 @@ struct PyDeviceLoad {
 };
 
 std::unique_ptr<PyDeviceLoad> to_device(const Checkpoint& c, py::object worker_obj, int threads,
-                                        uint64_t chunk_bytes, bool verify,
-                                        bool verify_if_present, bool direct,
-                                        uint64_t ring_bytes) {
+                                        uint64_t chunk_bytes, bool verify, bool verify_if_present,
+                                        bool direct, uint64_t ring_bytes) {
   PyWorker& w = as_worker(worker_obj, "load_to_device");
   const CheckpointLoadOptions o =
       load_options(threads, chunk_bytes, verify, verify_if_present, direct, ring_bytes);

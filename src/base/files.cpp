@@ -46,9 +46,9 @@ int open_regular_file(const std::string& path, int flags, std::string* why) {
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const int err = errno;
-    *why = st.st_mode != 0 ? std::string("it is ") + file_type_name(st.st_mode) +
-                                 ", not a regular file"
-                           : std::string("cannot stat: ") + std::strerror(err);
+    *why = st.st_mode != 0
+               ? std::string("it is ") + file_type_name(st.st_mode) + ", not a regular file"
+               : std::string("cannot stat: ") + std::strerror(err);
     ::close(fd);
     errno = 0;
     return -1;
@@ -70,7 +70,8 @@ void* dlopen_regular_file(const std::string& path, int mode, std::string* why) {
     return nullptr;
   }
   // The path could have been swapped between the check and dlopen's own open.
-  struct stat checked {}, now {};
+  struct stat checked {
+  }, now{};
   if (::fstat(fd.get(), &checked) != 0 || ::stat(path.c_str(), &now) != 0 ||
       checked.st_dev != now.st_dev || checked.st_ino != now.st_ino) {
     dlclose(handle);

@@ -105,8 +105,8 @@ std::string read_index_text(const std::string& path) {
   std::string text(static_cast<size_t>(size), '\0');
   size_t have = 0;
   while (have < text.size()) {
-    const ssize_t n = ::pread(fd.get(), text.data() + have, text.size() - have,
-                              static_cast<off_t>(have));
+    const ssize_t n =
+        ::pread(fd.get(), text.data() + have, text.size() - have, static_cast<off_t>(have));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) ckpt_error(path, std::string("cannot read the index: ") + std::strerror(errno));
     if (n == 0) ckpt_error(path, "the index shrank while it was read");
@@ -325,7 +325,8 @@ std::set<std::string> indexed_shards(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(index_path, ec)) return out;
   try {
-    for (const auto& entry : parse_checkpoint_index(read_index_text(index_path), index_path).weight_map)
+    for (const auto& entry :
+         parse_checkpoint_index(read_index_text(index_path), index_path).weight_map)
       out.insert(entry.second);
   } catch (const Error&) {
     out.clear();  // not ours to clean up after

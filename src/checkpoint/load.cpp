@@ -106,7 +106,8 @@ class Files {
 };
 
 // The files that hold at least one of `tensors`.
-std::vector<bool> files_of(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors) {
+std::vector<bool> files_of(const Checkpoint& c,
+                           const std::vector<const CheckpointTensor*>& tensors) {
   std::vector<bool> wanted(c.files().size(), false);
   for (const CheckpointTensor* t : tensors) wanted[t->file] = true;
   return wanted;
@@ -209,8 +210,8 @@ void run_readers(int threads, const std::function<void(int)>& body) {
 // until none are left or one failed; progress (one caller at a time) after each. Reader
 // i reads O_DIRECT files through bounces[i], which the load owns.
 void read_chunks(const Checkpoint& c, const Files& files, const std::vector<Chunk>& chunks,
-                 std::vector<Bounce>& bounces, const CheckpointLoadOptions& o,
-                 uint64_t* done_bytes, uint64_t total) {
+                 std::vector<Bounce>& bounces, const CheckpointLoadOptions& o, uint64_t* done_bytes,
+                 uint64_t total) {
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> done{*done_bytes};
@@ -408,8 +409,7 @@ void read_piece(const Checkpoint& c, const Files& files, const Piece& p, unsigne
                 uint64_t total) {
   const auto threads = static_cast<uint64_t>(bounces.size());
   const uint64_t part = std::max<uint64_t>(
-      std::min(o.chunk_bytes, (p.bytes + threads - 1) / threads),
-      uint64_t{256} << 10);
+      std::min(o.chunk_bytes, (p.bytes + threads - 1) / threads), uint64_t{256} << 10);
   std::vector<Chunk> chunks;
   for (uint64_t off = 0; off < p.bytes; off += part)
     chunks.push_back({p.file, p.file_offset + off, std::min(part, p.bytes - off), buffer + off});
@@ -456,11 +456,11 @@ void check_device_hashes(const Checkpoint& c, StagingRing& ring,
     r.verify_readback_bytes += t.bytes;
     const uint64_t got = hash.digest();
     if (got != *t.xxh3)
-      throw Error(ErrorCode::io, "checkpoint file '" + c.files()[t.file].path + "': tensor '" +
-                                     t.name.substr(0, 96) +
-                                     "' arrived damaged on the device: xxh3-64 " + xxh3_hex(got) +
-                                     " read back, " + xxh3_hex(*t.xxh3) +
-                                     " recorded and read from the file (a device copy corrupted it)");
+      throw Error(ErrorCode::io,
+                  "checkpoint file '" + c.files()[t.file].path + "': tensor '" +
+                      t.name.substr(0, 96) + "' arrived damaged on the device: xxh3-64 " +
+                      xxh3_hex(got) + " read back, " + xxh3_hex(*t.xxh3) +
+                      " recorded and read from the file (a device copy corrupted it)");
   }
 }
 

@@ -121,7 +121,8 @@ std::string pin_budget_refusal(uint64_t bytes, const PinBudget& budget) {
            std::to_string(budget.memlock_limit_bytes) + " bytes are locked already, " +
            std::to_string(std::min(budget.worker_locked_bytes, budget.locked_bytes)) +
            " of them by this worker's pinned memory and the rest by other workers, the "
-           "backend's own buffers or the program. Raise it (ulimit -l, LimitMEMLOCK= in a systemd unit, "
+           "backend's own buffers or the program. Raise it (ulimit -l, LimitMEMLOCK= in a systemd "
+           "unit, "
            "docker run --ulimit memlock=-1) or grant CAP_IPC_LOCK" +
            kFallbackHint;
   if (over(budget.cgroup_used_bytes, budget.cgroup_limit_bytes))

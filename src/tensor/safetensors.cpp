@@ -33,7 +33,6 @@ namespace {
 constexpr uint64_t kIoChunk = uint64_t{8} << 20;
 using detail::shown;
 
-
 [[noreturn]] void io_error(const std::string& path, const std::string& what) {
   throw Error(ErrorCode::io, "safetensors '" + path + "': " + what);
 }

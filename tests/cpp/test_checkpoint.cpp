@@ -568,8 +568,9 @@ TEST_F(CheckpointTest, VerifyWithoutRecordedHashesIsRefusedBeforeAnyReadUnlessIf
   PinnedAllocator pinned(worker);
   CheckpointLoadOptions o;
   o.verify = true;
-  const std::vector<std::string> words = {"m.safetensors", "14 of 14", "no recorded xxh3-64",
-                                          "'bool'", "verify_if_present", "--verify=if-present"};
+  const std::vector<std::string> words = {"m.safetensors",       "14 of 14",
+                                          "no recorded xxh3-64", "'bool'",
+                                          "verify_if_present",   "--verify=if-present"};
   expect_error([&] { load_to_host(c, pinned, o); }, words, ErrorCode::invalid_argument);
   EXPECT_EQ(worker.host_memory_stats().num_host_alloc, 0u) << "refused before any memory was taken";
   expect_error([&] { load_to_device(c, worker, o); }, words, ErrorCode::invalid_argument);
@@ -658,8 +659,11 @@ TEST_F(CheckpointTest, AShardThatChangedSizeFailsOnlyItsOwnReadsAndLeaksNoDescri
   EXPECT_EQ(static_cast<unsigned char>(a[1]), byte_at(0, 1));
   const size_t fds = open_fds();
   for (int round = 0; round < 3; ++round)
-    expect_error([&] { read_checkpoint(c, {{&first, a.data()}, {&last, b.data()}}); },
-                 {"model-00003-of-00003.safetensors", "size changed"});
+    expect_error(
+        [&] {
+          read_checkpoint(c, {{&first, a.data()}, {&last, b.data()}});
+        },
+        {"model-00003-of-00003.safetensors", "size changed"});
   EXPECT_EQ(open_fds(), fds) << "every descriptor opened before the failure was closed";
 }
 
@@ -943,7 +947,8 @@ TEST_F(CheckpointTest, IndexParserRefusesUnknownKeysAndBadValues) {
   using namespace std::string_view_literals;
   expect_error([] { parse_checkpoint_index("{\"weight_map\":{}}\0junk"sv, "i"); },
                {"NUL byte at offset 17"});
-  expect_error([] { parse_safetensors_header("{}\0{\"a\":1}"sv, 0, "h"); }, {"NUL byte at offset 2"});
+  expect_error([] { parse_safetensors_header("{}\0{\"a\":1}"sv, 0, "h"); },
+               {"NUL byte at offset 2"});
   expect_error([] { parse_checkpoint_index(R"({"metadata":{"n":null},"weight_map":{}})", "i"); },
                {"metadata 'n'", "null"});
   const CheckpointIndex ok = parse_checkpoint_index(

@@ -240,7 +240,8 @@ TEST(Cli, InfoSaysPerBackendWhetherADeviceIsUsable) {
 TEST(Cli, InfoReportsUnderATypicalMemlockLimit) {
   if (std::system("command -v prlimit >/dev/null && command -v setpriv >/dev/null") != 0)
     GTEST_SKIP() << "needs prlimit and setpriv (util-linux)";
-  const Result r = run("info --json -", "prlimit --memlock=8388608 setpriv --bounding-set=-ipc_lock --");
+  const Result r =
+      run("info --json -", "prlimit --memlock=8388608 setpriv --bounding-set=-ipc_lock --");
   ASSERT_EQ(r.status, 0) << r.all;
   const auto doc = nlohmann::json::parse(r.out);
   const std::string probe = doc["sim"]["pinned_probe"];

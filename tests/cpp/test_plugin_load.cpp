@@ -36,7 +36,8 @@ TEST(PluginLoad, MissingFile) {
 }
 
 TEST(PluginLoad, AFifoIsRefusedWithoutBlocking) {
-  const std::string fifo = ::testing::TempDir() + "plugin-fifo-" + std::to_string(::getpid()) + ".so";
+  const std::string fifo =
+      ::testing::TempDir() + "plugin-fifo-" + std::to_string(::getpid()) + ".so";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   const std::string msg = init_error("ghost", fifo);
   ::unlink(fifo.c_str());

@@ -454,7 +454,8 @@ TEST(WorkerFork, AChildRefusesTheParentsWorkerAndExitsCleanly) {
   worker->copy_to_device_async(dev, 0, host.data(), host.size(), stream);
   worker->synchronize(stream);
   std::vector<int> v(1 << 16, 1);
-  parallel_for(v.size(), 1024, [&](size_t b, size_t e) { std::fill(v.begin() + b, v.begin() + e, 2); });
+  parallel_for(v.size(), 1024,
+               [&](size_t b, size_t e) { std::fill(v.begin() + b, v.begin() + e, 2); });
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
@@ -469,7 +470,8 @@ TEST(WorkerFork, AChildRefusesTheParentsWorkerAndExitsCleanly) {
     }
     if (code == 0 && worker->initialized()) code = 12;
     std::vector<int> w(1 << 16, 1);  // the pool's threads are the parent's: a new pool
-    parallel_for(w.size(), 1024, [&](size_t b, size_t e) { std::fill(w.begin() + b, w.begin() + e, 3); });
+    parallel_for(w.size(), 1024,
+                 [&](size_t b, size_t e) { std::fill(w.begin() + b, w.begin() + e, 3); });
     if (code == 0 && std::count(w.begin(), w.end(), 3) != static_cast<long>(w.size())) code = 13;
     if (code == 0) {
       Worker mine;
