@@ -48,6 +48,13 @@ mutations=(
   "digest_unchecked|src/checkpoint/checkpoint.cpp|s/if \(\*recorded != checkpoint_digest\(files, tensors\)\)/if (false)/|test_checkpoint|bin/test_checkpoint '--gtest_filter=CheckpointTest.ShardsFromTwoWrites*'"
   "direct_silently_refused|src/checkpoint/load.cpp|s/int err = fd\.get\(\) < 0 \? errno : 0;/int err = fd.get() < 0 ? errno : EINVAL;/|test_checkpoint|bin/test_checkpoint '--gtest_filter=CheckpointTest.DirectReadsUseODirect*'"
   "freed_block_still_pinned|src/runtime/host_memory/host_pool.cpp|s/  live_\.erase\(it\);\n  return out;/  return out;/|test_sim|bin/test_sim '--gtest_filter=SimDriver.OnlyThisWorkers*'"
+  # Issue 23, the CLI's and the Python surface's fixes.
+  "sim_capacity_any|src/base/settings.cpp|s/if \(bytes < kMinSimDeviceCapacity\)/if (bytes < 1)/|test_runtime|bin/test_runtime '--gtest_filter=Settings.SimDeviceCapacity*'"
+  "cli_integer_unparsed|apps/pinstage/cli_common.cpp|s/text = std::to_string\(parse_integer\(text, min, max, flag\)\);/parse_integer(text, min, max, flag);/|pinstage_cli test_cli|bin/test_cli '--gtest_filter=Cli.LeadingZeroIsDecimal'"
+  "mmap_copy_unguarded|apps/pinstage/bench_load_arms.cpp|s/copy_from_mapping\(out\.back\(\)->data\(\), static_cast<const char\*>\(map\) \+ t\.offset, t\.bytes,\n\s*file\.path\);/std::memcpy(out.back()->data(), static_cast<const char*>(map) + t.offset, t.bytes);/|test_cli|bin/test_cli '--gtest_filter=TruncatedShard.Mmap*'"
+  "dlpack_column_major|python/src/dlpack.cpp|s/for \(size_t i = context->shape\.size\(\); i-- > 0;\)/for (size_t i = 0; i < context->shape.size(); ++i)/|_pinstage pinstage_python_files pinstage_backend_sim|PINSTAGE_BUILD_DIR=$build /usr/bin/python3 -m pytest -q -x -p no:cacheprovider $tree/tests/python/test_py_interop.py -k nd_dlpack"
+  "read_holds_no_buffer|python/src/checkpoint.cpp|s/    leases\.push_back\(std::make_unique<Lease>\(buffers\[i\], &b, LeaseHolder::read\)\);\n//|_pinstage pinstage_python_files pinstage_backend_sim|PINSTAGE_BUILD_DIR=$build /usr/bin/python3 -m pytest -q -x -p no:cacheprovider $tree/tests/python/test_py_races.py -k checkpoint_read"
+  "path_nul_unchecked|python/src/worker.cpp|s/  require_no_nul\(text, what\);\n//|_pinstage pinstage_python_files pinstage_backend_sim|PINSTAGE_BUILD_DIR=$build /usr/bin/python3 -m pytest -q -x -p no:cacheprovider $tree/tests/python/test_py_checkpoint.py -k nul"
   "target_any_direct_arm|src/bench/output.cpp|s/if \(arms\[a\] != Arm::pinned\) continue;/if (arms[a] == Arm::staged) continue;/|test_ab_bench|bin/test_ab_bench '--gtest_filter=AbSummary.*'"
 )
 
