@@ -129,7 +129,7 @@ const char* kind_name(Kind kind) {
 
 // "a number", "an array", "null": what the value at a path is.
 std::string what_it_is(const nlohmann::json& value) {
-  const std::string name = value.type_name();
+  std::string name = value.type_name();
   if (value.is_null()) return name;
   return (name[0] == 'a' || name[0] == 'o' ? "an " : "a ") + name;
 }

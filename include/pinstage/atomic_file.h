@@ -23,7 +23,7 @@ PINSTAGE_API void check_output_path(const std::string& path);
 class PINSTAGE_API AtomicFile {
  public:
   // Checks `path` (as check_output_path) and creates the temporary file next to it.
-  explicit AtomicFile(std::string path);
+  explicit AtomicFile(const std::string& path);
   ~AtomicFile();
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;

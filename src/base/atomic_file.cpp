@@ -118,7 +118,7 @@ void remove_temporary_files_on_signals() {
   }
 }
 
-AtomicFile::AtomicFile(std::string path) : path_(follow_links(path)) {
+AtomicFile::AtomicFile(const std::string& path) : path_(follow_links(path)) {
   check_output_path(path_);
   std::string name = path_ + ".tmp-XXXXXX";
   std::vector<char> buf(name.begin(), name.end());

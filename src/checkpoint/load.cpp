@@ -280,6 +280,7 @@ LoadReport read_checkpoint(const Checkpoint& c, const std::vector<ReadTarget>& t
                            const CheckpointLoadOptions& o) {
   check_options(o, false);
   std::vector<const CheckpointTensor*> wanted;
+  wanted.reserve(targets.size());
   for (const ReadTarget& t : targets) wanted.push_back(t.tensor);
   check_verifiable(c, wanted, o);
   const Stopwatch total;
@@ -331,6 +332,7 @@ HostLoad load_to_host(const Checkpoint& c, HostAllocator& allocator,
                       const CheckpointLoadOptions& o) {
   check_options(o, false);
   std::vector<const CheckpointTensor*> all;
+  all.reserve(c.tensors().size());
   for (const CheckpointTensor& t : c.tensors()) all.push_back(&t);
   check_verifiable(c, all, o);  // before any memory is taken
   const Stopwatch total;
@@ -478,6 +480,7 @@ DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointL
   r.bytes = c.total_bytes();
   r.tensors = c.tensors().size();
   std::vector<const CheckpointTensor*> wanted;
+  wanted.reserve(c.tensors().size());
   for (const CheckpointTensor& t : c.tensors()) wanted.push_back(&t);
   check_verifiable(c, wanted, o);
   const Files files(c, files_of(c, wanted), o.direct, r);

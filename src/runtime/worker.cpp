@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -76,7 +77,9 @@ Worker::Worker(WorkerLevel level) : level_(level) {}
 
 Worker::~Worker() {
   if (state_ && state_->forked()) {
-    new std::shared_ptr<runtime::WorkerState>(std::move(state_));  // Note [Fork]
+    // Note [Fork]: leaked on purpose (should even this allocation fail, the state is
+    // released as usual, and finalize() and the buffers still touch nothing).
+    static_cast<void>(new (std::nothrow) std::shared_ptr<runtime::WorkerState>(std::move(state_)));
     return;
   }
   finalize();
