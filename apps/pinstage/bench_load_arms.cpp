@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "pinstage/error.h"
+#include "pinstage/files.h"
 
 namespace pinstage::cli {
 
@@ -97,14 +98,20 @@ struct Mapping {
 
 }  // namespace
 
+int open_shard(const std::string& path) {
+  std::string why;
+  const int fd = open_regular_file(path, 0, &why);
+  if (fd < 0) throw Error(ErrorCode::io, "bench load: '" + path + "': cannot open: " + why);
+  return fd;
+}
+
 void arm_read_then_copy(const Checkpoint& c, HostAllocator& pinned) {
   std::vector<std::shared_ptr<Storage>> out;
   PageableAllocator pageable;
   for (size_t f = 0; f < c.files().size(); ++f) {
     const CheckpointFile& file = c.files()[f];
     const auto buf = pageable.allocate(file.size);
-    const int fd = ::open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) bench_io(file.path, "open");
+    const int fd = open_shard(file.path);
     auto* p = static_cast<unsigned char*>(buf->data());
     for (uint64_t done = 0; done < file.size;) {
       const ssize_t r = ::read(fd, p + done, std::min<uint64_t>(file.size - done, 1 << 30));
@@ -131,8 +138,7 @@ void arm_mmap_copy(const Checkpoint& c, HostAllocator& pinned,
   std::vector<std::shared_ptr<Storage>> out;
   for (size_t f = 0; f < c.files().size(); ++f) {
     const CheckpointFile& file = c.files()[f];
-    const int fd = ::open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) bench_io(file.path, "open");
+    const int fd = open_shard(file.path);
     void* map = ::mmap(nullptr, file.size, PROT_READ, MAP_PRIVATE, fd, 0);
     const int err = errno;
     ::close(fd);

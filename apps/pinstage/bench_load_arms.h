@@ -16,6 +16,10 @@ namespace pinstage::cli {
 
 // Arm a: read() each whole file into fresh pageable memory, then copy each tensor into
 // its own pinned storage (what a Python user does by hand).
+// A shard's descriptor (read-only), refused without blocking when it is not a regular
+// file (open_regular_file); Error(io) naming it.
+int open_shard(const std::string& path);
+
 void arm_read_then_copy(const Checkpoint& c, HostAllocator& pinned);
 
 // Arm b: mmap each file and copy each tensor out of the mapping into pinned storage (what

@@ -44,8 +44,7 @@ struct BenchLoadArgs {
 double drop_cache(const Checkpoint& c) {
   uint64_t pages = 0, resident = 0;
   for (const CheckpointFile& f : c.files()) {
-    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) bench_io(f.path, "open");
+    const int fd = open_shard(f.path);
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     void* map = f.size > 0 ? ::mmap(nullptr, f.size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
     if (map != MAP_FAILED) {

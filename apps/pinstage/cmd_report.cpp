@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -14,6 +16,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "pinstage/error.h"
+#include "pinstage/files.h"
 #include "pinstage/worker.h"
 
 namespace pinstage::cli {
@@ -39,10 +42,18 @@ std::string quote(const std::string& s) {
 }
 
 nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(ErrorCode::io, "cannot read '" + path + "'");
+  std::string why;
+  const UniqueFd fd(open_regular_file(path, 0, &why));  // a FIFO would block the read
+  if (fd.get() < 0) throw Error(ErrorCode::io, "cannot read '" + path + "': " + why);
+  std::string text;
+  char buf[65536];
+  for (ssize_t n; (n = ::read(fd.get(), buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error(ErrorCode::io, "cannot read '" + path + "': " + std::strerror(errno));
+    text.append(buf, static_cast<size_t>(n));
+  }
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorCode::io, "'" + path + "' is not a JSON report: " + e.what());
   }

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import statistics
 import sys
 
@@ -22,7 +24,13 @@ ARM_COLOURS = {"pageable": "#d62728", "pinned": "#1f77b4", "staged": "#2ca02c"}
 
 def load_report(path: str) -> dict:
     """The report at ``path``; ValueError when it is not a bench report."""
-    with open(path, encoding="utf-8") as f:
+    # O_NONBLOCK, then fstat: a FIFO given as the report would block a plain open forever.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError("it is not a regular file (a FIFO, device or directory)")
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, encoding="utf-8") as f:
         doc = json.load(f)
     if not isinstance(doc, dict) or "groups" not in doc or "config" not in doc:
         raise ValueError("it is not a report of pinstage bench --json (no groups or config)")
@@ -165,7 +173,6 @@ def main(argv=None) -> int:
 
 def save_atomically(fig, out: str) -> None:
     """Saves ``fig`` as PNG to a temporary file next to ``out``, then renames it over."""
-    import os
     import tempfile
     directory = os.path.dirname(os.path.abspath(out))
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(out) + ".tmp-", dir=directory)

@@ -252,6 +252,18 @@ TEST(Cli, InfoReportsUnderATypicalMemlockLimit) {
   EXPECT_NE(r.all.find("probe was refused"), std::string::npos) << r.all;
 }
 
+// A FIFO given as a report fails at once; reading it would wait for a writer forever.
+TEST(Cli, ReportReadersRefuseAFifo) {
+  const std::string fifo = temp_path("report.json");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& cmd : {"bench compare " + fifo + " " + fifo, "plot " + fifo}) {
+    const Result r = run(cmd);
+    EXPECT_EQ(r.status, 1) << cmd << "\n" << r.all;
+    EXPECT_NE(r.all.find("not a regular file"), std::string::npos) << cmd << "\n" << r.all;
+  }
+  std::filesystem::remove(fifo);
+}
+
 // --verify means every tensor: a checkpoint without pinstage's hashes fails naming how to
 // check what can be checked; --verify=if-present loads it and says what went unchecked.
 TEST(Cli, LoadVerifyWithoutRecordedHashesFailsUnlessIfPresent) {
