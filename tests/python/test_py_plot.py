@@ -118,3 +118,12 @@ def test_plot_names_a_missing_key(report, drop, path):
     drop(doc)
     with pytest.raises(ValueError, match="^" + re.escape(path + " is missing") + "$"):
         plot.render(doc)
+
+
+def test_plot_refuses_a_fifo_without_blocking(tmp_path):
+    import os
+    from pinstage import plot
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        plot.load_report(str(fifo))
