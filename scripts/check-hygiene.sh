@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Every C/C++ source obeys .clang-format, and the library, plugins and CLI pass .clang-tidy.
+# Every C/C++ source obeys .clang-format, every include obeys the layer table
+# (scripts/check-includes.py), and the library, plugins and CLI pass .clang-tidy.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 mapfile -t sources < <(git ls-files '*.h' '*.cpp' '*.cc' '*.cu')
 clang-format --dry-run -Werror "${sources[@]}"
 echo "clang-format: ${#sources[@]} files clean"
+python3 "$root/scripts/check-includes.py" "$root"
 build=${1:-$root/build}
 mapfile -t tidy_sources < <(git ls-files 'src/*.cpp' 'apps/*.cpp' 'scenes/*.cpp' 'tools/*.cpp')
 status=0

@@ -13,9 +13,12 @@
 
 #include "pinstage/dtype.h"
 #include "pinstage/export.h"
-#include "pinstage/worker.h"
 
 namespace pinstage {
+
+// The tensor layer sits beside the runtime, not above it: allocators take a Worker by
+// reference and include worker.h only in their sources.
+class Worker;
 
 // How an argument travels: IN is uploaded before a run, INOUT is uploaded and read
 // back, OUT is only read back.

@@ -9,6 +9,7 @@
 #include "pinstage/error.h"
 #include "pinstage/pages.h"
 #include "pinstage/tensor.h"
+#include "pinstage/worker.h"
 
 namespace pinstage {
 
