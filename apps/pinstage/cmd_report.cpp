@@ -41,17 +41,13 @@ std::string quote(const std::string& s) {
   return out + "'";
 }
 
+// A report lists every tensor; 256 MiB is far above a million-tensor report's size.
+constexpr uint64_t kMaxReportBytes = uint64_t{256} << 20;
+
 nlohmann::json read_json(const std::string& path) {
-  std::string why;
-  const UniqueFd fd(open_regular_file(path, 0, &why));  // a FIFO would block the read
-  if (fd.get() < 0) throw Error(ErrorCode::io, "cannot read '" + path + "': " + why);
-  std::string text;
-  char buf[65536];
-  for (ssize_t n; (n = ::read(fd.get(), buf, sizeof buf)) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw Error(ErrorCode::io, "cannot read '" + path + "': " + std::strerror(errno));
-    text.append(buf, static_cast<size_t>(n));
-  }
+  std::string text, why;
+  if (!read_regular_file(path, kMaxReportBytes, &text, &why))  // a FIFO would block a read
+    throw Error(ErrorCode::io, "cannot read '" + path + "': " + why);
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {

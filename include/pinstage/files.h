@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 
 #include "pinstage/export.h"
@@ -41,6 +42,14 @@ PINSTAGE_API const char* file_type_name(mode_t mode) noexcept;
 // ("No such file or directory", "it is a FIFO, not a regular file") and errno kept from
 // the failed open (0 when the file was not regular).
 PINSTAGE_API int open_regular_file(const std::string& path, int flags, std::string* why);
+
+// Reads the whole of a regular file (opened as above, so nothing blocks) of at most
+// `max_bytes`, into `text`. Returns false with `why` set and `text` untouched: the open's
+// reason, "it is 70000000 bytes, over the 67108864-byte limit" (checked before any byte
+// is read or allocated), strerror's text, or "it shrank while it was read". The one
+// whole-file reader of the checkpoint index and the CLI's report readers.
+PINSTAGE_API bool read_regular_file(const std::string& path, uint64_t max_bytes, std::string* text,
+                                    std::string* why);
 
 // dlopen(path, mode) for a path naming a regular file (checked as above, then re-checked
 // after the load: the file dlopen mapped must be the one checked). nullptr with `why` set

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 namespace pinstage {
 
@@ -57,6 +58,41 @@ int open_regular_file(const std::string& path, int flags, std::string* why) {
   // the descriptor behaves as a plain one.
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
+}
+
+bool read_regular_file(const std::string& path, uint64_t max_bytes, std::string* text,
+                       std::string* why) {
+  const UniqueFd fd(open_regular_file(path, 0, why));
+  if (fd.get() < 0) return false;
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    *why = std::string("cannot stat: ") + std::strerror(errno);
+    return false;
+  }
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes) {
+    *why = "it is " + std::to_string(size) + " bytes, over the " + std::to_string(max_bytes) +
+           "-byte limit";
+    return false;
+  }
+  std::string out(static_cast<size_t>(size), '\0');
+  size_t have = 0;
+  while (have < out.size()) {
+    const ssize_t n =
+        ::pread(fd.get(), out.data() + have, out.size() - have, static_cast<off_t>(have));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      *why = std::strerror(errno);
+      return false;
+    }
+    if (n == 0) {
+      *why = "it shrank while it was read";
+      return false;
+    }
+    have += static_cast<size_t>(n);
+  }
+  *text = std::move(out);
+  return true;
 }
 
 void* dlopen_regular_file(const std::string& path, int mode, std::string* why) {

@@ -93,25 +93,9 @@ void merge_metadata(std::vector<std::pair<std::string, std::string>>& into,
 }
 
 std::string read_index_text(const std::string& path) {
-  std::string why;
-  const UniqueFd fd(open_regular_file(path, 0, &why));
-  if (fd.get() < 0) ckpt_error(path, "cannot read the index: " + why);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) ckpt_error(path, "cannot stat the index");
-  const auto size = static_cast<uint64_t>(st.st_size);
-  if (size > kCheckpointMaxIndexBytes)
-    ckpt_error(path, "the index is " + std::to_string(size) + " bytes, over the " +
-                         std::to_string(kCheckpointMaxIndexBytes >> 20) + " MiB limit");
-  std::string text(static_cast<size_t>(size), '\0');
-  size_t have = 0;
-  while (have < text.size()) {
-    const ssize_t n =
-        ::pread(fd.get(), text.data() + have, text.size() - have, static_cast<off_t>(have));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) ckpt_error(path, std::string("cannot read the index: ") + std::strerror(errno));
-    if (n == 0) ckpt_error(path, "the index shrank while it was read");
-    have += static_cast<size_t>(n);
-  }
+  std::string text, why;
+  if (!read_regular_file(path, kCheckpointMaxIndexBytes, &text, &why))
+    ckpt_error(path, "cannot read the index: " + why);
   return text;
 }
 

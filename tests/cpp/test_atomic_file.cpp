@@ -14,6 +14,7 @@
 
 #include "pinstage/atomic_file.h"
 #include "pinstage/error.h"
+#include "pinstage/files.h"
 
 namespace fs = std::filesystem;
 
@@ -179,6 +180,43 @@ TEST_F(AtomicFileTest, ASignalDuringAWriteRemovesTheTemporaryFileAndKeepsTheOldO
     EXPECT_EQ(entries(), 1u) << "no .tmp- file left";
     EXPECT_EQ(read(path("out.bin")), "old");
   }
+}
+
+// The one whole-file reader (pinstage/files.h): the index and the CLI's report readers.
+TEST_F(AtomicFileTest, ReadRegularFileReadsTheWholeFileUpToItsLimit) {
+  std::string bytes(200000, 'x');
+  bytes[7] = '\0';  // binary-safe
+  { std::ofstream(path("r.bin"), std::ios::binary) << bytes; }
+  std::string text, why;
+  ASSERT_TRUE(pinstage::read_regular_file(path("r.bin"), bytes.size(), &text, &why)) << why;
+  EXPECT_EQ(text, bytes);
+  text = "kept";
+  EXPECT_FALSE(pinstage::read_regular_file(path("r.bin"), bytes.size() - 1, &text, &why));
+  EXPECT_EQ(why, "it is 200000 bytes, over the 199999-byte limit");
+  EXPECT_EQ(text, "kept");
+}
+
+TEST_F(AtomicFileTest, ReadRegularFileRefusesAHugeFileBeforeReadingIt) {
+  // A sparse 64 GiB file: refused from its size alone, so nothing is allocated or read.
+  { std::ofstream(path("huge.bin")); }
+  ASSERT_EQ(::truncate(path("huge.bin").c_str(), off_t{64} << 30), 0);
+  std::string text = "kept", why;
+  EXPECT_FALSE(pinstage::read_regular_file(path("huge.bin"), uint64_t{1} << 20, &text, &why));
+  EXPECT_EQ(why, "it is 68719476736 bytes, over the 1048576-byte limit");
+  EXPECT_EQ(text, "kept");
+}
+
+TEST_F(AtomicFileTest, ReadRegularFileRefusesAFifoAndAMissingFileWithoutBlocking) {
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
+  std::string text = "kept", why;
+  EXPECT_FALSE(
+      pinstage::read_regular_file(path("fifo"), 1024, &text, &why));  // would hang if opened
+  EXPECT_EQ(why, "it is a FIFO, not a regular file");
+  EXPECT_FALSE(pinstage::read_regular_file(path("absent"), 1024, &text, &why));
+  EXPECT_EQ(why, "No such file or directory");
+  EXPECT_FALSE(pinstage::read_regular_file(dir_.string(), 1024, &text, &why));
+  EXPECT_EQ(why, "it is a directory, not a regular file");
+  EXPECT_EQ(text, "kept");
 }
 
 }  // namespace

@@ -780,6 +780,17 @@ TEST_F(CheckpointTest, AFifoListedAsAShardOrIndexIsRefusedWithoutBlocking) {
   expect_error([&] { read_safetensors_layout(shard); }, {"a FIFO"});
 }
 
+TEST_F(CheckpointTest, AnIndexOverItsLimitIsRefusedBeforeItIsRead) {
+  const std::string d = indexed();
+  const std::string index = d + "/" + kCheckpointIndexName;
+  // Sparse: the size alone refuses it, so the 64 MiB + 1 are never allocated or read.
+  ASSERT_EQ(::truncate(index.c_str(), static_cast<off_t>(kCheckpointMaxIndexBytes + 1)), 0);
+  expect_error([&] { Checkpoint::open(d); },
+               {kCheckpointIndexName,
+                "cannot read the index: it is 67108865 bytes, over the "
+                "67108864-byte limit"});
+}
+
 TEST_F(CheckpointTest, BadOptionsAreRefusedBeforeAnyWork) {
   write_raw(path("m.safetensors"), every_dtype());
   const Checkpoint c = Checkpoint::open(path("m.safetensors"));
