@@ -65,6 +65,9 @@ KNOWN = {
     ("scenes/qwen3/python/qwen3_module.cpp", "common.h"),
 }
 
+# Folders other targets name on their include path: a bare "x.h" found there is theirs.
+PRIVATE_INCLUDE_DIRS = {"python/src": ("python", None), "apps/pinstage": ("app", "pinstage")}
+
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^">]+)[">]')
 CHECKED = ("src/", "include/", "scenes/", "python/src/", "apps/", "tools/")
 
@@ -83,6 +86,9 @@ def file_layer(rel):
     if parts[0] == "src":
         if parts[1] == "backends":
             return "backend", parts[2]
+        if parts[1] not in SRC_LAYER:
+            raise LookupError(f"{rel}: a source outside every layer: add its folder to "
+                              "SRC_LAYER in scripts/check-includes.py")
         return SRC_LAYER[parts[1]], None
     if parts[0] == "scenes":
         return "scene", parts[1]
@@ -114,9 +120,8 @@ def include_target(root, rel, name, scenes):
         return layer, owner, True
     # A bare name found only in another folder: the build reaches it through that folder's
     # include path, so it is that folder's private header.
-    for folder in ("python/src", "apps/pinstage"):
+    for folder, (layer, owner) in PRIVATE_INCLUDE_DIRS.items():
         if os.path.exists(os.path.join(root, folder, name)):
-            layer, owner = file_layer(folder + "/x")
             return layer, owner, True
     return None, None, False
 
@@ -129,8 +134,6 @@ def check(root):
         for f in sorted(files):
             rel = os.path.relpath(os.path.join(top, f), root).replace(os.sep, "/")
             if not rel.startswith(CHECKED) or not f.endswith((".h", ".cpp", ".cc", ".cu")):
-                continue
-            if rel.startswith("src/") and "/" not in rel[4:]:
                 continue
             try:
                 layer, owner = file_layer(rel)

@@ -3,7 +3,6 @@
 #include "pinstage/checkpoint.h"
 
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
