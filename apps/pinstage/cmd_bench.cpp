@@ -138,10 +138,47 @@ void add_common_options(CLI::App& q, BenchArgs& args) {
   q.add_flag("--no-plot", args.no_plot, "Do not draw the PNG next to the --json report");
 }
 
+// `bench <scene> --steps N`: resident args against a full bind per step.
+void run_steps_command(const BenchArgs& a, const Scene& scene, const SceneValues& values,
+                       int steps, const CLI::App& cmd) {
+  for (const char* flag : {"--arms", "--rounds", "--keep-cold", "--no-baseline"})
+    if (cmd.count(flag) > 0)
+      throw Error(ErrorCode::invalid_argument,
+                  std::string(flag) + " belongs to the A/B benchmark; --steps runs the "
+                                      "resident-vs-full-bind steps benchmark, which has no arms");
+  check_report_args(a.report);
+  ab::StepsBenchConfig config;
+  config.steps = steps;
+  config.groups = cmd.count("--groups") > 0 ? a.groups : config.groups;
+  config.bind.staging_buffers = a.staging_buffers;
+  config.bind.staging_buffer_bytes = a.staging_buffer_mib << 20;
+  ab::validate(config);
+  const SceneValues resolved = resolve_params(scene, values);
+  scene.validate_steps(resolved, steps);
+  Worker worker;
+  worker.init(a.backend.name, 0, worker_options(a.backend));
+  ProgressBar bar(a.report);
+  const double total = 2.0 * config.groups * config.steps;
+  double done = 0;
+  ab::StepsBenchResult result =
+      ab::run_steps_bench(worker, scene, resolved, config, [&](const std::string& text) {
+        bar.show(++done / total, text);
+      });
+  bar.clear();
+  result.run = collect_run_info(&worker, command_options(cmd));
+  std::fputs(ab::format_steps_table(result).c_str(), text_out(a.report));
+  if (a.report.json == "-")
+    std::fputs(ab::steps_to_json(result).c_str(), stdout);
+  else if (!a.report.json.empty())
+    write_file_atomically(a.report.json, ab::steps_to_json(result));
+  finish_worker(worker);
+}
+
 void add_scene_bench(CLI::App& bench, const std::shared_ptr<const Scene>& scene) {
   struct Args {
     BenchArgs common;
     SceneValues values;
+    int steps = 1;
   };
   auto args = std::make_shared<Args>();
   CLI::App* q = bench.add_subcommand(
@@ -150,7 +187,20 @@ void add_scene_bench(CLI::App& bench, const std::shared_ptr<const Scene>& scene)
                          "interleaved groups, next to a plain memcpy of the same bytes");
   add_common_options(*q, args->common);
   add_scene_options(*q, *scene, args->values, SizeDefault::automatic);
-  q->callback([scene, args] {
+  add_integer_option(*q, "--steps", args->steps,
+                     "Decode steps: > 1 runs the steps benchmark instead (resident args vs a "
+                     "full bind per step; --groups defaults to 2 there)",
+                     1, std::numeric_limits<int>::max())
+      ->capture_default_str();
+  q->callback([scene, args, q] {
+    if (args->steps > 1) {
+      SceneValues values = args->values;
+      const auto knob = size_param(*scene);
+      if (knob && q->count(param_flag(knob->name)) == 0)  // the scene command's default size
+        values[knob->name] = knob->scene_default > 0 ? knob->scene_default : knob->default_value;
+      run_steps_command(args->common, *scene, values, args->steps, *q);
+      return;
+    }
     const auto knob = size_param(*scene);
     const int64_t size = knob ? args->values[knob->name] : 0;
     run_bench_command(

@@ -22,6 +22,8 @@ struct SceneArgs {
   ReportArgs report;
   int threads = 0;
   int rounds = 1;
+  int steps = 1;
+  bool full_bind = false;
   std::string storage = "pinned";
   std::string upload = "direct";
   bool skip_golden = false;
@@ -30,15 +32,19 @@ struct SceneArgs {
   const CLI::App* cmd = nullptr;
 };
 
-void print_round(FILE* out, const SceneRound& round) {
+void print_round(FILE* out, const SceneRound& round, bool steps) {
   const BindReport& b = round.bind;
   std::fprintf(
       out,
-      "round %d: alloc %.3f s | upload %.3f s (%.2f GB/s) | verify %.3f s | execute %.3f s | "
+      "%s %d: alloc %.3f s | upload %.3f s (%.2f GB/s) | verify %.3f s | execute %.3f s | "
       "download %.3f s | release %.3f s | check %.3f s | ",
-      round.index, b.phase(BindPhase::device_alloc), b.phase(BindPhase::upload), b.upload_gbps(),
-      b.phase(BindPhase::verify), b.phase(BindPhase::execute), b.phase(BindPhase::download),
-      b.phase(BindPhase::release), round.check_seconds);
+      steps ? "step" : "round", round.index, b.phase(BindPhase::device_alloc),
+      b.phase(BindPhase::upload), b.upload_gbps(), b.phase(BindPhase::verify),
+      b.phase(BindPhase::execute), b.phase(BindPhase::download), b.phase(BindPhase::release),
+      round.check_seconds);
+  if (steps)
+    std::fprintf(out, "moved %s up, %s down, %zu stayed | ", format_bytes(b.uploaded_bytes).c_str(),
+                 format_bytes(b.downloaded_bytes).c_str(), b.stayed_count);
   if (!round.ok()) {
     std::fprintf(out, "FAILED\n  %s\n", round.failure.c_str());
   } else if (round.comparison) {
@@ -75,7 +81,11 @@ nlohmann::ordered_json report_json(const SceneReport& report, double peak_rss) {
                       {"ok", r.ok()},
                       {"failure", r.failure},
                       {"bind_seconds", r.bind.total_seconds},
+                      {"staging_seconds", r.bind.staging_seconds()},
                       {"upload_gbps", r.bind.upload_gbps()},
+                      {"uploaded_bytes", r.bind.uploaded_bytes},
+                      {"downloaded_bytes", r.bind.downloaded_bytes},
+                      {"stayed_bytes", r.bind.stayed_bytes},
                       {"phases", phases},
                       {"check_seconds", r.check_seconds},
                       {"golden_compared", r.comparison.has_value()}});
@@ -91,6 +101,8 @@ nlohmann::ordered_json report_json(const SceneReport& report, double peak_rss) {
           {"peak_rss_bytes", peak_rss},
           {"ok", report.ok()},
           {"integrity_only", report.integrity_only},
+          {"steps", report.steps},
+          {"resident", report.resident},
           {"rounds", rounds}};
 }
 
@@ -101,6 +113,8 @@ int run(const Scene& scene, const SceneArgs& a) {
   options.values = a.values;
   options.threads = a.threads;
   options.rounds = a.rounds;
+  options.steps = a.steps;
+  options.resident = !a.full_bind;
   options.storage = parse_host_storage(a.storage);
   options.skip_golden = a.skip_golden;
   options.save_golden = a.save_golden;
@@ -111,15 +125,22 @@ int run(const Scene& scene, const SceneArgs& a) {
   Worker worker;
   worker.init(a.backend.name, 0, worker_options(a.backend));
   FILE* out = text_out(a.report);
-  std::fprintf(out, "%s scene: %s, %s storage, %s backend\n", scene.name().c_str(),
+  std::fprintf(out, "%s scene: %s, %s storage, %s backend", scene.name().c_str(),
                scene.describe(options.values).c_str(), a.storage.c_str(),
                worker.backend().name.c_str());
+  if (a.steps > 1)
+    std::fprintf(out, ", %d steps (%s)", a.steps,
+                 a.full_bind ? "a full bind per step" : "resident args");
+  std::fputc('\n', out);
   std::fflush(out);
   SceneReport report;
   {
-    ProgressTicker ticker(
-        a.report, "generate, golden, then " + plural(static_cast<size_t>(a.rounds), "round"));
-    report = run_scene(worker, scene, options, [out](const SceneRound& r) { print_round(out, r); });
+    const bool steps = a.steps > 1;
+    ProgressTicker ticker(a.report, "generate, golden, then " +
+                                        (steps ? plural(static_cast<size_t>(a.steps), "step")
+                                               : plural(static_cast<size_t>(a.rounds), "round")));
+    report = run_scene(worker, scene, options,
+                       [out, steps](const SceneRound& r) { print_round(out, r, steps); });
   }
   if (report.integrity_only)
     std::fprintf(out,
@@ -155,6 +176,14 @@ void add_scene_command(CLI::App& app) {
     add_integer_option(*cmd, "--rounds", a->rounds, "Bind/execute/compare rounds (>= 1)", 1,
                        std::numeric_limits<int>::max())
         ->capture_default_str();
+    add_integer_option(*cmd, "--steps", a->steps,
+                       "Decode steps (>= 1): each feeds on the last; inputs stay on the device "
+                       "and only changes go up",
+                       1, std::numeric_limits<int>::max())
+        ->capture_default_str();
+    cmd->add_flag("--full-bind", a->full_bind,
+                  "With --steps: bind every argument every step (the one-shot way) instead of "
+                  "keeping them resident");
     cmd->add_option("--storage", a->storage, "Host storage: pageable or pinned")
         ->transform(kLowerCase)
         ->capture_default_str();

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -85,9 +86,18 @@ struct PINSTAGE_API TensorBindReport {
   uint64_t device_offset = 0;     // offset in the arena (0 with per_tensor)
   double upload_seconds = 0.0;    // 0 when not uploaded (OUT)
   double download_seconds = 0.0;  // 0 when not read back (IN)
+  // A ResidentBinder's step: the tensor lives on the device across steps (every IN and
+  // INOUT tensor there), and it stayed there this step (not uploaded: unchanged since its
+  // last upload). Both false in a one-shot bind.
+  bool resident = false;
+  bool stayed = false;
 
-  bool uploaded() const noexcept { return direction != Direction::out; }
-  bool downloaded() const noexcept { return direction != Direction::in; }
+  // Moved host to device in this bind or step.
+  bool uploaded() const noexcept { return direction != Direction::out && !stayed; }
+  // Read back at its end: OUT always, INOUT unless it is resident (it stays on the device).
+  bool downloaded() const noexcept {
+    return direction == Direction::out || (direction == Direction::inout && !resident);
+  }
   double upload_gbps() const noexcept;  // bytes / upload_seconds / 1e9; 0 if not timed
   double download_gbps() const noexcept;
 };
@@ -107,12 +117,20 @@ struct PINSTAGE_API BindReport {
   size_t ring_count = 0;  // tensors that went through the staging ring
   uint64_t ring_bytes = 0;
   bool executed = false;
+  // A ResidentBinder's step: its number (1-based; 0 in a one-shot bind) and the inputs
+  // that stayed on the device instead of being uploaded.
+  int step = 0;
+  size_t stayed_count = 0;
+  uint64_t stayed_bytes = 0;
 
   double phase(BindPhase p) const noexcept { return phase_seconds[static_cast<size_t>(p)]; }
   double upload_gbps() const noexcept;  // uploaded_bytes / upload phase / 1e9
   double download_gbps() const noexcept;
+  // Everything but the execute step: what staging the arguments cost (alloc, upload,
+  // verify, download, release), the figure a resident step is measured by.
+  double staging_seconds() const noexcept;
   // "19 of 20 tensors uploaded (inputs), 40,859,999,040 bytes": the inputs (IN + INOUT)
-  // of all tensors, and their bytes.
+  // of all tensors, and their bytes; a resident step adds "(17 stayed on the device)".
   std::string summary() const;
   // A multi-line readable report: the summary, the phases and one row per tensor.
   std::string to_string() const;
@@ -157,6 +175,64 @@ class PINSTAGE_API Binder {
   struct State;
   Worker* worker_;
   BindOptions options_;
+  std::unique_ptr<State> state_;
+};
+
+// Keeps a task's inputs on the device across the steps of a loop (a decode: weights and
+// KV caches stay, only what changed goes up). See docs/bind.md, "Resident args".
+//  - The first step() allocates the device memory (as a Binder does) and uploads every IN
+//    and INOUT tensor; each later step uploads only the inputs marked changed since.
+//  - Every step executes (when a callable is set) and reads back the OUT tensors.
+//  - INOUT tensors (the caches) stay on the device, where the execute step updates them;
+//    download() reads any range of them back.
+//  - Changes are declared (mark_changed). A host write left undeclared is not seen by the
+//    device: with check_writes (PINSTAGE_RESIDENT_CHECK=on) every step first compares an
+//    xxh3-64 digest of each IN tensor that stayed with the one taken at its upload, and
+//    refuses the step naming the tensor.
+// Not for concurrent use from several threads; the worker must outlive its steps (after
+// finalize every call but close() is refused, and close() frees nothing twice).
+class PINSTAGE_API ResidentBinder {
+ public:
+  // require_chip_worker() guard; validate(options). Keeps `args` (sharing their storage,
+  // so the caller's tensors and the binder's are the same bytes). check_writes unset =
+  // PINSTAGE_RESIDENT_CHECK (default off). Nothing is taken on the device until step().
+  ResidentBinder(Worker& worker, TaskArgs args, BindOptions options = {},
+                 std::optional<bool> check_writes = {});
+  ResidentBinder(const ResidentBinder&) = delete;
+  ResidentBinder& operator=(const ResidentBinder&) = delete;
+  ~ResidentBinder();  // close(); never throws
+
+  // The host bytes of IN or INOUT tensor `name` changed: the next step uploads it (an
+  // INOUT's device copy is overwritten). Error(not_found) naming a tensor the args lack,
+  // Error(invalid_argument) for an OUT tensor (never uploaded) or a closed binder.
+  void mark_changed(std::string_view name);
+  // One step: on the first, device_alloc and every input's upload; then the changed
+  // inputs' uploads (and their verify with verify_upload), execute, the OUT tensors'
+  // download. The report's `step` is its number, `stayed_*` what did not move, and its
+  // release phase is 0 (nothing is released between steps). On failure BindError names
+  // the step, phase and tensor, and the binder frees its device memory and closes.
+  // With check_writes, an undeclared host write is Error(mismatch) before anything moves,
+  // and the binder stays open.
+  BindReport step();
+  // Copies the whole device copy of tensor `name`, or [offset, offset + bytes) of it, into
+  // its host storage at the same offset (an INOUT cache's rows a step wrote, say). Only
+  // between the first step and close(). Error(invalid_argument) for a range outside the
+  // tensor or bytes = 0, Error(not_found) for an unknown name.
+  void download(std::string_view name);
+  void download(std::string_view name, uint64_t offset, uint64_t bytes);
+  // Frees the device memory and the staging ring; idempotent. step() is then refused.
+  void close() noexcept;
+
+  bool is_open() const noexcept;          // not closed (by close() or a failed step)
+  int steps() const noexcept;             // steps run so far
+  uint64_t device_bytes() const noexcept; // device memory held now (0 before step 1)
+  bool check_writes() const noexcept;
+  const TaskArgs& args() const noexcept;
+  const BindOptions& options() const noexcept;
+
+ private:
+  struct State;
+  Worker* worker_;
   std::unique_ptr<State> state_;
 };
 

@@ -72,6 +72,13 @@ PINSTAGE_API SafetensorsHeader read_safetensors_layout(const std::string& path);
 // `data`: the per-tensor integrity hash the writer records and loaders check.
 PINSTAGE_API uint64_t xxh3_64(const void* data, size_t bytes) noexcept;
 
+// A content digest of large buffers on `threads` threads (0 = all cores): xxh3-64 of each
+// fixed 4 MiB block, then xxh3-64 of those block digests in order. Its value depends on
+// the bytes only (not the thread count); it is not xxh3_64 of the whole buffer. What a
+// check that a buffer did not change uses (the ResidentBinder's write check, a scene's
+// cache restore).
+PINSTAGE_API uint64_t content_digest(const void* data, size_t bytes, int threads = 0);
+
 // The same hash over bytes that arrive in order in pieces.
 class PINSTAGE_API Xxh3Stream {
  public:

@@ -101,6 +101,13 @@ struct PINSTAGE_API Comparison {
   void add(TensorComparison t);
 };
 
+// A byte range of one tensor: [offset, offset + bytes) of tensor `tensor`.
+struct ByteRange {
+  std::string tensor;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
 // A scene's expected result; each scene derives its own.
 struct PINSTAGE_API SceneGolden {
   virtual ~SceneGolden();
@@ -147,6 +154,20 @@ class PINSTAGE_API Scene {
   // "2 layers, seq_len 3500": the values as a bench or scene header shows them.
   // Default: "name value" pairs in parameter order.
   virtual std::string describe(const SceneValues& values) const;
+
+  // Steps: a scene whose task runs as a loop (a decode) overrides the three below
+  // (docs/scenes.md, "Steps"). Throws Error(invalid_argument) naming why `steps` steps
+  // cannot run with `values`, before any memory is taken. Default: only 1 step runs.
+  virtual void validate_steps(const SceneValues& values, int steps) const;
+  // Makes `args`, which hold step `step - 1`'s results, the inputs of step `step` (>= 1),
+  // in place; returns the names of the tensors it wrote (what a resident run uploads
+  // again). Default: Error(unsupported).
+  virtual std::vector<std::string> advance(const TaskArgs& args, const SceneValues& values,
+                                           int step) const;
+  // The ranges of INOUT tensors that one step writes on the device, for `args` as they are
+  // now: what a resident run reads back to compare the step. Default: every INOUT whole.
+  virtual std::vector<ByteRange> written_ranges(const TaskArgs& args,
+                                                const SceneValues& values) const;
 };
 
 // Registers `scene` under scene->name(). Error(invalid_argument) for an empty or taken name.
@@ -182,6 +203,13 @@ struct SceneRunOptions {
   int threads = 0;     // generation threads (0 = all cores)
   HostStorage storage = HostStorage::pinned;
   int rounds = 1;            // >= 1
+  // Steps of a loop (>= 1; more than 1 needs a scene with steps and rounds = 1): step s
+  // feeds on step s - 1's results (Scene::advance) and each step is compared with the
+  // golden of its own inputs.
+  int steps = 1;
+  // With steps > 1: keep the inputs on the device (ResidentBinder, only changes go up), or
+  // bind everything every step as a one-shot Binder does (false: the seed's way).
+  bool resident = true;
   bool skip_golden = false;  // run and check byte integrity only
   std::string save_golden;   // write the golden here when not empty
   std::string callable;      // empty = the scene's own
@@ -191,6 +219,7 @@ struct SceneRunOptions {
 // Throws Error(invalid_argument) naming the bad option before anything is allocated.
 PINSTAGE_API void validate(const Scene& scene, const SceneRunOptions& options);
 
+// One round, or one step of a run with steps (SceneReport::steps > 1).
 struct SceneRound {
   int index = 0;  // 1-based
   BindReport bind;
@@ -213,12 +242,16 @@ struct PINSTAGE_API SceneReport {
   // execute step and no golden comparison, only the uploads read back and compared byte
   // for byte and the caches checked intact.
   bool integrity_only = false;
+  int steps = 1;          // > 1: `rounds` holds one entry per step
+  bool resident = false;  // the steps ran on a ResidentBinder
   std::vector<SceneRound> rounds;
   bool ok() const noexcept;
 };
 
-// Runs `scene` on `worker` (chip level); stops at the first failing round. `on_round` is
-// called after each round.
+// Runs `scene` on `worker` (chip level); stops at the first failing round or step.
+// `on_round` is called after each. With steps > 1 a resident run reads back each step's
+// written_ranges into the host args before comparing, so the golden of the next step
+// reads the rows the device wrote.
 PINSTAGE_API SceneReport run_scene(Worker& worker, const Scene& scene,
                                    const SceneRunOptions& options,
                                    const std::function<void(const SceneRound&)>& on_round = {});

@@ -27,6 +27,7 @@ enum class Setting {
   pin_policy,           // PINSTAGE_PIN_POLICY: strict|fallback (a pin over budget)
   host_cache_max,       // PINSTAGE_HOST_CACHE_MAX: bytes the pinned pool may keep cached
   host_huge_pages,      // PINSTAGE_HOST_HUGE_PAGES: off|thp for pinned segments
+  resident_check,       // PINSTAGE_RESIDENT_CHECK: off|on, ResidentBinder's write check
 };
 
 // One row of the table: the variable's name, what it takes and what it does.

@@ -12,6 +12,7 @@ import sys as _sys
 from ._pinstage import __version__ as _pinstage_version
 from ._pinstage import (  # noqa: F401
     Binder,
+    ResidentBinder,
     BindError,
     BindReport,
     Capabilities,
@@ -31,6 +32,7 @@ from ._pinstage import (  # noqa: F401
     qwen3,
     require_chip_worker,
     run_scene,
+    scene_advance,
     scene_callable,
     scene_compare,
     scene_compute_golden,
@@ -78,6 +80,6 @@ __all__ = [
     "WorkerStats", "error_code_names", "qwen3", "require_chip_worker", "scene",
     "Comparison", "TensorComparison", "SceneRound", "SceneReport", "SceneGolden", "scene_names",
     "scene_params", "scene_describe", "scene_callable", "scene_make_args",
-    "scene_compute_golden", "scene_compare", "run_scene",
+    "scene_compute_golden", "scene_compare", "run_scene", "ResidentBinder", "scene_advance",
     "safe_open", "load_file", "load_to_device",
 ]

@@ -22,6 +22,7 @@ namespace py = pybind11;
 
 namespace pinstage {
 class Binder;
+class ResidentBinder;
 struct BindOptions;
 }  // namespace pinstage
 
@@ -89,6 +90,7 @@ struct PyWorker {
   // Binders on this worker: finalize() releases them first (their staging ring and
   // stream), so a Binder kept in Python never outlives its worker's context.
   std::unordered_set<std::unique_ptr<Binder>*> binders;
+  std::unordered_set<std::unique_ptr<ResidentBinder>*> resident_binders;  // likewise
   // Calls running without the GIL that read or allocate this worker's pinned memory.
   int64_t busy = 0;
   bool finalized() const { return worker.finalized(); }

@@ -120,8 +120,11 @@ void bind_reports(py::module_& m) {
       .def_readonly("golden_seconds", &SceneReport::golden_seconds,
                     "float: time to compute the golden (0 with skip_golden).")
       .def_readonly("rounds", &SceneReport::rounds,
-                    "list[SceneRound]: the rounds run; the run stops at the first failing "
-                    "one.")
+                    "list[SceneRound]: the rounds run, or the steps when steps > 1; the run "
+                    "stops at the first failing one.")
+      .def_readonly("steps", &SceneReport::steps, "int: decode steps asked for (1 = rounds).")
+      .def_readonly("resident", &SceneReport::resident,
+                    "bool: the steps ran on a ResidentBinder.")
       .def_property_readonly("ok", &SceneReport::ok, "bool: every round passed.")
       .def("__repr__", [](const SceneReport& r) {
         return "<pinstage.SceneReport " + r.scene + " " + r.storage + " " +
@@ -190,7 +193,7 @@ Comparison compare(const PyArgs& a, const PyGolden& golden) {
 SceneReport run(const py::object& worker_obj, const std::string& name, const py::object& params,
                 int64_t threads, const std::string& storage, int64_t rounds, bool skip_golden,
                 const std::string& save_golden, const std::string& callable,
-                const py::object& bind) {
+                const py::object& bind, int64_t steps, bool resident) {
   auto& w = as_worker(worker_obj, "run_scene");
   const auto scene = find_scene(name);
   SceneRunOptions options;
@@ -209,6 +212,11 @@ SceneReport run(const py::object& worker_obj, const std::string& name, const py:
   options.save_golden = save_golden;
   options.callable = callable;
   options.bind = scene_bind_options(bind);
+  if (steps < 1 || steps > INT32_MAX)
+    throw Error(ErrorCode::invalid_argument,
+                "run_scene: steps must be >= 1, got " + std::to_string(steps));
+  options.steps = static_cast<int>(steps);
+  options.resident = resident;
   validate(*scene, options);
   // The run's args live in the worker's pinned memory: finalize() must wait.
   Busy busy(&w);
@@ -265,13 +273,34 @@ void bind_scene_run(py::module_& m) {
   m.def("run_scene", &run, py::arg("worker"), py::arg("scene"), py::arg("params") = py::none(),
         py::arg("threads") = 0, py::arg("storage") = "pinned", py::arg("rounds") = 1,
         py::arg("skip_golden") = false, py::arg("save_golden") = "", py::arg("callable") = "",
-        py::arg("bind") = py::none(),
+        py::arg("bind") = py::none(), py::arg("steps") = 1, py::arg("resident") = true,
         function_doc("run_scene(worker: Worker, scene: str, params: Mapping[str, int] | None = "
                      "None, threads: int = 0, storage: str = 'pinned', rounds: int = 1, "
                      "skip_golden: bool = False, save_golden: str = '', callable: str = '', "
-                     "bind: Mapping[str, Any] | None = None) -> SceneReport",
+                     "bind: Mapping[str, Any] | None = None, steps: int = 1, resident: bool = "
+                     "True) -> SceneReport",
                      "Generates the args, binds them `rounds` times and checks each round "
-                     "against the golden (docs/scenes.md). bind: Binder options."));
+                     "against the golden (docs/scenes.md). bind: Binder options. steps > 1 "
+                     "runs a loop of decode steps instead, each compared with its own golden; "
+                     "resident keeps the inputs on the device (ResidentBinder), False binds "
+                     "everything every step."));
+  m.def(
+      "scene_advance",
+      [](const std::string& name, const PyArgs& a, int64_t step, const py::object& params) {
+        const auto scene = find_scene(name);
+        if (step < 1 || step > INT32_MAX)
+          throw Error(ErrorCode::invalid_argument,
+                      "scene_advance: step must be >= 1, got " + std::to_string(step));
+        a.require_usable("scene_advance");
+        return scene->advance(a.args, resolve_params(*scene, scene_values(params)),
+                              static_cast<int>(step));
+      },
+      py::arg("scene"), py::arg("args"), py::arg("step"), py::arg("params") = py::none(),
+      function_doc("scene_advance(scene: str, args: TaskArgs, step: int, params: Mapping[str, "
+                   "int] | None = None) -> list[str]",
+                   "Makes args (holding step - 1's results) the inputs of step `step`, in "
+                   "place; returns the names it wrote (pass each to "
+                   "ResidentBinder.mark_changed)."));
 }
 
 void bind_scenes(py::module_& m) {

@@ -186,33 +186,153 @@ py::dict describe_tensor(const Tensor& t) {
 
 // ---- Binder ----
 
-// A Binder in Python. Registered with its worker, whose finalize() releases the C++
-// Binder (staging ring, stream) first; run() afterwards is Error(finalized).
-struct PyBinder {
-  PyBinder(py::object worker_obj_, PyWorker* worker_, std::unique_ptr<Binder> binder_)
-      : worker_obj(std::move(worker_obj_)), worker(worker_), binder(std::move(binder_)) {
-    worker->binders.insert(&binder);
+// A Binder or ResidentBinder in Python. Registered with its worker, whose finalize()
+// releases the C++ binder (device memory, staging ring, stream) first; a call afterwards is
+// Error(finalized).
+template <class B>
+struct PyBinderOf {
+  using Set = std::unordered_set<std::unique_ptr<B>*> PyWorker::*;
+  PyBinderOf(py::object worker_obj_, PyWorker* worker_, std::unique_ptr<B> binder_, Set set_)
+      : worker_obj(std::move(worker_obj_)), worker(worker_), binder(std::move(binder_)), set(set_) {
+    (worker->*set).insert(&binder);
   }
-  ~PyBinder() {
+  ~PyBinderOf() {
     binder.reset();
-    worker->binders.erase(&binder);
+    (worker->*set).erase(&binder);
   }
-  PyBinder(const PyBinder&) = delete;
-  PyBinder& operator=(const PyBinder&) = delete;
+  PyBinderOf(const PyBinderOf&) = delete;
+  PyBinderOf& operator=(const PyBinderOf&) = delete;
 
-  Binder& get(const char* what) const {
+  B& get(const char* what) const {
     if (!binder)
       throw Error(ErrorCode::finalized,
                   std::string(what) +
                       ": the binder's worker was finalized; create and init a new Worker and "
-                      "Binder");
+                      "binder");
     return *binder;
   }
 
-  py::object worker_obj;  // keeps the worker alive for the Binder's life
+  py::object worker_obj;  // keeps the worker alive for the binder's life
   PyWorker* worker;
-  std::unique_ptr<Binder> binder;
+  std::unique_ptr<B> binder;
+  Set set;
+  // ResidentBinder: the worker whose pinned memory holds its args (or null). The C++ binder
+  // keeps the tensors' storage itself, so a Python TaskArgs may go (its views with it) and
+  // the worker's finalize() then releases binder and storage together.
+  PyWorker* args_worker = nullptr;
 };
+using PyBinder = PyBinderOf<Binder>;
+using PyResidentBinder = PyBinderOf<ResidentBinder>;
+
+void bind_resident(py::module_& m) {
+  static const std::string doc =
+      "Keeps a task's inputs on the device across the steps of a loop (docs/bind.md, "
+      "'Resident args'): ResidentBinder(worker, args, check_writes=None, **options). The first "
+      "step() uploads every 'in' and 'inout' tensor; later steps upload only those passed to "
+      "mark_changed(), execute, and read back the 'out' tensors. 'inout' tensors stay on the "
+      "device; download() reads them back. check_writes (None = PINSTAGE_RESIDENT_CHECK) "
+      "compares a digest of every unchanged 'in' tensor each step and raises pinstage.Error "
+      "naming one written without mark_changed(). Options as Binder's:\n" +
+      bind_options_doc();
+  py::class_<PyResidentBinder>(m, "ResidentBinder", doc.c_str())
+      .def(py::init([](py::object worker_obj, py::object args_obj, py::object check_writes,
+                       const py::kwargs& options) {
+             auto& w = as_worker(worker_obj, "ResidentBinder");
+             if (!py::isinstance<PyArgs>(args_obj))
+               throw py::type_error("ResidentBinder: args must be a pinstage.TaskArgs");
+             const auto& a = args_obj.cast<const PyArgs&>();
+             a.require_usable("ResidentBinder");
+             if (a.worker != nullptr && a.worker != &w)
+               throw Error(ErrorCode::invalid_argument,
+                           "ResidentBinder: the args live in another worker's pinned memory; "
+                           "generate them on this worker (or in pageable memory)");
+             std::optional<bool> check;
+             if (!check_writes.is_none()) {
+               if (!py::isinstance<py::bool_>(check_writes))
+                 throw py::type_error("ResidentBinder: check_writes must be a bool or None");
+               check = check_writes.cast<bool>();
+             }
+             auto binder = std::make_unique<ResidentBinder>(
+                 w.worker, a.args, bind_options_from(options, "ResidentBinder"), check);
+             auto py_binder = std::make_unique<PyResidentBinder>(
+                 worker_obj, &w, std::move(binder), &PyWorker::resident_binders);
+             py_binder->args_worker = a.worker;
+             return py_binder;
+           }),
+           py::arg("worker"), py::arg("args"), py::kw_only(), py::arg("check_writes") = py::none(),
+           method_doc("__init__(worker: Worker, args: TaskArgs, *, check_writes: bool | None = "
+                      "None, **options: Any) -> None",
+                      "A resident binder of `args` on `worker`; nothing is taken on the device "
+                      "until the first step()."))
+      .def(
+          "mark_changed",
+          [](PyResidentBinder& b, const std::string& name) {
+            b.get("ResidentBinder.mark_changed").mark_changed(name);
+          },
+          py::arg("name"),
+          method_doc("mark_changed(name: str) -> None",
+                     "The host bytes of 'in' or 'inout' tensor `name` changed: the next step "
+                     "uploads it. NotFoundError for an unknown name, InvalidArgumentError for an "
+                     "'out' tensor or a closed binder."))
+      .def(
+          "step",
+          [](PyResidentBinder& b) {
+            ResidentBinder& binder = b.get("ResidentBinder.step");
+            Busy args_busy(b.args_worker);
+            Busy worker_busy(b.worker);
+            GilReleased nogil;
+            return binder.step();
+          },
+          method_doc("step() -> BindReport",
+                     "One step (the GIL is released): upload what changed, execute, read back "
+                     "the 'out' tensors. BindError names the step, phase and tensor of a "
+                     "failure; the binder then frees its device memory and closes."))
+      .def(
+          "download",
+          [](PyResidentBinder& b, const std::string& name, uint64_t offset,
+             std::optional<uint64_t> nbytes) {
+            ResidentBinder& binder = b.get("ResidentBinder.download");
+            Busy args_busy(b.args_worker);
+            GilReleased nogil;
+            if (nbytes)
+              binder.download(name, offset, *nbytes);
+            else if (offset == 0)
+              binder.download(name);
+            else
+              binder.download(name, offset, binder.args().get(name).nbytes() - std::min(
+                                                  offset, binder.args().get(name).nbytes()));
+          },
+          py::arg("name"), py::arg("offset") = 0, py::arg("nbytes") = py::none(),
+          method_doc("download(name: str, offset: int = 0, nbytes: int | None = None) -> None",
+                     "Copies [offset, offset + nbytes) of the tensor's device copy (to its end "
+                     "when nbytes is None) into its host memory at the same offset."))
+      .def(
+          "close", [](PyResidentBinder& b) { if (b.binder) b.binder->close(); },
+          method_doc("close() -> None", "Frees the device memory; idempotent."))
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__",
+           [](PyResidentBinder& b, const py::args&) {
+             if (b.binder) b.binder->close();
+             return false;
+           })
+      .def_property_readonly(
+          "is_open", [](const PyResidentBinder& b) { return b.binder && b.binder->is_open(); },
+          "bool: not closed (by close(), a failed step or the worker's finalize).")
+      .def_property_readonly(
+          "steps", [](const PyResidentBinder& b) { return b.binder ? b.binder->steps() : 0; },
+          "int: steps run so far.")
+      .def_property_readonly(
+          "device_bytes",
+          [](const PyResidentBinder& b) { return b.binder ? b.binder->device_bytes() : 0; },
+          "int: device memory held now (0 before the first step and after close).")
+      .def_property_readonly(
+          "check_writes",
+          [](const PyResidentBinder& b) { return b.binder && b.binder->check_writes(); },
+          "bool: the undeclared-write check is on.")
+      .def_property_readonly(
+          "worker", [](const PyResidentBinder& b) { return b.worker_obj; },
+          "Worker: the binder's worker.");
+}
 
 }  // namespace
 
@@ -297,6 +417,14 @@ void bind_tensors(py::module_& m) {
                     "float: time of its upload (0 when not uploaded).")
       .def_readonly("download_seconds", &TensorBindReport::download_seconds,
                     "float: time of its download (0 when not downloaded).")
+      .def_readonly("resident", &TensorBindReport::resident,
+                    "bool: a ResidentBinder keeps it on the device across steps (IN, INOUT).")
+      .def_readonly("stayed", &TensorBindReport::stayed,
+                    "bool: it stayed on the device this step (not uploaded; ResidentBinder).")
+      .def_property_readonly("uploaded", &TensorBindReport::uploaded,
+                             "bool: moved host to device in this bind or step.")
+      .def_property_readonly("downloaded", &TensorBindReport::downloaded,
+                             "bool: read back at its end.")
       .def_property_readonly("upload_gbps", &TensorBindReport::upload_gbps,
                              "float: bytes / upload_seconds, in GB/s (0 when not uploaded).")
       .def_property_readonly("download_gbps", &TensorBindReport::download_gbps,
@@ -336,6 +464,14 @@ void bind_tensors(py::module_& m) {
                     "int: bytes that went through the staging ring.")
       .def_readonly("executed", &BindReport::executed,
                     "bool: the backend ran the task between upload and download.")
+      .def_readonly("step", &BindReport::step,
+                    "int: a ResidentBinder step's number (1-based); 0 for a one-shot bind.")
+      .def_readonly("stayed_count", &BindReport::stayed_count,
+                    "int: inputs that stayed on the device instead of being uploaded.")
+      .def_readonly("stayed_bytes", &BindReport::stayed_bytes, "int: their bytes.")
+      .def_property_readonly("staging_seconds", &BindReport::staging_seconds,
+                             "float: every phase but execute (alloc, upload, verify, download, "
+                             "release): what staging the arguments cost.")
       .def_property_readonly("upload_gbps", &BindReport::upload_gbps,
                              "float: uploaded bytes / upload phase time, in GB/s.")
       .def_property_readonly("download_gbps", &BindReport::download_gbps,
@@ -356,7 +492,8 @@ void bind_tensors(py::module_& m) {
       .def(py::init([](py::object worker_obj, const py::kwargs& options) {
              auto& w = as_worker(worker_obj, "Binder");
              auto binder = std::make_unique<Binder>(w.worker, bind_options_from(options, "Binder"));
-             return std::make_unique<PyBinder>(worker_obj, &w, std::move(binder));
+             return std::make_unique<PyBinder>(worker_obj, &w, std::move(binder),
+                                               &PyWorker::binders);
            }),
            py::arg("worker"),
            method_doc("__init__(worker: Worker, **options: Any) -> None",
@@ -398,6 +535,7 @@ void bind_tensors(py::module_& m) {
       fill_normal_f32(reinterpret_cast<float*>(address), {seed, stream}, 0, count, std, bias);
   });
 
+  bind_resident(m);
   bind_scenes(m);
 }
 

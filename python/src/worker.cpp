@@ -391,6 +391,7 @@ void finalize_worker(PyWorker& w, bool wait, const py::object& timeout) {
   std::vector<PyBuffer*> open(w.buffers.begin(), w.buffers.end());
   for (PyBuffer* buffer : open) buffer->close();
   for (auto* binder : w.binders) binder->reset();
+  for (auto* binder : w.resident_binders) binder->reset();
   GilReleased nogil;
   w.worker.finalize();
 }

@@ -272,4 +272,41 @@ TaskArgs make_args(HostAllocator& allocator, const Config& config) {
   return args;
 }
 
+void validate_steps(const Config& config, int steps) {
+  validate(config);
+  if (steps < 1 || int64_t{config.seq_len} + steps - 1 > kMaxSeq)
+    throw Error(ErrorCode::invalid_argument,
+                "--steps " + std::to_string(steps) + " with --seq-len " +
+                    std::to_string(config.seq_len) + ": steps must be in [1, " +
+                    std::to_string(kMaxSeq - config.seq_len + 1) +
+                    "] (each step adds a token; seq_len + steps - 1 may not pass MAX_SEQ " +
+                    std::to_string(kMaxSeq) + ")");
+}
+
+std::vector<std::string> advance_step(const TaskArgs& args, const Config& config, int step) {
+  validate_steps(config, step + 1);
+  if (step < 1)
+    throw Error(ErrorCode::invalid_argument,
+                "advance_step: step " + std::to_string(step) + " has no step before it");
+  auto need = [&](const char* name, DType dtype, uint64_t numel) -> const Tensor& {
+    const Tensor& t = args.get(name);
+    if (t.dtype() != dtype || t.numel() != numel)
+      throw Error(ErrorCode::invalid_argument, std::string("advance_step: '") + name +
+                                                   "' is " + dtype_name(t.dtype()) + " " +
+                                                   t.shape_string() + ", not the fixture's");
+    return t;
+  };
+  const Tensor& seq_lens = need("seq_lens", DType::i32, kBatch);
+  const Tensor& slots = need("slot_mapping", DType::i32, kBatch);
+  const Tensor& hidden = need("hidden_states", DType::bf16, uint64_t{kBatch} * kHidden);
+  const Tensor& out = need("out", DType::bf16, uint64_t{kBatch} * kHidden);
+  TensorSpec spec{};
+  spec.fill = Fill::seq_lens;
+  fill_small(spec, seq_lens, config.seq_len + step);
+  spec.fill = Fill::slot_mapping;
+  fill_small(spec, slots, config.seq_len + step);
+  std::memcpy(hidden.data(), out.data(), out.nbytes());
+  return {"hidden_states", "seq_lens", "slot_mapping"};
+}
+
 }  // namespace pinstage::qwen3

@@ -85,6 +85,17 @@ class Qwen3Scene final : public Scene {
   std::string generator() const override {
     return std::string(pinstage::gen_isa_name(pinstage::gen_isa_default())) + " generator";
   }
+  void validate_steps(const SceneValues& values, int steps) const override {
+    qwen3::validate_steps(config_of(values), steps);
+  }
+  std::vector<std::string> advance(const TaskArgs& args, const SceneValues& values,
+                                   int step) const override {
+    return advance_step(args, config_of(values), step);
+  }
+  std::vector<ByteRange> written_ranges(const TaskArgs& args,
+                                        const SceneValues& values) const override {
+    return qwen3::written_ranges(args, config_of(values).n_layers);
+  }
   std::string describe(const SceneValues& values) const override {
     const Config c = config_of(values);
     return std::to_string(c.n_layers) + " layer" + (c.n_layers == 1 ? "" : "s") + ", seq_len " +

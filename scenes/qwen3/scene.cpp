@@ -6,41 +6,10 @@
 
 #include <cstring>
 
-#include "pinstage/parallel.h"
+#include "pinstage/safetensors.h"
 
 namespace pinstage::qwen3 {
 namespace {
-
-// A 64-bit content hash whose value does not depend on the thread count: fixed 1 MiB
-// blocks hashed in parallel (four independent lanes keep the multiplies pipelined),
-// then combined in order.
-uint64_t content_hash(const void* data, uint64_t bytes) {
-  constexpr uint64_t kBlock = uint64_t{1} << 20;
-  constexpr uint64_t kMul = 0x9e3779b97f4a7c15ull;
-  const uint64_t blocks = (bytes + kBlock - 1) / kBlock;
-  std::vector<uint64_t> block_hash(blocks);
-  const auto* base = static_cast<const unsigned char*>(data);
-  parallel_for(blocks, 16, [&](size_t first, size_t last) {
-    for (size_t b = first; b < last; ++b) {
-      const unsigned char* p = base + b * kBlock;
-      const uint64_t n = std::min(kBlock, bytes - b * kBlock);
-      uint64_t lane[4] = {1, 2, 3, 4};
-      uint64_t i = 0;
-      for (; i + 32 <= n; i += 32)
-        for (int k = 0; k < 4; ++k) {
-          uint64_t w;
-          std::memcpy(&w, p + i + 8 * k, 8);
-          lane[k] = (lane[k] ^ w) * kMul;
-        }
-      uint64_t tail = n;
-      for (; i < n; ++i) tail = (tail ^ p[i]) * kMul;
-      block_hash[b] = ((lane[0] * 31 + lane[1]) * 31 + lane[2]) * 31 + lane[3] + tail;
-    }
-  });
-  uint64_t h = bytes;
-  for (uint64_t v : block_hash) h = (h ^ v) * kMul + (h >> 29);
-  return h;
-}
 
 // Copies the kHeadDim values of each row out of (gather) or into (scatter) a cache.
 void gather_rows(const Tensor& cache, const std::vector<int64_t>& rows, uint16_t* out) {
@@ -96,6 +65,17 @@ std::vector<int64_t> written_rows(const TaskArgs& args, int n_layers) {
   return rows;
 }
 
+std::vector<ByteRange> written_ranges(const TaskArgs& args, int n_layers) {
+  const std::vector<int64_t> rows = written_rows(args, n_layers);
+  constexpr uint64_t kRowBytes = kHeadDim * sizeof(uint16_t);
+  std::vector<ByteRange> ranges;
+  ranges.reserve(2 * rows.size() / kNumKvHeads);
+  for (const char* cache : {"k_cache", "v_cache"})
+    for (size_t i = 0; i < rows.size(); i += kNumKvHeads)  // heads 0..7 of one lane: adjacent
+      ranges.push_back({cache, static_cast<uint64_t>(rows[i]) * kRowBytes, kNumKvHeads * kRowBytes});
+  return ranges;
+}
+
 CacheRestorer::CacheRestorer(const TaskArgs& args, int n_layers)
     : k_cache_(&args.get("k_cache")),
       v_cache_(&args.get("v_cache")),
@@ -108,17 +88,17 @@ CacheRestorer::CacheRestorer(const TaskArgs& args, int n_layers)
                                                  std::to_string(n_layers) + " layer(s) of pool");
   gather_rows(*k_cache_, rows_, k_initial_.data());
   gather_rows(*v_cache_, rows_, v_initial_.data());
-  k_hash_ = content_hash(k_cache_->data(), k_cache_->nbytes());
-  v_hash_ = content_hash(v_cache_->data(), v_cache_->nbytes());
+  k_hash_ = content_digest(k_cache_->data(), k_cache_->nbytes());
+  v_hash_ = content_digest(v_cache_->data(), v_cache_->nbytes());
 }
 
 std::vector<std::string> CacheRestorer::restore() const {
   scatter_rows(*k_cache_, rows_, k_initial_.data());
   scatter_rows(*v_cache_, rows_, v_initial_.data());
   std::vector<std::string> changed;
-  if (content_hash(k_cache_->data(), k_cache_->nbytes()) != k_hash_)
+  if (content_digest(k_cache_->data(), k_cache_->nbytes()) != k_hash_)
     changed.emplace_back("k_cache");
-  if (content_hash(v_cache_->data(), v_cache_->nbytes()) != v_hash_)
+  if (content_digest(v_cache_->data(), v_cache_->nbytes()) != v_hash_)
     changed.emplace_back("v_cache");
   return changed;
 }

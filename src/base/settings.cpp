@@ -34,6 +34,10 @@ constexpr SettingInfo kSettings[] = {
     {Setting::pin_policy, "PINSTAGE_PIN_POLICY", "strict|fallback",
      "a pinned request over the pin budget (RLIMIT_MEMLOCK, cgroup memory.max, available "
      "memory) fails (strict, the default) or gets pageable memory with a warning (fallback)"},
+    {Setting::resident_check, "PINSTAGE_RESIDENT_CHECK", "off|on",
+     "a ResidentBinder compares an xxh3-64 digest of every IN tensor that stays on the device "
+     "each step with the one taken at its upload, catching a host write not declared with "
+     "mark_changed (on: a debug mode, a pass over the inputs per step; default off)"},
     {Setting::host_cache_max, "PINSTAGE_HOST_CACHE_MAX", "a byte count: 4G, 512M, or 0",
      "most freed pinned bytes a worker keeps cached for reuse; 0 keeps none (default: an "
      "eighth of physical memory)"},
@@ -200,6 +204,7 @@ void check_settings() {
       case Setting::golden_isa:
       case Setting::pin_policy:
       case Setting::host_huge_pages:
+      case Setting::resident_check:
         setting_choice(s.id);
         break;
       case Setting::num_threads:

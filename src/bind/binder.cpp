@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "bind/bind_run.h"
 #include "pinstage/bind.h"
 #include "pinstage/clock.h"
 #include "pinstage/log.h"
@@ -19,18 +20,7 @@
 namespace pinstage {
 
 namespace detail {
-// What a Binder keeps between runs: its copy stream and, once needed, the staging ring
-// (declared after the stream: it borrows it, so it goes first).
-struct BinderKept {
-  bool have_stream = false;
-  Stream stream;
-  std::unique_ptr<StagingRing> ring;
-};
-}  // namespace detail
-
 namespace {
-
-using detail::BinderKept;
 
 std::string describe_bytes(uint64_t bytes) { return format_thousands(bytes) + " bytes"; }
 
@@ -54,55 +44,11 @@ size_t first_difference(const unsigned char* a, const unsigned char* b, size_t b
   return first.load();
 }
 
-// Where one tensor lives on the device: a buffer and an offset in it (null buffer for a
-// tensor of zero bytes, which has no device memory).
-struct Placement {
-  const DeviceBuffer* buffer = nullptr;
-  size_t offset = 0;
-};
-
-// One Binder::run: what it took, where it is, and one function per phase.
-class BindRun {
- public:
-  BindRun(Worker& worker, const BindOptions& options, BinderKept& kept, const TaskArgs& args)
-      : worker_(worker), opt_(options), kept_(kept), args_(args), n_(args.size()), current_(n_) {}
-  BindReport run(const Stopwatch& total);
-
- private:
-  using Step = void (BindRun::*)();
-  void plan();
-  void step(BindPhase phase, Step fn);
-  void device_alloc();
-  void place_in_arena();
-  void place_per_tensor();
-  void upload();
-  void verify();
-  void execute();
-  void download();
-  [[noreturn]] void fail(const std::exception& e);
-  // fn(i) for each non-empty tensor that `wanted` selects, with current_ set to it.
-  template <class Fn>
-  void each_tensor(bool (TensorBindReport::*wanted)() const noexcept, Fn&& fn);
-  unsigned char* device_ptr(size_t i) const;
-
-  Worker& worker_;
-  const BindOptions& opt_;
-  BinderKept& kept_;
-  const TaskArgs& args_;
-  const size_t n_;
-  BindReport report_;
-  bool need_ring_ = false;
-  // Everything this run takes; released on every exit path.
-  DeviceBuffer arena_;
-  std::vector<DeviceBuffer> per_tensor_;
-  std::vector<Placement> place_;
-  BindPhase phase_ = BindPhase::device_alloc;
-  size_t current_;  // index of the tensor being worked on; n_ = none
-  Stopwatch phase_clock_;
-};
+}  // namespace
 
 BindReport BindRun::run(const Stopwatch& total) {
   plan();  // bad input throws here, before anything is taken
+  placed_before_ = dev_.placed;
   phase_clock_.restart();
   try {
     step(BindPhase::device_alloc, &BindRun::device_alloc);
@@ -113,8 +59,9 @@ BindReport BindRun::run(const Stopwatch& total) {
   } catch (const std::exception& e) {
     fail(e);
   }
-  arena_.reset();
-  per_tensor_.clear();
+  report_.device_bytes = dev_.bytes;
+  report_.device_allocations = dev_.allocations;
+  if (resident_.changed == nullptr) dev_.release();  // a resident step keeps it
   report_.phase_seconds[static_cast<size_t>(BindPhase::release)] = phase_clock_.restart();
   report_.total_seconds = total.seconds();
   return std::move(report_);
@@ -127,7 +74,8 @@ void BindRun::step(BindPhase phase, Step fn) {
   const double seconds = phase_clock_.restart();
   // A skipped phase records exactly 0 (docs/bind.md), not the time of its early return.
   const bool skipped = (phase == BindPhase::verify && !opt_.verify_upload) ||
-                       (phase == BindPhase::execute && opt_.execute_callable.empty());
+                       (phase == BindPhase::execute && opt_.execute_callable.empty()) ||
+                       (phase == BindPhase::device_alloc && placed_before_);
   report_.phase_seconds[static_cast<size_t>(phase)] = skipped ? 0.0 : seconds;
 }
 
@@ -142,12 +90,13 @@ void BindRun::each_tensor(bool (TensorBindReport::*wanted)() const noexcept, Fn&
 }
 
 unsigned char* BindRun::device_ptr(size_t i) const {
-  return static_cast<unsigned char*>(place_[i].buffer->data()) + place_[i].offset;
+  return static_cast<unsigned char*>(dev_.place[i].buffer->data()) + dev_.place[i].offset;
 }
 
 // Checks every tensor and fills the report's rows and totals.
 void BindRun::plan() {
   report_.layout = opt_.layout;
+  report_.step = resident_.number;
   report_.tensors.reserve(n_);
   for (size_t i = 0; i < n_; ++i) {
     const Tensor& t = args_.at(i);
@@ -163,6 +112,10 @@ void BindRun::plan() {
     tr.direction = t.direction();
     tr.pinned = t.pinned();
     tr.bytes = t.nbytes();
+    if (resident_.changed != nullptr && tr.direction != Direction::out) {
+      tr.resident = true;
+      tr.stayed = !(*resident_.changed)[i];
+    }
     const bool input = tr.uploaded() && tr.bytes > 0;
     if (input && !tr.pinned && opt_.upload == UploadPath::staged) tr.path = UploadPath::staged;
     need_ring_ = need_ring_ || tr.path == UploadPath::staged || (input && opt_.verify_upload);
@@ -174,13 +127,16 @@ void BindRun::plan() {
       ++report_.downloaded_count;
       report_.downloaded_bytes += tr.bytes;
     }
+    if (tr.stayed) {
+      ++report_.stayed_count;
+      report_.stayed_bytes += tr.bytes;
+    }
     if (tr.path == UploadPath::staged) {
       ++report_.ring_count;
       report_.ring_bytes += tr.bytes;
     }
     report_.tensors.push_back(std::move(tr));
   }
-  place_.resize(n_);
 }
 
 // The stream and ring on first use (kept by the Binder), then the task's device memory.
@@ -192,10 +148,13 @@ void BindRun::device_alloc() {
   if (need_ring_ && !kept_.ring)
     kept_.ring = std::make_unique<StagingRing>(worker_, kept_.stream, opt_.staging_buffers,
                                                opt_.staging_buffer_bytes, opt_.copy_threads);
+  if (dev_.placed) return;  // a resident step after the first
+  dev_.place.assign(n_, Placement{});
   if (opt_.layout == DeviceLayout::arena)
     place_in_arena();
   else
     place_per_tensor();
+  dev_.placed = true;
 }
 
 void BindRun::place_in_arena() {
@@ -208,28 +167,28 @@ void BindRun::place_in_arena() {
       throw Error(ErrorCode::invalid_argument,
                   "the task's tensors add up to more bytes than an address space holds");
     size = (size + align - 1) & ~(align - 1);
-    place_[i].offset = size;
+    dev_.place[i].offset = size;
     report_.tensors[i].device_offset = size;
     size += bytes;
   }
   if (size == 0) return;
-  arena_ = worker_.alloc_device(size);
-  report_.device_bytes = size;
-  report_.device_allocations = 1;
+  dev_.arena = worker_.alloc_device(size);
+  dev_.bytes = size;
+  dev_.allocations = 1;
   for (size_t i = 0; i < n_; ++i)
-    if (report_.tensors[i].bytes > 0) place_[i].buffer = &arena_;
+    if (report_.tensors[i].bytes > 0) dev_.place[i].buffer = &dev_.arena;
 }
 
 void BindRun::place_per_tensor() {
-  per_tensor_.reserve(n_);  // no reallocation: place_ points into it
+  dev_.per_tensor.reserve(n_);  // no reallocation: place points into it
   for (size_t i = 0; i < n_; ++i) {
     const uint64_t bytes = report_.tensors[i].bytes;
     if (bytes == 0) continue;
     current_ = i;
-    per_tensor_.push_back(worker_.alloc_device(bytes));
-    place_[i].buffer = &per_tensor_.back();
-    report_.device_bytes += bytes;
-    ++report_.device_allocations;
+    dev_.per_tensor.push_back(worker_.alloc_device(bytes));
+    dev_.place[i].buffer = &dev_.per_tensor.back();
+    dev_.bytes += bytes;
+    ++dev_.allocations;
   }
 }
 
@@ -247,8 +206,8 @@ void BindRun::upload() {
     TensorBindReport& tr = report_.tensors[i];
     const Stopwatch clock;
     const auto* src = static_cast<const unsigned char*>(args_.at(i).data());
-    const DeviceBuffer& dst = *place_[i].buffer;
-    const size_t base = place_[i].offset;
+    const DeviceBuffer& dst = *dev_.place[i].buffer;
+    const size_t base = dev_.place[i].offset;
     if (tr.path == UploadPath::staged) {
       kept_.ring->upload(src, tr.bytes, dst, base);
       ring_in_flight = true;
@@ -282,7 +241,7 @@ void BindRun::verify() {
                         std::to_string(host[off + bad]) + ", device " + std::to_string(got[bad]) +
                         "): the upload was corrupted");
     };
-    kept_.ring->readback(*place_[i].buffer, place_[i].offset, bytes, check);
+    kept_.ring->readback(*dev_.place[i].buffer, dev_.place[i].offset, bytes, check);
     kept_.ring->drain();  // surfaces a failed read-back, then compares the rest
   });
 }
@@ -293,7 +252,7 @@ void BindRun::execute() {
   for (size_t i = 0; i < n_; ++i) {
     exec_args[i].name = report_.tensors[i].name;
     exec_args[i].bytes = report_.tensors[i].bytes;
-    if (place_[i].buffer) exec_args[i].device_ptr = device_ptr(i);
+    if (dev_.place[i].buffer) exec_args[i].device_ptr = device_ptr(i);
   }
   worker_.execute(opt_.execute_callable, exec_args);
   report_.executed = true;
@@ -304,8 +263,8 @@ void BindRun::download() {
   each_tensor(&TensorBindReport::downloaded, [&](size_t i) {
     const Stopwatch clock;
     auto* dst = static_cast<unsigned char*>(args_.at(i).data());
-    const DeviceBuffer& src = *place_[i].buffer;
-    const size_t base = place_[i].offset;
+    const DeviceBuffer& src = *dev_.place[i].buffer;
+    const size_t base = dev_.place[i].offset;
     for_each_chunk(report_.tensors[i].bytes, opt_.chunk_bytes, [&](size_t off, size_t len) {
       worker_.copy_to_host_async(dst + off, src, base + off, len, kept_.stream);
     });
@@ -326,14 +285,16 @@ void BindRun::fail(const std::exception& e) {
     }
   }
   if (kept_.ring) kept_.ring->reset();
-  arena_.reset();
-  per_tensor_.clear();
+  dev_.release();
   ErrorCode code = ErrorCode::internal;
   if (const auto* pe = dynamic_cast<const Error*>(&e))
     code = pe->code();
   else if (dynamic_cast<const std::bad_alloc*>(&e))
     code = ErrorCode::out_of_memory;
-  std::string what = std::string("bind failed at step ") + bind_phase_name(phase_);
+  std::string what = resident_.number > 0 ? "resident step " + std::to_string(resident_.number) +
+                                               " failed at phase " + bind_phase_name(phase_)
+                                         : std::string("bind failed at step ") +
+                                               bind_phase_name(phase_);
   std::string tensor;
   if (current_ < n_) {
     const TensorBindReport& tr = report_.tensors[current_];
@@ -345,7 +306,10 @@ void BindRun::fail(const std::exception& e) {
     what += " (callable '" + opt_.execute_callable + "')";
   }
   what += ": " + std::string(e.what()) + ". Everything the bind took was released; ";
-  if (phase_ == BindPhase::download)
+  if (resident_.number > 0)
+    what += "the resident binder freed its device memory and is closed; no host input was "
+            "written.";
+  else if (phase_ == BindPhase::download)
     what += "IN tensors were not written, earlier INOUT/OUT tensors hold their results and '" +
             tensor + "' may be partly written.";
   else
@@ -353,7 +317,7 @@ void BindRun::fail(const std::exception& e) {
   throw BindError(code, phase_, std::move(tensor), what);
 }
 
-}  // namespace
+}  // namespace detail
 
 void validate(const BindOptions& options) {
   constexpr size_t kMaxStagingBuffers = 64;
@@ -403,7 +367,8 @@ uint64_t Binder::staging_bytes() const noexcept {
 BindReport Binder::run(const TaskArgs& args) {
   const Stopwatch total;
   require_chip_worker(*worker_, "Binder::run");
-  return BindRun(*worker_, options_, *state_, args).run(total);
+  detail::DevicePlacement device;
+  return detail::BindRun(*worker_, options_, *state_, args, device).run(total);
 }
 
 }  // namespace pinstage

@@ -67,9 +67,18 @@ double BindReport::download_gbps() const noexcept {
   return gbps(downloaded_bytes, phase(BindPhase::download));
 }
 
+double BindReport::staging_seconds() const noexcept {
+  double sum = 0.0;
+  for (size_t p = 0; p < kBindPhaseCount; ++p)
+    if (static_cast<BindPhase>(p) != BindPhase::execute) sum += phase_seconds[p];
+  return sum;
+}
+
 std::string BindReport::summary() const {
-  return std::to_string(uploaded_count) + " of " + std::to_string(tensors.size()) +
-         " tensors uploaded (inputs), " + format_thousands(uploaded_bytes) + " bytes";
+  std::string text = std::to_string(uploaded_count) + " of " + std::to_string(tensors.size()) +
+                     " tensors uploaded (inputs), " + format_thousands(uploaded_bytes) + " bytes";
+  if (step > 0) text += " (" + std::to_string(stayed_count) + " stayed on the device)";
+  return text;
 }
 
 std::string BindReport::to_string() const {
@@ -87,13 +96,16 @@ std::string BindReport::to_string() const {
   out += "; total " + fixed(total_seconds * 1e3, 3) + " ms\n";
   out += "upload " + fixed(upload_gbps(), 2) + " GB/s, download " + fixed(download_gbps(), 2) +
          " GB/s" + (executed ? "" : ", execute skipped") + "\n";
+  if (step > 0)
+    out += "resident step " + std::to_string(step) + ": " + std::to_string(stayed_count) +
+           " inputs (" + format_thousands(stayed_bytes) + " bytes) stayed on the device\n";
   out += pad("tensor", 18) + pad("dir", 6) + pad("host", 9) + pad("path", 7) +
          pad("bytes", 18, false) + pad("up ms", 11, false) + pad("up GB/s", 9, false) +
          pad("down ms", 11, false) + pad("down GB/s", 10, false) + "\n";
   for (const auto& t : tensors) {
     out += pad(t.name, 18) + pad(direction_name(t.direction), 6) +
            pad(t.pinned ? "pinned" : "pageable", 9) +
-           pad(t.uploaded() ? upload_path_name(t.path) : "-", 7) +
+           pad(t.uploaded() ? upload_path_name(t.path) : t.stayed ? "stayed" : "-", 7) +
            pad(format_thousands(t.bytes), 18, false) +
            pad(t.uploaded() ? fixed(t.upload_seconds * 1e3, 3) : "-", 11, false) +
            pad(t.uploaded() ? fixed(t.upload_gbps(), 2) : "-", 9, false) +

@@ -44,6 +44,25 @@ std::unique_ptr<RoundReset> Scene::round_reset(const TaskArgs&, const SceneValue
 
 std::string Scene::generator() const { return {}; }
 
+void Scene::validate_steps(const SceneValues&, int steps) const {
+  if (steps != 1)
+    throw Error(ErrorCode::invalid_argument, "scene " + name() + " runs one step (its task is "
+                                             "not a loop); --steps must be 1, got " +
+                                                 std::to_string(steps));
+}
+
+std::vector<std::string> Scene::advance(const TaskArgs&, const SceneValues&, int) const {
+  throw Error(ErrorCode::unsupported, "scene " + name() + " has no steps to advance");
+}
+
+std::vector<ByteRange> Scene::written_ranges(const TaskArgs& args, const SceneValues&) const {
+  std::vector<ByteRange> ranges;
+  for (const Tensor& t : args)
+    if (t.direction() == Direction::inout && t.nbytes() > 0)
+      ranges.push_back({t.name(), 0, t.nbytes()});
+  return ranges;
+}
+
 std::string Scene::describe(const SceneValues& values) const {
   std::string text;
   for (const SceneParam& p : params()) {

@@ -1,5 +1,6 @@
 // The generic scene run: generate, golden once, then rounds of bind, execute, read back
 // and compare, with the scene's round reset between rounds.
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,6 +37,50 @@ SceneRound run_round(Binder& binder, const Scene& scene, const TaskArgs& args,
   return round;
 }
 
+// The steps of a loop: step s > 0 feeds on step s - 1's results (Scene::advance), the golden
+// of each step is computed from that step's inputs (the hidden state as read back, the caches
+// holding the rows the device wrote), then the step runs and is compared.
+void run_steps(Worker& worker, const Scene& scene, const SceneValues& values,
+               const SceneRunOptions& options, const TaskArgs& args, const BindOptions& bind,
+               bool golden_wanted, SceneReport& report,
+               const std::function<void(const SceneRound&)>& on_round) {
+  std::unique_ptr<ResidentBinder> resident;
+  std::unique_ptr<Binder> binder;
+  if (options.resident)
+    resident = std::make_unique<ResidentBinder>(worker, args, bind);
+  else
+    binder = std::make_unique<Binder>(worker, bind);
+  for (int s = 0; s < options.steps; ++s) {
+    SceneRound round;
+    round.index = s + 1;
+    if (s > 0)
+      for (const std::string& name : scene.advance(args, values, s))
+        if (resident) resident->mark_changed(name);
+    Stopwatch clock;
+    std::unique_ptr<SceneGolden> golden;
+    if (golden_wanted) golden = scene.compute_golden(args, values);
+    report.golden_seconds += clock.restart();
+    try {
+      round.bind = resident ? resident->step() : binder->run(args);
+    } catch (const BindError& e) {
+      round.failure = e.what();
+    }
+    clock.restart();
+    if (round.ok() && resident)
+      for (const ByteRange& r : scene.written_ranges(args, values))
+        resident->download(r.tensor, r.offset, r.bytes);
+    if (round.ok() && golden) {
+      round.comparison = scene.compare(args, *golden);
+      if (!round.comparison->ok) round.failure = "step " + std::to_string(s + 1) + ": " +
+                                                 round.comparison->message();
+    }
+    round.check_seconds = clock.seconds();
+    report.rounds.push_back(std::move(round));
+    if (on_round) on_round(report.rounds.back());
+    if (!report.rounds.back().ok()) break;
+  }
+}
+
 }  // namespace
 
 const char* host_storage_name(HostStorage storage) {
@@ -60,6 +105,19 @@ void validate(const Scene& scene, const SceneRunOptions& options) {
   if (options.skip_golden && !options.save_golden.empty())
     throw Error(ErrorCode::invalid_argument,
                 "--save-golden needs the golden: drop --skip-golden to save it");
+  if (options.steps < 1)
+    throw Error(ErrorCode::invalid_argument,
+                "steps must be >= 1, got " + std::to_string(options.steps));
+  if (options.steps > 1) {
+    scene.validate_steps(resolve_params(scene, options.values), options.steps);
+    if (options.rounds != 1)
+      throw Error(ErrorCode::invalid_argument,
+                  "--steps " + std::to_string(options.steps) + " runs one loop of steps; "
+                  "--rounds must be 1 with it, got " + std::to_string(options.rounds));
+    if (!options.save_golden.empty())
+      throw Error(ErrorCode::invalid_argument,
+                  "--save-golden saves a single step's golden; drop it or --steps");
+  }
   validate(options.bind);
 }
 
@@ -93,6 +151,18 @@ SceneReport run_scene(Worker& worker, const Scene& scene, const SceneRunOptions&
   // A backend that runs no host callables (acl) cannot execute the step: the run checks
   // integrity only (upload, read back, compare bytes) and says so in the report.
   report.integrity_only = !worker.capabilities().execute;
+  BindOptions bind = options.bind;
+  bind.execute_callable = report.integrity_only      ? std::string()
+                          : options.callable.empty() ? scene.callable()
+                                                     : options.callable;
+  bind.verify_upload = true;
+  if (options.steps > 1) {
+    report.steps = options.steps;
+    report.resident = options.resident;
+    run_steps(worker, scene, values, options, args, bind,
+              !options.skip_golden && !report.integrity_only, report, on_round);
+    return report;
+  }
   std::unique_ptr<SceneGolden> golden;
   if (!options.skip_golden || !options.save_golden.empty()) {
     golden = scene.compute_golden(args, values);
@@ -101,12 +171,6 @@ SceneReport run_scene(Worker& worker, const Scene& scene, const SceneRunOptions&
   }
   if (report.integrity_only) golden.reset();  // nothing on the device computed the outputs
   const std::unique_ptr<RoundReset> reset = scene.round_reset(args, values);
-
-  BindOptions bind = options.bind;
-  bind.execute_callable = report.integrity_only      ? std::string()
-                          : options.callable.empty() ? scene.callable()
-                                                     : options.callable;
-  bind.verify_upload = true;
   Binder binder(worker, bind);
   for (int r = 1; r <= options.rounds; ++r) {
     report.rounds.push_back(run_round(binder, scene, args, golden.get(), reset.get(), r));

@@ -338,6 +338,21 @@ SafetensorsHeader read_safetensors_layout(const std::string& path) {
 
 uint64_t xxh3_64(const void* data, size_t bytes) noexcept { return XXH3_64bits(data, bytes); }
 
+uint64_t content_digest(const void* data, size_t bytes, int threads) {
+  constexpr size_t kBlock = size_t{4} << 20;
+  const size_t blocks = (bytes + kBlock - 1) / kBlock;
+  std::vector<uint64_t> digests(blocks);
+  const auto* base = static_cast<const unsigned char*>(data);
+  parallel_for(
+      blocks, 1,
+      [&](size_t first, size_t last) {
+        for (size_t b = first; b < last; ++b)
+          digests[b] = XXH3_64bits(base + b * kBlock, std::min(kBlock, bytes - b * kBlock));
+      },
+      threads);
+  return XXH3_64bits_withSeed(digests.data(), digests.size() * sizeof(uint64_t), bytes);
+}
+
 Xxh3Stream::Xxh3Stream() : state_(XXH3_createState()) {
   if (state_ == nullptr) throw Error(ErrorCode::out_of_memory, "xxh3: cannot allocate a state");
   XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));

@@ -20,3 +20,8 @@ pinstage_add_gtest(test_staging_ring
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_staging_ring.cpp
   LABELS bind concurrency)
 add_dependencies(test_staging_ring pinstage_backend_sim)
+
+pinstage_add_gtest(test_resident
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_resident.cpp
+  LABELS bind)
+add_dependencies(test_resident pinstage_backend_sim)

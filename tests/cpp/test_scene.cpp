@@ -16,6 +16,16 @@
 namespace pinstage::qwen3 {
 namespace {
 
+// The message validate() gives for `options`, or "" when it passes.
+std::string test_error(const SceneRunOptions& options) {
+  try {
+    pinstage::validate(*scene(), options);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 SceneOptions small(int layers, HostStorage storage) {
   SceneOptions options;
   options.config.n_layers = layers;
@@ -248,6 +258,127 @@ TEST(SceneRegistry, BadNamesAndValuesAreClearErrors) {
     }
   }
   EXPECT_THROW(register_scene(s), Error);  // the name is taken
+}
+
+// ---- Decode steps (the contract's "Decode steps") ----
+
+SceneRunOptions steps_options(int steps, bool resident, int seq_len = 127) {
+  SceneRunOptions options;
+  options.values = {{"layers", 1}, {"seq_len", seq_len}, {"seed", 1234}};
+  options.steps = steps;
+  options.resident = resident;
+  return options;
+}
+
+// Both ways of running the steps match the golden at every step (out and the K/V rows the
+// step wrote, read back from the device), and the resident one moves only the step's inputs.
+TEST(SceneSteps, EveryStepMatchesItsGoldenAndOnlyTheStepInputsGoUp) {
+  // seq_len 127: step 1 writes the last row of page 0, step 2 starts page 1.
+  std::vector<BindReport> binds[2];
+  for (const bool resident : {true, false}) {
+    Worker worker;
+    worker.init("sim");
+    const SceneReport report = pinstage::run_scene(worker, *scene(), steps_options(4, resident));
+    ASSERT_TRUE(report.ok()) << (report.rounds.empty() ? "" : report.rounds.back().failure);
+    ASSERT_EQ(report.rounds.size(), 4u);
+    EXPECT_EQ(report.steps, 4);
+    EXPECT_EQ(report.resident, resident);
+    for (const SceneRound& step : report.rounds) {
+      ASSERT_TRUE(step.comparison.has_value());
+      EXPECT_TRUE(step.comparison->ok) << step.comparison->message();
+      ASSERT_EQ(step.comparison->tensors.size(), 3u);  // out, k_cache rows, v_cache rows
+      binds[resident ? 0 : 1].push_back(step.bind);
+    }
+    EXPECT_EQ(worker.stats().device_count, 0u);
+  }
+  const uint64_t full_bytes = binds[1][0].uploaded_bytes;
+  const uint64_t step_inputs = uint64_t{kBatch} * kHidden * 2 + 2 * kBatch * 4;  // hidden, 2 i32
+  EXPECT_EQ(binds[0][0].uploaded_bytes, full_bytes);  // step 1 uploads everything
+  for (size_t s = 1; s < 4; ++s) {
+    EXPECT_EQ(binds[0][s].step, static_cast<int>(s + 1));
+    EXPECT_EQ(binds[0][s].uploaded_bytes, step_inputs) << "step " << s + 1;  // no weight byte
+    EXPECT_EQ(binds[0][s].uploaded_count, 3u);
+    EXPECT_EQ(binds[0][s].downloaded_bytes, uint64_t{kBatch} * kHidden * 2);  // out only
+    EXPECT_EQ(binds[1][s].uploaded_bytes, full_bytes);
+    EXPECT_LT(binds[0][s].uploaded_bytes + binds[0][s].downloaded_bytes,
+              (binds[1][s].uploaded_bytes + binds[1][s].downloaded_bytes) / 1000);
+    for (const TensorBindReport& t : binds[0][s].tensors) {
+      if (t.name.rfind("w", 0) == 0 || t.name.find("cache") != std::string::npos) {
+        EXPECT_TRUE(t.stayed) << t.name;
+      }
+    }
+  }
+}
+
+TEST(SceneSteps, StepsStopAtTheFirstFailureWhichNamesItsStep) {
+  Worker worker;
+  worker.init("sim");
+  // The first execute call is step 1's: fail step 2's.
+  worker.inject_fault(FaultKind::execute, 2);
+  const SceneReport report = pinstage::run_scene(worker, *scene(), steps_options(3, true));
+  ASSERT_EQ(report.rounds.size(), 2u);
+  EXPECT_TRUE(report.rounds[0].ok());
+  EXPECT_FALSE(report.rounds[1].ok());
+  EXPECT_NE(report.rounds[1].failure.find("resident step 2 failed at phase execute"),
+            std::string::npos)
+      << report.rounds[1].failure;
+  EXPECT_EQ(worker.stats().device_count, 0u);
+}
+
+TEST(SceneSteps, ACorruptedResidentWeightFailsStepOne) {
+  Worker worker;
+  worker.init("sim");
+  worker.inject_fault(FaultKind::corrupt_h2d, first_copy_of("wq", Config{1, 127}));
+  const SceneReport report = pinstage::run_scene(worker, *scene(), steps_options(3, true));
+  ASSERT_EQ(report.rounds.size(), 1u);
+  EXPECT_FALSE(report.rounds[0].ok());
+  EXPECT_NE(report.rounds[0].failure.find("resident step 1 failed at phase verify of tensor 'wq'"),
+            std::string::npos)
+      << report.rounds[0].failure;
+  EXPECT_EQ(worker.stats().device_count, 0u);
+}
+
+TEST(SceneSteps, StepsPastMaxSeqOrWithRoundsAreRefusedBeforeAnyMemory) {
+  Worker worker;
+  worker.init("sim");
+  SceneRunOptions too_many = steps_options(3, true, kMaxSeq - 1);  // 5499, 5500, 5501
+  const std::string why = test_error(too_many);
+  EXPECT_NE(why.find("--steps 3 with --seq-len 5499: steps must be in [1, 2]"), std::string::npos)
+      << why;
+  SceneRunOptions rounds = steps_options(2, true);
+  rounds.rounds = 2;
+  EXPECT_NE(test_error(rounds).find("--rounds must be 1"), std::string::npos);
+  SceneRunOptions save = steps_options(2, true);
+  save.save_golden = "/tmp/never.safetensors";
+  EXPECT_NE(test_error(save).find("--save-golden saves a single step"), std::string::npos);
+  EXPECT_NE(test_error(steps_options(0, true)).find("steps must be >= 1"), std::string::npos);
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
+  EXPECT_EQ(worker.stats().device_count, 0u);
+}
+
+TEST(SceneSteps, AdvanceFeedsOutIntoTheHiddenStateAndMovesThePosition) {
+  PageableAllocator alloc;
+  const Config config{1, 200};
+  const TaskArgs args = make_args(alloc, config);
+  auto* out = args.get("out").data_as<uint16_t>();
+  for (int i = 0; i < kBatch * kHidden; ++i) out[i] = static_cast<uint16_t>(i * 3);
+  const auto changed = advance_step(args, config, 5);
+  EXPECT_EQ(changed, (std::vector<std::string>{"hidden_states", "seq_lens", "slot_mapping"}));
+  EXPECT_EQ(std::memcmp(args.get("hidden_states").data(), out, kBatch * kHidden * 2), 0);
+  const auto* seq = args.get("seq_lens").data_as<int32_t>();
+  const auto* slot = args.get("slot_mapping").data_as<int32_t>();
+  for (int b = 0; b < kBatch; ++b) {
+    EXPECT_EQ(seq[b], 205);
+    EXPECT_EQ(slot[b], (b * kMaxBlocksPerSeq + 204 / kBlockSize) * kBlockSize + 204 % kBlockSize);
+  }
+  const auto ranges = written_ranges(args, 1);
+  ASSERT_EQ(ranges.size(), 2u * kBatch);
+  EXPECT_EQ(ranges[0].tensor, "k_cache");
+  EXPECT_EQ(ranges[kBatch].tensor, "v_cache");
+  EXPECT_EQ(ranges[1].offset, uint64_t(slot[1]) * kNumKvHeads * kHeadDim * 2);
+  EXPECT_EQ(ranges[1].bytes, uint64_t{kNumKvHeads} * kHeadDim * 2);
+  EXPECT_THROW(advance_step(args, config, 0), Error);
+  EXPECT_THROW(advance_step(args, Config{1, kMaxSeq}, 1), Error);
 }
 
 }  // namespace

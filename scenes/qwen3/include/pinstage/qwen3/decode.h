@@ -89,4 +89,16 @@ PINSTAGE_API Sizes sizes(const Config& config);
 // fails, nothing stays allocated.
 PINSTAGE_API TaskArgs make_args(HostAllocator& allocator, const Config& config);
 
+// Decode steps (the contract's "Decode steps"): step s runs at seq_len + s. Throws
+// Error(invalid_argument) naming --steps and --seq-len unless steps >= 1 and
+// seq_len + steps - 1 <= kMaxSeq.
+PINSTAGE_API void validate_steps(const Config& config, int steps);
+
+// Makes `args` (holding step - 1's results) step `step`'s inputs (step >= 1): seq_lens and
+// slot_mapping for seq_len + step, hidden_states = out as read back. Returns the names of
+// the three tensors it wrote. Error(invalid_argument) for a step out of range or a tensor
+// that is not the fixture's.
+PINSTAGE_API std::vector<std::string> advance_step(const TaskArgs& args, const Config& config,
+                                                   int step);
+
 }  // namespace pinstage::qwen3

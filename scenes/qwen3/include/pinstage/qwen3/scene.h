@@ -57,6 +57,10 @@ PINSTAGE_API void validate(const SceneOptions& options);
 // lane, then kv head: l * kCacheRows + slot_mapping[b] * kNumKvHeads + h.
 PINSTAGE_API std::vector<int64_t> written_rows(const TaskArgs& args, int n_layers);
 
+// The same rows as byte ranges of k_cache and v_cache: per layer and lane, its eight kv
+// heads' rows are contiguous (one 2,048-byte range each). What a resident run reads back.
+PINSTAGE_API std::vector<ByteRange> written_ranges(const TaskArgs& args, int n_layers);
+
 // Puts the INOUT caches back to their initial bytes after a round by restoring only the
 // rows the decode writes (no second copy of the pools), and proves the rest came back
 // untouched with a content hash taken at construction. `args` must outlive it.
