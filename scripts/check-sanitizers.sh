@@ -14,10 +14,12 @@ common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINSTAGE_BUILD_BENCH=OFF -DPINSTAGE_
 # found; only dynamic TLS is not scanned for roots.
 # Left out under ASan (and only there): the tests whose time is full-size numerics, one or
 # two layers of Qwen3 weights generated and run through the golden (70-145 s each under
-# ASan, 4-14 s in the release suite, which runs them all). Their code runs under ASan at
+# ASan, 4-14 s in the release suite, which runs them all; SceneSteps.EveryStep runs eight
+# decode steps, each with its golden, and its loop runs under ASan in the other SceneSteps
+# tests and tests/cpp/test_resident.cpp). Their code runs under ASan at
 # smaller sizes: FixtureValues.TwoLayersFollowTheSpec, the other GoldenDecode and
 # SceneExecute tests, test_golden_kernels and Cli.SceneJsonAndCaseInsensitiveChoices.
-asan_long='^(SceneRestore\.CachesHold|GoldenDecode\.(ReadsOnly|SameResult)|SceneExecute\.(ACorrupted|RunsThePortable)|FixtureValues\.BytesDoNotDepend|WeightsAndPools/SceneCatchesCorruption|LayersAndStorage/ScenePasses\.EveryRoundMatchesTheGolden)'
+asan_long='^(SceneSteps\.EveryStep|SceneRestore\.CachesHold|GoldenDecode\.(ReadsOnly|SameResult)|SceneExecute\.(ACorrupted|RunsThePortable)|FixtureValues\.BytesDoNotDepend|WeightsAndPools/SceneCatchesCorruption|LayersAndStorage/ScenePasses\.EveryRoundMatchesTheGolden)'
 (cd "$root/build-asan" &&
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:intercept_tls_get_addr=0 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \

@@ -139,13 +139,14 @@ void add_common_options(CLI::App& q, BenchArgs& args) {
 }
 
 // `bench <scene> --steps N`: resident args against a full bind per step.
-void run_steps_command(const BenchArgs& a, const Scene& scene, const SceneValues& values,
-                       int steps, const CLI::App& cmd) {
+void run_steps_command(const BenchArgs& a, const Scene& scene, const SceneValues& values, int steps,
+                       const CLI::App& cmd) {
   for (const char* flag : {"--arms", "--rounds", "--keep-cold", "--no-baseline"})
     if (cmd.count(flag) > 0)
       throw Error(ErrorCode::invalid_argument,
-                  std::string(flag) + " belongs to the A/B benchmark; --steps runs the "
-                                      "resident-vs-full-bind steps benchmark, which has no arms");
+                  std::string(flag) +
+                      " belongs to the A/B benchmark; --steps runs the "
+                      "resident-vs-full-bind steps benchmark, which has no arms");
   check_report_args(a.report);
   ab::StepsBenchConfig config;
   config.steps = steps;
@@ -161,9 +162,8 @@ void run_steps_command(const BenchArgs& a, const Scene& scene, const SceneValues
   const double total = 2.0 * config.groups * config.steps;
   double done = 0;
   ab::StepsBenchResult result =
-      ab::run_steps_bench(worker, scene, resolved, config, [&](const std::string& text) {
-        bar.show(++done / total, text);
-      });
+      ab::run_steps_bench(worker, scene, resolved, config,
+                          [&](const std::string& text) { bar.show(++done / total, text); });
   bar.clear();
   result.run = collect_run_info(&worker, command_options(cmd));
   std::fputs(ab::format_steps_table(result).c_str(), text_out(a.report));

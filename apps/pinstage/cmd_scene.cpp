@@ -34,14 +34,13 @@ struct SceneArgs {
 
 void print_round(FILE* out, const SceneRound& round, bool steps) {
   const BindReport& b = round.bind;
-  std::fprintf(
-      out,
-      "%s %d: alloc %.3f s | upload %.3f s (%.2f GB/s) | verify %.3f s | execute %.3f s | "
-      "download %.3f s | release %.3f s | check %.3f s | ",
-      steps ? "step" : "round", round.index, b.phase(BindPhase::device_alloc),
-      b.phase(BindPhase::upload), b.upload_gbps(), b.phase(BindPhase::verify),
-      b.phase(BindPhase::execute), b.phase(BindPhase::download), b.phase(BindPhase::release),
-      round.check_seconds);
+  std::fprintf(out,
+               "%s %d: alloc %.3f s | upload %.3f s (%.2f GB/s) | verify %.3f s | execute %.3f s | "
+               "download %.3f s | release %.3f s | check %.3f s | ",
+               steps ? "step" : "round", round.index, b.phase(BindPhase::device_alloc),
+               b.phase(BindPhase::upload), b.upload_gbps(), b.phase(BindPhase::verify),
+               b.phase(BindPhase::execute), b.phase(BindPhase::download),
+               b.phase(BindPhase::release), round.check_seconds);
   if (steps)
     std::fprintf(out, "moved %s up, %s down, %zu stayed | ", format_bytes(b.uploaded_bytes).c_str(),
                  format_bytes(b.downloaded_bytes).c_str(), b.stayed_count);

@@ -311,8 +311,8 @@ enum class StepMode { resident, full };
 PINSTAGE_API const char* step_mode_name(StepMode mode);  // "resident", "full"
 
 struct StepsBenchConfig {
-  int steps = 8;   // >= 2: step 1 is the cold one, 2..N what a decode loop pays
-  int groups = 2;  // each runs both modes, alternating which goes first
+  int steps = 8;     // >= 2: step 1 is the cold one, 2..N what a decode loop pays
+  int groups = 2;    // each runs both modes, alternating which goes first
   BindOptions bind;  // execute_callable is the scene's; verify_upload is off
 };
 // Throws Error(invalid_argument) naming --steps or --groups.
@@ -322,7 +322,7 @@ PINSTAGE_API void validate(const StepsBenchConfig& config);
 struct StepRecord {
   int group = 0;  // 0-based
   StepMode mode = StepMode::resident;
-  int step = 0;  // 1-based
+  int step = 0;                  // 1-based
   double staging_seconds = 0.0;  // BindReport::staging_seconds(): all but execute
   double execute_seconds = 0.0;
   uint64_t uploaded_bytes = 0;
@@ -340,19 +340,17 @@ struct PINSTAGE_API StepsBenchResult {
   std::array<double, 2> median_staging_seconds{};
   std::array<double, 2> median_execute_seconds{};
   std::array<double, 2> median_moved_bytes{};  // uploaded + downloaded
-  double staging_speedup = 0.0;  // full / resident staging
-  double moved_fraction = 0.0;   // resident / full bytes moved
+  double staging_speedup = 0.0;                // full / resident staging
+  double moved_fraction = 0.0;                 // resident / full bytes moved
 };
 
 // Builds the scene's args once in the worker's pinned memory, then for each group runs
 // config.steps steps in each mode (Scene::advance between steps, the scene's callable as
 // the execute step, no golden) and fills the medians. `progress` gets "group 1/2 resident
 // step 3/8" after each step.
-PINSTAGE_API StepsBenchResult run_steps_bench(Worker& worker, const Scene& scene,
-                                              const SceneValues& values,
-                                              const StepsBenchConfig& config,
-                                              const std::function<void(const std::string&)>&
-                                                  progress = {});
+PINSTAGE_API StepsBenchResult run_steps_bench(
+    Worker& worker, const Scene& scene, const SceneValues& values, const StepsBenchConfig& config,
+    const std::function<void(const std::string&)>& progress = {});
 // The per-step table (medians over the groups), the medians and the targets (staging at
 // least 20x lower resident, under 0.1% of the bytes moved) with met / not met.
 PINSTAGE_API std::string format_steps_table(const StepsBenchResult& result);

@@ -223,9 +223,9 @@ class PINSTAGE_API ResidentBinder {
   // Frees the device memory and the staging ring; idempotent. step() is then refused.
   void close() noexcept;
 
-  bool is_open() const noexcept;          // not closed (by close() or a failed step)
-  int steps() const noexcept;             // steps run so far
-  uint64_t device_bytes() const noexcept; // device memory held now (0 before step 1)
+  bool is_open() const noexcept;           // not closed (by close() or a failed step)
+  int steps() const noexcept;              // steps run so far
+  uint64_t device_bytes() const noexcept;  // device memory held now (0 before step 1)
   bool check_writes() const noexcept;
   const TaskArgs& args() const noexcept;
   const BindOptions& options() const noexcept;

@@ -202,7 +202,7 @@ struct SceneRunOptions {
   SceneValues values;  // resolved by run_scene
   int threads = 0;     // generation threads (0 = all cores)
   HostStorage storage = HostStorage::pinned;
-  int rounds = 1;            // >= 1
+  int rounds = 1;  // >= 1
   // Steps of a loop (>= 1; more than 1 needs a scene with steps and rounds = 1): step s
   // feeds on step s - 1's results (Scene::advance) and each step is compared with the
   // golden of its own inputs.

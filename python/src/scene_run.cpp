@@ -123,8 +123,7 @@ void bind_reports(py::module_& m) {
                     "list[SceneRound]: the rounds run, or the steps when steps > 1; the run "
                     "stops at the first failing one.")
       .def_readonly("steps", &SceneReport::steps, "int: decode steps asked for (1 = rounds).")
-      .def_readonly("resident", &SceneReport::resident,
-                    "bool: the steps ran on a ResidentBinder.")
+      .def_readonly("resident", &SceneReport::resident, "bool: the steps ran on a ResidentBinder.")
       .def_property_readonly("ok", &SceneReport::ok, "bool: every round passed.")
       .def("__repr__", [](const SceneReport& r) {
         return "<pinstage.SceneReport " + r.scene + " " + r.storage + " " +
@@ -192,8 +191,8 @@ Comparison compare(const PyArgs& a, const PyGolden& golden) {
 
 SceneReport run(const py::object& worker_obj, const std::string& name, const py::object& params,
                 int64_t threads, const std::string& storage, int64_t rounds, bool skip_golden,
-                const std::string& save_golden, const std::string& callable,
-                const py::object& bind, int64_t steps, bool resident) {
+                const std::string& save_golden, const std::string& callable, const py::object& bind,
+                int64_t steps, bool resident) {
   auto& w = as_worker(worker_obj, "run_scene");
   const auto scene = find_scene(name);
   SceneRunOptions options;

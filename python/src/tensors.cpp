@@ -8,6 +8,7 @@
 
 #include <climits>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include "args.h"
@@ -207,8 +208,8 @@ struct PyBinderOf {
     if (!binder)
       throw Error(ErrorCode::finalized,
                   std::string(what) +
-                      ": the binder's worker was finalized; create and init a new Worker and "
-                      "binder");
+                      ": the binder's worker was finalized; create and init a new Worker and " +
+                      (std::is_same_v<B, Binder> ? "Binder" : "ResidentBinder"));
     return *binder;
   }
 
@@ -254,8 +255,8 @@ void bind_resident(py::module_& m) {
              }
              auto binder = std::make_unique<ResidentBinder>(
                  w.worker, a.args, bind_options_from(options, "ResidentBinder"), check);
-             auto py_binder = std::make_unique<PyResidentBinder>(
-                 worker_obj, &w, std::move(binder), &PyWorker::resident_binders);
+             auto py_binder = std::make_unique<PyResidentBinder>(worker_obj, &w, std::move(binder),
+                                                                 &PyWorker::resident_binders);
              py_binder->args_worker = a.worker;
              return py_binder;
            }),
@@ -299,22 +300,31 @@ void bind_resident(py::module_& m) {
             else if (offset == 0)
               binder.download(name);
             else
-              binder.download(name, offset, binder.args().get(name).nbytes() - std::min(
-                                                  offset, binder.args().get(name).nbytes()));
+              binder.download(name, offset,
+                              binder.args().get(name).nbytes() -
+                                  std::min(offset, binder.args().get(name).nbytes()));
           },
           py::arg("name"), py::arg("offset") = 0, py::arg("nbytes") = py::none(),
           method_doc("download(name: str, offset: int = 0, nbytes: int | None = None) -> None",
                      "Copies [offset, offset + nbytes) of the tensor's device copy (to its end "
                      "when nbytes is None) into its host memory at the same offset."))
       .def(
-          "close", [](PyResidentBinder& b) { if (b.binder) b.binder->close(); },
+          "close",
+          [](PyResidentBinder& b) {
+            if (b.binder) b.binder->close();
+          },
           method_doc("close() -> None", "Frees the device memory; idempotent."))
-      .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__",
-           [](PyResidentBinder& b, const py::args&) {
-             if (b.binder) b.binder->close();
-             return false;
-           })
+      .def(
+          "__enter__", [](py::object self) { return self; },
+          method_doc("__enter__() -> ResidentBinder"))
+      .def(
+          "__exit__",
+          [](PyResidentBinder& b, py::handle, py::handle, py::handle) {
+            if (b.binder) b.binder->close();
+            return false;
+          },
+          py::arg("exc_type"), py::arg("exc"), py::arg("tb"),
+          method_doc("__exit__(exc_type: Any, exc: Any, tb: Any) -> bool", "close()."))
       .def_property_readonly(
           "is_open", [](const PyResidentBinder& b) { return b.binder && b.binder->is_open(); },
           "bool: not closed (by close(), a failed step or the worker's finalize).")

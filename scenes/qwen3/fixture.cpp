@@ -291,9 +291,9 @@ std::vector<std::string> advance_step(const TaskArgs& args, const Config& config
   auto need = [&](const char* name, DType dtype, uint64_t numel) -> const Tensor& {
     const Tensor& t = args.get(name);
     if (t.dtype() != dtype || t.numel() != numel)
-      throw Error(ErrorCode::invalid_argument, std::string("advance_step: '") + name +
-                                                   "' is " + dtype_name(t.dtype()) + " " +
-                                                   t.shape_string() + ", not the fixture's");
+      throw Error(ErrorCode::invalid_argument, std::string("advance_step: '") + name + "' is " +
+                                                   dtype_name(t.dtype()) + " " + t.shape_string() +
+                                                   ", not the fixture's");
     return t;
   };
   const Tensor& seq_lens = need("seq_lens", DType::i32, kBatch);

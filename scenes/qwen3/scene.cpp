@@ -72,7 +72,8 @@ std::vector<ByteRange> written_ranges(const TaskArgs& args, int n_layers) {
   ranges.reserve(2 * rows.size() / kNumKvHeads);
   for (const char* cache : {"k_cache", "v_cache"})
     for (size_t i = 0; i < rows.size(); i += kNumKvHeads)  // heads 0..7 of one lane: adjacent
-      ranges.push_back({cache, static_cast<uint64_t>(rows[i]) * kRowBytes, kNumKvHeads * kRowBytes});
+      ranges.push_back(
+          {cache, static_cast<uint64_t>(rows[i]) * kRowBytes, kNumKvHeads * kRowBytes});
   return ranges;
 }
 

@@ -73,10 +73,10 @@ void summarize(StepsBenchResult& result) {
   }
   const auto res = static_cast<size_t>(StepMode::resident);
   const auto full = static_cast<size_t>(StepMode::full);
-  result.staging_speedup = result.median_staging_seconds[res] > 0.0
-                               ? result.median_staging_seconds[full] /
-                                     result.median_staging_seconds[res]
-                               : 0.0;
+  result.staging_speedup =
+      result.median_staging_seconds[res] > 0.0
+          ? result.median_staging_seconds[full] / result.median_staging_seconds[res]
+          : 0.0;
   result.moved_fraction = result.median_moved_bytes[full] > 0.0
                               ? result.median_moved_bytes[res] / result.median_moved_bytes[full]
                               : 0.0;

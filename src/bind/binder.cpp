@@ -291,10 +291,10 @@ void BindRun::fail(const std::exception& e) {
     code = pe->code();
   else if (dynamic_cast<const std::bad_alloc*>(&e))
     code = ErrorCode::out_of_memory;
-  std::string what = resident_.number > 0 ? "resident step " + std::to_string(resident_.number) +
-                                               " failed at phase " + bind_phase_name(phase_)
-                                         : std::string("bind failed at step ") +
-                                               bind_phase_name(phase_);
+  std::string what = resident_.number > 0
+                         ? "resident step " + std::to_string(resident_.number) +
+                               " failed at phase " + bind_phase_name(phase_)
+                         : std::string("bind failed at step ") + bind_phase_name(phase_);
   std::string tensor;
   if (current_ < n_) {
     const TensorBindReport& tr = report_.tensors[current_];
@@ -307,8 +307,9 @@ void BindRun::fail(const std::exception& e) {
   }
   what += ": " + std::string(e.what()) + ". Everything the bind took was released; ";
   if (resident_.number > 0)
-    what += "the resident binder freed its device memory and is closed; no host input was "
-            "written.";
+    what +=
+        "the resident binder freed its device memory and is closed; no host input was "
+        "written.";
   else if (phase_ == BindPhase::download)
     what += "IN tensors were not written, earlier INOUT/OUT tensors hold their results and '" +
             tensor + "' may be partly written.";

@@ -105,7 +105,10 @@ std::string BindReport::to_string() const {
   for (const auto& t : tensors) {
     out += pad(t.name, 18) + pad(direction_name(t.direction), 6) +
            pad(t.pinned ? "pinned" : "pageable", 9) +
-           pad(t.uploaded() ? upload_path_name(t.path) : t.stayed ? "stayed" : "-", 7) +
+           pad(t.uploaded() ? upload_path_name(t.path)
+               : t.stayed   ? "stayed"
+                            : "-",
+               7) +
            pad(format_thousands(t.bytes), 18, false) +
            pad(t.uploaded() ? fixed(t.upload_seconds * 1e3, 3) : "-", 11, false) +
            pad(t.uploaded() ? fixed(t.upload_gbps(), 2) : "-", 9, false) +

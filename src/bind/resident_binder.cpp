@@ -31,9 +31,9 @@ struct ResidentBinder::State {
   bool check_writes = false;
   detail::BinderKept kept;
   detail::DevicePlacement device;
-  std::vector<char> changed;            // per tensor: upload at the next step
-  std::vector<uint64_t> digest;         // check_writes: per IN tensor, at its last upload
-  std::vector<int> uploaded_at;         // step of each input's last upload (0 = never)
+  std::vector<char> changed;     // per tensor: upload at the next step
+  std::vector<uint64_t> digest;  // check_writes: per IN tensor, at its last upload
+  std::vector<int> uploaded_at;  // step of each input's last upload (0 = never)
   int steps = 0;
   bool closed = false;
   std::string closed_why = "close() was called";
@@ -75,8 +75,7 @@ void ResidentBinder::mark_changed(std::string_view name) {
   State& s = *state_;
   if (s.closed)
     throw Error(ErrorCode::invalid_argument, "ResidentBinder::mark_changed('" + std::string(name) +
-                                                 "'): the binder is closed (" + s.closed_why +
-                                                 ")");
+                                                 "'): the binder is closed (" + s.closed_why + ")");
   const size_t i = index_of(s.args, name, "ResidentBinder::mark_changed");
   if (s.args.at(i).direction() == Direction::out)
     throw Error(ErrorCode::invalid_argument,
@@ -100,8 +99,10 @@ BindReport ResidentBinder::step() {
       if (s.changed[i] || t.direction() != Direction::in) continue;
       if (content_digest(t.data(), t.nbytes(), s.options.copy_threads) != s.digest[i])
         throw Error(ErrorCode::mismatch,
-                    "ResidentBinder step " + std::to_string(number) + ": the host bytes of IN "
-                    "tensor '" + t.name() + "' changed since its upload at step " +
+                    "ResidentBinder step " + std::to_string(number) +
+                        ": the host bytes of IN "
+                        "tensor '" +
+                        t.name() + "' changed since its upload at step " +
                         std::to_string(s.uploaded_at[i]) +
                         " but it was not marked changed (call mark_changed('" + t.name() +
                         "') after writing it); the device still holds the old bytes. Nothing "
@@ -144,8 +145,8 @@ void ResidentBinder::download(std::string_view name, uint64_t offset, uint64_t b
   State& s = *state_;
   const std::string who = "ResidentBinder::download('" + std::string(name) + "')";
   const size_t i = index_of(s.args, name, "ResidentBinder::download");
-  if (s.closed) throw Error(ErrorCode::invalid_argument, who + ": the binder is closed (" +
-                                                             s.closed_why + ")");
+  if (s.closed)
+    throw Error(ErrorCode::invalid_argument, who + ": the binder is closed (" + s.closed_why + ")");
   if (!s.device.placed)
     throw Error(ErrorCode::invalid_argument,
                 who + ": nothing is on the device before the first step()");

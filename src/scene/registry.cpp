@@ -46,8 +46,9 @@ std::string Scene::generator() const { return {}; }
 
 void Scene::validate_steps(const SceneValues&, int steps) const {
   if (steps != 1)
-    throw Error(ErrorCode::invalid_argument, "scene " + name() + " runs one step (its task is "
-                                             "not a loop); --steps must be 1, got " +
+    throw Error(ErrorCode::invalid_argument, "scene " + name() +
+                                                 " runs one step (its task is "
+                                                 "not a loop); --steps must be 1, got " +
                                                  std::to_string(steps));
 }
 

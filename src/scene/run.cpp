@@ -71,8 +71,8 @@ void run_steps(Worker& worker, const Scene& scene, const SceneValues& values,
         resident->download(r.tensor, r.offset, r.bytes);
     if (round.ok() && golden) {
       round.comparison = scene.compare(args, *golden);
-      if (!round.comparison->ok) round.failure = "step " + std::to_string(s + 1) + ": " +
-                                                 round.comparison->message();
+      if (!round.comparison->ok)
+        round.failure = "step " + std::to_string(s + 1) + ": " + round.comparison->message();
     }
     round.check_seconds = clock.seconds();
     report.rounds.push_back(std::move(round));
@@ -111,9 +111,10 @@ void validate(const Scene& scene, const SceneRunOptions& options) {
   if (options.steps > 1) {
     scene.validate_steps(resolve_params(scene, options.values), options.steps);
     if (options.rounds != 1)
-      throw Error(ErrorCode::invalid_argument,
-                  "--steps " + std::to_string(options.steps) + " runs one loop of steps; "
-                  "--rounds must be 1 with it, got " + std::to_string(options.rounds));
+      throw Error(ErrorCode::invalid_argument, "--steps " + std::to_string(options.steps) +
+                                                   " runs one loop of steps; "
+                                                   "--rounds must be 1 with it, got " +
+                                                   std::to_string(options.rounds));
     if (!options.save_golden.empty())
       throw Error(ErrorCode::invalid_argument,
                   "--save-golden saves a single step's golden; drop it or --steps");

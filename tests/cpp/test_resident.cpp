@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <span>
@@ -102,7 +103,7 @@ TEST_F(ResidentTest, OnlyDeclaredChangesGoUpAndTheCachesStayOnTheDevice) {
   EXPECT_EQ(r1.step, 1);
   EXPECT_EQ(r1.uploaded_bytes, kX + kW + kAcc);
   EXPECT_EQ(after.h2d - before.h2d, kX + kW + kAcc);  // the backend agrees
-  EXPECT_EQ(after.d2h - before.d2h, kX);               // y only: acc stays on the device
+  EXPECT_EQ(after.d2h - before.d2h, kX);              // y only: acc stays on the device
   EXPECT_EQ(r1.downloaded_bytes, kX);
   EXPECT_EQ(r1.stayed_count, 0u);
 
@@ -183,6 +184,19 @@ TEST_F(ResidentTest, TheDebugCheckNamesAnUndeclaredWriteAndMovesNothing) {
   const BindReport r = rb.step();
   EXPECT_EQ(r.uploaded_bytes, kW);
   EXPECT_EQ(r.step, 2);
+}
+
+TEST_F(ResidentTest, TheCheckDefaultsToPinstageResidentCheck) {
+  PinnedAllocator pinned(worker);
+  TaskArgs args = make_task(pinned);
+  EXPECT_FALSE(ResidentBinder(worker, args).check_writes());
+  ASSERT_EQ(setenv("PINSTAGE_RESIDENT_CHECK", "on", 1), 0);
+  EXPECT_TRUE(ResidentBinder(worker, args).check_writes());
+  EXPECT_FALSE(ResidentBinder(worker, args, {}, false).check_writes());  // the argument wins
+  ASSERT_EQ(setenv("PINSTAGE_RESIDENT_CHECK", "yes", 1), 0);
+  EXPECT_EQ(test::error_of([&] { ResidentBinder(worker, args); }).code(),
+            ErrorCode::invalid_argument);
+  ASSERT_EQ(unsetenv("PINSTAGE_RESIDENT_CHECK"), 0);
 }
 
 TEST_F(ResidentTest, BadCallsAreRefusedWithTheirReason) {

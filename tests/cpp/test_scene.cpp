@@ -310,32 +310,28 @@ TEST(SceneSteps, EveryStepMatchesItsGoldenAndOnlyTheStepInputsGoUp) {
   }
 }
 
-TEST(SceneSteps, StepsStopAtTheFirstFailureWhichNamesItsStep) {
+// Runs three resident steps with `kind` failing at call `nth`: the run stops at `step`,
+// whose failure says `what`, and nothing stays on the device.
+void expect_step_fails(FaultKind kind, uint64_t nth, size_t step, const std::string& what) {
   Worker worker;
   worker.init("sim");
-  // The first execute call is step 1's: fail step 2's.
-  worker.inject_fault(FaultKind::execute, 2);
+  worker.inject_fault(kind, nth);
   const SceneReport report = pinstage::run_scene(worker, *scene(), steps_options(3, true));
-  ASSERT_EQ(report.rounds.size(), 2u);
-  EXPECT_TRUE(report.rounds[0].ok());
-  EXPECT_FALSE(report.rounds[1].ok());
-  EXPECT_NE(report.rounds[1].failure.find("resident step 2 failed at phase execute"),
-            std::string::npos)
-      << report.rounds[1].failure;
+  ASSERT_EQ(report.rounds.size(), step);
+  for (size_t s = 0; s + 1 < step; ++s) EXPECT_TRUE(report.rounds[s].ok());
+  EXPECT_NE(report.rounds[step - 1].failure.find(what), std::string::npos)
+      << report.rounds[step - 1].failure;
   EXPECT_EQ(worker.stats().device_count, 0u);
 }
 
+TEST(SceneSteps, StepsStopAtTheFirstFailureWhichNamesItsStep) {
+  // The first execute call is step 1's: fail step 2's.
+  expect_step_fails(FaultKind::execute, 2, 2, "resident step 2 failed at phase execute");
+}
+
 TEST(SceneSteps, ACorruptedResidentWeightFailsStepOne) {
-  Worker worker;
-  worker.init("sim");
-  worker.inject_fault(FaultKind::corrupt_h2d, first_copy_of("wq", Config{1, 127}));
-  const SceneReport report = pinstage::run_scene(worker, *scene(), steps_options(3, true));
-  ASSERT_EQ(report.rounds.size(), 1u);
-  EXPECT_FALSE(report.rounds[0].ok());
-  EXPECT_NE(report.rounds[0].failure.find("resident step 1 failed at phase verify of tensor 'wq'"),
-            std::string::npos)
-      << report.rounds[0].failure;
-  EXPECT_EQ(worker.stats().device_count, 0u);
+  expect_step_fails(FaultKind::corrupt_h2d, first_copy_of("wq", Config{1, 127}), 1,
+                    "resident step 1 failed at phase verify of tensor 'wq'");
 }
 
 TEST(SceneSteps, StepsPastMaxSeqOrWithRoundsAreRefusedBeforeAnyMemory) {

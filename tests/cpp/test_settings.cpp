@@ -171,6 +171,10 @@ TEST(Settings, HostCacheMaxAndHugePages) {
     expect_refused("PINSTAGE_HOST_HUGE_PAGES", bad);
   EnvVar env("PINSTAGE_HOST_HUGE_PAGES", "thp");
   EXPECT_EQ(setting_choice(Setting::host_huge_pages), "thp");
+  for (const char* bad : {"1", "ON", "true", "on,off"})
+    expect_refused("PINSTAGE_RESIDENT_CHECK", bad);
+  EnvVar check("PINSTAGE_RESIDENT_CHECK", "on");
+  EXPECT_EQ(setting_choice(Setting::resident_check), "on");
 }
 
 TEST(Settings, ByteCountsAndIntegersAreParsedStrictly) {
