@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -308,6 +309,22 @@ TEST(SceneSteps, EveryStepMatchesItsGoldenAndOnlyTheStepInputsGoUp) {
       }
     }
   }
+}
+
+// With the golden on the execute step's own (portable) kernels, every step is bit-exact: out
+// and the K/V rows each step wrote, read back from the device, equal the golden's.
+TEST(SceneSteps, OnTheSameKernelsEveryStepIsBitExact) {
+  ASSERT_EQ(setenv("PINSTAGE_GOLDEN_ISA", "generic", 1), 0);
+  Worker worker;
+  worker.init("sim");
+  const SceneReport report = pinstage::run_scene(worker, *scene(), steps_options(3, true));
+  ASSERT_EQ(unsetenv("PINSTAGE_GOLDEN_ISA"), 0);
+  ASSERT_TRUE(report.ok());
+  for (const SceneRound& step : report.rounds)
+    for (const TensorComparison& t : step.comparison->tensors) {
+      EXPECT_GT(t.checked, 0u) << t.tensor;
+      EXPECT_EQ(t.differing, 0u) << "step " << step.index << ": " << t.message();
+    }
 }
 
 // Runs three resident steps with `kind` failing at call `nth`: the run stops at `step`,
