@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdarg>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -22,7 +23,9 @@ void add_report_options(CLI::App& cmd, ReportArgs& args) {
   cmd.add_option("--json", args.json,
                  "Write the JSON report to FILE (atomically), or to stdout with '-'")
       ->each([&args](const std::string&) { args.json_given = true; });
-  cmd.add_flag("--quiet,-q", args.quiet, "No progress bar");
+  cmd.add_flag("--quiet,-q", args.quiet,
+               "No progress bar and no chatter (headers, notes, where files went); the result "
+               "is printed all the same");
 }
 
 namespace {
@@ -52,6 +55,14 @@ void check_out_option(const char* flag, const std::string& path) {
 }
 
 FILE* text_out(const ReportArgs& args) { return args.json == "-" ? stderr : stdout; }
+
+void chatter(const ReportArgs& args, const char* format, ...) {
+  if (args.quiet) return;
+  va_list list;
+  va_start(list, format);
+  std::vfprintf(text_out(args), format, list);
+  va_end(list);
+}
 
 void write_report(const ReportArgs& args, nlohmann::ordered_json doc, const RunInfo& run) {
   if (args.json.empty()) return;

@@ -33,6 +33,10 @@ void check_report_args(const ReportArgs& args);
 void check_out_option(const char* flag, const std::string& path);
 // Where the human-readable text goes: stderr when the JSON report has stdout.
 FILE* text_out(const ReportArgs& args);
+// Chatter: what --quiet drops (headers, plans, notes, where a file went), printed to
+// text_out otherwise. The result (a table, a verdict, PASS/FAIL) is printed with text_out
+// whatever --quiet says: --quiet has this one meaning on every command.
+void chatter(const ReportArgs& args, const char* format, ...) __attribute__((format(printf, 2, 3)));
 // Writes `doc` (with the "run" block first) to stdout or, atomically, to the file.
 void write_report(const ReportArgs& args, nlohmann::ordered_json doc, const RunInfo& run);
 

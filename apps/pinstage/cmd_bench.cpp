@@ -76,14 +76,14 @@ void finish_report(const BenchArgs& a, const ab::BenchResult& result) {
     return;
   }
   write_bench_json(a, result);
-  std::fprintf(text, "report with every raw timing: %s\n", a.report.json.c_str());
+  chatter(a.report, "report with every raw timing: %s\n", a.report.json.c_str());
   if (a.no_plot) return;
   const std::string png = plot_path_for(a.report.json);
   std::string why;
   if (plot_report(a.report.json, png, why))
-    std::fprintf(text, "picture: %s\n", png.c_str());
+    chatter(a.report, "picture: %s\n", png.c_str());
   else
-    std::fprintf(text, "no picture: %s\n", why.c_str());
+    chatter(a.report, "no picture: %s\n", why.c_str());
 }
 
 // Everything that needs no machine figures is checked (by make_task and make_config)
@@ -100,7 +100,7 @@ void run_bench_command(const BenchArgs& a, const std::function<ab::BenchTask()>&
   budget.device_is_host = worker.capabilities().device_memory_is_host;
   budget.device_capacity = worker.stats().device_capacity_bytes;
   const ab::SizePlan plan = ab::plan_size(config, task, budget);
-  std::fprintf(stderr, "pinstage bench: %s\n", plan.reason.c_str());
+  chatter(a.report, "pinstage bench: %s\n", plan.reason.c_str());
 
   ab::BenchResult seed;
   seed.run = collect_run_info(&worker, command_options(*a.cmd));

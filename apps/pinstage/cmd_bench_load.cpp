@@ -254,11 +254,10 @@ void run_bench_load(BenchLoadArgs& a) {
   ProgressBar bar(a.report);
   const auto series = run_rounds(c, a, arms, bar);
   FILE* text = text_out(a.report);
-  const bool print = !a.report.quiet || a.report.json.empty();
-  if (print)
-    std::fprintf(text, "bench load %s: %s in %s and %s, %d round(s)\n", a.path.c_str(),
-                 format_bytes(bytes).c_str(), plural(c.tensors().size(), "tensor").c_str(),
-                 plural(c.files().size(), "file").c_str(), a.rounds);
+  const bool print = true;  // the per-arm table and the targets are the result
+  chatter(a.report, "bench load %s: %s in %s and %s, %d round(s)\n", a.path.c_str(),
+          format_bytes(bytes).c_str(), plural(c.tensors().size(), "tensor").c_str(),
+          plural(c.files().size(), "file").c_str(), a.rounds);
   nlohmann::ordered_json doc;
   doc["path"] = a.path;
   doc["bytes"] = bytes;

@@ -109,14 +109,11 @@ Runs generate_runs(const Scene& scene, const FixtureArgs& a, HostAllocator& allo
     const Stopwatch clock;
     runs.args.emplace(scene.make_args(allocator, a.values, a.threads));
     runs.generate.push_back(clock.seconds());
-    if (a.repeat > 1) {
-      std::fprintf(text_out(a.report), "  run %d/%d: generate %s", r + 1, a.repeat,
-                   rate(total_bytes, runs.generate.back()).c_str());
-      if (a.first_touch)
-        std::fprintf(text_out(a.report), ", first-touch %s",
-                     rate(total_bytes, runs.floor.back()).c_str());
-      std::fprintf(text_out(a.report), "\n");
-    }
+    if (a.repeat > 1)
+      chatter(a.report, "  run %d/%d: generate %s%s%s\n", r + 1, a.repeat,
+              rate(total_bytes, runs.generate.back()).c_str(),
+              a.first_touch ? ", first-touch " : "",
+              a.first_touch ? rate(total_bytes, runs.floor.back()).c_str() : "");
   }
   return runs;
 }
@@ -163,8 +160,8 @@ void write_out(const FixtureArgs& a, const TaskArgs& args, nlohmann::ordered_jso
   report["out"] = a.out;
   report["file_bytes"] = file_bytes;
   report["write_s"] = s;
-  std::fprintf(text_out(a.report), "wrote %s: %s in %s\n", a.out.c_str(),
-               format_bytes(file_bytes).c_str(), rate(file_bytes, s).c_str());
+  chatter(a.report, "wrote %s: %s in %s\n", a.out.c_str(), format_bytes(file_bytes).c_str(),
+          rate(file_bytes, s).c_str());
 }
 
 // The size knob when it was omitted (0): the same automatic size as the bench, the
@@ -187,7 +184,7 @@ void plan_fixture_size(const Scene& scene, FixtureArgs& a) {
   ab::MemoryBudget budget;
   budget.host_available = available_memory_bytes();
   const ab::SizePlan plan = ab::plan_size(config, ab::scene_task(scene, a.values), budget);
-  if (value == 0) std::fprintf(stderr, "pinstage fixture: %s\n", plan.reason.c_str());
+  if (value == 0) chatter(a.report, "pinstage fixture: %s\n", plan.reason.c_str());
   value = plan.size;
 }
 
@@ -234,10 +231,10 @@ void run_fixture(const Scene& scene, FixtureArgs a) {
   }
   const int threads = a.threads > 0 ? a.threads : default_thread_count();
   const std::string generator = scene.generator();
-  std::fprintf(text_out(a.report), "%s fixture: %s, %s memory, %s%s\n", scene.name().c_str(),
-               scene.describe(a.values).c_str(), allocator->name().c_str(),
-               plural(static_cast<size_t>(threads), "thread").c_str(),
-               generator.empty() ? "" : (", " + generator).c_str());
+  chatter(a.report, "%s fixture: %s, %s memory, %s%s\n", scene.name().c_str(),
+          scene.describe(a.values).c_str(), allocator->name().c_str(),
+          plural(static_cast<size_t>(threads), "thread").c_str(),
+          generator.empty() ? "" : (", " + generator).c_str());
   std::fflush(text_out(a.report));
   Runs runs;
   {

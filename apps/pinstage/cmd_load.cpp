@@ -124,7 +124,7 @@ void run_load(LoadArgs& a) {
     r = load_to_host(c, pinned, o).report;
   }
   bar.clear();
-  if (!a.report.quiet || a.report.json.empty()) print_report(text_out(a.report), c, r, a.to);
+  print_report(text_out(a.report), c, r, a.to);  // the result: --quiet keeps it
   write_report(a.report, report_json(c, r, a.to),
                collect_run_info(&worker, command_options(*a.cmd)));
   finish_worker(worker);

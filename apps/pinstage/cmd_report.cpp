@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -93,22 +95,28 @@ void add_plot_command(CLI::App& app) {
   struct Args {
     std::string report;
     std::string out;
+    ReportArgs json;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
       "plot",
-      "Draw a bench report: bind latency and upload GB/s per group and arm, and the "
-      "bind phases per arm (needs python3-matplotlib)");
+      "Draw a report: an A/B bench (latency, upload GB/s and phases per arm), a bench load "
+      "(GB/s per arm, warm and cold) or a steps bench (staging and execute per step and mode); "
+      "needs python3-matplotlib");
   cmd->add_option("REPORT", a->report, "A report from pinstage bench --json")
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_option("--out", a->out, "The PNG to write (default: REPORT with .png)");
+  add_report_options(*cmd, a->json);
   cmd->callback([a] {
+    check_report_args(a->json);
     const std::string out = a->out.empty() ? plot_path_for(a->report) : a->out;
     check_out_option("--out", out);
     std::string why;
     if (!plot_report(a->report, out, why)) throw Error(ErrorCode::io, "plot failed: " + why);
-    std::printf("picture: %s\n", out.c_str());
+    chatter(a->json, "picture: %s\n", out.c_str());
+    write_report(a->json, {{"report", a->report}, {"picture", out}},
+                 collect_run_info(nullptr, {{"command", "plot"}, {"REPORT", a->report}}));
   });
 }
 
@@ -224,8 +232,11 @@ ArmFigures arm_figures(const CompareReport& r, const std::string& arm) {
   return f;
 }
 
-std::string change(double before, double after) {
-  if (before <= 0.0) return "-";
+// "+5.7%", or "-" when either figure shows as 0 at the table's precision (a percent change
+// of two values printed 0.00 says nothing).
+std::string change(double before, double after, int decimals) {
+  const double shown = std::pow(10.0, -decimals) / 2;
+  if (std::fabs(before) < shown || std::fabs(after) < shown) return "-";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%+.1f%%", (after / before - 1.0) * 100.0);
   return buf;
@@ -242,46 +253,105 @@ std::string source_line(const char* tag, const CompareReport& r) {
          string_or(run, r.file, "run", "pinstage_version", "?") + ")";
 }
 
-void compare_reports(const std::string& path_a, const std::string& path_b) {
+// run.options of a report as option -> value ("" for an option the run block lacks).
+std::map<std::string, std::string> run_options(const CompareReport& r) {
+  std::map<std::string, std::string> out;
+  const nlohmann::json* run = optional_key(r.doc, r.file, "", "run", Kind::object);
+  if (run == nullptr) return out;
+  const nlohmann::json* options = optional_key(*run, r.file, "run", "options", Kind::object);
+  if (options == nullptr) return out;
+  for (const auto& [key, value] : options->items())
+    out[key] = value.is_string() ? value.get<std::string>() : value.dump();
+  return out;
+}
+
+// The options whose values differ between the two runs (or that one run lacks): what a
+// reader must know before trusting a change.
+nlohmann::ordered_json differing_options(const CompareReport& a, const CompareReport& b) {
+  const auto oa = run_options(a), ob = run_options(b);
+  std::map<std::string, std::pair<std::string, std::string>> diff;
+  for (const auto& [key, value] : oa) {
+    const auto it = ob.find(key);
+    if (it == ob.end() || it->second != value)
+      diff[key] = {value, it == ob.end() ? "(absent)" : it->second};
+  }
+  for (const auto& [key, value] : ob)
+    if (oa.find(key) == oa.end()) diff[key] = {"(absent)", value};
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& [key, values] : diff)
+    out.push_back({{"option", key}, {"a", values.first}, {"b", values.second}});
+  return out;
+}
+
+nlohmann::ordered_json figures_json(const ArmFigures& f) {
+  return {{"best_bind_ms", f.bind_min_ms},
+          {"median_upload_gbps", f.upload_gbps},
+          {"median_alloc_ms", f.alloc_ms},
+          {"median_reduction", f.reduction}};
+}
+
+void compare_reports(const std::string& path_a, const std::string& path_b,
+                     const ReportArgs& report) {
+  check_report_args(report);
   const CompareReport a = read_compare_report(path_a);
   const CompareReport b = read_compare_report(path_b);
   // Every figure is read before anything is printed: a bad report prints no table.
   std::vector<std::pair<ArmFigures, ArmFigures>> figures;
   for (const std::string& arm : a.arms)
     figures.emplace_back(arm_figures(a, arm), arm_figures(b, arm));
-  std::printf("%s\n%s\n", source_line("A", a).c_str(), source_line("B", b).c_str());
-  std::printf("\n%-9s %-22s %12s %12s %9s\n", "arm", "figure", "A", "B", "B vs A");
+  const nlohmann::ordered_json differ = differing_options(a, b);
+  FILE* out = text_out(report);
+  chatter(report, "%s\n%s\n", source_line("A", a).c_str(), source_line("B", b).c_str());
+  std::fprintf(out, "options that differ:%s\n", differ.empty() ? " none" : "");
+  for (const auto& d : differ)
+    std::fprintf(out, "  %s: %s (A) vs %s (B)\n", d["option"].get<std::string>().c_str(),
+                 d["a"].get<std::string>().c_str(), d["b"].get<std::string>().c_str());
+  std::fprintf(out, "\n%-9s %-22s %12s %12s %9s\n", "arm", "figure", "A", "B", "B vs A");
+  nlohmann::ordered_json arms = nlohmann::ordered_json::array();
   for (size_t i = 0; i < a.arms.size(); ++i) {
     const std::string& arm = a.arms[i];
     const auto& [fa, fb] = figures[i];
     if (!fb.found) {
-      std::printf("%-9s only in A\n", arm.c_str());
+      std::fprintf(out, "%-9s only in A\n", arm.c_str());
+      arms.push_back({{"arm", arm}, {"a", figures_json(fa)}, {"b", nullptr}});
       continue;
     }
-    std::printf("%-9s %-22s %12.2f %12.2f %9s\n", arm.c_str(), "best bind ms", fa.bind_min_ms,
-                fb.bind_min_ms, change(fa.bind_min_ms, fb.bind_min_ms).c_str());
-    std::printf("%-9s %-22s %12.2f %12.2f %9s\n", "", "upload GB/s (median)", fa.upload_gbps,
-                fb.upload_gbps, change(fa.upload_gbps, fb.upload_gbps).c_str());
-    std::printf("%-9s %-22s %12.2f %12.2f %9s\n", "", "alloc ms (median)", fa.alloc_ms, fb.alloc_ms,
-                change(fa.alloc_ms, fb.alloc_ms).c_str());
-    std::printf("%-9s %-22s %11.1f%% %11.1f%%\n", "", "faster than reference", fa.reduction * 100,
-                fb.reduction * 100);
+    arms.push_back({{"arm", arm}, {"a", figures_json(fa)}, {"b", figures_json(fb)}});
+    std::fprintf(out, "%-9s %-22s %12.2f %12.2f %9s\n", arm.c_str(), "best bind ms",
+                 fa.bind_min_ms, fb.bind_min_ms, change(fa.bind_min_ms, fb.bind_min_ms, 2).c_str());
+    std::fprintf(out, "%-9s %-22s %12.2f %12.2f %9s\n", "", "upload GB/s (median)",
+                 fa.upload_gbps, fb.upload_gbps, change(fa.upload_gbps, fb.upload_gbps, 2).c_str());
+    std::fprintf(out, "%-9s %-22s %12.3f %12.3f %9s\n", "", "alloc ms (median)", fa.alloc_ms,
+                 fb.alloc_ms, change(fa.alloc_ms, fb.alloc_ms, 3).c_str());
+    std::fprintf(out, "%-9s %-22s %11.1f%% %11.1f%%\n", "", "faster than reference",
+                 fa.reduction * 100, fb.reduction * 100);
   }
   for (const std::string& arm : b.arms)
-    if (std::find(a.arms.begin(), a.arms.end(), arm) == a.arms.end())
-      std::printf("%-9s only in B\n", arm.c_str());
+    if (std::find(a.arms.begin(), a.arms.end(), arm) == a.arms.end()) {
+      std::fprintf(out, "%-9s only in B\n", arm.c_str());
+      arms.push_back({{"arm", arm}, {"a", nullptr}, {"b", figures_json(arm_figures(b, arm))}});
+    }
+  std::fflush(out);
+  write_report(report, {{"a", path_a}, {"b", path_b}, {"differing_options", differ}, {"arms", arms}},
+               collect_run_info(nullptr, {{"command", "bench compare"}, {"A", path_a}, {"B", path_b}}));
 }
 
 }  // namespace
 
 void add_bench_compare_command(CLI::App& bench) {
-  auto files = std::make_shared<std::vector<std::string>>();
-  CLI::App* cmd = bench.add_subcommand("compare", "Side-by-side change between two bench reports");
-  cmd->add_option("REPORTS", *files, "A.json B.json")
+  struct Args {
+    std::vector<std::string> files;
+    ReportArgs report;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = bench.add_subcommand(
+      "compare", "Side-by-side change between two bench reports, the options that differ first");
+  cmd->add_option("REPORTS", a->files, "A.json B.json")
       ->required()
       ->expected(2)
       ->check(CLI::ExistingFile);
-  cmd->callback([files] { compare_reports(files->at(0), files->at(1)); });
+  add_report_options(*cmd, a->report);
+  cmd->callback([a] { compare_reports(a->files.at(0), a->files.at(1), a->report); });
 }
 
 void add_report_commands(CLI::App& app) { add_plot_command(app); }

@@ -58,15 +58,14 @@ void print_round(FILE* out, const SceneRound& round, bool steps) {
 
 // Peak resident memory against what the run holds: the args, and the device copy where
 // device memory is host RAM (sim).
-double print_memory(FILE* out, const SceneReport& report, bool device_is_host) {
+double print_memory(const ReportArgs& args, const SceneReport& report, bool device_is_host) {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   const double peak = static_cast<double>(usage.ru_maxrss) * 1024.0;
   const double fixture = static_cast<double>(report.sizes.total_bytes);
   const double device = device_is_host ? fixture : 0.0;
-  std::fprintf(out,
-               "peak resident memory %.3f GB = %.3f x (fixture %.3f GB + device %.3f GB in RAM)\n",
-               peak / 1e9, peak / (fixture + device), fixture / 1e9, device / 1e9);
+  chatter(args, "peak resident memory %.3f GB = %.3f x (fixture %.3f GB + device %.3f GB in RAM)\n",
+          peak / 1e9, peak / (fixture + device), fixture / 1e9, device / 1e9);
   return peak;
 }
 
@@ -124,13 +123,12 @@ int run(const Scene& scene, const SceneArgs& a) {
   Worker worker;
   worker.init(a.backend.name, 0, worker_options(a.backend));
   FILE* out = text_out(a.report);
-  std::fprintf(out, "%s scene: %s, %s storage, %s backend", scene.name().c_str(),
-               scene.describe(options.values).c_str(), a.storage.c_str(),
-               worker.backend().name.c_str());
-  if (a.steps > 1)
-    std::fprintf(out, ", %d steps (%s)", a.steps,
-                 a.full_bind ? "a full bind per step" : "resident args");
-  std::fputc('\n', out);
+  const std::string steps =
+      a.steps == 1 ? "" : ", " + std::to_string(a.steps) + " steps (" +
+                              (a.full_bind ? "a full bind per step" : "resident args") + ")";
+  chatter(a.report, "%s scene: %s, %s storage, %s backend%s\n", scene.name().c_str(),
+          scene.describe(options.values).c_str(), a.storage.c_str(), worker.backend().name.c_str(),
+          steps.c_str());
   std::fflush(out);
   SceneReport report;
   {
@@ -147,10 +145,10 @@ int run(const Scene& scene, const SceneArgs& a) {
                  "step and no golden comparison; every upload was read back and compared byte "
                  "for byte\n",
                  worker.backend().name.c_str());
-  std::fprintf(out, "generated %s in %.3f s; golden %.3f s\n", report.args_summary.c_str(),
-               report.generate_seconds, report.golden_seconds);
-  if (!a.save_golden.empty()) std::fprintf(out, "golden written to %s\n", a.save_golden.c_str());
-  const double peak = print_memory(out, report, worker.capabilities().device_memory_is_host);
+  chatter(a.report, "generated %s in %.3f s; golden %.3f s\n", report.args_summary.c_str(),
+          report.generate_seconds, report.golden_seconds);
+  if (!a.save_golden.empty()) chatter(a.report, "golden written to %s\n", a.save_golden.c_str());
+  const double peak = print_memory(a.report, report, worker.capabilities().device_memory_is_host);
   std::fprintf(out, "%s\n", report.ok() ? "PASS" : "FAIL");
   write_report(a.report, report_json(report, peak),
                collect_run_info(&worker, command_options(*a.cmd)));

@@ -1,0 +1,82 @@
+"""One CLI convention, on every command (docs/cli.md, "Conventions"): `--json FILE|-` and
+`--quiet` are accepted everywhere; `--json -` puts the JSON report alone on stdout and the
+text on stderr; `--quiet` drops progress and chatter, never the result."""
+import json
+import struct
+import subprocess
+
+import pytest
+
+
+def run(cli, args, cwd):
+    done = subprocess.run([str(cli), *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+    assert done.returncode == 0, (args, done.stderr)
+    return done
+
+
+@pytest.fixture(scope="module")
+def files(cli, tmp_path_factory):
+    """Two synthetic bench reports and a small checkpoint, made once."""
+    d = tmp_path_factory.mktemp("conventions")
+    for name in ("a.json", "b.json"):
+        run(cli, ["bench", "synthetic", "--tensors", "2", "--bytes", "4096", "--groups", "1",
+                  "--rounds", "2", "--no-baseline", "--no-plot", "-q", "--json", name], d)
+    # A small checkpoint (4 MB), written by hand: the qwen3 fixture's smallest is 1 GB.
+    header = {"w": {"dtype": "F32", "shape": [1024, 1024], "data_offsets": [0, 4 << 20]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    (d / "ckpt.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + bytes(4 << 20))
+    return d
+
+
+# (command, the result's marker: printed with or without --quiet, chatter's marker: only
+# without --quiet; None where the command has no chatter)
+COMMANDS = [
+    (["info"], "backends:", None),
+    (["demo", "--mib", "1"], "round trip bit-exact", "worker: sim backend"),
+    (["fixture", "qwen3-decode", "--layers", "1", "--seq-len", "16", "--size-only"],
+     "tensors, 19 inputs", None),
+    (["fixture", "qwen3-decode", "--layers", "1", "--seq-len", "16"], "generate:",
+     "qwen3-decode fixture:"),
+    (["bench", "synthetic", "--tensors", "2", "--bytes", "4096", "--groups", "1", "--rounds", "2",
+      "--no-baseline"], "pinned", "pinstage bench:"),
+    (["bench", "qwen3-decode", "--layers", "1", "--seq-len", "16", "--steps", "2", "--groups",
+      "1"], "target: staging", None),
+    (["bench", "compare", "a.json", "b.json"], "options that differ", "A: a.json"),
+    (["scene", "qwen3-decode", "--layers", "1", "--seq-len", "16"], "PASS",
+     "qwen3-decode scene:"),
+    (["load", "ckpt.safetensors"], "loaded", None),
+    (["bench", "load", "ckpt.safetensors", "--rounds", "1"], "goal", "bench load ckpt"),
+    (["plot", "a.json", "--out", "p.png"], None, "picture: p.png"),
+]
+
+
+@pytest.mark.parametrize("args,result,chat", COMMANDS, ids=[" ".join(c[0][:2]) for c in COMMANDS])
+def test_json_dash_and_quiet_mean_one_thing_everywhere(cli, files, args, result, chat):
+    loud = run(cli, args, files)
+    if result:
+        assert result in loud.stdout, loud.stdout
+    if chat:
+        assert chat in loud.stdout, loud.stdout
+    quiet = run(cli, [*args, "--quiet"], files)
+    if result:
+        assert result in quiet.stdout, quiet.stdout  # never the result
+    if chat:
+        assert chat not in quiet.stdout, quiet.stdout  # always the chatter
+    as_json = run(cli, [*args, "--json", "-"], files)
+    report = json.loads(as_json.stdout)  # stdout holds the report alone
+    assert "run" in report and report["run"]["options"]
+    if result:
+        assert result in as_json.stderr  # the text moved to stderr
+    both = run(cli, [*args, "-q", "--json", "-"], files)
+    assert json.loads(both.stdout)["run"]
+    if chat:
+        assert chat not in both.stderr
+
+
+def test_an_empty_json_is_refused_by_every_command(cli, files):
+    for args, _, _ in COMMANDS:
+        done = subprocess.run([str(cli), *args, "--json", ""], capture_output=True, text=True,
+                              timeout=60, cwd=files)
+        assert done.returncode == 1, args
+        assert "--json is empty" in done.stderr, (args, done.stderr)
