@@ -1,10 +1,16 @@
-"""Draw a ``pinstage bench --json`` report as one PNG.
+"""Draw a pinstage report as one PNG, whatever its kind (``report_kind``):
 
-Three panels: the minimum bind latency per group and arm; the upload rate per group and
-arm with the plain-memcpy baseline as a line; and the bind's phases (alloc, upload,
-verify, execute, download, release) stacked per arm. Run as
-``python3 -m pinstage.plot REPORT.json --out FILE.png`` or through ``pinstage plot``.
-This module needs only matplotlib and the report, not the compiled extension.
+- an A/B bench (``pinstage bench <task> --json``): the minimum bind latency per group and
+  arm; the upload rate per group and arm with the plain-memcpy baseline as a line; and the
+  bind's phases (alloc, upload, verify, execute, download, release) stacked per arm;
+- a load bench (``pinstage bench load --json``): the best GB/s of every arm, warm and cold
+  side by side; and every target's measured value against its goal, met or not;
+- a steps bench (``pinstage bench <scene> --steps N --json``): staging and execute time
+  per step, resident against a full bind per step; and the bytes each step moved.
+
+Run as ``python3 -m pinstage.plot REPORT.json --out FILE.png`` or through
+``pinstage plot``. This module needs only matplotlib and the report, not the compiled
+extension. Legends sit outside the axes, so they never cover a bar.
 """
 
 from __future__ import annotations
@@ -22,8 +28,25 @@ PHASE_LABELS = {"device_alloc": "alloc"}
 ARM_COLOURS = {"pageable": "#d62728", "pinned": "#1f77b4", "staged": "#2ca02c"}
 
 
+# One colour per load arm and per step mode, the same in every panel.
+LOAD_COLOURS = {"warm": "#1f77b4", "cold": "#ff7f0e"}
+MODE_COLOURS = {"resident": "#2ca02c", "full": "#d62728"}
+
+
+def report_kind(doc: dict) -> str:
+    """"ab", "load" or "steps"; ValueError for anything else."""
+    if isinstance(doc, dict) and doc.get("kind") == "steps" and "records" in doc:
+        return "steps"
+    if isinstance(doc, dict) and "groups" in doc and "config" in doc:
+        return "ab"
+    if isinstance(doc, dict) and isinstance(doc.get("arms"), dict) and "targets" in doc:
+        return "load"
+    raise ValueError("it is not a report of pinstage bench --json, bench load --json or "
+                     "bench <scene> --steps --json")
+
+
 def load_report(path: str) -> dict:
-    """The report at ``path``; ValueError when it is not a bench report."""
+    """The report at ``path``; ValueError when it is no report ``report_kind`` knows."""
     # O_NONBLOCK, then fstat: a FIFO given as the report would block a plain open forever.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -32,8 +55,7 @@ def load_report(path: str) -> dict:
     os.set_blocking(fd, True)
     with os.fdopen(fd, encoding="utf-8") as f:
         doc = json.load(f)
-    if not isinstance(doc, dict) or "groups" not in doc or "config" not in doc:
-        raise ValueError("it is not a report of pinstage bench --json (no groups or config)")
+    report_kind(doc)
     return doc
 
 
@@ -83,11 +105,109 @@ def phase_medians(doc: dict) -> dict:
             for arm, phases in per_arm.items()}
 
 
-def render(doc: dict):
-    """A matplotlib Figure of the report (not yet saved)."""
+def _pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
+
+
+def _legend_outside(ax):
+    """The legend right of the axes, where it cannot cover a bar or a tick label."""
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+
+
+def render(doc: dict):
+    """A matplotlib Figure of the report (not yet saved), by its kind."""
+    return {"ab": render_ab, "load": render_load, "steps": render_steps}[report_kind(doc)](doc)
+
+
+def render_load(doc: dict):
+    """Best GB/s per arm, warm and cold side by side; each target against its goal."""
+    plt = _pyplot()
+    arms = _key(doc, "arms", "")
+    names = sorted({key.split("/")[0] for key in arms})
+    fig, (ax_rate, ax_goal) = plt.subplots(1, 2, figsize=(16, 5.6))
+    width = 0.4
+    for i, temp in enumerate(("warm", "cold")):
+        xs, ys = [], []
+        for n, name in enumerate(names):
+            key = f"{name}/{temp}"
+            if key in arms:
+                xs.append(n + (i - 0.5) * width)
+                ys.append(_key(arms[key], "best_gbps", f"arms.{key}"))
+        if xs:
+            ax_rate.bar(xs, ys, width, label=temp, color=LOAD_COLOURS[temp], gid=f"rate:{temp}")
+    ax_rate.set_xticks(range(len(names)))
+    ax_rate.set_xticklabels(names, rotation=30, ha="right", fontsize="small")
+    ax_rate.set_ylabel("GB/s (best round)")
+    ax_rate.set_title("load rate per arm")
+    _legend_outside(ax_rate)
+    targets = _key(doc, "targets", "")
+    keys = list(targets)
+    for n, key in enumerate(keys):
+        t = _key(targets, key, "targets")
+        value = _key(t, "value", f"targets.{key}")
+        goal = _key(t, "goal", f"targets.{key}")
+        met = _key(t, "met", f"targets.{key}")
+        ax_goal.barh(n, value, 0.6, color="#2ca02c" if met else "#d62728", gid=f"target:{key}")
+        ax_goal.plot([goal, goal], [n - 0.4, n + 0.4], color="black", linewidth=2)
+        ax_goal.text(max(value, goal) * 1.02, n,
+                     f"{value:.2f} ({'>=' if t.get('at_least') else '<='} {goal:.2f}: "
+                     f"{'met' if met else 'NOT met'})", va="center", fontsize="small")
+    ax_goal.set_yticks(range(len(keys)))
+    ax_goal.set_yticklabels(keys, fontsize="small")
+    ax_goal.invert_yaxis()
+    ax_goal.set_xlim(0, max([1.0] + [max(t["value"], t["goal"]) for t in targets.values()]) * 1.5)
+    ax_goal.set_title("targets (bar: measured; black line: goal; green: met)")
+    fig.suptitle(f"pinstage bench load: {doc.get('path', '?')}, "
+                 f"{doc.get('bytes', 0) / 1e6:,.1f} MB, {doc.get('rounds', '?')} round(s)")
+    fig.tight_layout()
+    return fig
+
+
+def render_steps(doc: dict):
+    """Per step, resident against full: staging and execute time; bytes moved."""
+    plt = _pyplot()
+    records = _key(doc, "records", "")
+    steps = int(_key(doc, "steps", ""))
+    fig, (ax_time, ax_bytes) = plt.subplots(1, 2, figsize=(16, 5.6))
+    width = 0.4
+    xs = list(range(1, steps + 1))
+    for i, mode in enumerate(("resident", "full")):
+        staging, execute, moved = [], [], []
+        for step in xs:
+            rows = [r for r in records if r.get("mode") == mode and r.get("step") == step]
+            if not rows:
+                raise ValueError(f"records have no step {step} of mode '{mode}'")
+            staging.append(statistics.median(r["staging_seconds"] for r in rows) * 1e3)
+            execute.append(statistics.median(r["execute_seconds"] for r in rows) * 1e3)
+            moved.append(rows[0]["uploaded_bytes"] + rows[0]["downloaded_bytes"])
+        offs = [x + (i - 0.5) * width for x in xs]
+        colour = MODE_COLOURS[mode]
+        ax_time.bar(offs, staging, width, color=colour, label=f"{mode}: staging",
+                    gid=f"staging:{mode}")
+        ax_time.plot(offs, execute, marker="o", linestyle=":", color=colour,
+                     label=f"{mode}: execute", gid=f"execute:{mode}")
+        ax_bytes.bar(offs, moved, width, color=colour, label=mode, gid=f"moved:{mode}")
+    for ax, title, unit in ((ax_time, "staging (all but execute) and execute per step", "ms"),
+                            (ax_bytes, "bytes moved per step (up + down)", "bytes")):
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel(unit + " (log)")
+        ax.set_xticks(xs)
+        _legend_outside(ax)
+    fig.suptitle(f"{doc.get('scene', '?')}, {doc.get('description', '')}: staging "
+                 f"{doc.get('staging_speedup', 0):.0f}x lower resident, a resident step moves "
+                 f"{doc.get('moved_fraction', 0) * 100:.4f}% of a full bind's bytes")
+    fig.tight_layout()
+    return fig
+
+
+def render_ab(doc: dict):
+    """The A/B bench's three panels."""
+    plt = _pyplot()
 
     arms = list(_key(_key(doc, "config", ""), "arms", "config"))
     groups = _key(doc, "groups", "")
@@ -117,7 +237,7 @@ def render(doc: dict):
         ax.set_xlabel("group")
         ax.set_ylabel(unit)
         ax.set_xticks(xs)
-        ax.legend(fontsize="small")
+        _legend_outside(ax)
 
     medians = phase_medians(doc)
     bottoms = [0.0] * len(arms)
@@ -131,7 +251,7 @@ def render(doc: dict):
     ax_ph.set_ylim(0, max(bottoms + [0.0]) * 1.15 or 1.0)  # the whole stack, from 0
     ax_ph.set_title("bind phases per arm (median)")
     ax_ph.set_ylabel("ms")
-    ax_ph.legend(fontsize="small")
+    _legend_outside(ax_ph)
 
     fig.suptitle(_title(doc))
     fig.tight_layout()

@@ -17,7 +17,7 @@ def report(cli, tmp_path_factory):
     out = tmp_path_factory.mktemp("plot") / "bench.json"
     done = subprocess.run(
         [str(cli), "bench", "synthetic", "--tensors", "2", "--bytes", "1M", "--groups",
-         str(GROUPS), "--rounds", "2", "--arms", ",".join(ARMS), "--json", str(out), "--quiet"],
+         str(GROUPS), "--rounds", "2", "--arms", ",".join(ARMS), "--json", str(out)],
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return out, done.stdout
@@ -127,3 +127,91 @@ def test_plot_refuses_a_fifo_without_blocking(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match="not a regular file"):
         plot.load_report(str(fifo))
+
+
+def _small_checkpoint(path):
+    import struct
+    header = {"a": {"dtype": "F32", "shape": [256, 1024], "data_offsets": [0, 1 << 20]},
+              "b": {"dtype": "BF16", "shape": [1024], "data_offsets": [1 << 20, (1 << 20) + 2048]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes((1 << 20) + 2048))
+
+
+def _run(cli, *args):
+    done = subprocess.run([str(cli), *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def _legends_outside_the_axes(fig):
+    """No legend overlaps the area of any axes (so none covers a bar)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box = legend.get_window_extent(renderer)
+        for other in fig.axes:
+            assert not box.overlaps(other.get_window_extent(renderer)), ax.get_title()
+
+
+def test_a_load_report_draws_every_arm_and_every_target(cli, tmp_path):
+    from pinstage import plot
+
+    ckpt = tmp_path / "c.safetensors"
+    _small_checkpoint(ckpt)
+    out = tmp_path / "load.json"
+    _run(cli, "bench", "load", str(ckpt), "--rounds", "1", "--json", str(out), "-q")
+    doc = plot.load_report(str(out))
+    assert plot.report_kind(doc) == "load"
+    fig = plot.render(doc)
+    ax_rate, ax_goal = fig.axes
+    arms = {key.split("/")[0] for key in doc["arms"]}
+    for temp in ("warm", "cold"):
+        bars = [c for c in ax_rate.containers if c.get_label() == temp]
+        assert len(bars) == 1 and all(b.get_height() > 0 for b in bars[0])
+    warm = [c for c in ax_rate.containers if c.get_label() == "warm"][0]
+    assert len(warm) == len(arms)
+    targets = [p for p in ax_goal.patches if (p.get_gid() or "").startswith("target:")]
+    assert {p.get_gid()[7:] for p in targets} == set(doc["targets"])
+    for p in targets:  # green when met, red when not
+        met = doc["targets"][p.get_gid()[7:]]["met"]
+        assert matplotlib.colors.to_hex(p.get_facecolor()) == ("#2ca02c" if met else "#d62728")
+    _legends_outside_the_axes(fig)
+    png = tmp_path / "load.png"
+    _run(cli, "plot", str(out), "--out", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_steps_report_draws_both_modes_at_every_step(cli, tmp_path):
+    from pinstage import plot
+
+    out = tmp_path / "steps.json"
+    _run(cli, "bench", "qwen3-decode", "--layers", "1", "--seq-len", "16", "--steps", "3",
+         "--groups", "1", "--json", str(out), "-q")
+    doc = plot.load_report(str(out))
+    assert plot.report_kind(doc) == "steps"
+    fig = plot.render(doc)
+    ax_time, ax_bytes = fig.axes
+    assert ax_time.get_yscale() == "log" and ax_bytes.get_yscale() == "log"
+    for mode in ("resident", "full"):
+        staging = [c for c in ax_time.containers if c.get_label() == f"{mode}: staging"][0]
+        moved = [c for c in ax_bytes.containers if c.get_label() == mode][0]
+        assert len(staging) == 3 and len(moved) == 3
+        assert all(b.get_height() > 0 for b in staging)
+        assert [line for line in ax_time.get_lines() if line.get_gid() == f"execute:{mode}"]
+    resident = [c for c in ax_bytes.containers if c.get_label() == "resident"][0]
+    full = [c for c in ax_bytes.containers if c.get_label() == "full"][0]
+    assert resident[1].get_height() * 1000 < full[1].get_height()  # step 2: a tiny fraction
+    _legends_outside_the_axes(fig)
+
+
+def test_a_report_of_no_known_kind_is_refused(tmp_path):
+    from pinstage import plot
+
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"arms": [], "hello": 1}))
+    with pytest.raises(ValueError, match="not a report of pinstage bench"):
+        plot.load_report(str(bad))
