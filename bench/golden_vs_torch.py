@@ -43,7 +43,12 @@ def main():
     parser.add_argument("--seq-len", type=int, default=3500)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cpp-runs", type=int, default=3)
+    parser.add_argument("--dry-run", action="store_true",
+                    help="check the arguments and exit (the docs tests' check)")
     opts = parser.parse_args()
+    if opts.dry_run:
+        print("dry run: arguments parsed; nothing was run")
+        return 0
 
     tool = pathlib.Path(opts.build_dir) / "bin" / "qwen3_dump"
     if not tool.exists():

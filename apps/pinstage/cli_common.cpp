@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdarg>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdarg>
 #include <mutex>
 #include <thread>
 

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -317,10 +317,10 @@ void compare_reports(const std::string& path_a, const std::string& path_b,
       continue;
     }
     arms.push_back({{"arm", arm}, {"a", figures_json(fa)}, {"b", figures_json(fb)}});
-    std::fprintf(out, "%-9s %-22s %12.2f %12.2f %9s\n", arm.c_str(), "best bind ms",
-                 fa.bind_min_ms, fb.bind_min_ms, change(fa.bind_min_ms, fb.bind_min_ms, 2).c_str());
-    std::fprintf(out, "%-9s %-22s %12.2f %12.2f %9s\n", "", "upload GB/s (median)",
-                 fa.upload_gbps, fb.upload_gbps, change(fa.upload_gbps, fb.upload_gbps, 2).c_str());
+    std::fprintf(out, "%-9s %-22s %12.2f %12.2f %9s\n", arm.c_str(), "best bind ms", fa.bind_min_ms,
+                 fb.bind_min_ms, change(fa.bind_min_ms, fb.bind_min_ms, 2).c_str());
+    std::fprintf(out, "%-9s %-22s %12.2f %12.2f %9s\n", "", "upload GB/s (median)", fa.upload_gbps,
+                 fb.upload_gbps, change(fa.upload_gbps, fb.upload_gbps, 2).c_str());
     std::fprintf(out, "%-9s %-22s %12.3f %12.3f %9s\n", "", "alloc ms (median)", fa.alloc_ms,
                  fb.alloc_ms, change(fa.alloc_ms, fb.alloc_ms, 3).c_str());
     std::fprintf(out, "%-9s %-22s %11.1f%% %11.1f%%\n", "", "faster than reference",
@@ -332,8 +332,9 @@ void compare_reports(const std::string& path_a, const std::string& path_b,
       arms.push_back({{"arm", arm}, {"a", nullptr}, {"b", figures_json(arm_figures(b, arm))}});
     }
   std::fflush(out);
-  write_report(report, {{"a", path_a}, {"b", path_b}, {"differing_options", differ}, {"arms", arms}},
-               collect_run_info(nullptr, {{"command", "bench compare"}, {"A", path_a}, {"B", path_b}}));
+  write_report(
+      report, {{"a", path_a}, {"b", path_b}, {"differing_options", differ}, {"arms", arms}},
+      collect_run_info(nullptr, {{"command", "bench compare"}, {"A", path_a}, {"B", path_b}}));
 }
 
 }  // namespace

@@ -124,8 +124,9 @@ int run(const Scene& scene, const SceneArgs& a) {
   worker.init(a.backend.name, 0, worker_options(a.backend));
   FILE* out = text_out(a.report);
   const std::string steps =
-      a.steps == 1 ? "" : ", " + std::to_string(a.steps) + " steps (" +
-                              (a.full_bind ? "a full bind per step" : "resident args") + ")";
+      a.steps == 1 ? ""
+                   : ", " + std::to_string(a.steps) + " steps (" +
+                         (a.full_bind ? "a full bind per step" : "resident args") + ")";
   chatter(a.report, "%s scene: %s, %s storage, %s backend%s\n", scene.name().c_str(),
           scene.describe(options.values).c_str(), a.storage.c_str(), worker.backend().name.c_str(),
           steps.c_str());

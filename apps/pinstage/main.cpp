@@ -1,6 +1,7 @@
 // pinstage: the command-line front end. `pinstage --help` lists the subcommands.
 #include <cstdio>
 #include <exception>
+#include <string_view>
 
 #include "commands.h"
 #include "pinstage/atomic_file.h"
@@ -10,9 +11,30 @@
 
 namespace {
 
+// Every command's callback replaced by one that only says the line parsed: what --dry-run
+// runs instead of the work.
+void make_dry(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (sub->get_subcommands([](CLI::App*) { return true; }).empty())
+      sub->callback([sub] {
+        std::string path = sub->get_name();
+        for (const CLI::App* p = sub->get_parent(); p && p->get_parent(); p = p->get_parent())
+          path = p->get_name() + " " + path;
+        std::printf("pinstage --dry-run: '%s' parsed; nothing was run\n", path.c_str());
+      });
+    make_dry(*sub);
+  }
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"pinstage: stage a large model's arguments onto an accelerator at link speed"};
   app.require_subcommand(1);
+  bool dry_run = false;
+  app.add_flag("--dry-run", dry_run,
+               "Parse and check the command line (option names, numbers, ranges), then exit "
+               "without running the command: how the docs tests run a long benchmark's line");
+  // Known before parsing (CLI11 runs callbacks while it parses): only as the first argument.
+  const bool dry = argc > 1 && std::string_view(argv[1]) == "--dry-run";
   // `pinstage --version` -> "pinstage 0.2.0": the loaded library's version (version.h).
   app.set_version_flag("--version", std::string("pinstage ") + pinstage::version(),
                        "Print the pinstage version and exit");
@@ -23,6 +45,7 @@ int run(int argc, char** argv) {
   pinstage::cli::add_scene_command(app);
   pinstage::cli::add_report_commands(app);
   pinstage::cli::add_load_command(app);
+  if (dry) make_dry(app);
   try {
     pinstage::check_settings();  // a bad PINSTAGE_* variable is reported before any work
     app.parse(argc, argv);
