@@ -163,4 +163,53 @@ void add_load_command(CLI::App& app) {
   q->callback([a] { run_load(*a); });
 }
 
+void add_hash_command(CLI::App& app) {
+  struct HashArgs {
+    std::string path;
+    int threads = 0;
+    int64_t chunk_mib = 8;
+    ReportArgs report;
+    CLI::App* cmd = nullptr;
+  };
+  auto a = std::make_shared<HashArgs>();
+  CLI::App* q = app.add_subcommand(
+      "hash",
+      "Record every tensor's xxh3-64 in a sidecar next to a checkpoint whose writer recorded "
+      "none (a Hugging Face checkpoint), so that load --verify checks it from then on");
+  a->cmd = q;
+  q->add_option("PATH", a->path, "A .safetensors file, or a directory of shards")->required();
+  add_integer_option(*q, "--threads", a->threads, "Reader threads, 0..1024 (0 = all cores)", 0,
+                     1024)
+      ->capture_default_str();
+  add_integer_option(*q, "--chunk-mib", a->chunk_mib, "MiB per pread, 1..4096", 1, 4096)
+      ->capture_default_str();
+  add_report_options(*q, a->report);
+  q->callback([a] {
+    check_report_args(a->report);
+    const Checkpoint c = Checkpoint::open(a->path);
+    check_out_option("the sidecar", hash_sidecar_path(c.path()));
+    CheckpointLoadOptions o;
+    o.threads = a->threads;
+    o.chunk_bytes = static_cast<uint64_t>(a->chunk_mib) << 20;
+    HashReport r;
+    {
+      ProgressTicker ticker(a->report, "hashing " + format_bytes(c.total_bytes()));
+      r = hash_checkpoint(c, o);
+    }
+    std::fprintf(text_out(a->report), "hashed %s, %s in %.3f s (%.2f GB/s)%s\n",
+                 plural(r.tensors, "tensor").c_str(), format_bytes(r.bytes).c_str(), r.seconds,
+                 r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds / 1e9 : 0.0,
+                 r.already_recorded ? "; the hashes its writer recorded match" : "");
+    chatter(a->report, "sidecar: %s (load --verify reads it)\n", r.sidecar.c_str());
+    write_report(a->report,
+                 {{"path", c.path()},
+                  {"tensors", r.tensors},
+                  {"bytes", r.bytes},
+                  {"already_recorded", r.already_recorded},
+                  {"seconds", r.seconds},
+                  {"sidecar", r.sidecar}},
+                 collect_run_info(nullptr, command_options(*a->cmd)));
+  });
+}
+
 }  // namespace pinstage::cli

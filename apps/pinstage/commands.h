@@ -21,6 +21,7 @@ void add_scene_command(CLI::App& app);            // pinstage scene <scene>
 void add_report_commands(CLI::App& app);          // pinstage plot
 void add_bench_compare_command(CLI::App& bench);  // pinstage bench compare A.json B.json
 void add_load_command(CLI::App& app);             // pinstage load PATH
+void add_hash_command(CLI::App& app);             // pinstage hash PATH
 void add_bench_load_command(CLI::App& bench);     // pinstage bench load PATH
 
 // The PNG path next to a JSON report (x.json -> x.png).

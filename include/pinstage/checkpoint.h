@@ -205,6 +205,29 @@ struct DeviceLoad {
 PINSTAGE_API DeviceLoad load_to_device(const Checkpoint& checkpoint, Worker& worker,
                                        const CheckpointLoadOptions& options = {});
 
+// The hash sidecar (docs/loading.md, "Integrity"): per-tensor xxh3-64 recorded next to a
+// checkpoint whose writer recorded none, so that verify checks it from then on.
+// Checkpoint::open reads it when present (a sidecar that no longer matches the checkpoint
+// is Error(io)). <dir>/pinstage.xxh3.json for a directory, <file>.pinstage.xxh3.json for a
+// file.
+inline constexpr const char* kHashSidecarName = "pinstage.xxh3.json";
+PINSTAGE_API std::string hash_sidecar_path(const std::string& checkpoint_path);
+
+// What hash_checkpoint did.
+struct HashReport {
+  size_t tensors = 0;
+  uint64_t bytes = 0;
+  size_t already_recorded = 0;  // tensors whose writer recorded a hash (it matched)
+  double seconds = 0;
+  std::string sidecar;  // the file written
+};
+
+// Reads every tensor (options.threads, options.chunk_bytes) and writes its xxh3-64 to the
+// sidecar, atomically, replacing an older one. A tensor whose recorded hash differs from
+// its bytes is Error(mismatch) naming it, and nothing is written. Error(io) for a read.
+PINSTAGE_API HashReport hash_checkpoint(const Checkpoint& checkpoint,
+                                        const CheckpointLoadOptions& options = {});
+
 // The index metadata key of the checkpoint-level digest the sharded writer records: the
 // xxh3-64 (16 hex digits) of every tensor's shard, name, dtype, shape, place and hash.
 // Checkpoint::open checks it when present (Error(io): "a mix of two writes?").

@@ -2,6 +2,8 @@
 // sharded writer. Reading tensor data is in load.cpp.
 #include "pinstage/checkpoint.h"
 
+#include "checkpoint/hash_sidecar.h"
+
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -277,6 +279,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
     merge_metadata(c.metadata_, origin, index->metadata, path + "/" + kCheckpointIndexName);
   }
   for (const CheckpointFile& f : c.files_) merge_metadata(c.metadata_, origin, f.metadata, f.path);
+  detail::apply_hash_sidecar(path, c.files_, c.tensors_);
   return c;
 }
 

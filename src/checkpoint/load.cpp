@@ -270,8 +270,11 @@ void check_verifiable(const Checkpoint& c, const std::vector<const CheckpointTen
                   " of " + std::to_string(tensors.size()) +
                   " tensors, which have no recorded xxh3-64 hash (the first is '" +
                   first->name.substr(0, 96) +
-                  "'); nothing was loaded. Verify only the tensors that have one with "
-                  "verify_if_present (CLI --verify=if-present)");
+                  "'); nothing was loaded. Record hashes for every tensor first with "
+                  "`pinstage hash " +
+                  c.path() +
+                  "` (a sidecar file), or verify only the "
+                  "tensors that have one with verify_if_present (CLI --verify=if-present)");
 }
 
 }  // namespace

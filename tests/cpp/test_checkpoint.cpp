@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -970,6 +971,106 @@ TEST_F(CheckpointTest, IndexParserRefusesUnknownKeysAndBadValues) {
                       std::pair<std::string, std::string>{"total_size", "12"}),
             ok.metadata.end());
   EXPECT_EQ(ok.weight_map[0].second, "s.safetensors");
+}
+
+// ---- The hash sidecar (pinstage hash) ----
+
+TEST_F(CheckpointTest, AHashSidecarMakesAnUnhashedCheckpointVerifiable) {
+  const std::string f = path("hf.safetensors");
+  write_raw(f, {{"a", "F32", {300, 7}}, {"b", "BF16", {5}}, {"c", "U8", {0}}}, 0, false);
+  CheckpointLoadOptions verify;
+  verify.verify = true;
+  PageableAllocator pageable;
+  EXPECT_THROW(load_to_host(Checkpoint::open(f), pageable, verify), Error);  // no hashes yet
+  const HashReport r = hash_checkpoint(Checkpoint::open(f));
+  EXPECT_EQ(r.tensors, 3u);
+  EXPECT_EQ(r.already_recorded, 0u);
+  EXPECT_EQ(r.sidecar, f + ".pinstage.xxh3.json");
+  EXPECT_EQ(r.sidecar, hash_sidecar_path(f));
+  const Checkpoint c = Checkpoint::open(f);
+  for (const CheckpointTensor& t : c.tensors()) {
+    ASSERT_TRUE(t.xxh3.has_value()) << t.name;
+    const std::string bytes = read_bytes(f).substr(t.offset, t.bytes);
+    EXPECT_EQ(*t.xxh3, xxh3_64(bytes.data(), bytes.size())) << t.name;  // the bytes' own hash
+  }
+  const HostLoad ok = load_to_host(c, pageable, verify);
+  EXPECT_TRUE(ok.report.verified);
+  std::string damaged = read_bytes(f);  // one byte of "a" flipped, same layout
+  damaged[c.get("a").offset + 100] ^= 1;
+  write_bytes(f, damaged);
+  const Error e = test::error_of([&] { load_to_host(Checkpoint::open(f), pageable, verify); });
+  EXPECT_NE(std::string(e.what()).find("tensor 'a' fails its integrity check"), std::string::npos)
+      << e.what();
+}
+
+TEST_F(CheckpointTest, HashingADirectoryWritesOneSidecarTheShardListIgnores) {
+  const std::string d = path("shards");
+  fs::create_directories(d);
+  write_raw(d + "/one.safetensors", {{"x", "F16", {64}}}, 0, false);
+  write_raw(d + "/two.safetensors", {{"y", "I64", {9}}}, 1, false);
+  const HashReport r = hash_checkpoint(Checkpoint::open(d));
+  EXPECT_EQ(r.sidecar, d + "/pinstage.xxh3.json");
+  const Checkpoint c = Checkpoint::open(d);  // the sidecar is not taken for a shard
+  EXPECT_EQ(c.files().size(), 2u);
+  EXPECT_TRUE(c.get("x").xxh3 && c.get("y").xxh3);
+}
+
+TEST_F(CheckpointTest, AHashFromTheWriterIsCheckedAndADamagedFileWritesNoSidecar) {
+  const std::string f = path("ours.safetensors");
+  write_raw(f, {{"a", "F32", {1000}}, {"b", "I32", {10}}});  // hashes recorded
+  EXPECT_EQ(hash_checkpoint(Checkpoint::open(f)).already_recorded, 2u);
+  const std::string sidecar = read_bytes(hash_sidecar_path(f));
+  std::string damaged = read_bytes(f);
+  damaged[Checkpoint::open(f).get("b").offset] ^= 0x40;
+  write_bytes(f, damaged);
+  const Error e = test::error_of([&] { hash_checkpoint(Checkpoint::open(f)); });
+  EXPECT_EQ(e.code(), ErrorCode::mismatch);
+  EXPECT_NE(std::string(e.what()).find("tensor 'b'"), std::string::npos) << e.what();
+  EXPECT_EQ(read_bytes(hash_sidecar_path(f)), sidecar);  // the old sidecar stands, untouched
+}
+
+// Every way a sidecar can be wrong is an Error(io) naming the sidecar and the reason.
+TEST_F(CheckpointTest, ABadOrStaleSidecarIsRefusedAtOpenWithItsReason) {
+  const std::string f = path("m.safetensors");
+  write_raw(f, {{"a", "F32", {16}}, {"b", "U8", {3}}}, 0, false);
+  hash_checkpoint(Checkpoint::open(f));
+  const std::string side = hash_sidecar_path(f);
+  const nlohmann::json good = nlohmann::json::parse(read_bytes(side));
+  auto refused = [&](const std::string& text, const std::string& why) {
+    write_bytes(side, text);
+    const Error e = test::error_of([&] { Checkpoint::open(f); });
+    EXPECT_EQ(e.code(), ErrorCode::io) << why;
+    EXPECT_NE(std::string(e.what()).find("hash sidecar '" + side + "'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << why << ": " << e.what();
+  };
+  auto with = [&](const std::function<void(nlohmann::json&)>& change) {
+    nlohmann::json j = good;
+    change(j);
+    return j.dump();
+  };
+  refused("{", "");
+  refused(R"({"format": "pinstage.xxh3/1", "format": "x", "tensors": {}})",
+          "repeats the key 'format'");
+  refused(with([](auto& j) { j["format"] = "pinstage.xxh3/2"; }), "its format is not");
+  refused(with([](auto& j) { j["extra"] = 1; }), "unknown key 'extra'");
+  refused(with([](auto& j) { j["tensors"]["zz"] = j["tensors"]["a"]; }),
+          "tensor 'zz' is not in the checkpoint");
+  refused(with([](auto& j) { j["tensors"]["a"]["offset"] = 1; }), "changed since");
+  refused(with([](auto& j) { j["tensors"]["a"]["bytes"] = 63; }), "changed since");
+  refused(with([](auto& j) { j["tensors"]["a"]["file"] = "other.safetensors"; }), "changed since");
+  refused(with([](auto& j) { j["tensors"]["a"]["bytes"] = -1; }), "not a whole number");
+  refused(with([](auto& j) { j["tensors"]["b"]["xxh3"] = "12345"; }), "not 16 hex digits");
+  refused(with([](auto& j) { j["tensors"]["b"].erase("xxh3"); }), "has no \"xxh3\"");
+  refused(with([](auto& j) { j["tensors"]["b"]["mtime"] = 1; }), "unknown key 'mtime'");
+  write_bytes(side, good.dump());
+  EXPECT_NO_THROW(Checkpoint::open(f));
+  // A sidecar that contradicts the hash the writer recorded.
+  write_raw(f, {{"a", "F32", {16}}, {"b", "U8", {3}}}, 0, true);
+  fs::remove(side);
+  hash_checkpoint(Checkpoint::open(f));
+  nlohmann::json contradicts = nlohmann::json::parse(read_bytes(side));
+  contradicts["tensors"]["b"]["xxh3"] = "0000000000000000";
+  refused(contradicts.dump(), "but its writer recorded");
 }
 
 }  // namespace

@@ -46,6 +46,7 @@ COMMANDS = [
     (["scene", "qwen3-decode", "--layers", "1", "--seq-len", "16"], "PASS",
      "qwen3-decode scene:"),
     (["load", "ckpt.safetensors"], "loaded", None),
+    (["hash", "ckpt.safetensors"], "hashed 1 tensor", "sidecar: ckpt.safetensors.pinstage"),
     (["bench", "load", "ckpt.safetensors", "--rounds", "1"], "goal", "bench load ckpt"),
     (["plot", "a.json", "--out", "p.png"], None, "picture: p.png"),
 ]
@@ -80,3 +81,24 @@ def test_an_empty_json_is_refused_by_every_command(cli, files):
                               timeout=60, cwd=files)
         assert done.returncode == 1, args
         assert "--json is empty" in done.stderr, (args, done.stderr)
+
+
+def test_hash_makes_an_unhashed_checkpoint_verifiable(cli, tmp_path):
+    header = {"w": {"dtype": "U8", "shape": [4096], "data_offsets": [0, 4096]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    ckpt = tmp_path / "hf.safetensors"
+    ckpt.write_bytes(struct.pack("<Q", len(text)) + text + bytes(range(256)) * 16)
+    refused = subprocess.run([str(cli), "load", str(ckpt), "--verify"], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 1 and f"pinstage hash {ckpt}" in refused.stderr
+    run(cli, ["hash", str(ckpt)], tmp_path)
+    assert (tmp_path / "hf.safetensors.pinstage.xxh3.json").exists()
+    ok = run(cli, ["load", str(ckpt), "--verify"], tmp_path)
+    assert "matches the recorded one" in ok.stdout
+    data = bytearray(ckpt.read_bytes())
+    data[-1] ^= 1  # a damaged byte, same layout
+    ckpt.write_bytes(bytes(data))
+    bad = subprocess.run([str(cli), "load", str(ckpt), "--verify"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 1 and "tensor 'w' fails its integrity check" in bad.stderr

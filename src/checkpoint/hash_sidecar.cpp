@@ -1,0 +1,199 @@
+// The hash sidecar: per-tensor xxh3-64 recorded next to a checkpoint whose writer recorded
+// none (a Hugging Face checkpoint), so that `--verify` means something for it from then on.
+// Written by hash_checkpoint (`pinstage hash`), read by Checkpoint::open.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/hash_sidecar.h"
+#include "pinstage/atomic_file.h"
+#include "pinstage/checkpoint.h"
+#include "pinstage/clock.h"
+#include "pinstage/error.h"
+#include "pinstage/files.h"
+#include "pinstage/parallel.h"
+#include "pinstage/safetensors.h"
+#include "tensor/strict_json.h"
+
+namespace pinstage {
+
+namespace fs = std::filesystem;
+using detail::shown;
+
+namespace {
+
+constexpr const char* kFormat = "pinstage.xxh3/1";
+constexpr uint64_t kMaxSidecarBytes = uint64_t{256} << 20;
+
+[[noreturn]] void sidecar_error(const std::string& path, const std::string& why) {
+  throw Error(ErrorCode::io, "hash sidecar '" + path + "': " + why);
+}
+
+const nlohmann::json& member(const nlohmann::json& obj, const char* key, const std::string& path,
+                             const std::string& where) {
+  const auto it = obj.find(key);
+  if (it == obj.end()) sidecar_error(path, where + " has no \"" + key + "\"");
+  return *it;
+}
+
+void only_keys(const nlohmann::json& obj, std::initializer_list<const char*> keys,
+               const std::string& path, const std::string& where) {
+  for (const auto& item : obj.items()) {
+    bool known = false;
+    for (const char* k : keys) known = known || item.key() == k;
+    if (!known) sidecar_error(path, where + " has an unknown key " + shown(item.key()));
+  }
+}
+
+uint64_t whole_number(const nlohmann::json& v, const std::string& path, const std::string& where) {
+  if (!v.is_number_unsigned()) sidecar_error(path, where + " is not a whole number >= 0");
+  return v.get<uint64_t>();
+}
+
+// xxh3-64 of one tensor, read with pread in chunks from an open file.
+uint64_t hash_tensor(int fd, const CheckpointTensor& t, uint64_t chunk, std::vector<char>& buf,
+                     const std::string& file) {
+  Xxh3Stream stream;
+  buf.resize(static_cast<size_t>(std::min<uint64_t>(chunk, std::max<uint64_t>(t.bytes, 1))));
+  for (uint64_t done = 0; done < t.bytes;) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), t.bytes - done));
+    const ssize_t got = ::pread(fd, buf.data(), want, static_cast<off_t>(t.offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      throw Error(ErrorCode::io, "reading tensor " + shown(t.name) + " of '" + file + "': " +
+                                     (got == 0 ? std::string("the file is shorter than at open")
+                                               : std::strerror(errno)));
+    stream.update(buf.data(), static_cast<size_t>(got));
+    done += static_cast<uint64_t>(got);
+  }
+  return stream.digest();
+}
+
+}  // namespace
+
+std::string hash_sidecar_path(const std::string& checkpoint_path) {
+  std::error_code ec;
+  if (fs::is_directory(checkpoint_path, ec))
+    return (fs::path(checkpoint_path) / kHashSidecarName).string();
+  return checkpoint_path + "." + kHashSidecarName;
+}
+
+namespace detail {
+
+void apply_hash_sidecar(const std::string& checkpoint_path,
+                        const std::vector<CheckpointFile>& files,
+                        std::vector<CheckpointTensor>& tensors) {
+  const std::string path = hash_sidecar_path(checkpoint_path);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;
+  std::string text, why;
+  if (!read_regular_file(path, kMaxSidecarBytes, &text, &why)) sidecar_error(path, why);
+  nlohmann::json doc;
+  try {
+    doc = parse_strict_json(text, "the sidecar", 8);
+  } catch (const StrictJsonError& e) {
+    sidecar_error(path, e.message);
+  }
+  if (!doc.is_object()) sidecar_error(path, "it is not a JSON object");
+  only_keys(doc, {"format", "tensors"}, path, "the sidecar");
+  const nlohmann::json& format = member(doc, "format", path, "the sidecar");
+  if (!format.is_string() || format.get<std::string>() != kFormat)
+    sidecar_error(path, std::string("its format is not \"") + kFormat + "\"");
+  const nlohmann::json& list = member(doc, "tensors", path, "the sidecar");
+  if (!list.is_object()) sidecar_error(path, "\"tensors\" is not an object");
+  std::map<std::string, CheckpointTensor*> by_name;
+  for (CheckpointTensor& t : tensors) by_name[t.name] = &t;
+  for (const auto& [name, entry] : list.items()) {
+    const std::string where = "tensor " + shown(name);
+    const auto it = by_name.find(name);
+    if (it == by_name.end())
+      sidecar_error(path, where +
+                              " is not in the checkpoint: the sidecar was recorded for "
+                              "another checkpoint (run pinstage hash again)");
+    CheckpointTensor& t = *it->second;
+    if (!entry.is_object()) sidecar_error(path, where + " is not an object");
+    only_keys(entry, {"file", "offset", "bytes", "xxh3"}, path, where);
+    const nlohmann::json& file = member(entry, "file", path, where);
+    const std::string shard = fs::path(files[t.file].path).filename().string();
+    if (!file.is_string() || file.get<std::string>() != shard ||
+        whole_number(member(entry, "offset", path, where), path, where + " offset") != t.offset ||
+        whole_number(member(entry, "bytes", path, where), path, where + " bytes") != t.bytes)
+      sidecar_error(path, where +
+                              " was recorded at another place or size than the checkpoint "
+                              "has now: it changed since (run pinstage hash again)");
+    const nlohmann::json& hex = member(entry, "xxh3", path, where);
+    const auto hash = hex.is_string() ? parse_xxh3_hex(hex.get<std::string>()) : std::nullopt;
+    if (!hash) sidecar_error(path, where + " xxh3 is not 16 hex digits");
+    if (t.xxh3 && *t.xxh3 != *hash)
+      sidecar_error(path, where + " has xxh3 " + xxh3_hex(*hash) + " but its writer recorded " +
+                              xxh3_hex(*t.xxh3));
+    t.xxh3 = hash;
+  }
+}
+
+}  // namespace detail
+
+HashReport hash_checkpoint(const Checkpoint& checkpoint, const CheckpointLoadOptions& options) {
+  if (options.chunk_bytes == 0)
+    throw Error(ErrorCode::invalid_argument, "hash_checkpoint: chunk_bytes must be > 0");
+  if (options.threads < 0 || options.threads > 1024)
+    throw Error(ErrorCode::invalid_argument, "hash_checkpoint: threads must be in [0, 1024]");
+  const Stopwatch clock;
+  const auto& files = checkpoint.files();
+  std::vector<int> fds(files.size(), -1);
+  struct Closer {
+    std::vector<int>& fds;
+    ~Closer() {
+      for (int fd : fds)
+        if (fd >= 0) ::close(fd);
+    }
+  } closer{fds};
+  for (size_t f = 0; f < files.size(); ++f) {
+    std::string why;
+    fds[f] = open_regular_file(files[f].path, O_RDONLY | O_CLOEXEC, &why);
+    if (fds[f] < 0) throw Error(ErrorCode::io, "hash_checkpoint: '" + files[f].path + "': " + why);
+  }
+  const auto& tensors = checkpoint.tensors();
+  std::vector<uint64_t> hashes(tensors.size());
+  parallel_for(
+      tensors.size(), 1,
+      [&](size_t begin, size_t end) {
+        std::vector<char> buf;
+        for (size_t i = begin; i < end; ++i) {
+          const CheckpointTensor& t = tensors[i];
+          hashes[i] = hash_tensor(fds[t.file], t, options.chunk_bytes, buf, files[t.file].path);
+        }
+      },
+      options.threads);
+  HashReport report;
+  nlohmann::ordered_json list = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const CheckpointTensor& t = tensors[i];
+    if (t.xxh3 && *t.xxh3 != hashes[i])
+      throw Error(ErrorCode::mismatch,
+                  "hash_checkpoint: tensor " + shown(t.name) + " of '" + files[t.file].path +
+                      "' reads as xxh3 " + xxh3_hex(hashes[i]) + " but its recorded hash is " +
+                      xxh3_hex(*t.xxh3) + ": the file is damaged; no sidecar was written");
+    if (t.xxh3) ++report.already_recorded;
+    list[t.name] = {{"file", fs::path(files[t.file].path).filename().string()},
+                    {"offset", t.offset},
+                    {"bytes", t.bytes},
+                    {"xxh3", xxh3_hex(hashes[i])}};
+    report.bytes += t.bytes;
+  }
+  report.tensors = tensors.size();
+  report.sidecar = hash_sidecar_path(checkpoint.path());
+  const nlohmann::ordered_json doc = {{"format", kFormat}, {"tensors", list}};
+  write_file_atomically(report.sidecar, doc.dump(1) + "\n");
+  report.seconds = clock.seconds();
+  return report;
+}
+
+}  // namespace pinstage
