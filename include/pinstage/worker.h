@@ -326,6 +326,22 @@ class PINSTAGE_API Worker {
   void wait(Event& event);
   void synchronize(Stream& stream);
 
+  // Device-side work, without a trip through the host. Every range must lie inside its
+  // buffer of this worker; a copy's two ranges may share a buffer but must not overlap.
+  // bytes == 0 is a no-op (ranges still checked, as the copies above do). A backend
+  // without the operation (its ABI v5 slot is NULL) is Error(unsupported): there is no
+  // host fallback. The async forms are ordered on `stream` (they complete before it
+  // returns where the backend has no async slots); the others complete before they return.
+  void copy_on_device(const DeviceBuffer& dst, size_t dst_offset, const DeviceBuffer& src,
+                      size_t src_offset, size_t bytes);
+  void copy_on_device_async(const DeviceBuffer& dst, size_t dst_offset, const DeviceBuffer& src,
+                            size_t src_offset, size_t bytes, Stream& stream);
+  // Sets [offset, offset + bytes) of `dst` to `value`, which must be in [0, 255]
+  // (Error(invalid_argument) otherwise: no silent truncation to a byte).
+  void fill_device(const DeviceBuffer& dst, size_t offset, int value, size_t bytes);
+  void fill_device_async(const DeviceBuffer& dst, size_t offset, int value, size_t bytes,
+                         Stream& stream);
+
   // Runs a registered host callable on bound device memory through the backend's
   // host_execute slot. Every argument must lie inside one device allocation of this
   // worker. Error(not_found) for an unknown name, Error(unsupported) when the backend

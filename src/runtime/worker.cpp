@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <new>
 #include <utility>
 #include <vector>
@@ -274,6 +275,53 @@ void copy(runtime::WorkerState& state, Direction dir, const DeviceBuffer& buffer
                          : (stream ? "async copy device-to-host" : "copy device-to-host"));
 }
 
+// Error(unsupported) naming the backend and the operation when its ABI v5 slot is NULL:
+// device-side work has no host fallback, so a caller learns the backend lacks it.
+template <class Slot>
+Slot require_slot(const runtime::WorkerState& state, Slot slot, const char* what,
+                  const char* slot_name) {
+  if (slot == nullptr)
+    throw Error(ErrorCode::unsupported, "backend '" + state.name() + "' has no " + what + " (its " +
+                                            slot_name + " slot is NULL)");
+  return slot;
+}
+
+// One device-to-device copy through the copy_d2d_async slot: on `stream`, or (null)
+// complete when it returns. Both ranges checked against the table; overlap is refused,
+// since the slots are memcpy-like and a backend need not handle it.
+void copy_d2d(runtime::WorkerState& state, const DeviceBuffer& dst, size_t dst_offset,
+              const DeviceBuffer& src, size_t src_offset, size_t bytes, ps_stream* stream,
+              const char* what) {
+  const auto slot =
+      require_slot(state, state.api().copy_d2d_async, "device-to-device copy", "copy_d2d_async");
+  void* to = device_range(state, dst, dst_offset, bytes, what);
+  const void* from = device_range(state, src, src_offset, bytes, what);
+  const auto a = reinterpret_cast<uintptr_t>(to), b = reinterpret_cast<uintptr_t>(from);
+  if (bytes > 0 && a < b + bytes && b < a + bytes)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(what) + ": the destination [" + std::to_string(dst_offset) + ", " +
+                    std::to_string(dst_offset) + " + " + std::to_string(bytes) +
+                    ") overlaps the source [" + std::to_string(src_offset) + ", " +
+                    std::to_string(src_offset) + " + " + std::to_string(bytes) +
+                    ") in the same device buffer");
+  if (bytes == 0) return;
+  state.check(slot(state.ctx, to, from, bytes, stream),
+              stream ? "async copy device-to-device" : "copy device-to-device");
+}
+
+// One fill through the memset_async slot; `value` must be a byte, never truncated.
+void fill(runtime::WorkerState& state, const DeviceBuffer& dst, size_t offset, int value,
+          size_t bytes, ps_stream* stream, const char* what) {
+  const auto slot = require_slot(state, state.api().memset_async, "device fill", "memset_async");
+  if (value < 0 || value > 255)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(what) + ": value " + std::to_string(value) + " is not a byte (0..255)");
+  void* to = device_range(state, dst, offset, bytes, what);
+  if (bytes == 0) return;
+  state.check(slot(state.ctx, to, value, bytes, stream),
+              stream ? "async device fill" : "device fill");
+}
+
 using Owner = std::shared_ptr<runtime::WorkerState>;
 
 // One slot call on a stream or event of this worker (`owner` must be this state); a
@@ -366,6 +414,34 @@ void Worker::copy_to_host_async(void* dst, const DeviceBuffer& src, size_t src_o
   require_own(state_, stream.owner_, "stream");
   copy(*state_, Direction::to_host, src, src_offset, dst, bytes,
        static_cast<ps_stream*>(stream.handle_));
+}
+
+void Worker::copy_on_device(const DeviceBuffer& dst, size_t dst_offset, const DeviceBuffer& src,
+                            size_t src_offset, size_t bytes) {
+  const runtime::CallGuard guard = enter();
+  copy_d2d(*state_, dst, dst_offset, src, src_offset, bytes, nullptr, "copy_on_device");
+}
+
+void Worker::copy_on_device_async(const DeviceBuffer& dst, size_t dst_offset,
+                                  const DeviceBuffer& src, size_t src_offset, size_t bytes,
+                                  Stream& stream) {
+  const runtime::CallGuard guard = enter();
+  require_own(state_, stream.owner_, "stream");
+  copy_d2d(*state_, dst, dst_offset, src, src_offset, bytes,
+           static_cast<ps_stream*>(stream.handle_), "copy_on_device_async");
+}
+
+void Worker::fill_device(const DeviceBuffer& dst, size_t offset, int value, size_t bytes) {
+  const runtime::CallGuard guard = enter();
+  fill(*state_, dst, offset, value, bytes, nullptr, "fill_device");
+}
+
+void Worker::fill_device_async(const DeviceBuffer& dst, size_t offset, int value, size_t bytes,
+                               Stream& stream) {
+  const runtime::CallGuard guard = enter();
+  require_own(state_, stream.owner_, "stream");
+  fill(*state_, dst, offset, value, bytes, static_cast<ps_stream*>(stream.handle_),
+       "fill_device_async");
 }
 
 void Worker::record(Event& event, Stream& stream) {

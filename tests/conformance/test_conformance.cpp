@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -141,6 +142,111 @@ TEST_F(Conformance, AsyncCopiesCompleteInOrderAtEvents) {
   EXPECT_EQ(error_of([&] { worker.synchronize(foreign); }).code(), ErrorCode::invalid_argument);
 }
 
+// The whole of a device buffer, read back.
+std::vector<unsigned char> read_back(Worker& worker, const DeviceBuffer& dev) {
+  std::vector<unsigned char> out(dev.size());
+  worker.copy_to_host(out.data(), dev, 0, out.size());
+  return out;
+}
+
+// ABI v5: device-to-device copies (between buffers and within one) and fills change
+// exactly their ranges; the bytes just outside each range keep their old values.
+TEST_F(Conformance, DeviceCopiesAndFillsChangeExactlyTheirRanges) {
+  DeviceBuffer a = worker.alloc_device(4096);
+  DeviceBuffer b = worker.alloc_device(4096);
+  auto want_a = pattern(4096, 11), want_b = pattern(4096, 12);
+  worker.copy_to_device(a, 0, want_a.data(), 4096);
+  worker.copy_to_device(b, 0, want_b.data(), 4096);
+
+  worker.copy_on_device(b, 101, a, 203, 1000);  // another buffer, odd offsets
+  std::copy_n(want_a.begin() + 203, 1000, want_b.begin() + 101);
+  worker.copy_on_device(a, 3001, a, 9, 500);  // within one buffer, not overlapping
+  std::copy_n(want_a.begin() + 9, 500, want_a.begin() + 3001);
+  worker.copy_on_device(a, 600, a, 100, 500);  // adjacent ranges: [100, 600) -> [600, 1100)
+  std::copy_n(want_a.begin() + 100, 500, want_a.begin() + 600);
+  worker.fill_device(a, 1501, 0xab, 700);
+  std::fill_n(want_a.begin() + 1501, 700, 0xab);
+  worker.fill_device(b, 4000, 255, 96);  // to the last byte, the largest value
+  std::fill_n(want_b.begin() + 4000, 96, 255);
+  worker.fill_device(b, 0, 0, 1);  // the first byte alone, the smallest value
+  want_b[0] = 0;
+  worker.copy_on_device(b, 4096, a, 0, 0);  // 0 bytes at the end: a no-op
+  worker.fill_device(b, 4096, 1, 0);
+
+  EXPECT_EQ(read_back(worker, a), want_a);
+  EXPECT_EQ(read_back(worker, b), want_b);
+}
+
+// The async forms run in the stream's order: each step reads what the one before wrote.
+TEST_F(Conformance, AsyncDeviceCopiesAndFillsRunInStreamOrder) {
+  DeviceBuffer a = worker.alloc_device(1 << 20);
+  DeviceBuffer b = worker.alloc_device(1 << 20);
+  PinnedHostBuffer up = worker.alloc_pinned_host(1 << 20);
+  PinnedHostBuffer down = worker.alloc_pinned_host(1 << 20);
+  auto want_a = pattern(1 << 20, 21);
+  std::vector<unsigned char> want_b(1 << 20, 0x5c);
+  std::memcpy(up.data(), want_a.data(), want_a.size());
+  worker.fill_device(b, 0, 0x5c, 1 << 20);
+  Stream stream = worker.create_stream();
+  Event done = worker.create_event();
+  worker.copy_to_device_async(a, 0, up.data(), 1 << 20, stream);
+  worker.copy_on_device_async(b, 7, a, 0, 300'000, stream);  // reads the upload
+  std::copy_n(want_a.begin(), 300'000, want_b.begin() + 7);
+  worker.fill_device_async(b, 1000, 0x01, 5000, stream);  // over part of that copy
+  std::fill_n(want_b.begin() + 1000, 5000, 0x01);
+  worker.copy_on_device_async(a, 600'000, b, 0, 400'000, stream);  // reads both above
+  std::copy_n(want_b.begin(), 400'000, want_a.begin() + 600'000);
+  worker.copy_to_host_async(down.data(), b, 0, 1 << 20, stream);
+  worker.record(done, stream);
+  worker.wait(done);
+  EXPECT_EQ(std::memcmp(down.data(), want_b.data(), want_b.size()), 0);
+  worker.copy_to_host_async(down.data(), a, 0, 1 << 20, stream);
+  worker.synchronize(stream);
+  EXPECT_EQ(std::memcmp(down.data(), want_a.data(), want_a.size()), 0);
+}
+
+TEST_F(Conformance, DeviceCopiesAndFillsRefuseBadRangesAndValues) {
+  DeviceBuffer a = worker.alloc_device(4096);
+  DeviceBuffer b = worker.alloc_device(4096);
+  const auto want = pattern(4096, 31);
+  worker.copy_to_device(a, 0, want.data(), 4096);
+  worker.copy_to_device(b, 0, want.data(), 4096);
+  Stream stream = worker.create_stream();
+  auto refused = [](auto&& call, const std::string& says) {
+    const Error e = error_of(call);
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+    EXPECT_TRUE(contains(e.what(), says)) << e.what();
+  };
+  refused([&] { worker.copy_on_device(a, 50, a, 0, 100); }, "overlaps the source");
+  refused([&] { worker.copy_on_device(a, 0, a, 99, 100); }, "overlaps the source");
+  refused([&] { worker.copy_on_device_async(a, 10, a, 10, 1, stream); }, "overlaps the source");
+  refused([&] { worker.copy_on_device(b, 4000, a, 0, 97); }, "outside the device buffer");
+  refused([&] { worker.copy_on_device(b, 0, a, 4000, 97); }, "outside the device buffer");
+  refused([&] { worker.copy_on_device(b, 4097, a, 0, 0); }, "outside the device buffer");
+  refused([&] { worker.fill_device(a, 4090, 1, 7); }, "outside the device buffer");
+  refused([&] { worker.fill_device_async(a, 0, 300, 16, stream); }, "value 300 is not a byte");
+  refused([&] { worker.fill_device(a, 0, -1, 16); }, "value -1 is not a byte");
+  refused([&] { worker.fill_device(a, 0, 256, 0); }, "value 256 is not a byte");
+  DeviceBuffer empty;
+  refused([&] { worker.fill_device(empty, 0, 1, 1); }, "device buffer is empty");
+  Worker other;
+  other.init(kBackend);
+  DeviceBuffer theirs = other.alloc_device(4096);
+  Stream foreign = other.create_stream();
+  refused([&] { worker.copy_on_device(a, 0, theirs, 0, 16); },
+          "not inside one device allocation of this worker");
+  refused([&] { worker.copy_on_device(theirs, 0, a, 0, 16); },
+          "not inside one device allocation of this worker");
+  refused([&] { worker.fill_device(theirs, 0, 1, 16); },
+          "not inside one device allocation of this worker");
+  refused([&] { worker.fill_device_async(a, 0, 1, 16, foreign); }, "not created by this worker");
+  refused([&] { worker.copy_on_device_async(b, 0, a, 0, 16, foreign); },
+          "not created by this worker");
+  worker.synchronize(stream);
+  EXPECT_EQ(read_back(worker, a), want);  // nothing refused touched a byte
+  EXPECT_EQ(read_back(worker, b), want);
+}
+
 TEST_F(Conformance, FaultHookFailsExactlyTheNthCallOfEachKind) {
   worker.inject_fault(FaultKind::device_malloc, 2);
   DeviceBuffer a = worker.alloc_device(4096);
@@ -262,6 +368,12 @@ TEST(ConformanceAbi, EverySlotRefusesNullArguments) {
   if (api.inject_fault != nullptr) {
     EXPECT_EQ(api.inject_fault(nullptr, 0, 1), PS_ERR_INVALID_ARGUMENT);
   }
+  if (api.copy_d2d_async != nullptr) {
+    EXPECT_EQ(api.copy_d2d_async(nullptr, &a, &a, 1, nullptr), PS_ERR_INVALID_ARGUMENT);
+  }
+  if (api.memset_async != nullptr) {
+    EXPECT_EQ(api.memset_async(nullptr, &a, 0, 1, nullptr), PS_ERR_INVALID_ARGUMENT);
+  }
   if (api.stream_create != nullptr) {
     EXPECT_EQ(api.stream_create(nullptr, nullptr), PS_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(api.event_create(nullptr, nullptr), PS_ERR_INVALID_ARGUMENT);
@@ -281,6 +393,10 @@ TEST(ConformanceAbi, CapabilitiesMatchTheSlots) {
     EXPECT_EQ(error_of([&] { worker.execute("sim.fill_index", {}); }).code(),
               ErrorCode::unsupported);
   }
+  // Every in-tree backend has the ABI v5 device-side slots (tests/cpp/plugins/
+  // no_device_ops.cpp covers a backend without them).
+  EXPECT_NE(api.copy_d2d_async, nullptr);
+  EXPECT_NE(api.memset_async, nullptr);
 }
 
 }  // namespace

@@ -3,13 +3,18 @@
 
 # Broken plugins for the loader's error paths; built into a folder of their own so
 # `pinstage info` never lists them.
-foreach(broken bad_version no_entry missing_slot)
+# no_device_ops is not broken: sim without the ABI v5 device-side slots.
+foreach(broken bad_version no_entry missing_slot no_device_ops)
   add_library(broken_plugin_${broken} MODULE ${CMAKE_CURRENT_LIST_DIR}/plugins/${broken}.cpp)
   target_include_directories(broken_plugin_${broken} PRIVATE ${PROJECT_SOURCE_DIR}/include)
   set_target_properties(broken_plugin_${broken} PROPERTIES
     LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/test_plugins
     OUTPUT_NAME ${broken} PREFIX "lib")
 endforeach()
+target_compile_definitions(broken_plugin_no_device_ops PRIVATE
+  PINSTAGE_SIM_PLUGIN_PATH="$<TARGET_FILE:pinstage_backend_sim>")
+target_link_libraries(broken_plugin_no_device_ops PRIVATE ${CMAKE_DL_LIBS})
+add_dependencies(broken_plugin_no_device_ops pinstage_backend_sim)
 
 pinstage_add_gtest(test_runtime
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_worker.cpp
@@ -25,7 +30,7 @@ pinstage_add_gtest(test_runtime
 target_compile_definitions(test_runtime PRIVATE
   PINSTAGE_TEST_PLUGIN_DIR="${CMAKE_BINARY_DIR}/test_plugins")
 add_dependencies(test_runtime pinstage_backend_sim broken_plugin_bad_version
-                 broken_plugin_no_entry broken_plugin_missing_slot)
+                 broken_plugin_no_entry broken_plugin_missing_slot broken_plugin_no_device_ops)
 
 # Concurrency tests: also run under TSan in CI (label concurrency).
 pinstage_add_gtest(test_runtime_concurrency

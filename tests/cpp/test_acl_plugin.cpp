@@ -193,6 +193,56 @@ TEST_F(DoubleRules, DeviceMemoryUsedFromAnotherDevicesContextIsRefused) {
   expect_only(FAKE_ACL_WRONG_DEVICE);
 }
 
+TEST_F(DoubleRules, AnOverlappingDeviceToDeviceCopyIsRefused) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(rt.aclrtCreateStream(&s), ACL_SUCCESS);
+  auto* d = static_cast<char*>(dev);
+  EXPECT_EQ(rt.aclrtMemcpyAsync(d + 8, 56, d, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, s),
+            ACL_ERROR_INVALID_PARAM);
+  expect_only(FAKE_ACL_COPY_OVERLAP);
+  EXPECT_EQ(rt.aclrtMemcpy(d + 16, 48, d, 16, ACL_MEMCPY_DEVICE_TO_DEVICE), ACL_SUCCESS);
+  EXPECT_EQ(fake_acl().violations(-1), 1u) << fake_acl().all_violations();  // adjacent: fine
+}
+
+TEST_F(DoubleRules, DeviceMemoryAsTheHostSideIsTheWrongKind) {
+  EXPECT_EQ(rt.aclrtMemcpy(pageable.data(), 64, dev, 16, ACL_MEMCPY_HOST_TO_HOST),
+            ACL_ERROR_INVALID_PARAM);
+  expect_only(FAKE_ACL_HOST_SIDE_ON_DEVICE);
+}
+
+TEST_F(DoubleRules, AMemsetLeavingItsAllocationOrPastMaxCountIsRefused) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(rt.aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_NE(rt.aclrtMemsetAsync, nullptr);
+  auto* mid = static_cast<char*>(dev) + 32;
+  EXPECT_EQ(rt.aclrtMemsetAsync(mid, 64, 0, 64, s), ACL_ERROR_RT_PARAM_INVALID);
+  expect_only(FAKE_ACL_COPY_OUTSIDE);
+  fake_acl().reset();
+  EXPECT_EQ(rt.aclrtMemsetAsync(dev, 8, 0, 16, s), ACL_ERROR_INVALID_PARAM);
+  expect_only(FAKE_ACL_COPY_OVERFLOW);
+  fake_acl().reset();
+  EXPECT_EQ(rt.aclrtMemsetAsync(pinned, 64, 0, 64, s), ACL_ERROR_RT_PARAM_INVALID);
+  expect_only(FAKE_ACL_COPY_OUTSIDE);  // host memory is not device memory
+}
+
+TEST_F(DoubleRules, MemsetsLandOnlyAtASynchronizeInStreamOrder) {
+  aclrtStream s = nullptr;
+  ASSERT_EQ(rt.aclrtCreateStream(&s), ACL_SUCCESS);
+  ASSERT_EQ(rt.aclrtMemcpy(dev, 64, pageable.data(), 64, ACL_MEMCPY_HOST_TO_DEVICE), ACL_SUCCESS);
+  auto* d = static_cast<char*>(dev);
+  ASSERT_EQ(rt.aclrtMemsetAsync(d, 64, 0x1ab, 32, s), ACL_SUCCESS);  // the low byte counts
+  ASSERT_EQ(rt.aclrtMemcpyAsync(d + 32, 32, d, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, s), ACL_SUCCESS);
+  unsigned char back[64];
+  ASSERT_EQ(rt.aclrtMemcpy(back, 64, dev, 64, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+  EXPECT_EQ(back[0], 7);  // not yet
+  ASSERT_EQ(rt.aclrtSynchronizeStream(s), ACL_SUCCESS);
+  ASSERT_EQ(rt.aclrtMemcpy(back, 64, dev, 64, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+  EXPECT_EQ(back[31], 0xab);
+  EXPECT_EQ(back[47], 0xab);  // copied after the memset
+  EXPECT_EQ(back[48], 7);
+  EXPECT_EQ(fake_acl().violations(-1), 0u) << fake_acl().all_violations();
+}
+
 TEST_F(DoubleRules, InjectedFailuresHitTheNthCallOnceAndMemlockIsLimited) {
   fake_acl().fail_nth("aclrtMalloc", 2, ACL_ERROR_RT_MEMORY_ALLOCATION);
   void* a = nullptr;
@@ -470,6 +520,54 @@ TEST_F(AclPlugin, PageableAsyncCopiesTakeTheSynchronousPathInOrder) {
   worker.copy_to_host(back.data(), dev, 0, 4096);
   EXPECT_EQ(back, src);  // the pageable copy landed last, as queued
   EXPECT_EQ(fake_acl().calls("aclrtMemcpyAsync"), 1u);
+}
+
+// ABI v5 through the Worker: the async forms queue aclrtMemcpyAsync(DEVICE_TO_DEVICE) and
+// aclrtMemsetAsync on the stream; the synchronous ones take aclrtMemcpy and a stream of
+// their own for the memset. destMax/maxCount is the count, never more than the room.
+TEST_F(AclPlugin, DeviceCopiesAndFillsUseTheRuntimesDeviceCalls) {
+  Worker worker;
+  worker.init("acl");
+  DeviceBuffer a = worker.alloc_device(4096), b = worker.alloc_device(4096);
+  auto want_a = pattern(4096, 5);
+  std::vector<unsigned char> want_b(4096, 0x77);
+  worker.copy_to_device(a, 0, want_a.data(), 4096);
+  worker.copy_to_device(b, 0, want_b.data(), 4096);
+  Stream stream = worker.create_stream();
+  fake_acl().trace_on(1);
+  worker.copy_on_device_async(b, 10, a, 20, 1000, stream);
+  std::copy_n(want_a.begin() + 20, 1000, want_b.begin() + 10);
+  worker.fill_device_async(b, 500, 0xcd, 100, stream);
+  std::fill_n(want_b.begin() + 500, 100, 0xcd);
+  worker.synchronize(stream);
+  worker.copy_on_device(a, 3000, a, 0, 1000);
+  std::copy_n(want_a.begin(), 1000, want_a.begin() + 3000);
+  worker.fill_device(a, 4095, 0, 1);
+  want_a[4095] = 0;
+  EXPECT_EQ(fake_acl().trace({"aclrtMemcpyAsync", "aclrtMemsetAsync", "aclrtMemcpy",
+                              "aclrtCreateStream", "aclrtSynchronizeStream", "aclrtDestroyStream"}),
+            (std::vector<std::string>{"aclrtMemcpyAsync=0", "aclrtMemsetAsync=0",
+                                      "aclrtSynchronizeStream=0", "aclrtMemcpy=0",
+                                      "aclrtCreateStream=0", "aclrtMemsetAsync=0",
+                                      "aclrtSynchronizeStream=0", "aclrtDestroyStream=0"}));
+  std::vector<unsigned char> back(4096);
+  worker.copy_to_host(back.data(), a, 0, 4096);
+  EXPECT_EQ(back, want_a);
+  worker.copy_to_host(back.data(), b, 0, 4096);
+  EXPECT_EQ(back, want_b);
+  EXPECT_EQ(fake_acl().live().streams, 1u);  // the fill's own stream is gone
+}
+
+TEST_F(AclPlugin, AFailedDeviceFillNamesTheCallAndLeavesNoStream) {
+  Worker worker;
+  worker.init("acl");
+  DeviceBuffer a = worker.alloc_device(4096);
+  fake_acl().fail_nth("aclrtMemsetAsync", 1, ACL_ERROR_RT_PARAM_INVALID);
+  const Error e = error_of([&] { worker.fill_device(a, 0, 1, 4096); });
+  EXPECT_TRUE(has(e.what(), "aclrtMemsetAsync (device fill of 4096 bytes on device 0)"))
+      << e.what();
+  EXPECT_EQ(fake_acl().live().streams, 0u);
+  worker.fill_device(a, 0, 1, 4096);  // only the nth failed
 }
 
 }  // namespace

@@ -29,6 +29,10 @@
 //  - Injected errors (pinstage_fake_cuda_inject): the nth next call of a function fails
 //    with a given error; a sticky one makes every later call fail with it, as an
 //    unrecoverable error does on a GPU, until pinstage_fake_cuda_clear_sticky().
+//  - Device-side work: cudaMemcpyAsync(cudaMemcpyDeviceToDevice) and cudaMemsetAsync
+//    need every byte inside one device allocation of the stream's device, and a
+//    device-to-device copy whose ranges overlap is refused (undefined on a GPU). They run
+//    on the stream like copies; pinstage_fake_cuda_device_ops() counts those accepted.
 //  - Timed events (cudaEventCreate, cudaEventElapsedTime) and the version and PCI
 //    queries the probe uses.
 // pinstage_fake_cuda_counts() reports what is still allocated (leak checks in tests).
@@ -94,6 +98,7 @@ struct Op {
   const void* host = nullptr;
   std::shared_ptr<std::vector<unsigned char>> snapshot;  // a pageable source's bytes
   std::shared_ptr<std::atomic<int64_t>> stamp;           // event marker: completion time
+  int fill = -1;  // cudaMemsetAsync: the byte dst is set to (src unused)
   bool touches(const void* p, size_t n) const {
     if (host == nullptr) return false;
     const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(host);
@@ -152,7 +157,10 @@ struct FakeStream {
         // Later than queued: widens the window in which a careless caller overwrites a
         // source buffer before its copy ran.
         std::this_thread::sleep_for(std::chrono::microseconds(300));
-        std::memcpy(op.dst, op.src, op.bytes);
+        if (op.fill >= 0)
+          std::memset(op.dst, op.fill, op.bytes);
+        else
+          std::memcpy(op.dst, op.src, op.bytes);
       }
       lock.lock();
       queue.pop_front();
@@ -224,6 +232,8 @@ struct State {
   std::set<FakeEvent*> events;
   size_t hazards = 0;  // frees of memory a queued copy still used
   size_t register_calls = 0;
+  size_t d2d_copies = 0;  // accepted cudaMemcpyAsync(cudaMemcpyDeviceToDevice)
+  size_t memsets = 0;     // accepted cudaMemsetAsync
   size_t max_register = SIZE_MAX;
   std::vector<Injection> injections;
   cudaError_t sticky = cudaSuccess;
@@ -377,6 +387,14 @@ FAKE_API size_t pinstage_fake_cuda_register_calls(void) {
   State& s = state();
   std::lock_guard lock(s.mu);
   return s.register_calls;
+}
+
+// Accepted device-to-device copies and memsets since the process started.
+FAKE_API void pinstage_fake_cuda_device_ops(size_t* d2d_copies, size_t* memsets) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  *d2d_copies = s.d2d_copies;
+  *memsets = s.memsets;
 }
 
 // The largest range one cudaHostRegister accepts (the real driver's limit, scaled down).
@@ -683,10 +701,59 @@ cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
   return cudaSuccess;
 }
 
+// Device-side work on `handle`: a copy from device `src` (fill < 0) or a memset to `fill`.
+// Every range lies in one device allocation of the stream's device, a copy's ranges do
+// not overlap, and the thread's current device is the stream's. Runs in stream order.
+static cudaError_t device_op(void* dst, const void* src, int fill, size_t bytes,
+                             cudaStream_t handle) {
+  State& s = state();
+  std::shared_ptr<FakeStream> st;
+  Op op;
+  op.bytes = bytes;
+  op.fill = fill;
+  {
+    std::lock_guard lock(s.mu);
+    auto to = find_in(s.device, dst, bytes);
+    if (to == s.device.end()) return fail(cudaErrorInvalidValue);
+    op.dst = shadow_of(to, dst);
+    int device = to->second.device;
+    if (fill < 0) {
+      auto from = find_in(s.device, src, bytes);
+      if (from == s.device.end() || from->second.device != device)
+        return fail(cudaErrorInvalidValue);
+      const auto a = reinterpret_cast<uintptr_t>(dst), b = reinterpret_cast<uintptr_t>(src);
+      if (a < b + bytes && b < a + bytes) return fail(cudaErrorInvalidValue);  // overlap
+      op.src = shadow_of(from, src);
+    }
+    if (handle != nullptr) {
+      st = lookup_stream(s, handle);
+      if (!st || st->device != t_device) return fail(cudaErrorInvalidResourceHandle);
+      if (device != st->device) return fail(cudaErrorInvalidValue);
+    }
+    ++(fill < 0 ? s.d2d_copies : s.memsets);
+  }
+  if (!st) {  // legacy stream: done when the call returns
+    if (fill >= 0)
+      std::memset(op.dst, fill, bytes);
+    else
+      std::memcpy(op.dst, op.src, bytes);
+    return cudaSuccess;
+  }
+  st->enqueue(std::move(op));
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t handle) {
+  FAKE_ENTER("cudaMemsetAsync");
+  if (dst == nullptr) return fail(cudaErrorInvalidValue);
+  return device_op(dst, nullptr, value & 0xff, bytes, handle);
+}
+
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t handle) {
   FAKE_ENTER("cudaMemcpyAsync");
   if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue);
+  if (kind == cudaMemcpyDeviceToDevice) return device_op(dst, src, -1, bytes, handle);
   if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost)
     return fail(cudaErrorInvalidMemcpyDirection);
   const bool h2d = kind == cudaMemcpyHostToDevice;

@@ -25,6 +25,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/cuda_status.h"
@@ -965,6 +966,88 @@ TEST_F(CudaGpu, RegisterModeMemoryIsNotInheritedByFork) {
   EXPECT_TRUE(child_cannot_read(b.data()));
 }
 
+// ---- ABI v5: device-to-device copies and fills ----
+
+using FakeDeviceOps = void (*)(size_t*, size_t*);
+
+// The fake's accepted cudaMemcpyAsync(DeviceToDevice) and cudaMemsetAsync calls; {0, 0}
+// on a real runtime.
+std::pair<size_t, size_t> fake_device_ops() {
+  size_t copies = 0, memsets = 0;
+  if (auto fn = fake_fn<FakeDeviceOps>("pinstage_fake_cuda_device_ops")) fn(&copies, &memsets);
+  return {copies, memsets};
+}
+
+// The runtime's forms reach cudaMemcpyAsync(DeviceToDevice) and cudaMemsetAsync (the fake
+// counts them: no trip through the host), land bit-exact, and leave the bytes around
+// their ranges alone.
+TEST_F(CudaGpu, DeviceCopiesAndFillsUseTheRuntimesDeviceCalls) {
+  REQUIRE_GPU();
+  Worker worker;
+  worker.init("cuda", 0);
+  const size_t n = (size_t{1} << 20) + 77;
+  auto a = worker.alloc_device(n);
+  auto b = worker.alloc_device(n);
+  std::vector<unsigned char> want_a(n), want_b(n, 0x42);
+  fill(want_a.data(), n, 99);
+  worker.copy_to_device(a, 0, want_a.data(), n);
+  worker.copy_to_device(b, 0, want_b.data(), n);
+  const auto before = fake_device_ops();
+  auto stream = worker.create_stream();
+  std::vector<unsigned char> back(n);
+  // Each read is on the worker's stream, not the pool's copy stream the synchronous forms
+  // use: only their own wait makes their bytes visible there (the fake lands work late).
+  auto read = [&](const pinstage::DeviceBuffer& dev) {
+    worker.copy_to_host_async(back.data(), dev, 0, n, stream);
+    worker.synchronize(stream);
+    return back;
+  };
+  worker.copy_on_device(b, 3, a, 1, 500'001);
+  std::copy_n(want_a.begin() + 1, 500'001, want_b.begin() + 3);
+  EXPECT_TRUE(read(b) == want_b);
+  worker.fill_device(b, 100, 0xfe, 1000);
+  std::fill_n(want_b.begin() + 100, 1000, 0xfe);
+  EXPECT_TRUE(read(b) == want_b);
+  worker.copy_on_device_async(a, 600'000, a, 5, 400'000, stream);  // within one buffer
+  std::copy_n(want_a.begin() + 5, 400'000, want_a.begin() + 600'000);
+  worker.fill_device_async(a, 601'000, 0, 17, stream);  // ordered after that copy
+  std::fill_n(want_a.begin() + 601'000, 17, 0);
+  EXPECT_TRUE(read(a) == want_a);
+  if (fake_hazards()) {
+    const auto after = fake_device_ops();
+    EXPECT_EQ(after.first - before.first, 2u) << "device-to-device copies the fake ran";
+    EXPECT_EQ(after.second - before.second, 2u) << "memsets the fake ran";
+  }
+}
+
+TEST_F(CudaGpu, DeviceFillFailureNamesTheCudaCall) {
+  const auto inject = fake_fn<FakeInject>("pinstage_fake_cuda_inject");
+  REQUIRE_FAKE(inject);
+  Worker worker;
+  worker.init("cuda", 0);
+  auto a = worker.alloc_device(4096);
+  inject("cudaMemsetAsync", 1, cudaErrorInvalidValue, 0);
+  const Error e = [&] {
+    try {
+      worker.fill_device(a, 0, 1, 4096);
+    } catch (const Error& error) {
+      return error;
+    }
+    return Error(ErrorCode::internal, "no error");
+  }();
+  EXPECT_TRUE(contains(e.what(), "cudaMemsetAsync device fill of 4096 bytes on device 0"))
+      << e.what();
+  inject("cudaMemcpyAsync", 1, cudaErrorInvalidValue, 0);
+  auto b = worker.alloc_device(4096);
+  try {
+    worker.copy_on_device(b, 0, a, 0, 4096);
+    ADD_FAILURE() << "the injected failure was not reported";
+  } catch (const Error& error) {
+    EXPECT_TRUE(contains(error.what(), "cudaMemcpyAsync device-to-device copy")) << error.what();
+  }
+  worker.fill_device(a, 0, 1, 4096);  // only the nth failed
+}
+
 // ---- the fake runtime is as strict as the real one where it matters ----
 
 TEST_F(CudaGpu, FakeDeviceMemoryIsNotHostMemory) {
@@ -1021,6 +1104,54 @@ TEST_F(CudaGpu, FakeStreamCopiesMustTargetTheStreamsDevice) {
   (void)cudaGetLastError();
   ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
   ASSERT_EQ(cudaFree(dev1), cudaSuccess);
+}
+
+// Device-to-device copies and memsets: every byte inside one allocation of the stream's
+// device, a copy's ranges not overlapping; they run in stream order.
+TEST_F(CudaGpu, FakeDeviceOpsAreCheckedAndRunInStreamOrder) {
+  REQUIRE_FAKE(fake_hazards());
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  void *a = nullptr, *b = nullptr;
+  ASSERT_EQ(cudaMalloc(&a, 4096), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&b, 4096), cudaSuccess);
+  auto* pa = static_cast<unsigned char*>(a);
+  std::vector<unsigned char> host(4096, 7), back(4096, 0);
+  const auto refused = [](cudaError_t e) {
+    (void)cudaGetLastError();
+    return e == cudaErrorInvalidValue;
+  };
+  EXPECT_TRUE(refused(cudaMemsetAsync(pa + 4000, 1, 97, s))) << "past the allocation";
+  EXPECT_TRUE(refused(cudaMemsetAsync(host.data(), 1, 16, s))) << "host memory";
+  EXPECT_TRUE(refused(cudaMemcpyAsync(b, host.data(), 16, cudaMemcpyDeviceToDevice, s)));
+  EXPECT_TRUE(refused(cudaMemcpyAsync(b, pa + 4090, 16, cudaMemcpyDeviceToDevice, s)));
+  EXPECT_TRUE(refused(cudaMemcpyAsync(pa + 8, pa, 16, cudaMemcpyDeviceToDevice, s)))
+      << "overlapping ranges";
+  ASSERT_EQ(cudaMemsetAsync(a, 0x11, 4096, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(b, a, 4096, cudaMemcpyDeviceToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(pa + 16, 0x22, 16, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pa + 32, pa + 16, 16, cudaMemcpyDeviceToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(back.data(), b, 4096, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  EXPECT_EQ(back, std::vector<unsigned char>(4096, 0x11));  // copied after the first memset
+  ASSERT_EQ(cudaMemcpyAsync(back.data(), a, 64, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  EXPECT_EQ(back[15], 0x11);
+  EXPECT_EQ(back[16], 0x22);
+  EXPECT_EQ(back[47], 0x22);
+  EXPECT_EQ(back[48], 0x11);
+  if (device_count() >= 2) {  // another device's memory on this stream
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    void* other = nullptr;
+    ASSERT_EQ(cudaMalloc(&other, 4096), cudaSuccess);
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    EXPECT_TRUE(refused(cudaMemsetAsync(other, 0, 16, s)));
+    EXPECT_TRUE(refused(cudaMemcpyAsync(other, a, 16, cudaMemcpyDeviceToDevice, s)));
+    ASSERT_EQ(cudaFree(other), cudaSuccess);
+  }
+  ASSERT_EQ(cudaFree(a), cudaSuccess);
+  ASSERT_EQ(cudaFree(b), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
 TEST_F(CudaGpu, FakeTimedEventsAndTheProbesQueries) {

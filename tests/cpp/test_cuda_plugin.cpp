@@ -63,6 +63,8 @@ TEST(CudaPlugin, LoadsWithEntryVersionAndName) {
   EXPECT_NE(table->inject_fault, nullptr);
   EXPECT_NE(table->get_proc_address, nullptr);
   EXPECT_EQ(table->host_execute, nullptr);
+  EXPECT_NE(table->copy_d2d_async, nullptr);  // ABI v5: cudaMemcpyAsync(DeviceToDevice)
+  EXPECT_NE(table->memset_async, nullptr);    // and cudaMemsetAsync
   // Only the entry leaves the plugin (the exports map): extensions go through
   // get_proc_address, not dlsym.
   EXPECT_EQ(dlsym(handle, "pinstage_cuda_pin_stats"), nullptr);

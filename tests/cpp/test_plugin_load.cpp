@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "pinstage/worker.h"
 
@@ -72,6 +73,41 @@ TEST(PluginLoad, WrongApiVersion) {
 TEST(PluginLoad, MissingRequiredSlot) {
   const std::string msg = init_error("missing_slot", kDir + "/libmissing_slot.so");
   EXPECT_NE(msg.find("required slot 'create_context' is NULL"), std::string::npos) << msg;
+}
+
+// The ABI v5 device-side slots are optional, each on its own: a backend without them
+// loads, and asking for either is Error(unsupported) naming the backend and the slot, with
+// no fallback through the host (the buffer keeps its bytes).
+TEST(PluginLoad, ABackendWithoutDeviceSideSlotsSaysUnsupported) {
+  Worker worker;
+  WorkerOptions options;
+  options.plugin_path = kDir + "/libno_device_ops.so";
+  worker.init("no_device_ops", 0, options);
+  EXPECT_EQ(worker.backend().name, "no_device_ops");
+  DeviceBuffer a = worker.alloc_device(64), b = worker.alloc_device(64);
+  const std::vector<unsigned char> want(64, 0x3c);
+  worker.copy_to_device(a, 0, want.data(), 64);
+  Stream stream = worker.create_stream();
+  const auto unsupported = [](auto&& call, const std::string& says) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; wanted: " << says;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
+      EXPECT_NE(std::string(e.what()).find("backend 'no_device_ops' has no " + says),
+                std::string::npos)
+          << e.what();
+    }
+  };
+  const std::string copy = "device-to-device copy (its copy_d2d_async slot is NULL)";
+  const std::string fill = "device fill (its memset_async slot is NULL)";
+  unsupported([&] { worker.copy_on_device(b, 0, a, 0, 64); }, copy);
+  unsupported([&] { worker.copy_on_device_async(b, 0, a, 0, 64, stream); }, copy);
+  unsupported([&] { worker.fill_device(a, 0, 0, 64); }, fill);
+  unsupported([&] { worker.fill_device_async(a, 0, 0, 64, stream); }, fill);
+  std::vector<unsigned char> back(64);
+  worker.copy_to_host(back.data(), a, 0, 64);
+  EXPECT_EQ(back, want);
 }
 
 TEST(PluginLoad, NotASharedObject) {

@@ -4,6 +4,7 @@
 // parsing of the backend options (src/backends/sim/sim_config.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -273,6 +274,36 @@ TEST_F(SimDriver, AsyncCopiesOnBothPathsKeepStreamOrder) {
   EXPECT_EQ(s.h2d_bounced_count, 1u);
   EXPECT_EQ(s.h2d_direct_count, 1u);
   EXPECT_EQ(s.d2h_bounced_count, 2u);
+}
+
+// ABI v5 on sim: async device-to-device copies and fills are queued on the stream's
+// thread (held by the sim.hold_streams latch, nothing has landed), run in order once it
+// opens, and take neither engine (device memory is host RAM; no copy is counted).
+TEST_F(SimDriver, AsyncDeviceCopiesAndFillsAreQueuedOnTheStream) {
+  DeviceBuffer a = w().alloc_device(4096), b = w().alloc_device(4096);
+  const auto want = pattern(4096, 8);
+  w().copy_to_device(a, 0, want.data(), 4096);
+  w().fill_device(b, 0, 0x10, 4096);
+  const ps_sim_stats before = stats();
+  auto hold =
+      reinterpret_cast<ps_sim_hold_streams_fn>(w().backend_extension(PS_SIM_HOLD_STREAMS_NAME));
+  ASSERT_NE(hold, nullptr);
+  Stream stream = w().create_stream();
+  ASSERT_EQ(hold(w().native_context(), 1), PS_OK);
+  w().copy_on_device_async(b, 0, a, 0, 4096, stream);
+  w().fill_device_async(b, 100, 0xee, 10, stream);
+  EXPECT_EQ(device_bytes(b)[0], 0x10);  // still queued behind the latch
+  EXPECT_EQ(device_bytes(b)[100], 0x10);
+  ASSERT_EQ(hold(w().native_context(), 0), PS_OK);
+  w().synchronize(stream);
+  std::vector<unsigned char> expect = want;
+  std::fill_n(expect.begin() + 100, 10, 0xee);
+  EXPECT_EQ(std::memcmp(device_bytes(b), expect.data(), 4096), 0);
+  const ps_sim_stats after = stats();
+  EXPECT_EQ(after.h2d_direct_count + after.h2d_bounced_count,
+            before.h2d_direct_count + before.h2d_bounced_count);
+  EXPECT_EQ(after.d2h_direct_count + after.d2h_bounced_count,
+            before.d2h_direct_count + before.d2h_bounced_count);
 }
 
 TEST_F(SimDriver, ConcurrentPageableCopiesShareTheBounceBuffersSafely) {

@@ -23,6 +23,9 @@
  *    freed every allocation of the context: it releases only the context itself.
  *  - Slots marked OPTIONAL may be NULL; the runtime then supplies the default
  *    (synchronous copies for the async slots, "unsupported" for the rest).
+ *
+ * Version history: v4 added the copy flags (PS_COPY_HOST_PINNED) and event_query; v5
+ * appends copy_d2d_async and memset_async at the table's end, so no older slot moves.
  */
 #ifndef PINSTAGE_PLATFORM_ABI_H
 #define PINSTAGE_PLATFORM_ABI_H
@@ -35,7 +38,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change to the table's layout or to a slot's meaning. */
-#define PINSTAGE_PLATFORM_API_VERSION 4u
+#define PINSTAGE_PLATFORM_API_VERSION 5u
 #define PINSTAGE_PLATFORM_ENTRY_SYMBOL "pinstage_platform_entry"
 /* Marks the entry symbol: plugins build with hidden visibility and export only it. */
 #define PINSTAGE_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -224,6 +227,19 @@ typedef struct ps_platform_api {
    * never blocking. The host memory pool asks it before it hands out a block again that a
    * queued copy may still read (Note [Host memory pool] in src/runtime/host_memory/). */
   int (*event_query)(ps_device_ctx* ctx, ps_event* event);
+
+  /* OPTIONAL device-side slots (ABI v5), each independent of every other: NULL means the
+   * backend lacks the operation and the runtime says so (Error(unsupported)); there is
+   * no fallback through the host. Queued on `stream` in its order; a NULL stream (the
+   * synchronous forms, or a backend without the async set) means the work is complete
+   * when the slot returns. The runtime has checked that every range lies inside one live
+   * device allocation of this context, that bytes > 0, and that the two ranges of a copy
+   * do not overlap (they may lie in the same allocation). */
+  int (*copy_d2d_async)(ps_device_ctx* ctx, void* dst_device, const void* src_device, size_t bytes,
+                        ps_stream* stream);
+  /* Sets `bytes` device bytes to (unsigned char)value; the runtime passes 0..255 only. */
+  int (*memset_async)(ps_device_ctx* ctx, void* dst_device, int value, size_t bytes,
+                      ps_stream* stream);
 } ps_platform_api;
 
 typedef const ps_platform_api* (*ps_platform_entry_fn)(void);

@@ -90,5 +90,10 @@ const char* acl_error_name(aclError code) noexcept;
 
 // aclGetRecentErrMsg is looked up separately: older runtimes lack it.
 using aclGetRecentErrMsg_fn = const char* (*)();
+// So is aclrtMemsetAsync (CANN's "memory management" API; not in the facts every
+// runtime was checked against): a runtime without it still loads, and only a device
+// fill is then unsupported.
+using aclrtMemsetAsync_fn = aclError (*)(void* devPtr, size_t maxCount, int32_t value, size_t count,
+                                         aclrtStream stream);
 
 }  // namespace pinstage::acl

@@ -525,6 +525,69 @@ int acl_copy_d2h_async(ps_device_ctx* ctx, void* dst, const void* src, size_t by
   return do_copy(ctx, dst, src, bytes, flags, stream, false);
 }
 
+// Device-side work (ABI v5). A copy is aclrtMemcpyAsync(ACL_MEMCPY_DEVICE_TO_DEVICE) on
+// `stream`, or aclrtMemcpy without one. A fill is aclrtMemsetAsync; without a stream it
+// runs on a stream made for it and synchronized (the facts name no synchronous memset).
+// destMax/maxCount are `bytes`, as for the copies above (see the top).
+int acl_copy_d2d_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+                       ps_stream* stream) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(dst != nullptr && src != nullptr, "device-to-device copy: a pointer is NULL");
+    if (bytes == 0) return;
+    use_ctx(ctx);
+    const Runtime& rt = runtime();
+    auto desc = [&](const char* call) {
+      return std::string(call) + " (device-to-device copy of " + std::to_string(bytes) +
+             " bytes on " + dev_name(ctx) + ")";
+    };
+    const auto kind = acl::ACL_MEMCPY_DEVICE_TO_DEVICE;
+    if (stream != nullptr)
+      check(
+          rt.aclrtMemcpyAsync(dst, bytes, src, bytes, kind, stream->stream),
+          [&] { return desc("aclrtMemcpyAsync"); }, PS_ERR_COPY_FAILED);
+    else
+      check(
+          rt.aclrtMemcpy(dst, bytes, src, bytes, kind), [&] { return desc("aclrtMemcpy"); },
+          PS_ERR_COPY_FAILED);
+  });
+}
+
+int acl_memset_async(ps_device_ctx* ctx, void* dst, int value, size_t bytes, ps_stream* stream) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(dst != nullptr, "device fill: the pointer is NULL");
+    if (bytes == 0) return;
+    const Runtime& rt = runtime();
+    if (rt.aclrtMemsetAsync == nullptr)
+      fail(PS_ERR_UNSUPPORTED,
+           "device fill: this Ascend runtime (" + rt.path + ") has no aclrtMemsetAsync");
+    use_ctx(ctx);
+    auto desc = [&](const char* call) {
+      return std::string(call) + " (device fill of " + std::to_string(bytes) + " bytes on " +
+             dev_name(ctx) + ")";
+    };
+    if (stream != nullptr) {
+      check(
+          rt.aclrtMemsetAsync(dst, bytes, value, bytes, stream->stream),
+          [&] { return desc("aclrtMemsetAsync"); }, PS_ERR_COPY_FAILED);
+      return;
+    }
+    acl::aclrtStream own = nullptr;
+    check(rt.aclrtCreateStream(&own), [&] { return desc("aclrtCreateStream"); });
+    acl::aclError err = rt.aclrtMemsetAsync(dst, bytes, value, bytes, own);
+    const char* call = "aclrtMemsetAsync";
+    if (err == acl::ACL_SUCCESS) {
+      err = rt.aclrtSynchronizeStream(own);
+      call = "aclrtSynchronizeStream";
+    }
+    const acl::aclError destroyed = rt.aclrtDestroyStream(own);  // even after a failure
+    check(
+        err, [&] { return desc(call); }, PS_ERR_COPY_FAILED);
+    check(destroyed, [&] { return desc("aclrtDestroyStream"); });
+  });
+}
+
 int acl_stream_create(ps_device_ctx* ctx, ps_stream** out) {
   return guarded([&] {
     require_ctx(ctx);
@@ -784,6 +847,8 @@ constexpr ps_platform_api kApi = {
     .get_capabilities = acl_get_capabilities,
     .host_execute = nullptr,  // the acl backend only stages data
     .inject_fault = acl_inject_fault,
+    .copy_d2d_async = acl_copy_d2d_async,
+    .memset_async = acl_memset_async,
 };
 
 }  // namespace

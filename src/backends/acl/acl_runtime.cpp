@@ -43,6 +43,7 @@ std::string resolve(void* handle, Runtime& rt) {
 #undef PINSTAGE_ACL_RESOLVE_
   rt.aclGetRecentErrMsg =
       reinterpret_cast<aclGetRecentErrMsg_fn>(dlsym(handle, "aclGetRecentErrMsg"));
+  rt.aclrtMemsetAsync = reinterpret_cast<aclrtMemsetAsync_fn>(dlsym(handle, "aclrtMemsetAsync"));
   return {};
 }
 

@@ -50,6 +50,7 @@ struct Runtime {
   PINSTAGE_ACL_FUNCTION_LIST(PINSTAGE_ACL_MEMBER_)
 #undef PINSTAGE_ACL_MEMBER_
   aclGetRecentErrMsg_fn aclGetRecentErrMsg = nullptr;  // NULL on runtimes without it
+  aclrtMemsetAsync_fn aclrtMemsetAsync = nullptr;      // likewise
 };
 
 // Loads the first candidate that works. Throws Error(no_device) with one line that says

@@ -496,6 +496,50 @@ int cuda_copy_d2h_async(ps_device_ctx* ctx, void* dst, const void* src, size_t b
   return do_copy(ctx, dst, src, bytes, stream, false);
 }
 
+// Device-side work (ABI v5): `enqueue(s)` queues it on `stream`, or (null) on a stream
+// borrowed from the pool and waited for, as the synchronous copies do. The runtime has
+// checked the ranges (inside allocations of this context, not overlapping, bytes > 0).
+template <class Enqueue>
+void device_work(ps_device_ctx* ctx, ps_stream* stream, const char* call, const char* what,
+                 size_t bytes, Enqueue&& enqueue) {
+  const SlotScope scope(ctx);
+  std::optional<CopyStream> borrowed;
+  if (stream == nullptr) borrowed.emplace(ctx);
+  const cudaStream_t s = stream != nullptr ? stream->stream : borrowed->get();
+  auto desc = [&] {
+    return std::string(what) + " of " + std::to_string(bytes) + " bytes on " + dev_name(ctx);
+  };
+  check(
+      enqueue(s), [&] { return std::string(call) + " " + desc(); }, PS_ERR_COPY_FAILED);
+  if (stream == nullptr)
+    check(
+        cudaStreamSynchronize(s), [&] { return "cudaStreamSynchronize after " + desc(); },
+        PS_ERR_COPY_FAILED);
+}
+
+int cuda_copy_d2d_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+                        ps_stream* stream) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(dst != nullptr && src != nullptr, "device-to-device copy: a pointer is NULL");
+    if (bytes == 0) return;
+    device_work(ctx, stream, "cudaMemcpyAsync", "device-to-device copy", bytes,
+                [&](cudaStream_t s) {
+                  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
+                });
+  });
+}
+
+int cuda_memset_async(ps_device_ctx* ctx, void* dst, int value, size_t bytes, ps_stream* stream) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(dst != nullptr, "device fill: the pointer is NULL");
+    if (bytes == 0) return;
+    device_work(ctx, stream, "cudaMemsetAsync", "device fill", bytes,
+                [&](cudaStream_t s) { return cudaMemsetAsync(dst, value, bytes, s); });
+  });
+}
+
 int cuda_stream_create(ps_device_ctx* ctx, ps_stream** out) {
   return guarded([&] {
     require_ctx(ctx);
@@ -873,6 +917,8 @@ constexpr ps_platform_api kApi = {
     .host_execute = nullptr,  // the cuda backend only stages data
     .inject_fault = cuda_inject_fault,
     .event_query = cuda_event_query,
+    .copy_d2d_async = cuda_copy_d2d_async,
+    .memset_async = cuda_memset_async,
 };
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -334,6 +335,32 @@ int copy_d2h_async(ps_device_ctx* raw, void* dst, const void* src, size_t bytes,
   return copy_async(raw, PS_FAULT_COPY_D2H, dst, src, bytes, flags, stream);
 }
 
+// Device-side work (ABI v5): device memory is host RAM here, so a device-to-device copy
+// is a memcpy (the runtime refuses overlapping ranges) and a fill a memset, run on the
+// stream's thread in its order like the async copies, or inline without a stream. No
+// fault kind of their own: the copy kinds name host/device directions.
+void device_work(ps_stream* stream, std::function<void()> work) {
+  if (stream == nullptr) return work();
+  as_stream(stream)->push([work = std::move(work)] { return guarded(work); });
+}
+
+int copy_d2d_async(ps_device_ctx* raw, void* dst, const void* src, size_t bytes,
+                   ps_stream* stream) {
+  return guarded([&] {
+    as_ctx(raw);
+    require(dst != nullptr && src != nullptr, "sim: copy_d2d_async: NULL argument");
+    device_work(stream, [=] { std::memcpy(dst, src, bytes); });
+  });
+}
+
+int memset_async(ps_device_ctx* raw, void* dst, int value, size_t bytes, ps_stream* stream) {
+  return guarded([&] {
+    as_ctx(raw);
+    require(dst != nullptr, "sim: memset_async: NULL argument");
+    device_work(stream, [=] { std::memset(dst, value, bytes); });
+  });
+}
+
 int event_record(ps_device_ctx* raw, ps_event* event, ps_stream* stream) {
   return guarded([&] {
     as_ctx(raw);
@@ -511,6 +538,8 @@ constexpr ps_platform_api kApi = {
     .host_execute = host_execute,
     .inject_fault = inject_fault,
     .event_query = event_query,
+    .copy_d2d_async = copy_d2d_async,
+    .memset_async = memset_async,
 };
 
 }  // namespace

@@ -32,7 +32,9 @@ extern "C" {
   X(RESET_WITH_LIVE,                                                                 \
     "aclrtResetDevice with live allocations, streams, events or contexts "           \
     "(the card would hang)")                                                         \
-  X(LEAK_AT_FINALIZE, "aclFinalize with objects still alive")
+  X(LEAK_AT_FINALIZE, "aclFinalize with objects still alive")                        \
+  X(COPY_OVERLAP, "device-to-device copy between overlapping ranges")                \
+  X(HOST_SIDE_ON_DEVICE, "the host side of a copy is device memory (wrong memcpy kind)")
 
 typedef enum fake_acl_violation {
 #define FAKE_ACL_ENUM_(E, text) FAKE_ACL_##E,

@@ -13,7 +13,10 @@
 //    thread pool must set it on each thread.
 //  - A memlock-style limit on page-locked host memory (aclrtMallocHost + registrations).
 //  - Async copies queued per stream and run only at a synchronize (stream or event) or a
-//    stream destroy: a caller that reads before waiting sees stale data.
+//    stream destroy: a caller that reads before waiting sees stale data. aclrtMemsetAsync
+//    is queued the same way; its range, like a device-to-device copy's, must lie inside
+//    one allocation of the current context's device, and such a copy's two ranges must
+//    not overlap.
 //  - Error injection: the nth call of a function fails with a given code, once.
 // One mutex guards everything: the double is about rules, not speed.
 #include <sys/mman.h>
@@ -43,8 +46,9 @@ struct Alloc {
 };
 struct Op {
   void* dst;
-  const void* src;
+  const void* src;  // NULL for a memset
   size_t bytes;
+  int fill = -1;  // aclrtMemsetAsync: the byte dst is set to
 };
 struct Ctx {
   int device;
@@ -199,7 +203,12 @@ void unmap_device(void* p, size_t bytes) {
 }
 
 void run_queue(Stream* s) {
-  for (const Op& op : s->queue) std::memcpy(op.dst, op.src, op.bytes);
+  for (const Op& op : s->queue) {
+    if (op.fill >= 0)
+      std::memset(op.dst, op.fill, op.bytes);
+    else
+      std::memcpy(op.dst, op.src, op.bytes);
+  }
   s->queue.clear();
 }
 
@@ -209,6 +218,7 @@ aclError check_not_queued(const char* fn, const void* p, size_t n) {
   for (Stream* s : S().streams)
     for (const Op& op : s->queue)
       for (const void* q : {static_cast<const void*>(op.dst), op.src}) {
+        if (q == nullptr) continue;  // a memset has no source
         const auto* b = static_cast<const char*>(q);
         if (a < b + op.bytes && b < a + n) {
           run_queue(s);
@@ -238,6 +248,8 @@ aclError check_device_side(const char* fn, const void* p, size_t count, size_t d
 // copy must stay inside it.
 aclError check_host_side(const char* fn, const void* p, size_t count, size_t dest_max, bool is_dst,
                          bool async) {
+  if (find_in(S().dev, p) != nullptr)
+    return violation(fn, FAKE_ACL_HOST_SIDE_ON_DEVICE, ACL_ERROR_INVALID_PARAM);
   const auto* e = pinned_at(p);
   const auto* c = static_cast<const char*>(p);
   if (e == nullptr) {
@@ -265,6 +277,9 @@ aclError check_copy(const char* fn, void* dst, size_t dest_max, const void* src,
   if (e == ACL_SUCCESS)
     e = src_dev ? check_device_side(fn, src, count, 0, false)
                 : check_host_side(fn, src, count, 0, false, async);
+  const auto *d = static_cast<const char*>(dst), *s = static_cast<const char*>(src);
+  if (e == ACL_SUCCESS && dst_dev && src_dev && d < s + count && s < d + count)
+    return violation(fn, FAKE_ACL_COPY_OVERLAP, ACL_ERROR_INVALID_PARAM);
   return e;
 }
 
@@ -613,6 +628,24 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src, size_t cou
     return done("aclrtMemcpyAsync", e);
   s->queue.push_back(Op{dst, src, count});
   return done("aclrtMemcpyAsync", ACL_SUCCESS);
+}
+
+// Not in acl_api.h's list of required symbols (acl_runtime.cpp looks it up on its own).
+aclError aclrtMemsetAsync(void* devPtr, size_t maxCount, int32_t value, size_t count,
+                          aclrtStream stream) {
+  BEGIN("aclrtMemsetAsync");
+  Stream* s = find_stream(stream);
+  if (aclError e = check_queue_handle("aclrtMemsetAsync", s ? s->device : -1, s != nullptr))
+    return done("aclrtMemsetAsync", e);
+  if (devPtr == nullptr)
+    return done("aclrtMemsetAsync", error("aclrtMemsetAsync", ACL_ERROR_INVALID_PARAM, "NULL"));
+  if (count > maxCount)
+    return done("aclrtMemsetAsync",
+                violation("aclrtMemsetAsync", FAKE_ACL_COPY_OVERFLOW, ACL_ERROR_INVALID_PARAM));
+  if (aclError e = check_device_side("aclrtMemsetAsync", devPtr, count, maxCount, true))
+    return done("aclrtMemsetAsync", e);
+  s->queue.push_back(Op{devPtr, nullptr, count, static_cast<int>(value & 0xff)});
+  return done("aclrtMemsetAsync", ACL_SUCCESS);
 }
 
 aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t* free, size_t* total) {

@@ -1,0 +1,26 @@
+// A working backend without the ABI v5 device-side slots: sim's table with copy_d2d_async
+// and memset_async left NULL, as a backend that lacks them builds it. The runtime must
+// answer Error(unsupported) naming the backend and the operation, never fall back.
+#include <dlfcn.h>
+
+#include "pinstage/backend/platform_abi.h"
+
+namespace {
+ps_platform_api table = [] {
+  ps_platform_api api{};
+  void* sim = dlopen(PINSTAGE_SIM_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  auto entry =
+      sim != nullptr
+          ? reinterpret_cast<ps_platform_entry_fn>(dlsym(sim, PINSTAGE_PLATFORM_ENTRY_SYMBOL))
+          : nullptr;
+  if (entry != nullptr) api = *entry();  // else every slot is NULL: the loader refuses it
+  api.name = "no_device_ops";
+  api.copy_d2d_async = nullptr;
+  api.memset_async = nullptr;
+  return api;
+}();
+}  // namespace
+
+extern "C" PINSTAGE_PLUGIN_EXPORT const ps_platform_api* pinstage_platform_entry(void) {
+  return &table;
+}
