@@ -220,6 +220,13 @@ class PINSTAGE_API ResidentBinder {
   // tensor or bytes = 0, Error(not_found) for an unknown name.
   void download(std::string_view name);
   void download(std::string_view name, uint64_t offset, uint64_t bytes);
+  // Copies tensor `from`'s device bytes over input `to`'s on the device (Worker::
+  // copy_on_device, platform ABI v5): a decode's output fed back as the next step's input
+  // without a trip through the host. Both the same size; `to` IN or INOUT. The host copy of
+  // `to` is not touched, and `to` is not uploaded at the next step unless marked changed
+  // after this. Between the first step and close(); Error(unsupported) where the backend
+  // has no device copy, Error(invalid_argument) for sizes that differ or an OUT `to`.
+  void copy_on_device(std::string_view from, std::string_view to);
   // Frees the device memory and the staging ring; idempotent. step() is then refused.
   void close() noexcept;
 

@@ -168,6 +168,12 @@ class PINSTAGE_API Scene {
   // now: what a resident run reads back to compare the step. Default: every INOUT whole.
   virtual std::vector<ByteRange> written_ranges(const TaskArgs& args,
                                                 const SceneValues& values) const;
+  // (from, to) pairs: after advance, input `to` equals step - 1's `from` byte for byte (a
+  // decode feeds out back as hidden_states). A resident run copies them on the device
+  // (ResidentBinder::copy_on_device) instead of uploading `to`, where the backend can.
+  // Default: none.
+  virtual std::vector<std::pair<std::string, std::string>> device_feeds(
+      const SceneValues& values) const;
 };
 
 // Registers `scene` under scene->name(). Error(invalid_argument) for an empty or taken name.
@@ -247,6 +253,13 @@ struct PINSTAGE_API SceneReport {
   std::vector<SceneRound> rounds;
   bool ok() const noexcept;
 };
+
+// Makes `args` the inputs of step `step` (Scene::advance). With a resident binder, marks
+// what changed for upload, except the inputs the scene feeds from the last step's outputs
+// (Scene::device_feeds), which it copies on the device where the backend can
+// (Capabilities::device_copy) and marks changed where it cannot.
+PINSTAGE_API void advance_scene_step(Worker& worker, const Scene& scene, const SceneValues& values,
+                                     const TaskArgs& args, int step, ResidentBinder* resident);
 
 // Runs `scene` on `worker` (chip level); stops at the first failing round or step.
 // `on_round` is called after each. With steps > 1 a resident run reads back each step's

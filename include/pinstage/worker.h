@@ -82,6 +82,10 @@ struct Capabilities {
   bool async_copy = false;             // copies can overlap with host work
   bool execute = false;                // the backend runs host callables (Worker::execute)
   bool device_memory_is_host = false;  // device memory is host RAM (sim): count it there
+  // The backend has the ABI's (v5) optional device-side slots: copy_on_device and
+  // fill_device work (else Error(unsupported)). From the plugin's table, not a query.
+  bool device_copy = false;
+  bool device_fill = false;
 };
 
 // A snapshot of what the worker holds; Worker::stats().

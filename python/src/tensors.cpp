@@ -309,6 +309,19 @@ void bind_resident(py::module_& m) {
                      "Copies [offset, offset + nbytes) of the tensor's device copy (to its end "
                      "when nbytes is None) into its host memory at the same offset."))
       .def(
+          "copy_on_device",
+          [](PyResidentBinder& b, const std::string& from, const std::string& to) {
+            ResidentBinder& binder = b.get("ResidentBinder.copy_on_device");
+            GilReleased nogil;
+            binder.copy_on_device(from, to);
+          },
+          py::arg("src"), py::arg("dst"),
+          method_doc("copy_on_device(src: str, dst: str) -> None",
+                     "Copies tensor src's device bytes over input dst's on the device (a "
+                     "decode's out fed back as the next hidden_states); dst is then not "
+                     "uploaded. Error (code 'unsupported') where the backend has no device "
+                     "copy."))
+      .def(
           "close",
           [](PyResidentBinder& b) {
             if (b.binder) b.binder->close();

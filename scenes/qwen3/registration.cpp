@@ -92,6 +92,9 @@ class Qwen3Scene final : public Scene {
                                    int step) const override {
     return advance_step(args, config_of(values), step);
   }
+  std::vector<std::pair<std::string, std::string>> device_feeds(const SceneValues&) const override {
+    return {{"out", "hidden_states"}};  // the contract: hidden_states of step s = out of s - 1
+  }
   std::vector<ByteRange> written_ranges(const TaskArgs& args,
                                         const SceneValues& values) const override {
     return qwen3::written_ranges(args, config_of(values).n_layers);

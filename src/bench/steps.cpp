@@ -45,9 +45,7 @@ void run_mode(Worker& worker, const Scene& scene, const SceneValues& values,
   else
     binder = std::make_unique<Binder>(worker, bind);
   for (int s = 0; s < config.steps; ++s) {
-    if (s > 0)
-      for (const std::string& name : scene.advance(args, values, s))
-        if (resident) resident->mark_changed(name);
+    if (s > 0) advance_scene_step(worker, scene, values, args, s, resident.get());
     BindReport report = resident ? resident->step() : binder->run(args);
     report.step = s + 1;  // a one-shot bind numbers no steps
     result.records.push_back(record_of(group, mode, report));

@@ -163,6 +163,37 @@ void ResidentBinder::download(std::string_view name, uint64_t offset, uint64_t b
   worker_->synchronize(s.kept.stream);
 }
 
+void ResidentBinder::copy_on_device(std::string_view from, std::string_view to) {
+  State& s = *state_;
+  const std::string who =
+      "ResidentBinder::copy_on_device('" + std::string(from) + "', '" + std::string(to) + "')";
+  const size_t i = index_of(s.args, from, "ResidentBinder::copy_on_device");
+  const size_t j = index_of(s.args, to, "ResidentBinder::copy_on_device");
+  if (s.closed)
+    throw Error(ErrorCode::invalid_argument, who + ": the binder is closed (" + s.closed_why + ")");
+  if (!s.device.placed)
+    throw Error(ErrorCode::invalid_argument,
+                who + ": nothing is on the device before the first step()");
+  const Tensor& src = s.args.at(i);
+  const Tensor& dst = s.args.at(j);
+  if (dst.direction() == Direction::out)
+    throw Error(ErrorCode::invalid_argument, who + ": '" + dst.name() +
+                                                 "' is an OUT tensor; it is written by the "
+                                                 "execute step, not fed");
+  if (src.nbytes() != dst.nbytes() || i == j)
+    throw Error(ErrorCode::invalid_argument, who + ": the tensors must be two of the same size (" +
+                                                 format_thousands(src.nbytes()) + " and " +
+                                                 format_thousands(dst.nbytes()) + " bytes)");
+  require_chip_worker(*worker_, "ResidentBinder::copy_on_device");
+  if (src.nbytes() == 0) return;
+  const detail::Placement& a = s.device.place[i];
+  const detail::Placement& b = s.device.place[j];
+  worker_->copy_on_device_async(*b.buffer, b.offset, *a.buffer, a.offset, src.nbytes(),
+                                s.kept.stream);
+  worker_->synchronize(s.kept.stream);
+  s.changed[j] = 0;  // the device holds what `to` should; nothing to upload
+}
+
 void ResidentBinder::close() noexcept {
   if (!state_ || state_->closed) return;
   State& s = *state_;

@@ -183,8 +183,12 @@ Capabilities Worker::capabilities() const {
   const runtime::CallGuard guard = enter();
   ps_capabilities caps{};
   state_->check(state_->api().get_capabilities(state_->ctx, &caps), "capability query");
-  return Capabilities{caps.pinned_is_page_locked != 0, caps.async_copy != 0, caps.execute != 0,
-                      caps.device_memory_is_host != 0};
+  return Capabilities{caps.pinned_is_page_locked != 0,
+                      caps.async_copy != 0,
+                      caps.execute != 0,
+                      caps.device_memory_is_host != 0,
+                      state_->api().copy_d2d_async != nullptr,
+                      state_->api().memset_async != nullptr};
 }
 
 WorkerStats Worker::stats() const {

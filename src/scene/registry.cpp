@@ -56,6 +56,10 @@ std::vector<std::string> Scene::advance(const TaskArgs&, const SceneValues&, int
   throw Error(ErrorCode::unsupported, "scene " + name() + " has no steps to advance");
 }
 
+std::vector<std::pair<std::string, std::string>> Scene::device_feeds(const SceneValues&) const {
+  return {};
+}
+
 std::vector<ByteRange> Scene::written_ranges(const TaskArgs& args, const SceneValues&) const {
   std::vector<ByteRange> ranges;
   for (const Tensor& t : args)

@@ -53,9 +53,7 @@ void run_steps(Worker& worker, const Scene& scene, const SceneValues& values,
   for (int s = 0; s < options.steps; ++s) {
     SceneRound round;
     round.index = s + 1;
-    if (s > 0)
-      for (const std::string& name : scene.advance(args, values, s))
-        if (resident) resident->mark_changed(name);
+    if (s > 0) advance_scene_step(worker, scene, values, args, s, resident.get());
     Stopwatch clock;
     std::unique_ptr<SceneGolden> golden;
     if (golden_wanted) golden = scene.compute_golden(args, values);
@@ -82,6 +80,21 @@ void run_steps(Worker& worker, const Scene& scene, const SceneValues& values,
 }
 
 }  // namespace
+
+void advance_scene_step(Worker& worker, const Scene& scene, const SceneValues& values,
+                        const TaskArgs& args, int step, ResidentBinder* resident) {
+  const std::vector<std::string> changed = scene.advance(args, values, step);
+  if (resident == nullptr) return;
+  const auto feeds = worker.capabilities().device_copy
+                         ? scene.device_feeds(values)
+                         : std::vector<std::pair<std::string, std::string>>{};
+  for (const std::string& name : changed) {
+    bool fed = false;
+    for (const auto& [from, to] : feeds) fed = fed || to == name;
+    if (!fed) resident->mark_changed(name);
+  }
+  for (const auto& [from, to] : feeds) resident->copy_on_device(from, to);
+}
 
 const char* host_storage_name(HostStorage storage) {
   return storage == HostStorage::pinned ? "pinned" : "pageable";

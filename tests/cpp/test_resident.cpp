@@ -186,6 +186,36 @@ TEST_F(ResidentTest, TheDebugCheckNamesAnUndeclaredWriteAndMovesNothing) {
   EXPECT_EQ(r.step, 2);
 }
 
+// An output fed back as the next step's input on the device: nothing goes up for it, and
+// the step computes with the fed bytes.
+TEST_F(ResidentTest, AnOutputFedOnTheDeviceIsTheNextStepsInput) {
+  PinnedAllocator pinned(worker);
+  TaskArgs args = make_task(pinned);
+  ResidentBinder rb(worker, args, with_callable(), false);
+  EXPECT_EQ(test::error_of([&] { rb.copy_on_device("y", "x"); }).code(),
+            ErrorCode::invalid_argument);  // before the first step
+  rb.step();                               // y[i] = x[i] + w[i] = i + 7i + 3 (bytewise)
+  std::vector<unsigned char> y1(args.get("y").data_as<unsigned char>(),
+                                args.get("y").data_as<unsigned char>() + kX);
+  const Moved before = sim_moved(worker);
+  rb.copy_on_device("y", "x");  // x <- y on the device; the host x stays
+  const BindReport r = rb.step();
+  EXPECT_EQ(r.uploaded_bytes, 0u);
+  EXPECT_EQ(sim_moved(worker).h2d, before.h2d);
+  EXPECT_EQ(args.get("x").data_as<unsigned char>()[5], 5);  // the host copy untouched
+  for (uint64_t i = 0; i < kX; i += 331)
+    ASSERT_EQ(args.get("y").data_as<unsigned char>()[i],
+              static_cast<unsigned char>(y1[i] + i * 7 + 3))
+        << i;
+  EXPECT_NE(
+      std::string(test::error_of([&] { rb.copy_on_device("x", "y"); }).what()).find("OUT tensor"),
+      std::string::npos);
+  EXPECT_NE(std::string(test::error_of([&] { rb.copy_on_device("w", "x"); }).what())
+                .find("the same size"),
+            std::string::npos);
+  EXPECT_EQ(test::error_of([&] { rb.copy_on_device("nope", "x"); }).code(), ErrorCode::not_found);
+}
+
 TEST_F(ResidentTest, TheCheckDefaultsToPinstageResidentCheck) {
   PinnedAllocator pinned(worker);
   TaskArgs args = make_task(pinned);

@@ -293,12 +293,14 @@ TEST(SceneSteps, EveryStepMatchesItsGoldenAndOnlyTheStepInputsGoUp) {
     EXPECT_EQ(worker.stats().device_count, 0u);
   }
   const uint64_t full_bytes = binds[1][0].uploaded_bytes;
-  const uint64_t step_inputs = uint64_t{kBatch} * kHidden * 2 + 2 * kBatch * 4;  // hidden, 2 i32
+  // seq_lens and slot_mapping; hidden_states is fed from out on the device (copy_on_device).
+  const uint64_t step_inputs = 2 * kBatch * 4;
   EXPECT_EQ(binds[0][0].uploaded_bytes, full_bytes);  // step 1 uploads everything
   for (size_t s = 1; s < 4; ++s) {
     EXPECT_EQ(binds[0][s].step, static_cast<int>(s + 1));
     EXPECT_EQ(binds[0][s].uploaded_bytes, step_inputs) << "step " << s + 1;  // no weight byte
-    EXPECT_EQ(binds[0][s].uploaded_count, 3u);
+    EXPECT_EQ(binds[0][s].uploaded_count, 2u);
+    EXPECT_TRUE(binds[0][s].tensors[kArgHiddenStates].stayed);
     EXPECT_EQ(binds[0][s].downloaded_bytes, uint64_t{kBatch} * kHidden * 2);  // out only
     EXPECT_EQ(binds[1][s].uploaded_bytes, full_bytes);
     EXPECT_LT(binds[0][s].uploaded_bytes + binds[0][s].downloaded_bytes,
@@ -308,6 +310,23 @@ TEST(SceneSteps, EveryStepMatchesItsGoldenAndOnlyTheStepInputsGoUp) {
         EXPECT_TRUE(t.stayed) << t.name;
       }
     }
+  }
+}
+
+// Without the ABI's device copy (a backend of ABI v4, say) the fed hidden state goes up
+// from the host instead, and every step still matches its golden.
+TEST(SceneSteps, WithoutADeviceCopyTheFedInputIsUploaded) {
+  Worker worker;
+  WorkerOptions options;
+  options.plugin_path = PINSTAGE_NO_DEVICE_OPS_PLUGIN;
+  worker.init("no_device_ops", 0, options);
+  ASSERT_FALSE(worker.capabilities().device_copy);
+  const SceneReport report = pinstage::run_scene(worker, *scene(), steps_options(3, true));
+  ASSERT_TRUE(report.ok()) << report.rounds.back().failure;
+  for (size_t s = 1; s < 3; ++s) {
+    EXPECT_EQ(report.rounds[s].bind.uploaded_bytes,
+              uint64_t{kBatch} * kHidden * 2 + 2 * kBatch * 4);  // hidden_states and two i32
+    EXPECT_FALSE(report.rounds[s].bind.tensors[kArgHiddenStates].stayed);
   }
 }
 

@@ -17,8 +17,8 @@ def test_scene_steps_report_each_step(cli):
     report = json.loads(done.stdout)
     assert report["steps"] == 3 and report["resident"] is True and report["ok"] is True
     moved = [r["uploaded_bytes"] for r in report["rounds"]]
-    assert moved[0] > 1_000_000_000 and moved[1:] == [163_968, 163_968]
-    assert "step 2:" in done.stderr and "16 stayed" in done.stderr
+    assert moved[0] > 1_000_000_000 and moved[1:] == [128, 128]
+    assert "step 2:" in done.stderr and "17 stayed" in done.stderr
     full = run(cli, "scene", "qwen3-decode", *SMALL, "--steps", "2", "--full-bind", "--json", "-")
     assert full.returncode == 0, full.stderr
     rounds = json.loads(full.stdout)["rounds"]
@@ -37,7 +37,7 @@ def test_bench_steps_prints_its_targets(cli, tmp_path):
     records = report["records"]
     assert len(records) == 6 and {r["mode"] for r in records} == {"resident", "full"}
     resident2 = [r for r in records if r["mode"] == "resident" and r["step"] >= 2]
-    assert all(r["uploaded_bytes"] == 163_968 for r in resident2)
+    assert all(r["uploaded_bytes"] == 128 for r in resident2)
     assert report["moved_fraction"] < 0.001
 
 
