@@ -21,10 +21,13 @@ struct Result {
 };
 
 // `[env] pinstage bench <task> <args> --quiet`, stdout and stderr together.
-Result run_task(const std::string& task, const std::string& args, const std::string& env = "") {
+// --quiet unless `loud`: quiet drops the plan line and where the report went (chatter).
+Result run_task(const std::string& task, const std::string& args, const std::string& env = "",
+                bool loud = false) {
   const auto start = std::chrono::steady_clock::now();
-  const pinstage::test::CommandResult c = pinstage::test::run_command(
-      env + " " + std::string(PINSTAGE_CLI_PATH) + " bench " + task + " " + args + " --quiet 2>&1");
+  const pinstage::test::CommandResult c =
+      pinstage::test::run_command(env + " " + std::string(PINSTAGE_CLI_PATH) + " bench " + task +
+                                  " " + args + (loud ? "" : " --quiet") + " 2>&1");
   Result r;
   r.status = c.status;
   r.output = c.output;
@@ -34,7 +37,7 @@ Result run_task(const std::string& task, const std::string& args, const std::str
 
 Result run_cli(const std::string& args) { return run_task("qwen3-decode", args); }
 
-// `pinstage bench compare <args>` (it takes no --quiet: it prints only).
+// `pinstage bench compare <args>`.
 Result run_compare(const std::string& args) {
   const pinstage::test::CommandResult c = pinstage::test::run_command(
       std::string(PINSTAGE_CLI_PATH) + " bench compare " + args + " 2>&1");
@@ -93,7 +96,9 @@ TEST(BenchCli, SmallRunPrintsTheTableAndWritesTheJson) {
   const auto path = std::filesystem::temp_directory_path() /
                     ("pinstage_bench_cli_" + std::to_string(getpid()) + ".json");
   const Result r =
-      run_cli("--layers 1 --groups 1 --rounds 2 --arms pinned,pageable --json " + path.string());
+      run_task("qwen3-decode",
+               "--layers 1 --groups 1 --rounds 2 --arms pinned,pageable --json " + path.string(),
+               "", /*loud=*/true);
   ASSERT_EQ(r.status, 0) << r.output;
   for (const char* needle :
        {"--layers 1", "group", "vs pageable", "alloc ms", "upload GB/s", "pinned is ",
@@ -128,7 +133,8 @@ TEST(BenchCli, SmallRunPrintsTheTableAndWritesTheJson) {
 
 // The plan's line comes once, not again in the table's header.
 TEST(BenchCli, AutomaticSizeLineOnce) {
-  const Result r = run_task("synthetic", "--tensors 2 --bytes 4K --groups 1 --rounds 2");
+  const Result r =
+      run_task("synthetic", "--tensors 2 --bytes 4K --groups 1 --rounds 2", "", /*loud=*/true);
   ASSERT_EQ(r.status, 0) << r.output;
   const std::string line = "fits";
   const size_t first = r.output.find("pinstage bench: ");

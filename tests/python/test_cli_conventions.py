@@ -102,3 +102,24 @@ def test_hash_makes_an_unhashed_checkpoint_verifiable(cli, tmp_path):
     bad = subprocess.run([str(cli), "load", str(ckpt), "--verify"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 1 and "tensor 'w' fails its integrity check" in bad.stderr
+
+
+def test_compare_lists_the_differing_options_first_and_no_change_of_zeros(cli, files):
+    a = json.loads((files / "a.json").read_text())
+    b = json.loads((files / "b.json").read_text())
+    b["run"]["options"]["--rounds"] = "7"  # as if run with another option
+    del b["run"]["options"]["--no-plot"]
+    for doc in (a, b):  # allocation too fast to show at the table's precision
+        for arm in doc["summary"]["arms"]:
+            arm["median_alloc_seconds"] = 2e-7 if doc is a else 3e-7
+    (files / "a2.json").write_text(json.dumps(a))
+    (files / "b2.json").write_text(json.dumps(b))
+    out = run(cli, ["bench", "compare", "a2.json", "b2.json"], files).stdout
+    differ = out.index("options that differ:")
+    assert out.index("--rounds: 2 (A) vs 7 (B)") > differ
+    assert "--no-plot: true (A) vs (absent) (B)" in out
+    assert out.index("--rounds") < out.index("best bind ms")  # before the figures
+    alloc = [line for line in out.splitlines() if "alloc ms (median)" in line]
+    assert alloc and all(line.split()[-1] == "-" for line in alloc), alloc
+    same = run(cli, ["bench", "compare", "a.json", "a.json"], files).stdout
+    assert "options that differ: none" in same

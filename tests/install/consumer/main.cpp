@@ -12,6 +12,8 @@
 #include <span>
 #include <string>
 
+#include "pinstage/backend/acl_ext.h"   // the plugin SDK's extension headers are installed
+#include "pinstage/backend/cuda_ext.h"  // (docs/acl.md and cuda.md tell users to include them)
 #include "pinstage/bind.h"
 #include "pinstage/tensor.h"
 #include "pinstage/version.h"
@@ -65,8 +67,8 @@ int bind_and_check(pinstage::Worker& worker) {
 int main(int argc, char** argv) {
   if (argc != 3) return fail("usage: pinstage_consumer <version> <plugin folder>");
   try {
-    std::printf("consumer: pinstage %s (headers %s)\n", pinstage::version(),
-                PINSTAGE_VERSION_STRING);
+    std::printf("consumer: pinstage %s (headers %s; extensions %s, %s)\n", pinstage::version(),
+                PINSTAGE_VERSION_STRING, PS_ACL_PIN_STATS_NAME, PS_CUDA_PIN_STATS_NAME);
     if (std::strcmp(pinstage::version(), PINSTAGE_VERSION_STRING) != 0 ||
         std::strcmp(pinstage::version(), argv[1]) != 0)
       return fail(std::string("version: expected ") + argv[1]);
