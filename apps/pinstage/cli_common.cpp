@@ -156,6 +156,15 @@ std::string plural(size_t n, const char* noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
+void add_checkpoint_read_options(CLI::App& cmd, std::string& path, int& threads, int64_t& chunk_mib,
+                                 const std::string& threads_help) {
+  cmd.add_option("PATH", path, "A .safetensors file, or a directory of shards")->required();
+  add_integer_option(cmd, "--threads", threads, threads_help + ", 0..1024 (0 = all cores)", 0, 1024)
+      ->capture_default_str();
+  add_integer_option(cmd, "--chunk-mib", chunk_mib, "MiB per pread, 1..4096", 1, 4096)
+      ->capture_default_str();
+}
+
 void add_backend_args(CLI::App& cmd, BackendArgs& args) {
   cmd.add_option("--backend", args.name, "Backend plugin (sim, cuda, acl)")
       ->transform(kLowerCase)

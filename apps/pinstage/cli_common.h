@@ -92,6 +92,11 @@ CLI::Option* add_integer_option(CLI::App& cmd, const std::string& flag, T& value
   return cmd.add_option(flag, value, help)->transform(integer_validator(flag, min, max));
 }
 
+// A checkpoint's PATH, --threads (0..1024, 0 = all cores) and --chunk-mib (MiB per pread,
+// 1..4096): what load, bench load and hash share. `threads_help` says what the threads do.
+void add_checkpoint_read_options(CLI::App& cmd, std::string& path, int& threads, int64_t& chunk_mib,
+                                 const std::string& threads_help);
+
 // "1 tensor", "3 tensors".
 std::string plural(size_t n, const char* noun);
 

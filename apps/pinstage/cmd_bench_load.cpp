@@ -281,16 +281,12 @@ void add_bench_load_command(CLI::App& bench) {
       "Checkpoint loading: read()+copy, mmap+copy, pinstage into pinned memory and onto "
       "the device, warm and cold, next to raw parallel pread and all-core memcpy");
   a->cmd = q;
-  q->add_option("PATH", a->path, "A .safetensors file, or a directory of shards")->required();
+  add_checkpoint_read_options(*q, a->path, a->threads, a->chunk_mib, "Reader and copy threads");
   add_backend_args(*q, a->backend);
   add_integer_option(*q, "--rounds", a->rounds,
                      "Rounds; each runs every arm warm then cold, 1..1000", 1, 1000)
       ->capture_default_str();
-  add_integer_option(*q, "--threads", a->threads,
-                     "Reader and copy threads, 0..1024 (0 = all cores)", 0, 1024)
-      ->capture_default_str();
-  add_integer_option(*q, "--chunk-mib", a->chunk_mib, "MiB per pread, 1..4096", 1, 4096)
-      ->capture_default_str();
+
   q->add_flag("--no-cold", a->no_cold, "Skip the cold (page cache dropped) runs");
   add_report_options(*q, a->report);
   q->callback([a] { run_bench_load(*a); });

@@ -139,16 +139,11 @@ void add_load_command(CLI::App& app) {
       "Load a checkpoint (a .safetensors file or a directory of shards) into pinned "
       "host memory or onto the device; prints bytes, seconds and GB/s per phase");
   a->cmd = q;
-  q->add_option("PATH", a->path, "A .safetensors file, or a directory of shards")->required();
+  add_checkpoint_read_options(*q, a->path, a->threads, a->chunk_mib, "Reader threads");
   add_backend_args(*q, a->backend);
   q->add_option("--to", a->to, "host (pinned memory) or device (streamed through the ring)")
       ->transform(kLowerCase)
       ->check(CLI::IsMember({"host", "device"}))
-      ->capture_default_str();
-  add_integer_option(*q, "--threads", a->threads, "Reader threads, 0..1024 (0 = all cores)", 0,
-                     1024)
-      ->capture_default_str();
-  add_integer_option(*q, "--chunk-mib", a->chunk_mib, "MiB per pread, 1..4096", 1, 4096)
       ->capture_default_str();
   add_integer_option(*q, "--ring-mib", a->ring_mib,
                      "Pinned MiB of the staging ring (--to device), 1..65536", 1, 65536)
@@ -177,12 +172,7 @@ void add_hash_command(CLI::App& app) {
       "Record every tensor's xxh3-64 in a sidecar next to a checkpoint whose writer recorded "
       "none (a Hugging Face checkpoint), so that load --verify checks it from then on");
   a->cmd = q;
-  q->add_option("PATH", a->path, "A .safetensors file, or a directory of shards")->required();
-  add_integer_option(*q, "--threads", a->threads, "Reader threads, 0..1024 (0 = all cores)", 0,
-                     1024)
-      ->capture_default_str();
-  add_integer_option(*q, "--chunk-mib", a->chunk_mib, "MiB per pread, 1..4096", 1, 4096)
-      ->capture_default_str();
+  add_checkpoint_read_options(*q, a->path, a->threads, a->chunk_mib, "Reader threads");
   add_report_options(*q, a->report);
   q->callback([a] {
     check_report_args(a->report);

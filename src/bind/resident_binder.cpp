@@ -52,6 +52,16 @@ size_t index_of(const TaskArgs& args, std::string_view name, const char* who) {
                                         " tensors");
 }
 
+// What download and copy_on_device need: an open binder whose first step placed the task.
+void require_placed(bool closed, const std::string& closed_why, bool placed,
+                    const std::string& who) {
+  if (closed)
+    throw Error(ErrorCode::invalid_argument, who + ": the binder is closed (" + closed_why + ")");
+  if (!placed)
+    throw Error(ErrorCode::invalid_argument,
+                who + ": nothing is on the device before the first step()");
+}
+
 }  // namespace
 
 ResidentBinder::ResidentBinder(Worker& worker, TaskArgs args, BindOptions options,
@@ -145,11 +155,7 @@ void ResidentBinder::download(std::string_view name, uint64_t offset, uint64_t b
   State& s = *state_;
   const std::string who = "ResidentBinder::download('" + std::string(name) + "')";
   const size_t i = index_of(s.args, name, "ResidentBinder::download");
-  if (s.closed)
-    throw Error(ErrorCode::invalid_argument, who + ": the binder is closed (" + s.closed_why + ")");
-  if (!s.device.placed)
-    throw Error(ErrorCode::invalid_argument,
-                who + ": nothing is on the device before the first step()");
+  require_placed(s.closed, s.closed_why, s.device.placed, who);
   const Tensor& t = s.args.at(i);
   if (bytes == 0 || offset > t.nbytes() || bytes > t.nbytes() - offset)
     throw Error(ErrorCode::invalid_argument,
@@ -169,11 +175,7 @@ void ResidentBinder::copy_on_device(std::string_view from, std::string_view to) 
       "ResidentBinder::copy_on_device('" + std::string(from) + "', '" + std::string(to) + "')";
   const size_t i = index_of(s.args, from, "ResidentBinder::copy_on_device");
   const size_t j = index_of(s.args, to, "ResidentBinder::copy_on_device");
-  if (s.closed)
-    throw Error(ErrorCode::invalid_argument, who + ": the binder is closed (" + s.closed_why + ")");
-  if (!s.device.placed)
-    throw Error(ErrorCode::invalid_argument,
-                who + ": nothing is on the device before the first step()");
+  require_placed(s.closed, s.closed_why, s.device.placed, who);
   const Tensor& src = s.args.at(i);
   const Tensor& dst = s.args.at(j);
   if (dst.direction() == Direction::out)
