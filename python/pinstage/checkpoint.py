@@ -16,6 +16,7 @@ pinned), viewed by torch through DLPack: the same lifetime rules as PinnedTorchA
 See docs/loading.md.
 """
 import operator
+from collections.abc import Mapping
 
 import torch
 
@@ -114,6 +115,44 @@ def _read(checkpoint, worker, names, options):
     return {n: _view(b, info, n) for n, b, info in zip(names, buffers, infos)}
 
 
+def _describe(dtype, shape):
+    return f"{str(dtype).replace('torch.', '')} of shape {tuple(shape)}"
+
+
+def _check_into_tensor(tensor, name, info, who):
+    """Checks that `tensor` can take tensor `name` of the checkpoint (`info`): a dense,
+    contiguous CPU torch tensor of its dtype and shape. The memory itself (inside this
+    worker's pinned buffers, no overlap) is checked in C++ before anything is read."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{who}: the tensor for {name!r} must be a torch.Tensor, "
+                        f"not {type(tensor).__name__}")
+    want_dtype = _torch_dtype(info["dtype"], name)
+    want_shape = tuple(info["shape"])
+    if tensor.dtype != want_dtype or tuple(tensor.shape) != want_shape:
+        raise InvalidArgumentError(
+            f"{who}: tensor {name!r} is {_describe(want_dtype, want_shape)} in the checkpoint "
+            f"({info['dtype']}), but the tensor given for it is "
+            f"{_describe(tensor.dtype, tensor.shape)}")
+    if tensor.device.type != "cpu" or tensor.layout != torch.strided:
+        raise InvalidArgumentError(
+            f"{who}: the tensor for {name!r} is on {tensor.device} ({tensor.layout}); it must "
+            "be a dense CPU tensor in the worker's pinned memory")
+    if not tensor.is_contiguous():
+        raise InvalidArgumentError(
+            f"{who}: the tensor for {name!r} is not contiguous (strides {tensor.stride()}); "
+            "its bytes are written in the file's row-major order")
+
+
+def _read_into(checkpoint, worker, names, tensors, options, who):
+    """Reads tensors `names` into the caller's `tensors` (same order), every one checked
+    before any byte is written."""
+    infos = [checkpoint.info(n) for n in names]
+    for n, t, info in zip(names, tensors, infos):
+        _check_into_tensor(t, n, info, who)
+    addresses = [t.data_ptr() for t in tensors]
+    checkpoint.read_into_pinned(names, addresses, worker, who=who, **options)
+
+
 class safe_open:  # noqa: N801 (the safetensors name)
     """A checkpoint opened for reading tensors one at a time into `worker`'s pinned memory.
 
@@ -150,16 +189,47 @@ class safe_open:  # noqa: N801 (the safetensors name)
         """{dtype, shape, file, offset, nbytes, xxh3} of one tensor."""
         return self._checkpoint.info(_name(name, "safe_open.info"))
 
-    def get_tensor(self, name):
-        """Tensor `name` read into fresh pinned memory of exactly its bytes."""
+    def get_tensor(self, name, out=None):
+        """Tensor `name` read into fresh pinned memory of exactly its bytes; or, with `out`
+        (a contiguous tensor of its dtype and shape in this worker's pinned memory, e.g.
+        from PinnedTorchAllocator), read into `out`, which is returned: no allocation."""
         name = _name(name, "safe_open.get_tensor")
-        return _read(self._checkpoint, self._worker, [name], self._options)[name]
+        if out is None:
+            return _read(self._checkpoint, self._worker, [name], self._options)[name]
+        _read_into(self._checkpoint, self._worker, [name], [out], self._options,
+                   "safe_open.get_tensor(out=)")
+        return out
+
+
+def _into(into, checkpoint, who):
+    """The (names, tensors) of an `into` mapping, in checkpoint order; every name must be
+    a tensor of the checkpoint."""
+    if not isinstance(into, Mapping):
+        raise TypeError(f"{who}: into must be a mapping of tensor name to torch.Tensor, "
+                        f"not {type(into).__name__}")
+    for name in into:
+        if not isinstance(name, str):
+            raise TypeError(f"{who}: the keys of into must be str, not {type(name).__name__}")
+    keys = checkpoint.keys()
+    known = set(keys)
+    missing = [n for n in into if n not in known]
+    if missing:
+        raise InvalidArgumentError(
+            f"{who}: into names {len(missing)} tensor(s) the checkpoint does not hold "
+            f"(the first is {missing[0]!r})")
+    names = [n for n in keys if n in into]
+    return names, [into[n] for n in names]
 
 
 def load_file(path, worker=None, device="cpu", verify=False, threads=0, chunk_bytes=8 << 20,
-              direct=False):
+              direct=False, into=None):
     """Every tensor of the checkpoint at `path` as {name: torch tensor} in `worker`'s pinned
-    memory, read by parallel pread straight into place."""
+    memory, read by parallel pread straight into place.
+
+    `into`: {name: tensor} the caller holds (contiguous, of each tensor's dtype and shape,
+    in `worker`'s pinned memory, e.g. from PinnedTorchAllocator): exactly those tensors are
+    read, into that memory, and the same tensors are returned (checkpoint order). Nothing
+    is allocated, and every tensor is checked before any byte is written."""
     _check_worker(worker, "load_file")
     if device != "cpu":
         raise InvalidArgumentError(
@@ -167,7 +237,11 @@ def load_file(path, worker=None, device="cpu", verify=False, threads=0, chunk_by
             "use pinstage.load_to_device for the device")
     options = _options("load_file", threads, chunk_bytes, verify, direct)
     checkpoint = _pinstage._Checkpoint(path, "load_file")
-    return _read(checkpoint, worker, checkpoint.keys(), options)
+    if into is None:
+        return _read(checkpoint, worker, checkpoint.keys(), options)
+    names, tensors = _into(into, checkpoint, "load_file(into=)")
+    _read_into(checkpoint, worker, names, tensors, options, "load_file(into=)")
+    return dict(zip(names, tensors))
 
 
 def load_to_device(path, worker=None, verify=False, threads=0, chunk_bytes=8 << 20,

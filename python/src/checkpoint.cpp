@@ -3,8 +3,10 @@
 // device loads that hand back the report and the owned device buffers. docs/loading.md.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "args.h"
@@ -88,6 +90,61 @@ py::dict read_into(const Checkpoint& c, const std::vector<std::string>& names,
     targets.push_back({&t, b.buffer.data()});
     leases.push_back(std::make_unique<Lease>(buffers[i], &b, LeaseHolder::read));
     busy.push_back(std::make_unique<Busy>(b.worker));
+  }
+  const CheckpointLoadOptions o =
+      load_options(threads, chunk_bytes, verify, verify_if_present, direct, 0);
+  LoadReport r;
+  {
+    GilReleased nogil;
+    r = read_checkpoint(c, targets, o);
+  }
+  return report_dict(r);
+}
+
+// Reads tensors `names` into caller-held memory: addresses[i] is where tensor names[i]'s
+// bytes go, and [address, address + its bytes) must lie inside one open PinnedHostBuffer of
+// `worker_obj` (the memory of a PinnedTorchAllocator tensor, say). Every range is checked,
+// and no two may overlap, before anything is read; then as read_into (leases, busy, no GIL).
+py::dict read_into_pinned(const Checkpoint& c, const std::vector<std::string>& names,
+                          const std::vector<uintptr_t>& addresses, const py::object& worker_obj,
+                          const std::string& who, int threads, uint64_t chunk_bytes, bool verify,
+                          bool verify_if_present, bool direct) {
+  PyWorker& w = as_worker(worker_obj, who.c_str());
+  if (names.size() != addresses.size())
+    throw Error(ErrorCode::invalid_argument, who + ": " + std::to_string(names.size()) +
+                                                 " names but " + std::to_string(addresses.size()) +
+                                                 " addresses");
+  std::vector<ReadTarget> targets;
+  std::vector<std::unique_ptr<Lease>> leases;        // destroyed after the GIL is back
+  std::vector<std::pair<uintptr_t, size_t>> ranges;  // (start, index into names)
+  for (size_t i = 0; i < names.size(); ++i) {
+    const CheckpointTensor& t = c.get(names[i]);
+    if (t.bytes == 0) continue;  // nothing to write
+    void* dst = reinterpret_cast<void*>(addresses[i]);
+    PyBuffer* b = find_pinned(dst, t.bytes);
+    if (b == nullptr || b->worker != &w)
+      throw Error(ErrorCode::invalid_argument,
+                  who + ": the memory for tensor '" + t.name + "' (" + std::to_string(t.bytes) +
+                      " bytes) is not inside one open pinned buffer of this worker " +
+                      (b == nullptr ? "(pageable, closed, or too small)"
+                                    : "(it is another worker's pinned memory)") +
+                      "; make it with pinstage.PinnedTorchAllocator(worker)");
+    ranges.emplace_back(addresses[i], i);
+    targets.push_back({&t, dst});
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t k = 1; k < ranges.size(); ++k) {
+    const CheckpointTensor& prev = c.get(names[ranges[k - 1].second]);
+    if (ranges[k - 1].first + prev.bytes > ranges[k].first)
+      throw Error(ErrorCode::invalid_argument,
+                  who + ": the memory for tensors '" + prev.name + "' and '" +
+                      names[ranges[k].second] + "' overlaps; each tensor needs memory of its own");
+  }
+  Busy busy(&w);
+  for (const ReadTarget& t : targets) {
+    PyBuffer* b = find_pinned(t.dst, t.tensor->bytes);
+    leases.push_back(std::make_unique<Lease>(py::cast(b, py::return_value_policy::reference), b,
+                                             LeaseHolder::read));
   }
   const CheckpointLoadOptions o =
       load_options(threads, chunk_bytes, verify, verify_if_present, direct, 0);
@@ -222,6 +279,18 @@ void bind_checkpoint(py::module_& m) {
                " -> dict[str, Any]",
                "Reads the named tensors into the PinnedHostBuffers (of at least their "
                "bytes) without the GIL; returns the load report."))
+      .def("read_into_pinned", &read_into_pinned, py::arg("names"), py::arg("addresses"),
+           py::arg("worker"), py::arg("who") = "read_into_pinned", py::arg("threads") = 0,
+           py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
+           py::arg("verify_if_present") = false, py::arg("direct") = false,
+           method_doc(
+               "read_into_pinned(names: list[str], addresses: list[int], worker: Worker, who: "
+               "str = 'read_into_pinned', threads: int = 0, chunk_bytes: int = 8388608, verify: "
+               "bool = False, verify_if_present: bool = False, direct: bool = False)"
+               " -> dict[str, Any]",
+               "Reads the named tensors to the addresses, each range inside one open pinned "
+               "buffer of worker and no two overlapping (checked before any read), without "
+               "the GIL; returns the load report. Errors name `who`."))
       .def("load_to_device", &to_device, py::arg("worker"), py::arg("threads") = 0,
            py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
            py::arg("verify_if_present") = false, py::arg("direct") = false,
