@@ -204,6 +204,12 @@ struct DeviceLoad {
 // and the ring are released before the Error propagates.
 PINSTAGE_API DeviceLoad load_to_device(const Checkpoint& checkpoint, Worker& worker,
                                        const CheckpointLoadOptions& options = {});
+// The same for the tensors `names` only (DeviceLoad::tensors and the report's bytes and
+// tensors are those, in checkpoint order): Error(not_found) for a name the checkpoint
+// lacks, Error(invalid_argument) for a name given twice, both before anything is taken.
+PINSTAGE_API DeviceLoad load_to_device(const Checkpoint& checkpoint, Worker& worker,
+                                       const CheckpointLoadOptions& options,
+                                       const std::vector<std::string>& names);
 
 // The index metadata key of the checkpoint-level digest the sharded writer records: the
 // xxh3-64 (16 hex digits) of every tensor's shard, name, dtype, shape, place and hash.

@@ -221,37 +221,117 @@ def _into(into, checkpoint, who):
     return names, [into[n] for n in names]
 
 
+# device= spellings: torch's device type -> pinstage backend ("npu" is Ascend's torch_npu).
+_DEVICE_BACKENDS = {"sim": "sim", "cuda": "cuda", "npu": "acl"}
+
+
+def _device(device, worker, who):
+    """None for "cpu" (the worker's pinned host memory); else checks that `device`
+    ("sim:0", "cuda:1", "npu:0", "cuda" = index 0, or a torch.device) is `worker`'s device."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str):
+        raise TypeError(f"{who}(): device must be str or torch.device, not {type(device).__name__}")
+    if device == "cpu":
+        return None
+    kind, sep, index = device.partition(":")
+    forms = "'cpu', or TYPE[:INDEX] with TYPE one of " + ", ".join(_DEVICE_BACKENDS)
+    if kind not in _DEVICE_BACKENDS or (sep and not (index.isdigit() and index.isascii())):
+        raise InvalidArgumentError(f"{who}(): device {device!r} is not a device: {forms} "
+                                   "(e.g. 'cuda:1')")
+    backend, device_id = _DEVICE_BACKENDS[kind], int(index) if sep else 0
+    if (worker.backend, worker.device_id) != (backend, device_id):
+        raise InvalidArgumentError(
+            f"{who}(): device {device!r} is backend {backend!r} device {device_id}, but the "
+            f"worker is backend {worker.backend!r} device {worker.device_id}; pass a "
+            f"Worker(backend={backend!r}, device_id={device_id})")
+    return backend, device_id
+
+
+def _names(names, checkpoint, who):
+    """The tensors `names` selects, in checkpoint order: None = all; an iterable of exact
+    names (each one of the checkpoint's, none twice); or a callable name -> bool."""
+    keys = checkpoint.keys()
+    if names is None:
+        return keys
+    if callable(names):
+        chosen = set()
+        for n in keys:
+            keep = names(n)
+            if not isinstance(keep, bool):
+                raise TypeError(f"{who}(): names({n!r}) must return bool, "
+                                f"not {type(keep).__name__}")
+            if keep:
+                chosen.add(n)
+        return [n for n in keys if n in chosen]
+    if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+        raise TypeError(f"{who}(): names must be a list of tensor names or a callable "
+                        f"name -> bool, not {type(names).__name__}")
+    wanted = list(names)
+    for n in wanted:
+        if not isinstance(n, str):
+            raise TypeError(f"{who}(): names must hold str, not {type(n).__name__}")
+    known = set(keys)
+    missing = [n for n in wanted if n not in known]
+    if missing:
+        raise InvalidArgumentError(
+            f"{who}(): names lists {len(missing)} tensor(s) the checkpoint does not hold "
+            f"(the first is {missing[0]!r})")
+    if len(set(wanted)) != len(wanted):
+        twice = next(n for n in wanted if wanted.count(n) > 1)
+        raise InvalidArgumentError(f"{who}(): names lists {twice!r} twice")
+    chosen = set(wanted)
+    return [n for n in keys if n in chosen]
+
+
 def load_file(path, worker=None, device="cpu", verify=False, threads=0, chunk_bytes=8 << 20,
-              direct=False, into=None):
+              direct=False, into=None, names=None, ring_bytes=64 << 20):
     """Every tensor of the checkpoint at `path` as {name: torch tensor} in `worker`'s pinned
     memory, read by parallel pread straight into place.
 
     `into`: {name: tensor} the caller holds (contiguous, of each tensor's dtype and shape,
     in `worker`'s pinned memory, e.g. from PinnedTorchAllocator): exactly those tensors are
     read, into that memory, and the same tensors are returned (checkpoint order). Nothing
-    is allocated, and every tensor is checked before any byte is written."""
+    is allocated, and every tensor is checked before any byte is written.
+
+    `names`: which tensors to load (default all): a list of exact names (each must be in
+    the checkpoint) or a callable name -> bool (e.g. ``lambda n: fnmatch(n, "*.mlp.*")``).
+
+    `device`: "cpu" (default) loads into pinned host memory; the worker's own device
+    ("sim:0", "cuda:1", "npu:0" for backends sim, cuda, acl) streams the tensors onto it
+    as load_to_device does (through a `ring_bytes` staging ring) and returns its result."""
     _check_worker(worker, "load_file")
-    if device != "cpu":
-        raise InvalidArgumentError(
-            f"load_file: device must be 'cpu' (pinned host memory), got {device!r}; "
-            "use pinstage.load_to_device for the device")
+    target = _device(device, worker, "load_file")
     options = _options("load_file", threads, chunk_bytes, verify, direct)
+    ring_bytes = _int(ring_bytes, "load_file", "ring_bytes", 64)
+    if into is not None and names is not None:
+        raise InvalidArgumentError("load_file(): pass names= or into=, not both: the keys "
+                                   "of into name the tensors to load")
+    if into is not None and target is not None:
+        raise InvalidArgumentError(f"load_file(): into= is host memory, but device={device!r}; "
+                                   "load into pinned tensors with device='cpu'")
     checkpoint = _pinstage._Checkpoint(path, "load_file")
+    if target is not None:
+        return checkpoint.load_to_device(worker, ring_bytes=ring_bytes,
+                                         names=_names(names, checkpoint, "load_file"),
+                                         **options)
     if into is None:
-        return _read(checkpoint, worker, checkpoint.keys(), options)
+        return _read(checkpoint, worker, _names(names, checkpoint, "load_file"), options)
     names, tensors = _into(into, checkpoint, "load_file(into=)")
     _read_into(checkpoint, worker, names, tensors, options, "load_file(into=)")
     return dict(zip(names, tensors))
 
 
 def load_to_device(path, worker=None, verify=False, threads=0, chunk_bytes=8 << 20,
-                   direct=False, ring_bytes=64 << 20):
-    """Streams the checkpoint onto `worker`'s device through a staging ring of `ring_bytes`
-    of pinned memory. Returns an object with .report (bytes, seconds per phase, overlap,
-    ring_pinned_bytes...), .keys(), .nbytes(name), .device_ptr(name), .to_bytes(name) and
-    close(); it owns the device buffers until closed or garbage collected."""
+                   direct=False, ring_bytes=64 << 20, names=None):
+    """Streams the checkpoint (or the tensors `names` selects, as in load_file) onto
+    `worker`'s device through a staging ring of `ring_bytes` of pinned memory. Returns an
+    object with .report (bytes, seconds per phase, overlap, ring_pinned_bytes...), .keys(),
+    .nbytes(name), .device_ptr(name), .to_bytes(name) and close(); it owns the device
+    buffers until closed or garbage collected."""
     _check_worker(worker, "load_to_device")
     options = _options("load_to_device", threads, chunk_bytes, verify, direct)
     ring_bytes = _int(ring_bytes, "load_to_device", "ring_bytes", 64)
     checkpoint = _pinstage._Checkpoint(path, "load_to_device")
-    return checkpoint.load_to_device(worker, ring_bytes=ring_bytes, **options)
+    selected = None if names is None else _names(names, checkpoint, "load_to_device")
+    return checkpoint.load_to_device(worker, ring_bytes=ring_bytes, names=selected, **options)

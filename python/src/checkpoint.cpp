@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -164,7 +165,8 @@ struct PyDeviceLoad {
 
 std::unique_ptr<PyDeviceLoad> to_device(const Checkpoint& c, py::object worker_obj, int threads,
                                         uint64_t chunk_bytes, bool verify, bool verify_if_present,
-                                        bool direct, uint64_t ring_bytes) {
+                                        bool direct, uint64_t ring_bytes,
+                                        const std::optional<std::vector<std::string>>& names) {
   PyWorker& w = as_worker(worker_obj, "load_to_device");
   const CheckpointLoadOptions o =
       load_options(threads, chunk_bytes, verify, verify_if_present, direct, ring_bytes);
@@ -172,7 +174,7 @@ std::unique_ptr<PyDeviceLoad> to_device(const Checkpoint& c, py::object worker_o
   out->worker_obj = worker_obj;
   Busy busy(&w);
   GilReleased nogil;
-  out->load = load_to_device(c, w.worker, o);
+  out->load = names ? load_to_device(c, w.worker, o, *names) : load_to_device(c, w.worker, o);
   return out;
 }
 
@@ -294,11 +296,13 @@ void bind_checkpoint(py::module_& m) {
       .def("load_to_device", &to_device, py::arg("worker"), py::arg("threads") = 0,
            py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
            py::arg("verify_if_present") = false, py::arg("direct") = false,
-           py::arg("ring_bytes") = uint64_t{64} << 20,
+           py::arg("ring_bytes") = uint64_t{64} << 20, py::arg("names") = py::none(),
            method_doc("load_to_device(worker: Worker, threads: int = 0, chunk_bytes: int = "
                       "8388608, verify: bool = False, verify_if_present: bool = False, direct: "
-                      "bool = False, ring_bytes: int = 67108864) -> _DeviceLoad",
-                      "Streams every tensor onto worker's device through its staging ring."));
+                      "bool = False, ring_bytes: int = 67108864, names: list[str] | None = "
+                      "None) -> _DeviceLoad",
+                      "Streams every tensor (or those named) onto worker's device through its "
+                      "staging ring."));
   bind_device_load(m);
 }
 

@@ -186,3 +186,99 @@ def test_the_read_holds_the_tensors_buffers(worker, alloc, tmp_path):
         _pinstage._set_gil_release_hook(None)
         release.set()
     assert torch.equal(result["got"]["a"], torch.arange(1000, dtype=torch.float32))
+
+
+# ---- names= and device= (item 2) ----
+
+def test_names_select_tensors_as_a_list_or_a_predicate(worker, tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_file(path, sample())
+    ref, _ = reference_parse(path)
+    got = pinstage.load_file(path, worker=worker, names=["ids", "embed"])
+    assert list(got) == ["embed", "ids"]  # checkpoint order, whatever the list's
+    assert all(raw(got[n]) == raw(ref[n]) for n in got)
+    assert worker.stats().pinned_count == 2  # nothing taken for the others
+    got = pinstage.load_file(path, worker=worker, names=lambda n: n.startswith(("m", "n")))
+    assert list(got) == ["norm", "mask"] and raw(got["mask"]) == raw(ref["mask"])
+    assert pinstage.load_file(path, worker=worker, names=[]) == {}
+    dev = pinstage.load_to_device(path, worker=worker, names=("norm", "ids"))
+    assert dev.keys() == ["norm", "ids"]
+    assert dev.report["tensors"] == 2
+    assert dev.report["bytes"] == len(raw(ref["norm"])) + len(raw(ref["ids"]))
+    assert dev.to_bytes("ids") == raw(ref["ids"])
+    dev.close()
+
+
+@pytest.mark.parametrize("names, error, message", [
+    ("embed", TypeError, r"load_file\(\): names must be a list of tensor names or a "
+                         r"callable name -> bool, not str"),
+    (5, TypeError, r"names must be a list of tensor names or a callable name -> bool, not int"),
+    ([b"embed"], TypeError, r"load_file\(\): names must hold str, not bytes"),
+    (["embed", "nope", "nah"], pinstage.InvalidArgumentError,
+     r"load_file\(\): names lists 2 tensor\(s\) the checkpoint does not hold \(the first is "
+     r"'nope'\)"),
+    (["ids", "ids"], pinstage.InvalidArgumentError, r"load_file\(\): names lists 'ids' twice"),
+    (lambda n: 1, TypeError, r"load_file\(\): names\('embed'\) must return bool, not int"),
+])
+def test_bad_names_are_refused_before_anything_is_taken(worker, tmp_path, names, error,
+                                                        message):
+    path = tmp_path / "m.safetensors"
+    write_file(path, sample())
+    with pytest.raises(error, match=message):
+        pinstage.load_file(path, worker=worker, names=names)
+    with pytest.raises(error, match=message.replace("load_file", "load_to_device")):
+        pinstage.load_to_device(path, worker=worker, names=names)
+    assert worker.stats().pinned_count == 0 and worker.stats().device_count == 0
+
+
+def test_device_loads_onto_the_workers_device(worker, tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_file(path, sample())
+    ref, _ = reference_parse(path)
+    for device in ("sim:0", "sim"):
+        # 'ids' lies between them in the file: a ring piece must skip its bytes.
+        dev = pinstage.load_file(path, worker=worker, device=device, names=["mask", "norm"],
+                                 ring_bytes=1 << 12)
+        assert dev.keys() == ["norm", "mask"]
+        assert dev.to_bytes("norm") == raw(ref["norm"])
+        assert dev.to_bytes("mask") == raw(ref["mask"])
+        assert dev.report["ring_pinned_bytes"] == 1 << 12
+        dev.close()
+    assert worker.stats().pinned_count == 0  # the ring went with the load
+    host = pinstage.load_file(path, worker=worker, device=torch.device("cpu"), names=["ids"])
+    assert raw(host["ids"]) == raw(ref["ids"])
+
+
+@pytest.mark.parametrize("device, error, message", [
+    ("gpu:0", pinstage.InvalidArgumentError,
+     r"load_file\(\): device 'gpu:0' is not a device: 'cpu', or TYPE\[:INDEX\] with TYPE one "
+     r"of sim, cuda, npu \(e.g. 'cuda:1'\)"),
+    ("cuda:x", pinstage.InvalidArgumentError, r"device 'cuda:x' is not a device"),
+    ("cuda:-1", pinstage.InvalidArgumentError, r"device 'cuda:-1' is not a device"),
+    ("cuda:", pinstage.InvalidArgumentError, r"device 'cuda:' is not a device"),
+    ("", pinstage.InvalidArgumentError, r"device '' is not a device"),
+    ("cuda:1", pinstage.InvalidArgumentError,
+     r"load_file\(\): device 'cuda:1' is backend 'cuda' device 1, but the worker is backend "
+     r"'sim' device 0; pass a Worker\(backend='cuda', device_id=1\)"),
+    ("npu:0", pinstage.InvalidArgumentError, r"device 'npu:0' is backend 'acl' device 0"),
+    ("sim:1", pinstage.InvalidArgumentError, r"device 'sim:1' is backend 'sim' device 1"),
+    (0, TypeError, r"load_file\(\): device must be str or torch.device, not int"),
+])
+def test_a_bad_device_is_refused(worker, tmp_path, device, error, message):
+    path = tmp_path / "m.safetensors"
+    write_file(path, sample())
+    with pytest.raises(error, match=message):
+        pinstage.load_file(path, worker=worker, device=device)
+    assert worker.stats().pinned_count == 0 and worker.stats().device_count == 0
+
+
+def test_into_does_not_combine_with_names_or_a_device(worker, alloc, tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_file(path, {"a": torch.ones(2)})
+    into = {"a": alloc.zeros(2)}
+    with pytest.raises(pinstage.InvalidArgumentError, match=r"pass names= or into=, not both"):
+        pinstage.load_file(path, worker=worker, into=into, names=["a"])
+    with pytest.raises(pinstage.InvalidArgumentError,
+                       match=r"into= is host memory, but device='sim:0'"):
+        pinstage.load_file(path, worker=worker, into=into, device="sim:0")
+    assert not into["a"].any()
