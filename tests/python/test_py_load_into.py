@@ -1,6 +1,7 @@
 """load_file(into=...) and safe_open(...).get_tensor(name, out=...): checkpoints read into
 pinned tensors the caller already holds, checked before any byte is written; the bytes
-compared with the hand-written reference parser of test_py_checkpoint.py."""
+compared with the hand-written reference parser of test_py_checkpoint.py. Then names= and
+device= (which tensors, and onto the worker's device)."""
 import gc
 
 import pytest
@@ -60,6 +61,19 @@ def test_a_torch_users_loop_loads_twice_into_the_same_pinned_tensors(worker, all
         assert got[name] is tensors[name]
         assert raw(tensors[name]) == raw(ref2[name]), name
         assert pinstage.is_pinned(tensors[name]) or tensors[name].numel() == 0
+    # Then a non-blocking upload of every tensor and one event wait: the copies run on the
+    # worker's one copy stream in order, so the last event covers them all.
+    device, events = {}, []
+    for name, t in tensors.items():
+        device[name] = worker.alloc_device(max(t.numel() * t.element_size(), 1))
+        events.append(worker.copy_to_device_async(device[name], t))
+    events[-1].wait()
+    assert all(e.query() for e in events)
+    # What arrived, read back through pinned memory, is the independent reader's bytes.
+    for name, t in tensors.items():
+        back = alloc.empty_like(t)
+        worker.copy_to_host_async(back, device[name]).wait()
+        assert raw(back) == raw(ref2[name]), name
 
 
 def test_get_tensor_out_reads_into_the_given_tensor(worker, alloc, tmp_path):
