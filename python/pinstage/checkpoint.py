@@ -2,7 +2,7 @@
 
 The API follows the safetensors package, so its users know it already:
 
-    with pinstage.safe_open("model/", framework="pt", worker=w) as f:
+    with pinstage.safe_open("model/", framework="pt", worker=w) as f:   # worker= required
         for name in f.keys():
             t = f.get_tensor(name)      # a torch tensor in w's pinned memory, zero-copy
     tensors = pinstage.load_file("model/", worker=w)          # {name: tensor}
@@ -42,6 +42,10 @@ def _torch_dtype(name, tensor):
     return dtype
 
 
+# `worker` is a required keyword argument of safe_open, load_file and load_to_device: the
+# tensors live in a worker's pinned memory, and no worker is made behind the caller's back
+# (its lifetime, backend and finalize() are the caller's). Leaving it out is Python's own
+# TypeError naming 'worker'; worker=None (or any non-Worker) is refused here.
 def _check_worker(worker, who):
     if not isinstance(worker, Worker):
         raise TypeError(f"{who} needs worker=pinstage.Worker, got {type(worker).__name__}")
@@ -159,7 +163,7 @@ class safe_open:  # noqa: N801 (the safetensors name)
     `verify=True` checks each tensor's recorded xxh3-64 as it is read (a tensor without
     one is an error); `verify="if-present"` checks those that have one."""
 
-    def __init__(self, path, framework="pt", worker=None, device="cpu", verify=False,
+    def __init__(self, path, framework="pt", *, worker, device="cpu", verify=False,
                  threads=0, chunk_bytes=8 << 20):
         _check_framework(framework, "safe_open")
         _check_worker(worker, "safe_open")
@@ -284,7 +288,7 @@ def _names(names, checkpoint, who):
     return [n for n in keys if n in chosen]
 
 
-def load_file(path, worker=None, device="cpu", verify=False, threads=0, chunk_bytes=8 << 20,
+def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_bytes=8 << 20,
               direct=False, into=None, names=None, ring_bytes=64 << 20):
     """Every tensor of the checkpoint at `path` as {name: torch tensor} in `worker`'s pinned
     memory, read by parallel pread straight into place.
@@ -322,7 +326,7 @@ def load_file(path, worker=None, device="cpu", verify=False, threads=0, chunk_by
     return dict(zip(names, tensors))
 
 
-def load_to_device(path, worker=None, verify=False, threads=0, chunk_bytes=8 << 20,
+def load_to_device(path, *, worker, verify=False, threads=0, chunk_bytes=8 << 20,
                    direct=False, ring_bytes=64 << 20, names=None):
     """Streams the checkpoint (or the tensors `names` selects, as in load_file) onto
     `worker`'s device through a staging ring of `ring_bytes` of pinned memory. Returns an
