@@ -119,7 +119,10 @@ struct CheckpointLoadOptions {
   // Device loads: pinned bytes of the StagingRing (split into ring_buffers buffers).
   uint64_t ring_bytes = uint64_t{64} << 20;
   size_t ring_buffers = 4;
-  // Called from the loading thread with the bytes done so far and the total.
+  // Called after each chunk with the bytes done so far and the total, from the reader
+  // threads (the calling thread among them), one call at a time, `done` increasing. An
+  // exception it throws stops the load, which then fails with that exception as it fails
+  // on a read error (nothing stays allocated).
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
 

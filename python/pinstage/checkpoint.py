@@ -98,6 +98,14 @@ def _options(who, threads, chunk_bytes, verify, direct):
                 verify=verify, verify_if_present=if_present, direct=_bool(direct, who, "direct"))
 
 
+def _progress(progress, who):
+    """None, or a callable progress(done_bytes, total_bytes)."""
+    if progress is not None and not callable(progress):
+        raise TypeError(f"{who}(): progress must be a callable (done, total) or None, "
+                        f"not {type(progress).__name__}")
+    return progress
+
+
 def _check_framework(framework, who):
     if framework != "pt":
         raise InvalidArgumentError(f"{who}: framework must be 'pt' (torch), got {framework!r}")
@@ -110,12 +118,17 @@ def _view(buffer, info, name):
     return flat[:nbytes].view(_torch_dtype(info["dtype"], name)).view(info["shape"])
 
 
-def _read(checkpoint, worker, names, options):
+def _read(checkpoint, worker, names, options, progress=None):
     infos = [checkpoint.info(n) for n in names]
     for n, info in zip(names, infos):
         _torch_dtype(info["dtype"], n)  # refused before any memory is taken
     buffers = [worker.alloc_pinned_host(max(info["nbytes"], 1)) for info in infos]
-    checkpoint.read_into(names, buffers, **options)
+    try:
+        checkpoint.read_into(names, buffers, progress=progress, **options)
+    except BaseException:
+        for b in buffers:  # no view of them exists yet: given back now, not at collection
+            b.close()
+        raise
     return {n: _view(b, info, n) for n, b, info in zip(names, buffers, infos)}
 
 
@@ -147,14 +160,14 @@ def _check_into_tensor(tensor, name, info, who):
             "its bytes are written in the file's row-major order")
 
 
-def _read_into(checkpoint, worker, names, tensors, options, who):
+def _read_into(checkpoint, worker, names, tensors, options, who, progress=None):
     """Reads tensors `names` into the caller's `tensors` (same order), every one checked
     before any byte is written."""
     infos = [checkpoint.info(n) for n in names]
     for n, t, info in zip(names, tensors, infos):
         _check_into_tensor(t, n, info, who)
     addresses = [t.data_ptr() for t in tensors]
-    checkpoint.read_into_pinned(names, addresses, worker, who=who, **options)
+    checkpoint.read_into_pinned(names, addresses, worker, who=who, progress=progress, **options)
 
 
 class safe_open:  # noqa: N801 (the safetensors name)
@@ -289,7 +302,7 @@ def _names(names, checkpoint, who):
 
 
 def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_bytes=8 << 20,
-              direct=False, into=None, names=None, ring_bytes=64 << 20):
+              direct=False, into=None, names=None, ring_bytes=64 << 20, progress=None):
     """Every tensor of the checkpoint at `path` as {name: torch tensor} in `worker`'s pinned
     memory, read by parallel pread straight into place.
 
@@ -303,11 +316,17 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
 
     `device`: "cpu" (default) loads into pinned host memory; the worker's own device
     ("sim:0", "cuda:1", "npu:0" for backends sim, cuda, acl) streams the tensors onto it
-    as load_to_device does (through a `ring_bytes` staging ring) and returns its result."""
+    as load_to_device does (through a `ring_bytes` staging ring) and returns its result.
+
+    `progress`: called as progress(done_bytes, total_bytes) after each chunk read, from the
+    loading threads (the caller's among them) with the GIL taken, one call at a time,
+    done increasing; an exception it raises stops the load and is raised by load_file,
+    with nothing left allocated (tensors given in `into` may be partly written)."""
     _check_worker(worker, "load_file")
     target = _device(device, worker, "load_file")
     options = _options("load_file", threads, chunk_bytes, verify, direct)
     ring_bytes = _int(ring_bytes, "load_file", "ring_bytes", 64)
+    progress = _progress(progress, "load_file")
     if into is not None and names is not None:
         raise InvalidArgumentError("load_file(): pass names= or into=, not both: the keys "
                                    "of into name the tensors to load")
@@ -318,24 +337,28 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
     if target is not None:
         return checkpoint.load_to_device(worker, ring_bytes=ring_bytes,
                                          names=_names(names, checkpoint, "load_file"),
-                                         **options)
+                                         progress=progress, **options)
     if into is None:
-        return _read(checkpoint, worker, _names(names, checkpoint, "load_file"), options)
+        return _read(checkpoint, worker, _names(names, checkpoint, "load_file"), options,
+                     progress)
     names, tensors = _into(into, checkpoint, "load_file(into=)")
-    _read_into(checkpoint, worker, names, tensors, options, "load_file(into=)")
+    _read_into(checkpoint, worker, names, tensors, options, "load_file(into=)", progress)
     return dict(zip(names, tensors))
 
 
 def load_to_device(path, *, worker, verify=False, threads=0, chunk_bytes=8 << 20,
-                   direct=False, ring_bytes=64 << 20, names=None):
+                   direct=False, ring_bytes=64 << 20, names=None, progress=None):
     """Streams the checkpoint (or the tensors `names` selects, as in load_file) onto
     `worker`'s device through a staging ring of `ring_bytes` of pinned memory. Returns an
     object with .report (bytes, seconds per phase, overlap, ring_pinned_bytes...), .keys(),
     .nbytes(name), .device_ptr(name), .to_bytes(name) and close(); it owns the device
-    buffers until closed or garbage collected."""
+    buffers until closed or garbage collected. `progress` as in load_file (a failed or
+    stopped device load frees its device memory and ring)."""
     _check_worker(worker, "load_to_device")
     options = _options("load_to_device", threads, chunk_bytes, verify, direct)
     ring_bytes = _int(ring_bytes, "load_to_device", "ring_bytes", 64)
+    progress = _progress(progress, "load_to_device")
     checkpoint = _pinstage._Checkpoint(path, "load_to_device")
     selected = None if names is None else _names(names, checkpoint, "load_to_device")
-    return checkpoint.load_to_device(worker, ring_bytes=ring_bytes, names=selected, **options)
+    return checkpoint.load_to_device(worker, ring_bytes=ring_bytes, names=selected,
+                                     progress=progress, **options)

@@ -207,7 +207,8 @@ void run_readers(int threads, const std::function<void(int)>& body) {
 }
 
 // Reads the chunks on `threads` threads (at most bounces.size()), each taking the next one
-// until none are left or one failed; progress (one caller at a time) after each. Reader
+// until none are left or one failed; progress (one caller at a time, the bytes done
+// increasing) after each; an exception it throws ends the load as a failed read does. Reader
 // i reads O_DIRECT files through bounces[i], which the load owns.
 void read_chunks(const Checkpoint& c, const Files& files, const std::vector<Chunk>& chunks,
                  std::vector<Bounce>& bounces, const CheckpointLoadOptions& o, uint64_t* done_bytes,
@@ -227,10 +228,19 @@ void read_chunks(const Checkpoint& c, const Files& files, const std::vector<Chun
           pread_direct(files.fd(k.file), k.dst, k.bytes, k.offset, path, bounce);
         else
           pread_all(files.fd(k.file), k.dst, k.bytes, k.offset, path);
-        const uint64_t now = done.fetch_add(k.bytes) + k.bytes;
         if (o.progress) {
+          // Counted under the lock, so the calls see `done` increase; once a reader failed
+          // (or a call threw, marked before the lock is let go) no call follows.
           const std::lock_guard<std::mutex> lock(progress_mutex);
-          o.progress(now, total);
+          if (failed) break;
+          try {
+            o.progress(done.fetch_add(k.bytes) + k.bytes, total);
+          } catch (...) {
+            failed = true;
+            throw;
+          }
+        } else {
+          done.fetch_add(k.bytes);
         }
       }
     } catch (...) {

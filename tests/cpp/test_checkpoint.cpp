@@ -531,6 +531,46 @@ TEST_F(CheckpointTest, DeviceLoadDefaultRingIs64MiB) {
 }
 
 // A fault while reading: the shard is truncated after the checkpoint was validated.
+// The progress callback (Python's progress=): with many readers its calls still see
+// `done` increase to the total; an exception it throws stops the load as a failed read
+// does, with no further call and nothing left allocated.
+TEST_F(CheckpointTest, ProgressIsMonotonicAndItsExceptionStopsTheLoad) {
+  std::vector<Raw> raws;
+  for (int i = 0; i < 8; ++i) raws.push_back({"w" + std::to_string(i), "U8", {1 << 16}});
+  write_raw(path("m.safetensors"), raws);
+  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  Worker worker;
+  worker.init("sim");
+  PinnedAllocator pinned(worker);
+  CheckpointLoadOptions o;
+  o.threads = 8;
+  o.chunk_bytes = 4096;
+  std::vector<uint64_t> seen;  // calls are one at a time: no lock needed
+  o.progress = [&](uint64_t done, uint64_t total) {
+    EXPECT_EQ(total, c.total_bytes());
+    seen.push_back(done);
+  };
+  expect_bytes(load_to_host(c, pinned, o).tensors);
+  ASSERT_EQ(seen.size(), c.total_bytes() / 4096);
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  EXPECT_EQ(seen.back(), c.total_bytes());
+  struct Stop {};
+  seen.clear();
+  o.progress = [&](uint64_t done, uint64_t) {
+    seen.push_back(done);
+    if (seen.size() == 3) throw Stop{};
+  };
+  EXPECT_THROW(load_to_host(c, pinned, o), Stop);
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
+  seen.clear();
+  o.ring_bytes = 1 << 14;
+  EXPECT_THROW(load_to_device(c, worker, o), Stop);
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
+  EXPECT_EQ(worker.stats().device_count, 0u);
+}
+
 TEST_F(CheckpointTest, ReadFaultLeavesNothingAllocatedOrLocked) {
   std::vector<Raw> raws;
   for (int i = 0; i < 4; ++i) raws.push_back({"w" + std::to_string(i), "U8", {1 << 20}});

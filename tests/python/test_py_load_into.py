@@ -296,3 +296,72 @@ def test_into_does_not_combine_with_names_or_a_device(worker, alloc, tmp_path):
                        match=r"into= is host memory, but device='sim:0'"):
         pinstage.load_file(path, worker=worker, into=into, device="sim:0")
     assert not into["a"].any()
+
+
+# ---- progress= (item 5) ----
+
+class Stop(Exception):
+    pass
+
+
+def test_progress_sees_done_bytes_increase_to_the_total(worker, alloc, tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_file(path, sample())
+    ref, _ = reference_parse(path)
+    total = sum(len(raw(t)) for t in ref.values())
+    # A device load reads a ring buffer (here 1 KiB) per call, a host load a chunk.
+    for kwargs, calls_at_least in (({}, total // 100), ({"into": pinned_like(alloc, ref)},
+                                   total // 100), ({"device": "sim:0"}, total // 1024)):
+        calls = []
+        got = pinstage.load_file(path, worker=worker, threads=3, chunk_bytes=100,
+                                 ring_bytes=4096, progress=lambda d, t: calls.append((d, t)),
+                                 **kwargs)
+        assert all(t == total for _, t in calls)
+        done = [d for d, _ in calls]
+        assert done == sorted(done) and done[-1] == total and len(set(done)) == len(done)
+        assert len(calls) >= calls_at_least, kwargs
+        del got
+    calls = []
+    dev = pinstage.load_to_device(path, worker=worker, names=["norm"], progress=lambda d, t:
+                                  calls.append((d, t)))
+    assert calls[-1] == (128, 128)
+    dev.close()
+
+
+@pytest.mark.parametrize("target", ["host", "into", "device"])
+def test_an_exception_in_progress_stops_the_load_and_leaks_nothing(worker, alloc, tmp_path,
+                                                                   target):
+    path = tmp_path / "m.safetensors"
+    write_file(path, sample())
+    ref, _ = reference_parse(path)
+    into = pinned_like(alloc, ref) if target == "into" else None
+    before = (worker.stats().pinned_count, worker.stats().device_count, worker.live_views)
+    seen = []
+
+    def progress(done, total):
+        seen.append(done)
+        if len(seen) == 2:
+            raise Stop(f"stopped at {done} of {total}")
+
+    kwargs = {"into": into} if into else {"device": "sim:0"} if target == "device" else {}
+    kwargs["ring_bytes"] = 4096  # device: 1 KiB pieces, one call each
+    with pytest.raises(Stop, match=r"stopped at \d+ of 4401") as e:
+        pinstage.load_file(path, worker=worker, threads=2, chunk_bytes=64, progress=progress,
+                           **kwargs)
+    # Checked with the exception (and its traceback's frames) still alive.
+    assert len(seen) == 2  # no call after the one that raised
+    assert (worker.stats().pinned_count, worker.stats().device_count,
+            worker.live_views) == before
+    assert worker.busy_calls == 0
+    del e, into, kwargs
+    worker.finalize()  # nothing pending, nothing held
+
+
+def test_progress_must_be_callable(worker, tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_file(path, sample())
+    with pytest.raises(TypeError, match=r"load_file\(\): progress must be a callable "
+                                        r"\(done, total\) or None, not int"):
+        pinstage.load_file(path, worker=worker, progress=5)
+    with pytest.raises(TypeError, match=r"load_to_device\(\): progress must be a callable"):
+        pinstage.load_to_device(path, worker=worker, progress="50%")
