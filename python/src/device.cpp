@@ -90,9 +90,11 @@ struct PyCopyEvent {
     try {
       if (worker->worker.initialized()) worker->worker.wait(event);
     } catch (const std::exception& e) {
-      PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                       "pinstage: a CopyEvent collected without wait() ended in an error: %s",
-                       e.what());
+      if (interpreter_usable() &&
+          PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                           "pinstage: a CopyEvent collected without wait() ended in an error: %s",
+                           e.what()) < 0)
+        PyErr_WriteUnraisable(nullptr);  // warnings turned into errors: report, never throw
     }
     finish();
   }

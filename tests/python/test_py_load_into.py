@@ -91,6 +91,15 @@ def test_get_tensor_out_reads_into_the_given_tensor(worker, alloc, tmp_path):
     with pinstage.safe_open(path, worker=worker) as f:
         f.get_tensor("norm", out=big[2])
     assert raw(big[2]) == raw(ref["norm"]) and not big[[0, 1, 3]].any()
+    # A wrong `out` is refused before anything is read, naming get_tensor.
+    wrong = alloc.zeros(3)
+    with pinstage.safe_open(path, worker=worker) as f:
+        with pytest.raises(pinstage.InvalidArgumentError,
+                           match=r"safe_open.get_tensor\(out=\): tensor 'norm' is float32 of "
+                                 r"shape \(32,\) in the checkpoint \(F32\), but the tensor "
+                                 r"given for it is float32 of shape \(3,\)"):
+            f.get_tensor("norm", out=wrong)
+    assert not wrong.any()
 
 
 def untouched(tensors):
