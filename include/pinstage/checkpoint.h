@@ -119,7 +119,10 @@ struct CheckpointLoadOptions {
   // Device loads: pinned bytes of the StagingRing (split into ring_buffers buffers).
   uint64_t ring_bytes = uint64_t{64} << 20;
   size_t ring_buffers = 4;
-  // Called from the loading thread with the bytes done so far and the total.
+  // Called after each chunk with the bytes done so far and the total, from the reader
+  // threads (the calling thread among them), one call at a time, `done` increasing. An
+  // exception it throws stops the load, which then fails with that exception as it fails
+  // on a read error (nothing stays allocated).
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
@@ -204,6 +207,12 @@ struct DeviceLoad {
 // and the ring are released before the Error propagates.
 PINSTAGE_API DeviceLoad load_to_device(const Checkpoint& checkpoint, Worker& worker,
                                        const CheckpointLoadOptions& options = {});
+// The same for the tensors `names` only (DeviceLoad::tensors and the report's bytes and
+// tensors are those, in checkpoint order): Error(not_found) for a name the checkpoint
+// lacks, Error(invalid_argument) for a name given twice, both before anything is taken.
+PINSTAGE_API DeviceLoad load_to_device(const Checkpoint& checkpoint, Worker& worker,
+                                       const CheckpointLoadOptions& options,
+                                       const std::vector<std::string>& names);
 
 // The hash sidecar (docs/loading.md, "Integrity"): per-tensor xxh3-64 recorded next to a
 // checkpoint whose writer recorded none, so that verify checks it from then on.

@@ -328,6 +328,10 @@ class PINSTAGE_API Worker {
                           Stream& stream);
   void record(Event& event, Stream& stream);
   void wait(Event& event);
+  // True when the copies queued before `event`'s last record have completed (or it was
+  // never recorded), without waiting; a failed copy is the Error wait() would throw.
+  // Without async slots copies ran synchronously: always true.
+  bool query(Event& event);
   void synchronize(Stream& stream);
 
   // Device-side work, without a trip through the host. Every range must lie inside its

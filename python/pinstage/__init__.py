@@ -17,6 +17,8 @@ from ._pinstage import (  # noqa: F401
     BindReport,
     Capabilities,
     Comparison,
+    CopyEvent,
+    DeviceBuffer,
     Error,
     InvalidArgumentError,
     PinnedHostBuffer,
@@ -81,5 +83,5 @@ __all__ = [
     "Comparison", "TensorComparison", "SceneRound", "SceneReport", "SceneGolden", "scene_names",
     "scene_params", "scene_describe", "scene_callable", "scene_make_args",
     "scene_compute_golden", "scene_compare", "run_scene", "ResidentBinder", "scene_advance",
-    "safe_open", "load_file", "load_to_device",
+    "safe_open", "load_file", "load_to_device", "DeviceBuffer", "CopyEvent",
 ]

@@ -2,7 +2,7 @@
 
 The API follows the safetensors package, so its users know it already:
 
-    with pinstage.safe_open("model/", framework="pt", worker=w) as f:
+    with pinstage.safe_open("model/", framework="pt", worker=w) as f:   # worker= required
         for name in f.keys():
             t = f.get_tensor(name)      # a torch tensor in w's pinned memory, zero-copy
     tensors = pinstage.load_file("model/", worker=w)          # {name: tensor}
@@ -16,6 +16,7 @@ pinned), viewed by torch through DLPack: the same lifetime rules as PinnedTorchA
 See docs/loading.md.
 """
 import operator
+from collections.abc import Mapping
 
 import torch
 
@@ -41,6 +42,10 @@ def _torch_dtype(name, tensor):
     return dtype
 
 
+# `worker` is a required keyword argument of safe_open, load_file and load_to_device: the
+# tensors live in a worker's pinned memory, and no worker is made behind the caller's back
+# (its lifetime, backend and finalize() are the caller's). Leaving it out is Python's own
+# TypeError naming 'worker'; worker=None (or any non-Worker) is refused here.
 def _check_worker(worker, who):
     if not isinstance(worker, Worker):
         raise TypeError(f"{who} needs worker=pinstage.Worker, got {type(worker).__name__}")
@@ -93,6 +98,14 @@ def _options(who, threads, chunk_bytes, verify, direct):
                 verify=verify, verify_if_present=if_present, direct=_bool(direct, who, "direct"))
 
 
+def _progress(progress, who):
+    """None, or a callable progress(done_bytes, total_bytes)."""
+    if progress is not None and not callable(progress):
+        raise TypeError(f"{who}(): progress must be a callable (done, total) or None, "
+                        f"not {type(progress).__name__}")
+    return progress
+
+
 def _check_framework(framework, who):
     if framework != "pt":
         raise InvalidArgumentError(f"{who}: framework must be 'pt' (torch), got {framework!r}")
@@ -105,13 +118,56 @@ def _view(buffer, info, name):
     return flat[:nbytes].view(_torch_dtype(info["dtype"], name)).view(info["shape"])
 
 
-def _read(checkpoint, worker, names, options):
+def _read(checkpoint, worker, names, options, progress=None):
     infos = [checkpoint.info(n) for n in names]
     for n, info in zip(names, infos):
         _torch_dtype(info["dtype"], n)  # refused before any memory is taken
     buffers = [worker.alloc_pinned_host(max(info["nbytes"], 1)) for info in infos]
-    checkpoint.read_into(names, buffers, **options)
+    try:
+        checkpoint.read_into(names, buffers, progress=progress, **options)
+    except BaseException:
+        for b in buffers:  # no view of them exists yet: given back now, not at collection
+            b.close()
+        raise
     return {n: _view(b, info, n) for n, b, info in zip(names, buffers, infos)}
+
+
+def _describe(dtype, shape):
+    return f"{str(dtype).replace('torch.', '')} of shape {tuple(shape)}"
+
+
+def _check_into_tensor(tensor, name, info, who):
+    """Checks that `tensor` can take tensor `name` of the checkpoint (`info`): a dense,
+    contiguous CPU torch tensor of its dtype and shape. The memory itself (inside this
+    worker's pinned buffers, no overlap) is checked in C++ before anything is read."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{who}: the tensor for {name!r} must be a torch.Tensor, "
+                        f"not {type(tensor).__name__}")
+    want_dtype = _torch_dtype(info["dtype"], name)
+    want_shape = tuple(info["shape"])
+    if tensor.dtype != want_dtype or tuple(tensor.shape) != want_shape:
+        raise InvalidArgumentError(
+            f"{who}: tensor {name!r} is {_describe(want_dtype, want_shape)} in the checkpoint "
+            f"({info['dtype']}), but the tensor given for it is "
+            f"{_describe(tensor.dtype, tensor.shape)}")
+    if tensor.device.type != "cpu" or tensor.layout != torch.strided:
+        raise InvalidArgumentError(
+            f"{who}: the tensor for {name!r} is on {tensor.device} ({tensor.layout}); it must "
+            "be a dense CPU tensor in the worker's pinned memory")
+    if not tensor.is_contiguous():
+        raise InvalidArgumentError(
+            f"{who}: the tensor for {name!r} is not contiguous (strides {tensor.stride()}); "
+            "its bytes are written in the file's row-major order")
+
+
+def _read_into(checkpoint, worker, names, tensors, options, who, progress=None):
+    """Reads tensors `names` into the caller's `tensors` (same order), every one checked
+    before any byte is written."""
+    infos = [checkpoint.info(n) for n in names]
+    for n, t, info in zip(names, tensors, infos):
+        _check_into_tensor(t, n, info, who)
+    addresses = [t.data_ptr() for t in tensors]
+    checkpoint.read_into_pinned(names, addresses, worker, who=who, progress=progress, **options)
 
 
 class safe_open:  # noqa: N801 (the safetensors name)
@@ -120,7 +176,7 @@ class safe_open:  # noqa: N801 (the safetensors name)
     `verify=True` checks each tensor's recorded xxh3-64 as it is read (a tensor without
     one is an error); `verify="if-present"` checks those that have one."""
 
-    def __init__(self, path, framework="pt", worker=None, device="cpu", verify=False,
+    def __init__(self, path, framework="pt", *, worker, device="cpu", verify=False,
                  threads=0, chunk_bytes=8 << 20):
         _check_framework(framework, "safe_open")
         _check_worker(worker, "safe_open")
@@ -150,34 +206,159 @@ class safe_open:  # noqa: N801 (the safetensors name)
         """{dtype, shape, file, offset, nbytes, xxh3} of one tensor."""
         return self._checkpoint.info(_name(name, "safe_open.info"))
 
-    def get_tensor(self, name):
-        """Tensor `name` read into fresh pinned memory of exactly its bytes."""
+    def get_tensor(self, name, out=None):
+        """Tensor `name` read into fresh pinned memory of exactly its bytes; or, with `out`
+        (a contiguous tensor of its dtype and shape in this worker's pinned memory, e.g.
+        from PinnedTorchAllocator), read into `out`, which is returned: no allocation."""
         name = _name(name, "safe_open.get_tensor")
-        return _read(self._checkpoint, self._worker, [name], self._options)[name]
+        if out is None:
+            return _read(self._checkpoint, self._worker, [name], self._options)[name]
+        _read_into(self._checkpoint, self._worker, [name], [out], self._options,
+                   "safe_open.get_tensor(out=)")
+        return out
 
 
-def load_file(path, worker=None, device="cpu", verify=False, threads=0, chunk_bytes=8 << 20,
-              direct=False):
-    """Every tensor of the checkpoint at `path` as {name: torch tensor} in `worker`'s pinned
-    memory, read by parallel pread straight into place."""
-    _check_worker(worker, "load_file")
-    if device != "cpu":
+def _into(into, checkpoint, who):
+    """The (names, tensors) of an `into` mapping, in checkpoint order; every name must be
+    a tensor of the checkpoint."""
+    if not isinstance(into, Mapping):
+        raise TypeError(f"{who}: into must be a mapping of tensor name to torch.Tensor, "
+                        f"not {type(into).__name__}")
+    for name in into:
+        if not isinstance(name, str):
+            raise TypeError(f"{who}: the keys of into must be str, not {type(name).__name__}")
+    keys = checkpoint.keys()
+    known = set(keys)
+    missing = [n for n in into if n not in known]
+    if missing:
         raise InvalidArgumentError(
-            f"load_file: device must be 'cpu' (pinned host memory), got {device!r}; "
-            "use pinstage.load_to_device for the device")
+            f"{who}: into names {len(missing)} tensor(s) the checkpoint does not hold "
+            f"(the first is {missing[0]!r})")
+    names = [n for n in keys if n in into]
+    return names, [into[n] for n in names]
+
+
+# device= spellings: torch's device type -> pinstage backend ("npu" is Ascend's torch_npu).
+_DEVICE_BACKENDS = {"sim": "sim", "cuda": "cuda", "npu": "acl"}
+
+
+def _device(device, worker, who):
+    """None for "cpu" (the worker's pinned host memory); else checks that `device`
+    ("sim:0", "cuda:1", "npu:0", "cuda" = index 0, or a torch.device) is `worker`'s device."""
+    if isinstance(device, torch.device):
+        device = str(device)
+    if not isinstance(device, str):
+        raise TypeError(f"{who}(): device must be str or torch.device, not {type(device).__name__}")
+    if device == "cpu":
+        return None
+    kind, sep, index = device.partition(":")
+    forms = "'cpu', or TYPE[:INDEX] with TYPE one of " + ", ".join(_DEVICE_BACKENDS)
+    if kind not in _DEVICE_BACKENDS or (sep and not (index.isdigit() and index.isascii())):
+        raise InvalidArgumentError(f"{who}(): device {device!r} is not a device: {forms} "
+                                   "(e.g. 'cuda:1')")
+    backend, device_id = _DEVICE_BACKENDS[kind], int(index) if sep else 0
+    if (worker.backend, worker.device_id) != (backend, device_id):
+        raise InvalidArgumentError(
+            f"{who}(): device {device!r} is backend {backend!r} device {device_id}, but the "
+            f"worker is backend {worker.backend!r} device {worker.device_id}; pass a "
+            f"Worker(backend={backend!r}, device_id={device_id})")
+    return backend, device_id
+
+
+def _names(names, checkpoint, who):
+    """The tensors `names` selects, in checkpoint order: None = all; an iterable of exact
+    names (each one of the checkpoint's, none twice); or a callable name -> bool."""
+    keys = checkpoint.keys()
+    if names is None:
+        return keys
+    if callable(names):
+        chosen = set()
+        for n in keys:
+            keep = names(n)
+            if not isinstance(keep, bool):
+                raise TypeError(f"{who}(): names({n!r}) must return bool, "
+                                f"not {type(keep).__name__}")
+            if keep:
+                chosen.add(n)
+        return [n for n in keys if n in chosen]
+    if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+        raise TypeError(f"{who}(): names must be a list of tensor names or a callable "
+                        f"name -> bool, not {type(names).__name__}")
+    wanted = list(names)
+    for n in wanted:
+        if not isinstance(n, str):
+            raise TypeError(f"{who}(): names must hold str, not {type(n).__name__}")
+    known = set(keys)
+    missing = [n for n in wanted if n not in known]
+    if missing:
+        raise InvalidArgumentError(
+            f"{who}(): names lists {len(missing)} tensor(s) the checkpoint does not hold "
+            f"(the first is {missing[0]!r})")
+    if len(set(wanted)) != len(wanted):
+        twice = next(n for n in wanted if wanted.count(n) > 1)
+        raise InvalidArgumentError(f"{who}(): names lists {twice!r} twice")
+    chosen = set(wanted)
+    return [n for n in keys if n in chosen]
+
+
+def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_bytes=8 << 20,
+              direct=False, into=None, names=None, ring_bytes=64 << 20, progress=None):
+    """Every tensor of the checkpoint at `path` as {name: torch tensor} in `worker`'s pinned
+    memory, read by parallel pread straight into place.
+
+    `into`: {name: tensor} the caller holds (contiguous, of each tensor's dtype and shape,
+    in `worker`'s pinned memory, e.g. from PinnedTorchAllocator): exactly those tensors are
+    read, into that memory, and the same tensors are returned (checkpoint order). Nothing
+    is allocated, and every tensor is checked before any byte is written.
+
+    `names`: which tensors to load (default all): a list of exact names (each must be in
+    the checkpoint) or a callable name -> bool (e.g. ``lambda n: fnmatch(n, "*.mlp.*")``).
+
+    `device`: "cpu" (default) loads into pinned host memory; the worker's own device
+    ("sim:0", "cuda:1", "npu:0" for backends sim, cuda, acl) streams the tensors onto it
+    as load_to_device does (through a `ring_bytes` staging ring) and returns its result.
+
+    `progress`: called as progress(done_bytes, total_bytes) after each chunk read, from the
+    loading threads (the caller's among them) with the GIL taken, one call at a time,
+    done increasing; an exception it raises stops the load and is raised by load_file,
+    with nothing left allocated (tensors given in `into` may be partly written)."""
+    _check_worker(worker, "load_file")
+    target = _device(device, worker, "load_file")
     options = _options("load_file", threads, chunk_bytes, verify, direct)
+    ring_bytes = _int(ring_bytes, "load_file", "ring_bytes", 64)
+    progress = _progress(progress, "load_file")
+    if into is not None and names is not None:
+        raise InvalidArgumentError("load_file(): pass names= or into=, not both: the keys "
+                                   "of into name the tensors to load")
+    if into is not None and target is not None:
+        raise InvalidArgumentError(f"load_file(): into= is host memory, but device={device!r}; "
+                                   "load into pinned tensors with device='cpu'")
     checkpoint = _pinstage._Checkpoint(path, "load_file")
-    return _read(checkpoint, worker, checkpoint.keys(), options)
+    if target is not None:
+        return checkpoint.load_to_device(worker, ring_bytes=ring_bytes,
+                                         names=_names(names, checkpoint, "load_file"),
+                                         progress=progress, **options)
+    if into is None:
+        return _read(checkpoint, worker, _names(names, checkpoint, "load_file"), options,
+                     progress)
+    names, tensors = _into(into, checkpoint, "load_file(into=)")
+    _read_into(checkpoint, worker, names, tensors, options, "load_file(into=)", progress)
+    return dict(zip(names, tensors))
 
 
-def load_to_device(path, worker=None, verify=False, threads=0, chunk_bytes=8 << 20,
-                   direct=False, ring_bytes=64 << 20):
-    """Streams the checkpoint onto `worker`'s device through a staging ring of `ring_bytes`
-    of pinned memory. Returns an object with .report (bytes, seconds per phase, overlap,
-    ring_pinned_bytes...), .keys(), .nbytes(name), .device_ptr(name), .to_bytes(name) and
-    close(); it owns the device buffers until closed or garbage collected."""
+def load_to_device(path, *, worker, verify=False, threads=0, chunk_bytes=8 << 20,
+                   direct=False, ring_bytes=64 << 20, names=None, progress=None):
+    """Streams the checkpoint (or the tensors `names` selects, as in load_file) onto
+    `worker`'s device through a staging ring of `ring_bytes` of pinned memory. Returns an
+    object with .report (bytes, seconds per phase, overlap, ring_pinned_bytes...), .keys(),
+    .nbytes(name), .device_ptr(name), .to_bytes(name) and close(); it owns the device
+    buffers until closed or garbage collected. `progress` as in load_file (a failed or
+    stopped device load frees its device memory and ring)."""
     _check_worker(worker, "load_to_device")
     options = _options("load_to_device", threads, chunk_bytes, verify, direct)
     ring_bytes = _int(ring_bytes, "load_to_device", "ring_bytes", 64)
+    progress = _progress(progress, "load_to_device")
     checkpoint = _pinstage._Checkpoint(path, "load_to_device")
-    return checkpoint.load_to_device(worker, ring_bytes=ring_bytes, **options)
+    selected = None if names is None else _names(names, checkpoint, "load_to_device")
+    return checkpoint.load_to_device(worker, ring_bytes=ring_bytes, names=selected,
+                                     progress=progress, **options)

@@ -1,10 +1,16 @@
 """pytest plugin for code that uses pinstage: ``pytest -p pinstage.testing`` (or
 ``pytest_plugins = ["pinstage.testing"]`` in a conftest.py). See docs/python.md.
 
+pytest imports the plugin before any test or conftest, so ``pinstage`` must be importable
+by then: installed (``pip install .``), or a build tree on PYTHONPATH
+(``PYTHONPATH=build/python pytest -p pinstage.testing``); otherwise pytest stops with
+"No module named 'pinstage'".
+
 Fixtures:
   pinstage_worker  an initialized Worker on the backend given by ``--pinstage-backend``,
                    else the PINSTAGE_TEST_BACKEND environment variable, else "sim";
-                   finalized after the test.
+                   finalized after the test. A backend with no device here (cuda without
+                   a GPU) skips the test.
   pinned_alloc     a PinnedTorchAllocator on pinstage_worker.
 
 A test that raised (failed, xfailed, skipped) leaves its tensors in its traceback's
@@ -64,8 +70,16 @@ def _drop_locals(tb):
 
 @pytest.fixture
 def pinstage_worker(request):
-    """An initialized pinstage.Worker, finalized after the test."""
-    worker = pinstage.Worker(backend=backend_of(request.config))
+    """An initialized pinstage.Worker, finalized after the test. A backend that is there
+    but finds no device here (Error code "no_device": `--pinstage-backend cuda` without a
+    GPU) skips the test; one that cannot be loaded at all (a misspelt name) is an error."""
+    backend = backend_of(request.config)
+    try:
+        worker = pinstage.Worker(backend=backend)
+    except pinstage.Error as e:
+        if e.code != "no_device":
+            raise
+        pytest.skip(f"pinstage backend {backend!r} has no device here: {e}")
     yield worker
     report = getattr(request.node, _REPORT, None)
     excinfo = getattr(request.node, _EXCINFO, None)

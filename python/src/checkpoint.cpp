@@ -3,8 +3,11 @@
 // device loads that hand back the report and the owned device buffers. docs/loading.md.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "args.h"
@@ -51,6 +54,39 @@ CheckpointLoadOptions load_options(int threads, uint64_t chunk_bytes, bool verif
   return o;
 }
 
+// A Python progress callable called from the loader's reader threads (the caller's among
+// them, its GIL released): each call takes the GIL. The first exception it raises is kept
+// and stops the load (ProgressStopped through the readers, as a failed read); the binding
+// then raises that exception itself once the GIL is back. Lives in the binding's frame,
+// destroyed with the GIL held.
+struct ProgressStopped : std::exception {
+  const char* what() const noexcept override { return "the progress callback raised"; }
+};
+struct ProgressRelay {
+  explicit ProgressRelay(py::object callable) : fn(std::move(callable)) {}
+  py::object fn;  // None: no callback
+  std::unique_ptr<py::error_already_set> error;
+
+  void attach(CheckpointLoadOptions& o) {
+    if (fn.is_none()) return;
+    o.progress = [this](uint64_t done, uint64_t total) {
+      const py::gil_scoped_acquire gil;
+      if (error) throw ProgressStopped();  // another reader's call already raised
+      try {
+        fn(done, total);
+      } catch (py::error_already_set& e) {
+        error = std::make_unique<py::error_already_set>(std::move(e));
+        throw ProgressStopped();
+      }
+    };
+  }
+  // With the GIL: raises the callback's exception when it stopped the load.
+  [[noreturn]] void rethrow() {
+    if (error) throw std::move(*error);
+    throw;
+  }
+};
+
 py::dict tensor_dict(const Checkpoint& c, const CheckpointTensor& t) {
   py::dict d;
   d["dtype"] = t.dtype;
@@ -67,7 +103,7 @@ py::dict tensor_dict(const Checkpoint& c, const CheckpointTensor& t) {
 // read, and its worker counts the call as busy, so finalize() waits or refuses.
 py::dict read_into(const Checkpoint& c, const std::vector<std::string>& names,
                    const std::vector<py::object>& buffers, int threads, uint64_t chunk_bytes,
-                   bool verify, bool verify_if_present, bool direct) {
+                   bool verify, bool verify_if_present, bool direct, const py::object& progress) {
   if (names.size() != buffers.size())
     throw Error(ErrorCode::invalid_argument, "read_into: " + std::to_string(names.size()) +
                                                  " names but " + std::to_string(buffers.size()) +
@@ -89,12 +125,75 @@ py::dict read_into(const Checkpoint& c, const std::vector<std::string>& names,
     leases.push_back(std::make_unique<Lease>(buffers[i], &b, LeaseHolder::read));
     busy.push_back(std::make_unique<Busy>(b.worker));
   }
-  const CheckpointLoadOptions o =
+  CheckpointLoadOptions o =
       load_options(threads, chunk_bytes, verify, verify_if_present, direct, 0);
+  ProgressRelay relay(progress);
+  relay.attach(o);
   LoadReport r;
-  {
+  try {
     GilReleased nogil;
     r = read_checkpoint(c, targets, o);
+  } catch (const ProgressStopped&) {
+    relay.rethrow();
+  }
+  return report_dict(r);
+}
+
+// Reads tensors `names` into caller-held memory: addresses[i] is where tensor names[i]'s
+// bytes go, and [address, address + its bytes) must lie inside one open PinnedHostBuffer of
+// `worker_obj` (the memory of a PinnedTorchAllocator tensor, say). Every range is checked,
+// and no two may overlap, before anything is read; then as read_into (leases, busy, no GIL).
+py::dict read_into_pinned(const Checkpoint& c, const std::vector<std::string>& names,
+                          const std::vector<uintptr_t>& addresses, const py::object& worker_obj,
+                          const std::string& who, int threads, uint64_t chunk_bytes, bool verify,
+                          bool verify_if_present, bool direct, const py::object& progress) {
+  PyWorker& w = as_worker(worker_obj, who.c_str());
+  if (names.size() != addresses.size())
+    throw Error(ErrorCode::invalid_argument, who + ": " + std::to_string(names.size()) +
+                                                 " names but " + std::to_string(addresses.size()) +
+                                                 " addresses");
+  std::vector<ReadTarget> targets;
+  std::vector<std::unique_ptr<Lease>> leases;        // destroyed after the GIL is back
+  std::vector<std::pair<uintptr_t, size_t>> ranges;  // (start, index into names)
+  for (size_t i = 0; i < names.size(); ++i) {
+    const CheckpointTensor& t = c.get(names[i]);
+    if (t.bytes == 0) continue;  // nothing to write
+    void* dst = reinterpret_cast<void*>(addresses[i]);
+    PyBuffer* b = find_pinned(dst, t.bytes);
+    if (b == nullptr || b->worker != &w)
+      throw Error(ErrorCode::invalid_argument,
+                  who + ": the memory for tensor '" + t.name + "' (" + std::to_string(t.bytes) +
+                      " bytes) is not inside one open pinned buffer of this worker " +
+                      (b == nullptr ? "(pageable, closed, or too small)"
+                                    : "(it is another worker's pinned memory)") +
+                      "; make it with pinstage.PinnedTorchAllocator(worker)");
+    ranges.emplace_back(addresses[i], i);
+    targets.push_back({&t, dst});
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t k = 1; k < ranges.size(); ++k) {
+    const CheckpointTensor& prev = c.get(names[ranges[k - 1].second]);
+    if (ranges[k - 1].first + prev.bytes > ranges[k].first)
+      throw Error(ErrorCode::invalid_argument,
+                  who + ": the memory for tensors '" + prev.name + "' and '" +
+                      names[ranges[k].second] + "' overlaps; each tensor needs memory of its own");
+  }
+  Busy busy(&w);
+  for (const ReadTarget& t : targets) {
+    PyBuffer* b = find_pinned(t.dst, t.tensor->bytes);
+    leases.push_back(std::make_unique<Lease>(py::cast(b, py::return_value_policy::reference), b,
+                                             LeaseHolder::read));
+  }
+  CheckpointLoadOptions o =
+      load_options(threads, chunk_bytes, verify, verify_if_present, direct, 0);
+  ProgressRelay relay(progress);
+  relay.attach(o);
+  LoadReport r;
+  try {
+    GilReleased nogil;
+    r = read_checkpoint(c, targets, o);
+  } catch (const ProgressStopped&) {
+    relay.rethrow();
   }
   return report_dict(r);
 }
@@ -107,15 +206,23 @@ struct PyDeviceLoad {
 
 std::unique_ptr<PyDeviceLoad> to_device(const Checkpoint& c, py::object worker_obj, int threads,
                                         uint64_t chunk_bytes, bool verify, bool verify_if_present,
-                                        bool direct, uint64_t ring_bytes) {
+                                        bool direct, uint64_t ring_bytes,
+                                        const std::optional<std::vector<std::string>>& names,
+                                        const py::object& progress) {
   PyWorker& w = as_worker(worker_obj, "load_to_device");
-  const CheckpointLoadOptions o =
+  CheckpointLoadOptions o =
       load_options(threads, chunk_bytes, verify, verify_if_present, direct, ring_bytes);
+  ProgressRelay relay(progress);
+  relay.attach(o);
   auto out = std::make_unique<PyDeviceLoad>();
   out->worker_obj = worker_obj;
   Busy busy(&w);
-  GilReleased nogil;
-  out->load = load_to_device(c, w.worker, o);
+  try {
+    GilReleased nogil;
+    out->load = names ? load_to_device(c, w.worker, o, *names) : load_to_device(c, w.worker, o);
+  } catch (const ProgressStopped&) {
+    relay.rethrow();
+  }
   return out;
 }
 
@@ -215,21 +322,38 @@ void bind_checkpoint(py::module_& m) {
       .def("read_into", &read_into, py::arg("names"), py::arg("buffers"), py::arg("threads") = 0,
            py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
            py::arg("verify_if_present") = false, py::arg("direct") = false,
+           py::arg("progress") = py::none(),
            method_doc(
                "read_into(names: list[str], buffers: list[PinnedHostBuffer], threads: int = 0, "
                "chunk_bytes: int = 8388608, verify: bool = False, verify_if_present: bool = "
-               "False, direct: bool = False)"
-               " -> dict[str, Any]",
+               "False, direct: bool = False, progress: Callable[[int, int], None] | None = "
+               "None) -> dict[str, Any]",
                "Reads the named tensors into the PinnedHostBuffers (of at least their "
                "bytes) without the GIL; returns the load report."))
+      .def("read_into_pinned", &read_into_pinned, py::arg("names"), py::arg("addresses"),
+           py::arg("worker"), py::arg("who") = "read_into_pinned", py::arg("threads") = 0,
+           py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
+           py::arg("verify_if_present") = false, py::arg("direct") = false,
+           py::arg("progress") = py::none(),
+           method_doc(
+               "read_into_pinned(names: list[str], addresses: list[int], worker: Worker, who: "
+               "str = 'read_into_pinned', threads: int = 0, chunk_bytes: int = 8388608, verify: "
+               "bool = False, verify_if_present: bool = False, direct: bool = False, progress: "
+               "Callable[[int, int], None] | None = None) -> dict[str, Any]",
+               "Reads the named tensors to the addresses, each range inside one open pinned "
+               "buffer of worker and no two overlapping (checked before any read), without "
+               "the GIL; returns the load report. Errors name `who`."))
       .def("load_to_device", &to_device, py::arg("worker"), py::arg("threads") = 0,
            py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
            py::arg("verify_if_present") = false, py::arg("direct") = false,
-           py::arg("ring_bytes") = uint64_t{64} << 20,
+           py::arg("ring_bytes") = uint64_t{64} << 20, py::arg("names") = py::none(),
+           py::arg("progress") = py::none(),
            method_doc("load_to_device(worker: Worker, threads: int = 0, chunk_bytes: int = "
                       "8388608, verify: bool = False, verify_if_present: bool = False, direct: "
-                      "bool = False, ring_bytes: int = 67108864) -> _DeviceLoad",
-                      "Streams every tensor onto worker's device through its staging ring."));
+                      "bool = False, ring_bytes: int = 67108864, names: list[str] | None = "
+                      "None, progress: Callable[[int, int], None] | None = None) -> _DeviceLoad",
+                      "Streams every tensor (or those named) onto worker's device through its "
+                      "staging ring."));
   bind_device_load(m);
 }
 

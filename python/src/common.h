@@ -38,6 +38,7 @@ struct ViewHolder {
   int64_t views = 0;
   int64_t args_views = 0;  // of `views`, those TaskArgs hold (named by finalize()'s refusal)
   int64_t read_views = 0;  // of `views`, those running checkpoint reads hold (named too)
+  int64_t copy_views = 0;  // of `views`, those pending async copies hold (named too)
 };
 
 // Releases the GIL for a C++ call. A daemon thread that takes the GIL back while the
@@ -93,6 +94,10 @@ struct PyWorker {
   std::unordered_set<std::unique_ptr<ResidentBinder>*> resident_binders;  // likewise
   // Calls running without the GIL that read or allocate this worker's pinned memory.
   int64_t busy = 0;
+  // CopyEvents not yet known complete (device.cpp, Note [Pending copies]): finalize()
+  // refuses while any are, and the stream they were queued on (made on first use).
+  int64_t pending_copies = 0;
+  std::unique_ptr<Stream> copy_stream;
   bool finalized() const { return worker.finalized(); }
 
   // Counts holders with live views and the views; finalize() refuses while any exist.
@@ -134,6 +139,7 @@ enum class LeaseHolder {
   view,  // a buffer-protocol consumer (memoryview, NumPy, torch.frombuffer)
   args,  // TaskArgs, for a tensor in pinned memory
   read,  // a checkpoint read writing into the buffer without the GIL (read_into)
+  copy,  // a pending async copy (a CopyEvent not yet waited for)
 };
 
 // One counted view of a holder for as long as this object lives: what the buffer
@@ -214,5 +220,8 @@ void bind_lease(py::module_& m);    // BufferExport, before bind_worker
 void bind_tensors(py::module_& m);  // TaskArgs and Binder; scenes via bind_scene_run
 
 void bind_scene_run(py::module_& m);  // the scene registry's Python side (run_scene, ...)
+// DeviceBuffer, CopyEvent and the Worker's alloc_device and async copies (device.cpp),
+// after bind_worker.
+void bind_device(py::module_& m);
 
 }  // namespace pinstage::python

@@ -18,6 +18,8 @@ int64_t* lease_count(ViewHolder* holder, LeaseHolder by) {
       return &holder->args_views;
     case LeaseHolder::read:
       return &holder->read_views;
+    case LeaseHolder::copy:
+      return &holder->copy_views;
     case LeaseHolder::view:
       break;
   }

@@ -20,6 +20,7 @@ PYBIND11_MODULE(_pinstage, m) {
   register_errors(m);
   bind_lease(m);
   bind_worker(m);
+  bind_device(m);
   bind_tensors(m);
   bind_checkpoint(m);
   m.def(

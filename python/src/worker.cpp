@@ -113,6 +113,9 @@ std::string PyWorker::describe_views() const {
     if (b->args_views > 0) out << ", " << b->args_views << " of them held by TaskArgs";
     if (b->read_views > 0)
       out << ", " << b->read_views << " of them held by a running checkpoint read";
+    if (b->copy_views > 0)
+      out << ", " << b->copy_views
+          << " of them held by a pending async copy (wait() its CopyEvent)";
     sep = "; ";
   }
   for (const ViewHolder* h : holders) {
@@ -124,6 +127,9 @@ std::string PyWorker::describe_views() const {
 }
 
 void PyWorker::require_no_views(const char* what) const {
+  if (pending_copies > 0)
+    throw py::buffer_error(std::string("cannot ") + what + ": " + std::to_string(pending_copies) +
+                           " async copy(ies) are still pending; wait() their CopyEvents first");
   int64_t holders_with_views = 0, views = 0;
   count_views(&holders_with_views, &views);
   if (views > 0)
@@ -185,6 +191,9 @@ void PyBuffer::close() {
         (read_views > 0 ? ", " + std::to_string(read_views) +
                               " of them held by a running checkpoint read (read_into); wait "
                               "for it to return"
+                        : std::string()) +
+        (copy_views > 0 ? ", " + std::to_string(copy_views) +
+                              " of them held by a pending async copy; wait() its CopyEvent"
                         : std::string()) +
         "; delete them first");
   PinnedHostBuffer dying = take(*this);
@@ -357,10 +366,10 @@ void wait_for_views(PyWorker& w, double timeout) {
   for (;;) {
     int64_t holders = 0, views = 0;
     w.count_views(&holders, &views);
-    if (views == 0 && w.busy == 0) return;
+    if (views == 0 && w.busy == 0 && w.pending_copies == 0) return;
     gc.attr("collect")();
     w.count_views(&holders, &views);
-    if (views == 0 && w.busy == 0) return;
+    if (views == 0 && w.busy == 0 && w.pending_copies == 0) return;
     if (timeout >= 0 && std::chrono::duration<double>(clock::now() - start).count() >= timeout)
       return;  // require_no_views then raises, naming the holders
     GilReleased nogil;
@@ -392,6 +401,7 @@ void finalize_worker(PyWorker& w, bool wait, const py::object& timeout) {
   for (PyBuffer* buffer : open) buffer->close();
   for (auto* binder : w.binders) binder->reset();
   for (auto* binder : w.resident_binders) binder->reset();
+  w.copy_stream.reset();  // no copy is pending on it (require_no_views)
   GilReleased nogil;
   w.worker.finalize();
 }
@@ -585,7 +595,8 @@ void bind_worker_lifetime(py::class_<PyWorker>& c) {
             // that exception behind a BufferError.
             int64_t holders = 0, views = 0;
             w.count_views(&holders, &views);
-            if (!exc_type.is_none() && (views > 0 || w.busy > 0)) return false;
+            if (!exc_type.is_none() && (views > 0 || w.busy > 0 || w.pending_copies > 0))
+              return false;
             finalize_worker(w, false, py::none());
             return false;
           },

@@ -207,7 +207,8 @@ void run_readers(int threads, const std::function<void(int)>& body) {
 }
 
 // Reads the chunks on `threads` threads (at most bounces.size()), each taking the next one
-// until none are left or one failed; progress (one caller at a time) after each. Reader
+// until none are left or one failed; progress (one caller at a time, the bytes done
+// increasing) after each; an exception it throws ends the load as a failed read does. Reader
 // i reads O_DIRECT files through bounces[i], which the load owns.
 void read_chunks(const Checkpoint& c, const Files& files, const std::vector<Chunk>& chunks,
                  std::vector<Bounce>& bounces, const CheckpointLoadOptions& o, uint64_t* done_bytes,
@@ -227,10 +228,19 @@ void read_chunks(const Checkpoint& c, const Files& files, const std::vector<Chun
           pread_direct(files.fd(k.file), k.dst, k.bytes, k.offset, path, bounce);
         else
           pread_all(files.fd(k.file), k.dst, k.bytes, k.offset, path);
-        const uint64_t now = done.fetch_add(k.bytes) + k.bytes;
         if (o.progress) {
+          // Counted under the lock, so the calls see `done` increase; once a reader failed
+          // (or a call threw, marked before the lock is let go) no call follows.
           const std::lock_guard<std::mutex> lock(progress_mutex);
-          o.progress(now, total);
+          if (failed) break;
+          try {
+            o.progress(done.fetch_add(k.bytes) + k.bytes, total);
+          } catch (...) {
+            failed = true;
+            throw;
+          }
+        } else {
+          done.fetch_add(k.bytes);
         }
       }
     } catch (...) {
@@ -385,7 +395,8 @@ struct Piece {
   std::vector<Segment> segments;
 };
 
-// The next piece from tensor *i at byte *off on: at most `room` bytes, one file.
+// The next piece from tensor *i at byte *off on: at most `room` consecutive bytes of one
+// file.
 Piece next_piece(const std::vector<CheckpointTensor>& tensors, size_t* i, uint64_t* off,
                  uint64_t room) {
   Piece p;
@@ -395,7 +406,8 @@ Piece next_piece(const std::vector<CheckpointTensor>& tensors, size_t* i, uint64
   p.file_offset = tensors[*i].offset + *off;
   while (*i < tensors.size() && p.bytes < room) {
     const CheckpointTensor& t = tensors[*i];
-    if (t.file != p.file) break;
+    // One file, consecutive bytes: a selection of tensors may leave gaps between them.
+    if (t.file != p.file || t.offset + *off != p.file_offset + p.bytes) break;
     const uint64_t take = std::min(room - p.bytes, t.bytes - *off);
     if (take > 0) p.segments.push_back({*i, *off, take, p.bytes});
     p.bytes += take;
@@ -434,9 +446,10 @@ void upload_piece(Worker& worker, Stream& stream, StagingRing& ring, const Piece
   ring.enqueue_to_device(out[first.tensor].buffer, first.tensor_offset, first.bytes);
 }
 
-void check_hashes(const Checkpoint& c, std::vector<Xxh3Stream>& hashes, LoadReport& r) {
-  for (size_t i = 0; i < c.tensors().size(); ++i) {
-    const CheckpointTensor& t = c.tensors()[i];
+void check_hashes(const Checkpoint& c, const std::vector<CheckpointTensor>& tensors,
+                  std::vector<Xxh3Stream>& hashes, LoadReport& r) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const CheckpointTensor& t = tensors[i];
     if (!t.xxh3) {
       ++r.unverified;
       continue;
@@ -452,7 +465,7 @@ void check_hashes(const Checkpoint& c, std::vector<Xxh3Stream>& hashes, LoadRepo
 void check_device_hashes(const Checkpoint& c, StagingRing& ring,
                          const std::vector<DeviceTensor>& tensors, LoadReport& r) {
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const CheckpointTensor& t = c.tensors()[i];
+    const CheckpointTensor& t = tensors[i].info;
     if (!t.xxh3 || t.bytes == 0) continue;
     Xxh3Stream hash;
     ring.readback(tensors[i].buffer, 0, t.bytes,
@@ -469,9 +482,10 @@ void check_device_hashes(const Checkpoint& c, StagingRing& ring,
   }
 }
 
-}  // namespace
-
-DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointLoadOptions& o) {
+// load_to_device of `tensors`: every tensor of the checkpoint, or a selection of them, in
+// checkpoint order.
+DeviceLoad load_selected(const Checkpoint& c, const std::vector<CheckpointTensor>& tensors,
+                         Worker& worker, const CheckpointLoadOptions& o) {
   check_options(o, true);
   require_chip_worker(worker, "load_to_device");
   const Stopwatch total;
@@ -480,16 +494,18 @@ DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointL
   r.files = c.files().size();
   r.threads = thread_count(o);
   r.chunk_bytes = o.chunk_bytes;
-  r.bytes = c.total_bytes();
-  r.tensors = c.tensors().size();
+  r.tensors = tensors.size();
   std::vector<const CheckpointTensor*> wanted;
-  wanted.reserve(c.tensors().size());
-  for (const CheckpointTensor& t : c.tensors()) wanted.push_back(&t);
+  wanted.reserve(tensors.size());
+  for (const CheckpointTensor& t : tensors) {
+    wanted.push_back(&t);
+    r.bytes += t.bytes;
+  }
   check_verifiable(c, wanted, o);
   const Files files(c, files_of(c, wanted), o.direct, r);
   std::vector<Bounce> bounces(static_cast<size_t>(r.threads));
   const Stopwatch alloc;
-  for (const CheckpointTensor& t : c.tensors())
+  for (const CheckpointTensor& t : tensors)
     out.tensors.push_back({t, t.bytes > 0 ? worker.alloc_device(t.bytes) : DeviceBuffer{}});
   // Declared after the tensors: on an error the ring drains its copies before they go.
   Stream stream = worker.create_stream();
@@ -497,14 +513,14 @@ DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointL
   r.alloc_s = alloc.seconds();
   r.ring_pinned_bytes = ring.pinned_bytes();
   r.peak_pinned_bytes = worker.stats().pinned_bytes;
-  std::vector<Xxh3Stream> hashes(o.verify ? c.tensors().size() : 0);
+  std::vector<Xxh3Stream> hashes(o.verify ? tensors.size() : 0);
   size_t i = 0;
   uint64_t off = 0;
   uint64_t done = 0;
   double overlapped_read_s = 0;
   size_t queued = 0;  // pieces whose copies may still run
-  for (Piece p = next_piece(c.tensors(), &i, &off, ring.buffer_bytes()); p.bytes > 0;
-       p = next_piece(c.tensors(), &i, &off, ring.buffer_bytes())) {
+  for (Piece p = next_piece(tensors, &i, &off, ring.buffer_bytes()); p.bytes > 0;
+       p = next_piece(tensors, &i, &off, ring.buffer_bytes())) {
     Stopwatch phase;
     auto* buffer = static_cast<unsigned char*>(ring.advance());
     r.upload_s += phase.restart();
@@ -525,12 +541,36 @@ DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointL
   r.overlap = r.read_s > 0 ? overlapped_read_s / r.read_s : 0;
   if (o.verify) {
     const Stopwatch verify;
-    check_hashes(c, hashes, r);
+    check_hashes(c, tensors, hashes, r);
     check_device_hashes(c, ring, out.tensors, r);
     r.verify_s += verify.seconds();
   }
   r.total_s = total.seconds();
   return out;
+}
+
+}  // namespace
+
+DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointLoadOptions& o) {
+  return load_selected(c, c.tensors(), worker, o);
+}
+
+DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointLoadOptions& o,
+                          const std::vector<std::string>& names) {
+  std::vector<bool> chosen(c.tensors().size(), false);
+  for (const std::string& name : names) {
+    const CheckpointTensor& t = c.get(name);  // Error(not_found) naming it
+    const auto index = static_cast<size_t>(&t - c.tensors().data());
+    if (chosen[index])
+      throw Error(ErrorCode::invalid_argument,
+                  "load_to_device: tensor '" + name.substr(0, 96) + "' is named twice");
+    chosen[index] = true;
+  }
+  std::vector<CheckpointTensor> tensors;
+  tensors.reserve(names.size());
+  for (size_t i = 0; i < chosen.size(); ++i)
+    if (chosen[i]) tensors.push_back(c.tensors()[i]);
+  return load_selected(c, tensors, worker, o);
 }
 
 }  // namespace pinstage

@@ -464,6 +464,22 @@ void Worker::wait(Event& event) {
   });
 }
 
+bool Worker::query(Event& event) {
+  const runtime::CallGuard guard = enter();
+  bool reached = true;
+  queue_call(*state_, event.owner_, event.handle_, "event query", [&](const auto& api, auto* e) {
+    if (api.event_query == nullptr) return api.event_sync(state_->ctx, static_cast<ps_event*>(e));
+    const int status = api.event_query(state_->ctx, static_cast<ps_event*>(e));
+    if (status == PS_ERR_NOT_READY) {
+      reached = false;
+      return static_cast<int>(PS_OK);
+    }
+    // Reached: a copy before it that failed is reported as wait() reports it.
+    return status == PS_OK ? api.event_sync(state_->ctx, static_cast<ps_event*>(e)) : status;
+  });
+  return reached;
+}
+
 void Worker::synchronize(Stream& stream) {
   const runtime::CallGuard guard = enter();
   queue_call(*state_, stream.owner_, stream.handle_, "stream synchronize",

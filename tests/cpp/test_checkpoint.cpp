@@ -363,6 +363,53 @@ TEST_F(CheckpointTest, TenThousandTinyTensorsOnHostAndDevice) {
   }
 }
 
+// load_to_device of a selection (Python's names=): only those tensors, every byte as
+// written, though the tensors between them leave gaps in the file that no ring piece may
+// span; a name the checkpoint lacks or one given twice is refused before anything is taken.
+TEST_F(CheckpointTest, ASelectionLoadsOnlyItsTensorsAcrossGaps) {
+  std::vector<Raw> raws;
+  for (int i = 0; i < 60; ++i) raws.push_back({"t." + std::to_string(i), "U8", {i % 9 + 1}});
+  write_raw(path("sel.safetensors"), raws);
+  const Checkpoint c = Checkpoint::open(path("sel.safetensors"));
+  Worker worker;
+  worker.init("sim");
+  CheckpointLoadOptions o;
+  o.ring_bytes = 64;  // pieces of 16 bytes: several tensors each, and wrap-arounds
+  o.verify = true;
+  std::vector<std::string> names;
+  for (int i = 59; i >= 0; i -= 3) names.push_back("t." + std::to_string(i));  // any order
+  names.push_back("t.1");
+  const DeviceLoad dev = load_to_device(c, worker, o, names);
+  ASSERT_EQ(dev.tensors.size(), names.size());
+  EXPECT_EQ(dev.report.tensors, names.size());
+  EXPECT_TRUE(dev.report.verified);
+  uint64_t bytes = 0;
+  for (const DeviceTensor& t : dev.tensors) {
+    const auto k = static_cast<size_t>(c.find(t.info.name) - c.tensors().data());
+    EXPECT_TRUE(k % 3 == 2 || k == 1) << t.info.name;
+    std::vector<unsigned char> back(t.info.bytes);
+    worker.copy_to_host(back.data(), t.buffer, 0, t.info.bytes);
+    for (uint64_t i = 0; i < t.info.bytes; ++i) ASSERT_EQ(back[i], byte_at(k, i)) << k;
+    bytes += t.info.bytes;
+  }
+  EXPECT_EQ(dev.report.bytes, bytes);
+  for (size_t k = 1; k < dev.tensors.size(); ++k)  // checkpoint order
+    EXPECT_LT(dev.tensors[k - 1].info.offset, dev.tensors[k].info.offset);
+  const uint64_t device_before = worker.stats().device_count;
+  expect_error(
+      [&] {
+        load_to_device(c, worker, o, {"t.1", "nope"});
+      },
+      {"no tensor", "nope"}, ErrorCode::not_found);
+  expect_error(
+      [&] {
+        load_to_device(c, worker, o, {"t.1", "t.2", "t.1"});
+      },
+      {"'t.1' is named twice"}, ErrorCode::invalid_argument);
+  EXPECT_EQ(worker.stats().device_count, device_before);
+  EXPECT_EQ(load_to_device(c, worker, o, {}).tensors.size(), 0u);
+}
+
 // Today's checkpoint sizes (issue 23, defects 1 and 2): 100,000 tensors, as many as an MoE
 // checkpoint lists, open (the header parse is linear, not quadratic) and load into pinned
 // memory (the pool's few mappings, not one each against vm.max_map_count) and onto the
@@ -485,6 +532,46 @@ TEST_F(CheckpointTest, DeviceLoadDefaultRingIs64MiB) {
 }
 
 // A fault while reading: the shard is truncated after the checkpoint was validated.
+// The progress callback (Python's progress=): with many readers its calls still see
+// `done` increase to the total; an exception it throws stops the load as a failed read
+// does, with no further call and nothing left allocated.
+TEST_F(CheckpointTest, ProgressIsMonotonicAndItsExceptionStopsTheLoad) {
+  std::vector<Raw> raws;
+  for (int i = 0; i < 8; ++i) raws.push_back({"w" + std::to_string(i), "U8", {1 << 16}});
+  write_raw(path("m.safetensors"), raws);
+  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  Worker worker;
+  worker.init("sim");
+  PinnedAllocator pinned(worker);
+  CheckpointLoadOptions o;
+  o.threads = 8;
+  o.chunk_bytes = 4096;
+  std::vector<uint64_t> seen;  // calls are one at a time: no lock needed
+  o.progress = [&](uint64_t done, uint64_t total) {
+    EXPECT_EQ(total, c.total_bytes());
+    seen.push_back(done);
+  };
+  expect_bytes(load_to_host(c, pinned, o).tensors);
+  ASSERT_EQ(seen.size(), c.total_bytes() / 4096);
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  EXPECT_EQ(seen.back(), c.total_bytes());
+  struct Stop {};
+  seen.clear();
+  o.progress = [&](uint64_t done, uint64_t) {
+    seen.push_back(done);
+    if (seen.size() == 3) throw Stop{};
+  };
+  EXPECT_THROW(load_to_host(c, pinned, o), Stop);
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
+  seen.clear();
+  o.ring_bytes = 1 << 14;
+  EXPECT_THROW(load_to_device(c, worker, o), Stop);
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
+  EXPECT_EQ(worker.stats().device_count, 0u);
+}
+
 TEST_F(CheckpointTest, ReadFaultLeavesNothingAllocatedOrLocked) {
   std::vector<Raw> raws;
   for (int i = 0; i < 4; ++i) raws.push_back({"w" + std::to_string(i), "U8", {1 << 20}});

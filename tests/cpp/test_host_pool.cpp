@@ -121,6 +121,37 @@ class HostPoolTest : public ::testing::Test {
   std::unique_ptr<Worker> worker;
 };
 
+// Worker::query (Python's CopyEvent.query): false while the copy before the event is
+// queued (the sim streams held), true once it ran, never blocking; an event never
+// recorded is reached.
+TEST_F(HostPoolTest, WorkerQueryAnswersWithoutWaiting) {
+  PinnedHostBuffer host = worker->alloc_pinned_host(4096);
+  std::memset(host.data(), 0x5a, 4096);
+  DeviceBuffer dev = worker->alloc_device(4096);
+  Stream stream = worker->create_stream();
+  Event event = worker->create_event();
+  EXPECT_TRUE(worker->query(event));
+  bool reached_while_held = true, reached_again = true;
+  hold_streams(true);
+  try {
+    worker->copy_to_device_async(dev, 0, host.data(), 4096, stream);
+    worker->record(event, stream);
+    reached_while_held = worker->query(event);
+    reached_again = worker->query(event);
+  } catch (...) {
+    hold_streams(false);  // else the stream's destruction waits forever
+    throw;
+  }
+  hold_streams(false);
+  EXPECT_FALSE(reached_while_held);
+  EXPECT_FALSE(reached_again);
+  worker->wait(event);
+  EXPECT_TRUE(worker->query(event));
+  std::vector<unsigned char> back(4096);
+  worker->copy_to_host(back.data(), dev, 0, 4096);
+  EXPECT_EQ(back, std::vector<unsigned char>(4096, 0x5a));
+}
+
 TEST_F(HostPoolTest, AFreedBlockIsReusedWithoutAnotherSegment) {
   void* first = nullptr;
   {

@@ -295,3 +295,34 @@ def test_verify_on_a_checkpoint_without_hashes_is_an_error_unless_if_present(wor
     assert (dev.report["verified"], dev.report["unverified"]) == (False, 2)
     assert dev.report["verify_readback_bytes"] == 0
     dev.close()
+
+
+def test_worker_is_a_required_keyword_everywhere(worker, tmp_path):
+    """The signatures say what the functions do: `worker` has no default (there is no
+    implicit worker) and is keyword-only; leaving it out, passing None, or passing it
+    where load_file's second positional argument (device, as in safetensors) goes are
+    TypeErrors that say so."""
+    import inspect
+    path = tmp_path / "m.safetensors"
+    write_file(path, {"a": torch.zeros(2)})
+    calls = {"load_file": pinstage.load_file, "load_to_device": pinstage.load_to_device,
+             "safe_open": pinstage.safe_open}
+    for who, fn in calls.items():
+        p = inspect.signature(fn).parameters["worker"]
+        assert (p.kind, p.default) == (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.empty)
+        with pytest.raises(TypeError, match=r"missing 1 required keyword-only argument: "
+                                            r"'worker'"):
+            fn(path)
+        with pytest.raises(TypeError, match=who + r" needs worker=pinstage.Worker, got "
+                                                  r"NoneType"):
+            fn(path, worker=None)
+    assert list(inspect.signature(pinstage.load_file).parameters)[:3] == [
+        "path", "device", "worker"]
+    with pytest.raises(TypeError, match=r"missing 1 required keyword-only argument: 'worker'"):
+        pinstage.load_file(path, worker)  # worker positionally: it is not the device
+    with pytest.raises(TypeError, match=r"load_file\(\): device must be str or "
+                                        r"torch.device, not Worker"):
+        pinstage.load_file(path, worker, worker=worker)
+    with pytest.raises(TypeError, match=r"takes from 2 to 3 positional arguments but 4 were given"):
+        pinstage.safe_open(path, "pt", worker)
+    assert worker.stats().pinned_count == 0

@@ -77,8 +77,23 @@ def test_the_documented_dtypes_are_the_ones_the_allocator_accepts(alloc):
     assert accepted == documented_dtypes()
 
 
-def test_task_args_accept_exactly_the_documented_dtypes():
-    """TaskArgs.add takes the same set (docs/python.md says so), and its refusal lists it."""
+HOWTO = DOC.with_name("howto-stage-torch.md")
+
+
+def howto_dtypes():
+    """The dtypes docs/howto-stage-torch.md says TaskArgs accepts (it once said five)."""
+    text = " ".join(HOWTO.read_text().split())
+    m = re.search(r"tensors of the dtypes ([a-z0-9_, ]+?) and ([a-z0-9_]+) \(also "
+                  r"([a-z0-9_ ]+?) on a torch that has them\), contiguous and on the CPU, "
+                  r"are accepted", text)
+    assert m, "docs/howto-stage-torch.md lost its TaskArgs dtype sentence"
+    always = [n.strip() for n in m.group(1).split(",")] + [m.group(2)]
+    optional = [n.strip() for n in m.group(3).split(" and ")]
+    return set(always) | {n for n in optional if hasattr(torch, n)}
+
+
+def task_args_accepted():
+    """({dtype name TaskArgs.add takes}, the text of one refusal)."""
     accepted, refusal = set(), None
     for name, dtype in torch_dtypes().items():
         try:
@@ -93,6 +108,18 @@ def test_task_args_accept_exactly_the_documented_dtypes():
             refusal = str(e)
             continue
         accepted.add(name)
+    return accepted, refusal
+
+
+def test_the_howto_lists_exactly_the_dtypes_task_args_accept():
+    accepted, _ = task_args_accepted()
+    assert len(accepted) >= 10  # ten, and the float8 kinds on a torch that has them
+    assert howto_dtypes() == accepted
+
+
+def test_task_args_accept_exactly_the_documented_dtypes():
+    """TaskArgs.add takes the same set (docs/python.md says so), and its refusal lists it."""
+    accepted, refusal = task_args_accepted()
     assert accepted == documented_dtypes()
     listed = refusal.split("supported: ")[1].split("; ")[0]
     assert set(listed.split(", ")) == accepted, refusal

@@ -57,3 +57,10 @@ def test_pip_install_into_a_venv_and_use_it_elsewhere(tmp_path):
     import pinstage  # the build tree's module (conftest.py): the one version, from CMake
 
     assert proc.stdout.split() == ["ok", pinstage.__version__]
+    # The pytest plugin of an installed pinstage needs no PYTHONPATH (docs/python.md).
+    (elsewhere / "test_user.py").write_text(
+        "def test_it(pinstage_worker, pinned_alloc):\n    assert pinned_alloc.ones(2).sum() == 2\n")
+    proc = subprocess.run([str(python), "-m", "pytest", "-p", "pinstage.testing", "-q",
+                           "-p", "no:cacheprovider", "test_user.py"], cwd=elsewhere, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

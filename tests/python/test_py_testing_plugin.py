@@ -1,6 +1,7 @@
 """The pytest plugin pinstage.testing, run as a user runs it: `pytest -p pinstage.testing`
 in a separate folder, in a subprocess."""
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -96,3 +97,71 @@ def test_backend_option_and_environment_are_used(tmp_path, build_dir):
     proc = run_pytest(tmp_path, build_dir, "-k", "passes",
                       env_extra={"PINSTAGE_TEST_BACKEND": "nosuch2"})
     assert "cannot load backend 'nosuch2'" in proc.stdout, proc.stdout
+
+
+DEVICE_TESTS = textwrap.dedent("""
+    def test_uses_the_worker(pinstage_worker):
+        assert pinstage_worker.initialized
+
+    def test_uses_the_allocator(pinned_alloc):
+        assert pinned_alloc.zeros(4).sum() == 0
+
+    def test_needs_no_device():
+        pass
+""")
+
+
+def a_backend_without_a_device():
+    """A backend whose plugin is built here but finds no device (cuda without a GPU,
+    acl without the Ascend runtime), or None when every one has a device."""
+    import pinstage
+    for backend in ("cuda", "acl"):
+        try:
+            pinstage.Worker(backend=backend).finalize()
+        except pinstage.Error as e:
+            if e.code == "no_device":
+                return backend
+    return None
+
+
+def test_a_backend_without_a_device_skips_instead_of_erroring(tmp_path, build_dir):
+    import pytest
+    backend = a_backend_without_a_device()
+    if backend is None:
+        pytest.skip("cuda and acl both have a device here (or are not built)")
+    (tmp_path / "test_device.py").write_text(DEVICE_TESTS)
+    env = dict(os.environ, PYTHONPATH=str(build_dir / "python"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "pinstage.testing", "-q", "-rs",
+         "-p", "no:cacheprovider", "--pinstage-backend", backend, str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    assert out.splitlines()[-1].startswith("1 passed, 2 skipped in "), out + proc.stderr
+    assert f"pinstage backend '{backend}' has no device here" in out, out
+    assert proc.returncode == 0, out
+
+
+def test_the_plugin_needs_pinstage_on_the_path_as_documented(tmp_path, build_dir):
+    """`pytest -p pinstage.testing` imports the plugin before any conftest: from a build tree
+    it needs PYTHONPATH=<build>/python, as docs/python.md says, and works with it."""
+    (tmp_path / "test_user.py").write_text(USER_TESTS)
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env.pop("PINSTAGE_TEST_BACKEND", None)
+    command = [sys.executable, "-m", "pytest", "-p", "pinstage.testing", "-q",
+               "-p", "no:cacheprovider", "-k", "passes", str(tmp_path)]
+    installed = subprocess.run([sys.executable, "-c", "import pinstage"], cwd=tmp_path,
+                               env=env, capture_output=True).returncode == 0
+    if not installed:  # an installed pinstage needs no PYTHONPATH
+        proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode != 0
+        assert "No module named 'pinstage'" in proc.stdout + proc.stderr
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md").read_text()
+    assert ("PYTHONPATH=build/python python3 -m pytest -p pinstage.testing "
+            "--pinstage-backend sim tests/") in doc
+    assert "No module named 'pinstage'" in doc
+    env["PYTHONPATH"] = str(build_dir / "python")  # the documented fix
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.stdout.splitlines()[-1].startswith("1 passed, 1 deselected"), proc.stdout
