@@ -1,6 +1,7 @@
 // pinstage load PATH: open and validate a checkpoint, load it into a worker's pinned host
 // memory or stream it onto the device, and print bytes, seconds and GB/s per phase.
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -9,6 +10,7 @@
 #include "commands.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/error.h"
+#include "pinstage/load_plan.h"
 
 namespace pinstage::cli {
 
@@ -23,6 +25,8 @@ struct LoadArgs {
   int64_t ring_mib = 64;
   bool direct = false;
   std::string verify;  // "", "all" or "if-present"
+  int tp = 0;          // 0: not a tensor-parallel load
+  std::string plan;    // --plan FILE
   ReportArgs report;
   CLI::App* cmd = nullptr;
 };
@@ -101,21 +105,133 @@ void print_report(FILE* out, const Checkpoint& c, const LoadReport& r, const std
                  plural(r.unverified, "tensor").c_str());
 }
 
+// The bar, redrawn when the percentage changes.
+std::function<void(uint64_t, uint64_t)> progress_of(ProgressBar& bar) {
+  auto shown = std::make_shared<int>(-1);
+  return [&bar, shown](uint64_t done, uint64_t total) {
+    const int pct = total > 0 ? static_cast<int>(done * 100 / total) : 100;
+    if (pct == *shown) return;
+    *shown = pct;
+    bar.show(static_cast<double>(pct) / 100.0, format_bytes(done) + " of " + format_bytes(total));
+  };
+}
+
+// The tensor-parallel figures: the read against the checkpoint, and per rank its tensors.
+nlohmann::ordered_json tp_report_json(const Checkpoint& c, const TpPlan& plan, const LoadArgs& a,
+                                      const TpHostLoad& load) {
+  const TpLoadReport& r = load.report;
+  nlohmann::ordered_json j = report_json(c, r.load, "host");
+  j["tp"] = load.tp;
+  j["plan"] = a.plan;
+  j["read_bytes"] = r.read_bytes;
+  j["checkpoint_bytes"] = r.checkpoint_bytes;
+  j["host_bytes"] = r.host_bytes;
+  j["replicated"] = r.replicated;
+  j["contiguous"] = r.contiguous;
+  j["strided"] = r.strided;
+  j["scatter_bytes"] = r.scatter_bytes;
+  j["scatter_s"] = r.scatter_s;
+  j["unused_rules"] = nlohmann::ordered_json::array();
+  for (int rule : r.unused_rules) j["unused_rules"].push_back(plan.describe(rule));
+  j["ranks"] = nlohmann::ordered_json::array();
+  for (size_t rank = 0; rank < load.ranks.size(); ++rank) {
+    nlohmann::ordered_json one = {{"rank", rank}, {"tensors", load.ranks[rank].size()}};
+    uint64_t bytes = 0;
+    nlohmann::ordered_json slices = nlohmann::ordered_json::array();
+    for (const TpTensor& t : load.ranks[rank]) {
+      bytes += t.bytes;
+      slices.push_back({{"name", t.info.name},
+                        {"dtype", t.info.dtype},
+                        {"shape", t.shape},
+                        {"dim", t.dim},
+                        {"begin", t.begin},
+                        {"bytes", t.bytes},
+                        {"shared", t.dim < 0}});
+    }
+    one["bytes"] = bytes;
+    one["slices"] = std::move(slices);
+    j["ranks"].push_back(std::move(one));
+  }
+  return j;
+}
+
+void print_tp_report(FILE* out, const Checkpoint& c, const TpHostLoad& load) {
+  const TpLoadReport& r = load.report;
+  std::fprintf(out, "loaded %s for %d ranks from %s (%s) into pinned host memory\n",
+               plural(r.load.tensors, "tensor").c_str(), load.tp,
+               plural(r.load.files, "file").c_str(), checkpoint_layout_name(c.layout()));
+  std::fprintf(out, "  read     %s bytes of the checkpoint's %s%s\n",
+               format_thousands(r.read_bytes).c_str(), format_thousands(r.checkpoint_bytes).c_str(),
+               r.read_bytes == r.checkpoint_bytes ? ": every byte once" : "");
+  for (size_t rank = 0; rank < load.ranks.size(); ++rank) {
+    uint64_t bytes = 0;
+    for (const TpTensor& t : load.ranks[rank]) bytes += t.bytes;
+    std::fprintf(out, "  rank %-3zu %s, %s (%s bytes)\n", rank,
+                 plural(load.ranks[rank].size(), "tensor").c_str(), format_bytes(bytes).c_str(),
+                 format_thousands(bytes).c_str());
+  }
+  std::fprintf(out, "  pinned   %s (%s bytes; %s held once for every rank)\n",
+               format_bytes(r.host_bytes).c_str(), format_thousands(r.host_bytes).c_str(),
+               plural(r.replicated, "replicated tensor").c_str());
+  std::fprintf(out, "  split    %zu into byte ranges, %zu along an inner dim (%s staged)\n",
+               r.contiguous, r.strided, format_bytes(r.scatter_bytes).c_str());
+  std::fputs(phase("total", r.read_bytes, r.load.total_s).c_str(), out);
+  std::fputs(phase("read", r.read_bytes, r.load.read_s).c_str(), out);
+  std::fprintf(out, "  scatter  %8.3f s\n  alloc    %8.3f s\n", r.scatter_s, r.load.alloc_s);
+  if (r.load.verify_s > 0) std::fprintf(out, "  verify   %8.3f s\n", r.load.verify_s);
+  if (!r.load.direct_note.empty()) std::fprintf(out, "  %s\n", r.load.direct_note.c_str());
+  if (r.load.verified) std::fprintf(out, "  every tensor's xxh3-64 matches the recorded one\n");
+}
+
+// The plan of --plan FILE, or none (every tensor replicated), and the tp: --tp, else the
+// plan's "tp". Both read and checked before the checkpoint is opened.
+TpPlan tp_plan(LoadArgs& a) {
+  if (a.to == "device")
+    throw Error(ErrorCode::invalid_argument,
+                "--tp and --plan load into pinned host memory; --to device cannot be combined "
+                "with them (yet)");
+  TpPlan plan = a.plan.empty() ? TpPlan() : TpPlan::read_file(a.plan);
+  if (a.tp == 0 && !plan.tp())
+    throw Error(ErrorCode::invalid_argument,
+                "--plan '" + a.plan + "' gives no \"tp\": say how many ranks with --tp N");
+  if (a.tp == 0) a.tp = *plan.tp();
+  return plan;
+}
+
+// --tp N [--plan FILE]: the plan and every split checked before the worker starts.
+void run_tp_load(LoadArgs& a, CheckpointLoadOptions& o, const WorkerOptions& wo) {
+  const TpPlan plan = tp_plan(a);
+  const Checkpoint c = Checkpoint::open(a.path);
+  resolve_tp_plan(c, plan, a.tp);  // every refusal before any memory is taken
+  chatter(a.report, "plan: %s for %d ranks\n",
+          a.plan.empty() ? "none given, every tensor replicated" : a.plan.c_str(), a.tp);
+  Worker worker;
+  worker.init(a.backend.name, 0, wo);
+  {
+    ProgressBar bar(a.report);
+    o.progress = progress_of(bar);
+    PinnedAllocator pinned(worker);
+    const TpHostLoad load = load_tp_to_host(c, plan, a.tp, pinned, o);
+    bar.clear();
+    for (int rule : load.report.unused_rules)
+      chatter(a.report, "note: %s matched no tensor\n", plan.describe(rule).c_str());
+    print_tp_report(text_out(a.report), c, load);  // the result: --quiet keeps it
+    write_report(a.report, tp_report_json(c, plan, a, load),
+                 collect_run_info(&worker, command_options(*a.cmd)));
+  }
+  finish_worker(worker);
+}
+
 void run_load(LoadArgs& a) {
   check_report_args(a.report);
   CheckpointLoadOptions o = load_options(a);
   const WorkerOptions wo = worker_options(a.backend);
+  if (a.tp > 0 || !a.plan.empty()) return run_tp_load(a, o, wo);
   const Checkpoint c = Checkpoint::open(a.path);  // validated before any memory is taken
   Worker worker;
   worker.init(a.backend.name, 0, wo);
   ProgressBar bar(a.report);
-  int shown = -1;
-  o.progress = [&](uint64_t done, uint64_t total) {
-    const int pct = total > 0 ? static_cast<int>(done * 100 / total) : 100;
-    if (pct == shown) return;
-    shown = pct;
-    bar.show(static_cast<double>(pct) / 100.0, format_bytes(done) + " of " + format_bytes(total));
-  };
+  o.progress = progress_of(bar);
   LoadReport r;
   if (a.to == "device") {
     r = load_to_device(c, worker, o).report;
@@ -154,6 +270,13 @@ void add_load_command(CLI::App& app) {
               "device); a tensor without one is an error. --verify=if-present checks those "
               "that have one")
       ->check(CLI::IsMember({"all", "if-present"}));
+  add_integer_option(*q, "--tp", a->tp,
+                     "Tensor-parallel ranks, 1..1024: load each rank's share into pinned host "
+                     "memory, reading every byte of the checkpoint once",
+                     1, kTpMaxRanks);
+  q->add_option("--plan", a->plan,
+                "A tensor-parallel plan file (docs/loading.md): which tensors are split along "
+                "which dim; without one every tensor is replicated");
   add_report_options(*q, a->report);
   q->callback([a] { run_load(*a); });
 }

@@ -16,6 +16,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "checkpoint/load_internal.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/clock.h"
 #include "pinstage/error.h"
@@ -35,7 +36,11 @@ constexpr int kMaxThreads = 1024;
   throw Error(ErrorCode::io, "checkpoint file '" + path + "': " + what);
 }
 
-void check_options(const CheckpointLoadOptions& o, bool device) {
+}  // namespace
+
+namespace detail {
+
+void check_load_options(const CheckpointLoadOptions& o, bool device) {
   if (o.threads < 0 || o.threads > kMaxThreads)
     throw Error(ErrorCode::invalid_argument, "checkpoint load: threads is " +
                                                  std::to_string(o.threads) + "; it must be in 0.." +
@@ -49,6 +54,12 @@ void check_options(const CheckpointLoadOptions& o, bool device) {
                     std::to_string(o.ring_buffers) + " buffers in " + std::to_string(o.ring_bytes) +
                     " bytes");
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::check_load_options;
 
 // The open files of a load: buffered or O_DIRECT descriptors of the files that hold a
 // wanted tensor (another shard that changed or went away does not fail this read),
@@ -251,15 +262,19 @@ void read_chunks(const Checkpoint& c, const Files& files, const std::vector<Chun
   *done_bytes = done.load();
 }
 
+int thread_count(const CheckpointLoadOptions& o) {
+  return o.threads > 0 ? o.threads : default_thread_count();
+}
+
+}  // namespace
+
+namespace detail {
+
 [[noreturn]] void hash_mismatch(const Checkpoint& c, const CheckpointTensor& t, uint64_t got) {
   throw Error(ErrorCode::io, "checkpoint file '" + c.files()[t.file].path + "': tensor '" +
                                  t.name.substr(0, 96) + "' fails its integrity check: xxh3-64 " +
                                  xxh3_hex(got) + " read, " + xxh3_hex(*t.xxh3) +
                                  " recorded (the file is corrupt)");
-}
-
-int thread_count(const CheckpointLoadOptions& o) {
-  return o.threads > 0 ? o.threads : default_thread_count();
 }
 
 // verify asks every tensor to be checked: one without a recorded hash is an error before
@@ -287,11 +302,14 @@ void check_verifiable(const Checkpoint& c, const std::vector<const CheckpointTen
                   "tensors that have one with verify_if_present (CLI --verify=if-present)");
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::check_verifiable;
+using detail::hash_mismatch;
 
 LoadReport read_checkpoint(const Checkpoint& c, const std::vector<ReadTarget>& targets,
                            const CheckpointLoadOptions& o) {
-  check_options(o, false);
+  check_load_options(o, false);
   std::vector<const CheckpointTensor*> wanted;
   wanted.reserve(targets.size());
   for (const ReadTarget& t : targets) wanted.push_back(t.tensor);
@@ -343,7 +361,7 @@ LoadReport read_checkpoint(const Checkpoint& c, const std::vector<ReadTarget>& t
 
 HostLoad load_to_host(const Checkpoint& c, HostAllocator& allocator,
                       const CheckpointLoadOptions& o) {
-  check_options(o, false);
+  check_load_options(o, false);
   std::vector<const CheckpointTensor*> all;
   all.reserve(c.tensors().size());
   for (const CheckpointTensor& t : c.tensors()) all.push_back(&t);
@@ -486,7 +504,7 @@ void check_device_hashes(const Checkpoint& c, StagingRing& ring,
 // checkpoint order.
 DeviceLoad load_selected(const Checkpoint& c, const std::vector<CheckpointTensor>& tensors,
                          Worker& worker, const CheckpointLoadOptions& o) {
-  check_options(o, true);
+  check_load_options(o, true);
   require_chip_worker(worker, "load_to_device");
   const Stopwatch total;
   DeviceLoad out;

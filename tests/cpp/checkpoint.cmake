@@ -5,3 +5,9 @@ pinstage_add_gtest(test_checkpoint
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_checkpoint.cpp
   LABELS tensor checkpoint)
 add_dependencies(test_checkpoint pinstage_backend_sim)
+
+# Tensor-parallel loading: plans, slices against a reference for tp 1..8, refusals.
+pinstage_add_gtest(test_load_tp
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_load_tp.cpp
+  LABELS tensor checkpoint)
+add_dependencies(test_load_tp pinstage_backend_sim)

@@ -46,6 +46,8 @@ COMMANDS = [
     (["scene", "qwen3-decode", "--layers", "1", "--seq-len", "16"], "PASS",
      "qwen3-decode scene:"),
     (["load", "ckpt.safetensors"], "loaded", None),
+    (["load", "ckpt.safetensors", "--tp", "2"], "loaded 1 tensor for 2 ranks",
+     "plan: none given"),
     (["hash", "ckpt.safetensors"], "hashed 1 tensor", "sidecar: ckpt.safetensors.pinstage"),
     (["bench", "load", "ckpt.safetensors", "--rounds", "1"], "goal", "bench load ckpt"),
     (["plot", "a.json", "--out", "p.png"], None, "picture: p.png"),

@@ -1,0 +1,152 @@
+// Tensor-parallel loading on the host: a TpPlan says, per tensor, whether each of N ranks
+// gets it whole (replicated) or a slice along one dimension; load_tp_to_host reads the
+// checkpoint once for all ranks and gives each rank its slices in storages of their own,
+// so a rank's memory holds its share and nothing else. See docs/loading.md,
+// "Tensor-parallel loading".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pinstage/checkpoint.h"
+#include "pinstage/export.h"
+#include "pinstage/tensor.h"
+
+namespace pinstage {
+
+inline constexpr int kTpMaxRanks = 1024;  // the largest tp a plan or a load takes
+inline constexpr int kTpMaxDim = 64;      // a plan's dim is in [-kTpMaxDim, kTpMaxDim - 1]
+inline constexpr const char* kTpPlanFormat = "pinstage.tp_plan/1";
+inline constexpr uint64_t kTpPlanMaxBytes = uint64_t{16} << 20;  // largest plan file read
+
+namespace detail {
+struct TpPattern;  // a compiled glob or regex (private)
+}
+
+// One rule of a plan: a name pattern and what the tensors it matches get.
+struct TpRule {
+  // A glob ('*' any run of characters, '?' one character, everything else itself) or,
+  // when `regex`, an ECMAScript regex; either must match the whole tensor name.
+  std::string pattern;
+  bool regex = false;
+  // Split along this dimension (negative counts from the last: -1 is the last);
+  // nullopt replicates.
+  std::optional<int> split_dim;
+  std::shared_ptr<const detail::TpPattern> compiled;  // set by TpPlan, shared by copies
+};
+
+// Which tensors are split, and along which dimension. Rules are tried in order and the
+// first match wins; a tensor no rule matches gets the default (replicate unless set).
+// The builders and the parser refuse the same things with Error(invalid_argument): an
+// empty pattern, a regex that does not compile, a dim outside [-kTpMaxDim, kTpMaxDim),
+// a tp outside [1, kTpMaxRanks].
+class PINSTAGE_API TpPlan {
+ public:
+  TpPlan& split(std::string glob, int dim);
+  TpPlan& replicate(std::string glob);
+  TpPlan& split_regex(std::string regex, int dim);
+  TpPlan& replicate_regex(std::string regex);
+  TpPlan& default_split(int dim);  // tensors no rule matches are split along dim
+  TpPlan& default_replicate();     // ... or replicated (the default)
+  // The tp the plan was written for: a load with another tp is refused.
+  TpPlan& expect_tp(int tp);
+
+  // The JSON form (docs/loading.md): {"format": "pinstage.tp_plan/1", "tp": N (optional),
+  // "rules": [{"match": GLOB | "regex": RE, "split": DIM | "replicate": true}, ...],
+  // "default": {"split": DIM} | {"replicate": true} (optional)}, parsed strictly: an
+  // unknown or repeated key, a missing one, a wrong type or a value out of range is
+  // Error(invalid_argument) naming `source`, the rule's number and the key.
+  static TpPlan parse(std::string_view text, const std::string& source);
+  // parse() of a regular file of at most kTpPlanMaxBytes.
+  static TpPlan read_file(const std::string& path);
+
+  const std::vector<TpRule>& rules() const noexcept { return rules_; }
+  const std::optional<int>& default_dim() const noexcept { return default_dim_; }
+  const std::optional<int>& tp() const noexcept { return tp_; }
+  // The index of the first rule that matches `name`, or -1 (the default applies).
+  int match(std::string_view name) const;
+  // "rule 2 (match '*.q_proj.weight': split dim 0)", or "the default (replicate)" for -1.
+  std::string describe(int rule) const;
+
+ private:
+  TpPlan& add(std::string pattern, bool regex, std::optional<int> dim);
+  std::vector<TpRule> rules_;
+  std::optional<int> default_dim_;
+  std::optional<int> tp_;
+};
+
+// Part `rank` of a dimension of `size` split into `parts`, as torch.tensor_split and
+// numpy.array_split cut it: the first size % parts parts get one row more.
+struct TpPart {
+  int64_t begin = 0;
+  int64_t count = 0;
+};
+// begin = rank * (size / parts) + min(rank, size % parts),
+// count = size / parts + (rank < size % parts ? 1 : 0).
+PINSTAGE_API TpPart tp_part(int64_t size, int parts, int rank);
+
+// What the plan decided for one tensor of a checkpoint.
+struct TpDecision {
+  const CheckpointTensor* tensor = nullptr;
+  int rule = -1;  // the rule that matched, -1 for the default
+  int dim = -1;   // the split dimension (counted from 0), -1 when replicated
+};
+
+// The plan applied to every tensor for `tp` ranks, in Checkpoint::tensors() order, with
+// every refusal raised here, before a load takes memory. Error(invalid_argument) naming
+// the tensor, its shape, the rule and the sizes for: a tp outside [1, kTpMaxRanks] or
+// unlike the plan's, a split dim the tensor does not have, and a split that would leave
+// a rank an empty part (a dimension smaller than tp: replicate the tensor instead).
+PINSTAGE_API std::vector<TpDecision> resolve_tp_plan(const Checkpoint& checkpoint,
+                                                     const TpPlan& plan, int tp);
+
+// One rank's share of one tensor.
+struct TpTensor {
+  CheckpointTensor info;       // the whole tensor as the checkpoint has it
+  std::vector<int64_t> shape;  // this rank's slice (info.shape when replicated)
+  int dim = -1;                // the split dimension, -1 when replicated
+  int64_t begin = 0;           // the slice's first index along dim
+  uint64_t bytes = 0;          // the slice's bytes, row-major
+  int rule = -1;               // the plan rule that decided, -1 for the default
+  // Exactly `bytes`. A replicated tensor's storage is one storage shared by every rank
+  // (read and held once), so writing to it writes every rank's copy.
+  std::shared_ptr<Storage> storage;
+};
+
+// What a tensor-parallel load did.
+struct TpLoadReport {
+  LoadReport load;                // the reads (load.bytes: bytes read from the files)
+  uint64_t read_bytes = 0;        // bytes read from the checkpoint's files, all reads together
+  uint64_t checkpoint_bytes = 0;  // the checkpoint's tensor bytes: read_bytes equals it
+  uint64_t host_bytes = 0;        // storage taken, each replicated tensor counted once
+  uint64_t scatter_bytes = 0;     // bytes copied from the staging buffer to strided slices
+  double scatter_s = 0;
+  size_t replicated = 0;          // tensors replicated
+  size_t contiguous = 0;          // tensors split into one byte range per rank
+  size_t strided = 0;             // tensors split along an inner dimension (staged, scattered)
+  std::vector<int> unused_rules;  // rules that matched no tensor (a typo in a plan?)
+};
+
+struct TpHostLoad {
+  int tp = 1;
+  std::vector<std::vector<TpTensor>> ranks;  // ranks[r]: Checkpoint::tensors() order
+  TpLoadReport report;
+};
+
+// Loads `checkpoint` for `tp` ranks into storages from `allocator`, reading every byte of
+// it once: a replicated tensor into one shared storage; a split whose slices are byte
+// ranges (dim 0, or every dimension before the split of size 1) straight into each rank's
+// storage; a split along an inner dimension by reading whole rows into a bounded staging
+// buffer and copying each row's pieces to the ranks. options as for load_to_host (verify
+// hashes every tensor as read, across its slices). Refusals are resolve_tp_plan's, raised
+// before any memory is taken; on any later error nothing stays allocated.
+PINSTAGE_API TpHostLoad load_tp_to_host(const Checkpoint& checkpoint, const TpPlan& plan, int tp,
+                                        HostAllocator& allocator,
+                                        const CheckpointLoadOptions& options = {});
+
+}  // namespace pinstage

@@ -1,0 +1,431 @@
+// Tensor-parallel loading: every rank's slices are byte-exact against an independent
+// reference (each element of the whole tensor handed to the rank that owns its index, in
+// row-major order) for tp 1, 2, 4 and 8, even and uneven, dim 0, dim 1 and a 3-D last dim,
+// on a sharded checkpoint of several dtypes; the bytes read equal the checkpoint's; every
+// refusal of the plan parser, the builders and the load has its exact message; a failed
+// allocation leaves nothing allocated.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "pinstage/checkpoint.h"
+#include "pinstage/load_plan.h"
+#include "pinstage/safetensors.h"
+#include "pinstage/worker.h"
+#include "tensor_test_util.h"
+
+namespace pinstage {
+namespace {
+
+using test::CountingAllocator;
+using test::error_of;
+namespace fs = std::filesystem;
+
+struct Spec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+
+// Sizes along the split dims: even and uneven for tp 2, 4 and 8, never below 8.
+std::vector<Spec> specs() {
+  return {{"model.layers.0.q_proj.weight", DType::f32, {16, 10}},       // dim 0, even
+          {"model.layers.0.q_proj.bias", DType::f32, {12}},             // dim 0, uneven at 8
+          {"model.layers.0.o_proj.weight", DType::bf16, {9, 13}},       // dim 1, uneven
+          {"model.layers.0.mlp.up_proj.weight", DType::f16, {8, 6}},    // dim 0 (regex)
+          {"model.layers.0.mlp.down_proj.weight", DType::i8, {5, 16}},  // dim 1, even
+          {"model.layers.0.input_norm.weight", DType::f32, {10}},       // replicated
+          {"attn.cube", DType::f64, {3, 4, 11}},                        // dim -1 (2), uneven
+          {"model.embed.weight", DType::i32, {17, 8}},                  // dim 0, uneven
+          {"u8_3d", DType::u8, {2, 9, 8}},                              // dim 1 of 3, inner 8
+          {"scalar", DType::f64, {}},                                   // the default
+          {"empty_rows", DType::bf16, {0, 8}}};                         // dim 1 of 0 rows
+}
+
+TpPlan plan() {
+  TpPlan p;
+  p.split("*.q_proj.*", 0)
+      .split("*.o_proj.weight", 1)
+      .split_regex(R"(model\.layers\.\d+\.mlp\.up_proj\.weight)", 0)
+      .split("*.down_proj.weight", 1)
+      .replicate("*norm*")
+      .split("attn.cube", -1)
+      .split("model.embed.weight", 0)
+      .split("u8_3d", 1)
+      .split("empty_rows", 1)
+      .replicate("never.matches");
+  return p;
+}
+
+unsigned char byte_at(size_t k, uint64_t i) {
+  return static_cast<unsigned char>((i * 2654435761u + k * 97 + (i >> 9)) >> 5);
+}
+
+// The reference: rank r's slice of `bytes` (row-major `shape`, element `elem` bytes) along
+// `dim` over n parts, the first size % n parts one longer (numpy.array_split), built by
+// walking every element of the whole tensor and appending it to the rank owning its index.
+std::vector<std::string> reference(const std::string& bytes, const std::vector<int64_t>& shape,
+                                   size_t elem, int dim, int n) {
+  std::vector<std::string> out(static_cast<size_t>(n));
+  const int64_t size = shape[static_cast<size_t>(dim)];
+  std::vector<int> owner;
+  for (int r = 0; r < n; ++r)
+    for (int64_t k = 0; k < size / n + (r < size % n ? 1 : 0); ++k) owner.push_back(r);
+  int64_t inner = 1;
+  for (size_t i = static_cast<size_t>(dim) + 1; i < shape.size(); ++i) inner *= shape[i];
+  for (uint64_t e = 0; e < bytes.size() / elem; ++e) {
+    const auto index = static_cast<size_t>((static_cast<int64_t>(e) / inner) % size);
+    out[static_cast<size_t>(owner[index])] += bytes.substr(e * elem, elem);
+  }
+  return out;
+}
+
+class LoadTpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("pinstage_tp_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // specs() as a checkpoint of shards of at most 300 bytes; bytes_[name] what was written.
+  std::string sharded() {
+    PageableAllocator pageable;
+    TaskArgs args;
+    const auto all = specs();
+    for (size_t k = 0; k < all.size(); ++k) {
+      args.add(Tensor::empty(all[k].name, all[k].dtype, all[k].shape, Direction::in, pageable));
+      std::string bytes(args.at(k).nbytes(), '\0');
+      for (uint64_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(byte_at(k, i));
+      if (!bytes.empty()) std::memcpy(args.at(k).data(), bytes.data(), bytes.size());
+      bytes_[all[k].name] = bytes;
+    }
+    const std::string d = (dir_ / "model").string();
+    EXPECT_GT(save_sharded_checkpoint(args, d, 300), 3u);
+    return d;
+  }
+
+  fs::path dir_;
+  std::map<std::string, std::string> bytes_;
+};
+
+std::string storage_bytes(const TpTensor& t) {
+  EXPECT_EQ(t.storage->bytes(), t.bytes) << t.info.name;
+  return t.bytes ? std::string(static_cast<const char*>(t.storage->data()), t.bytes) : "";
+}
+
+// Every rank's every tensor against the reference; the read counter against the checkpoint.
+void expect_load(const Checkpoint& c, const TpHostLoad& load, int tp,
+                 const std::map<std::string, std::string>& written) {
+  ASSERT_EQ(load.ranks.size(), static_cast<size_t>(tp));
+  EXPECT_EQ(load.report.read_bytes, c.total_bytes()) << "every byte read once";
+  EXPECT_EQ(load.report.load.bytes, c.total_bytes());
+  uint64_t host = 0;
+  for (int r = 0; r < tp; ++r) {
+    const auto& tensors = load.ranks[static_cast<size_t>(r)];
+    ASSERT_EQ(tensors.size(), c.tensors().size());
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      const TpTensor& t = tensors[k];
+      const std::string& whole = written.at(t.info.name);
+      if (t.dim < 0) {
+        EXPECT_EQ(t.storage, load.ranks[0][k].storage) << t.info.name << ": one shared storage";
+        EXPECT_EQ(t.shape, t.info.shape);
+        EXPECT_EQ(storage_bytes(t), whole) << t.info.name;
+        if (r == 0) host += t.bytes;
+        continue;
+      }
+      host += t.bytes;
+      const auto ref = reference(whole, t.info.shape, t.info.element_size, t.dim, tp);
+      EXPECT_EQ(storage_bytes(t), ref[static_cast<size_t>(r)]) << t.info.name << " rank " << r;
+      std::vector<int64_t> shape = t.info.shape;
+      const auto d = static_cast<size_t>(t.dim);
+      shape[d] = shape[d] / tp + (r < shape[d] % tp ? 1 : 0);
+      EXPECT_EQ(t.shape, shape) << t.info.name << " rank " << r;
+    }
+  }
+  EXPECT_EQ(load.report.host_bytes, host);
+}
+
+TEST_F(LoadTpTest, SlicesMatchTheReferenceForTp1248AndEveryLayout) {
+  const Checkpoint c = Checkpoint::open(sharded());
+  for (int tp : {1, 2, 4, 8})
+    for (uint64_t chunk : {uint64_t{8} << 20, uint64_t{7}})  // 7: many batches of one row
+      for (int threads : {1, 3}) {
+        SCOPED_TRACE("tp " + std::to_string(tp) + " chunk " + std::to_string(chunk) + " threads " +
+                     std::to_string(threads));
+        CheckpointLoadOptions o;
+        o.chunk_bytes = chunk;
+        o.threads = threads;
+        o.verify = true;  // pinstage's writer records every hash
+        PageableAllocator pageable;
+        const TpHostLoad load = load_tp_to_host(c, plan(), tp, pageable, o);
+        expect_load(c, load, tp, bytes_);
+        EXPECT_TRUE(load.report.load.verified);
+        EXPECT_EQ(load.report.replicated, 2u);  // the norm and the scalar (the default)
+        EXPECT_EQ(load.report.strided, 4u);     // o_proj, down_proj, cube, u8_3d
+        EXPECT_EQ(load.report.contiguous, 5u);  // q weight and bias, up, embed, empty_rows
+        EXPECT_EQ(load.report.unused_rules, std::vector<int>{9});
+        EXPECT_EQ(load.report.scatter_bytes, 9 * 13 * 2 + 5 * 16 + 3 * 4 * 11 * 8 + 2 * 9 * 8);
+      }
+}
+
+TEST_F(LoadTpTest, IntoPinnedMemoryOfASimWorkerWithProgressToTheEnd) {
+  const Checkpoint c = Checkpoint::open(sharded());
+  Worker worker;
+  worker.init("sim");
+  {
+    PinnedAllocator pinned(worker);
+    CheckpointLoadOptions o;
+    o.chunk_bytes = 64;
+    uint64_t last = 0, total = 0;
+    o.progress = [&](uint64_t done, uint64_t all) {
+      EXPECT_GE(done, last);
+      last = done;
+      total = all;
+    };
+    const TpHostLoad load = load_tp_to_host(c, plan(), 4, pinned, o);
+    expect_load(c, load, 4, bytes_);
+    EXPECT_EQ(last, c.total_bytes());
+    EXPECT_EQ(total, c.total_bytes());
+    for (const TpTensor& t : load.ranks[3]) {
+      if (t.bytes > 0) {
+        EXPECT_TRUE(t.storage->pinned()) << t.info.name;
+      }
+    }
+    EXPECT_GE(worker.stats().pinned_bytes, load.report.host_bytes);
+  }
+  worker.finalize();
+}
+
+TEST(TpPart, IsNumpyArraySplit) {
+  // numpy.array_split(range(10), 4) -> [0 1 2] [3 4 5] [6 7] [8 9]
+  const std::vector<std::pair<int64_t, int64_t>> want = {{0, 3}, {3, 3}, {6, 2}, {8, 2}};
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(tp_part(10, 4, r).begin, want[static_cast<size_t>(r)].first);
+    EXPECT_EQ(tp_part(10, 4, r).count, want[static_cast<size_t>(r)].second);
+  }
+  EXPECT_EQ(tp_part(8, 8, 7).begin, 7);
+  EXPECT_EQ(tp_part(8, 8, 7).count, 1);
+  EXPECT_EQ(std::string(error_of([] { tp_part(8, 2, 2); }).what()),
+            "tp_part: rank 2 of 2 parts of a dimension of size 8");
+}
+
+TEST(TpPlan, GlobsRegexesFirstMatchAndTheDefault) {
+  TpPlan p;
+  p.split("a.*.w", 0).replicate("a.?.b").split_regex(R"(x\d+)", 1).replicate("*").default_split(0);
+  EXPECT_EQ(p.match("a.1.w"), 0);
+  EXPECT_EQ(p.match("a.long.name.w"), 0) << "'*' crosses dots";
+  EXPECT_EQ(p.match("a.1.b"), 1);
+  EXPECT_EQ(p.match("a.12.b"), 3) << "'?' is one character";
+  EXPECT_EQ(p.match("x12"), 2);
+  EXPECT_EQ(p.match("ax12"), 3) << "a regex matches the whole name";
+  EXPECT_EQ(TpPlan().split("a.b", 0).match("axb"), -1) << "'.' in a glob is itself";
+  EXPECT_EQ(p.describe(0), "rule 1 (match 'a.*.w': split dim 0)");
+  EXPECT_EQ(p.describe(2), "rule 3 (regex 'x\\d+': split dim 1)");
+  EXPECT_EQ(p.describe(-1), "the default (split dim 0)");
+}
+
+// The message of the Error `fn` throws, which must be invalid_argument.
+template <typename F>
+std::string refusal(F&& fn) {
+  const Error e = error_of(fn);
+  EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+  return e.what();
+}
+
+std::string parse_error(const std::string& text) {
+  return refusal([&] { TpPlan::parse(text, "p.json"); });
+}
+
+TEST(TpPlan, ParsesTheJsonForm) {
+  const TpPlan p = TpPlan::parse(R"({"format": "pinstage.tp_plan/1", "tp": 4,
+      "rules": [{"match": "*.q_proj.weight", "split": 0},
+                {"regex": "m\\.(o|down)_proj\\.weight", "split": -1},
+                {"match": "*norm*", "replicate": true}],
+      "default": {"split": 1}})",
+                                 "p.json");
+  ASSERT_EQ(p.rules().size(), 3u);
+  EXPECT_EQ(p.tp(), 4);
+  EXPECT_EQ(p.default_dim(), 1);
+  EXPECT_EQ(p.match("l.q_proj.weight"), 0);
+  EXPECT_EQ(p.match("m.down_proj.weight"), 1);
+  EXPECT_EQ(p.rules()[1].split_dim, -1);
+  EXPECT_FALSE(p.rules()[2].split_dim.has_value());
+  const TpPlan minimal = TpPlan::parse(R"({"format": "pinstage.tp_plan/1", "rules": []})", "m");
+  EXPECT_FALSE(minimal.tp().has_value());
+  EXPECT_FALSE(minimal.default_dim().has_value());
+}
+
+TEST(TpPlan, EveryBadPlanFileIsRefusedByName) {
+  const std::string head = R"({"format": "pinstage.tp_plan/1", )";
+  const std::string pre = "tp plan 'p.json': ";
+  EXPECT_EQ(parse_error(head + R"("rules": [], "rule": []})"),
+            pre + "the plan has an unknown key 'rule'");
+  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": 0, "dim": 1}]})"),
+            pre + "rule 1 has an unknown key 'dim'");
+  EXPECT_EQ(parse_error(head + R"("rules": [], "tp": 2, "tp": 4})"),
+            pre + "the plan repeats the key 'tp'");
+  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": 0, "split": 1}]})"),
+            pre + "the plan repeats the key 'split' inside one object");
+  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": 64}]})"),
+            pre + "rule 1: \"split\" is 64; it must be in [-64, 63]");
+  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": -65}]})"),
+            pre + "rule 1: \"split\" is -65; it must be in [-64, 63]");
+  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": 1.0}]})"),
+            pre + "rule 1: \"split\" is not a whole number (it must be in [-64, 63])");
+  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": true}]})"),
+            pre + "rule 1: \"split\" is not a whole number (it must be in [-64, 63])");
+  EXPECT_EQ(parse_error(head + R"("rules": [], "tp": 0})"),
+            pre + "\"tp\" is 0; it must be in [1, 1024]");
+  EXPECT_EQ(parse_error(head + R"("rules": [], "tp": 18446744073709551615})"),
+            pre + "\"tp\" is 18446744073709551615; it must be in [1, 1024]");
+  EXPECT_EQ(parse_error(head + R"("rules": [], "tp": 1025})"),
+            pre + "\"tp\" is 1025; it must be in [1, 1024]");
+  EXPECT_EQ(parse_error(head + R"("rules": [], "tp": "2"})"),
+            pre + "\"tp\" is not a whole number (it must be in [1, 1024])");
+  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "regex": "a", "split": 0}]})"),
+            pre + "rule 1 has both \"match\" and \"regex\"; give one");
+  EXPECT_EQ(parse_error(head + R"("rules": [{"split": 0}]})"),
+            pre + "rule 1 has neither \"match\" (a glob) nor \"regex\"");
+  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a"}]})"),
+            pre + "rule 1 has neither \"split\" nor \"replicate\"");
+  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": 0, "replicate": true}]})"),
+            pre + "rule 1 has both \"split\" and \"replicate\"; give one");
+  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "replicate": false}]})"),
+            pre + "rule 1: \"replicate\" must be true (a rule that splits says \"split\": DIM)");
+  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "", "split": 0}]})"),
+            pre + "rule 1: \"match\" is empty");
+  EXPECT_EQ(parse_error(head + R"("rules": [{"match": 3, "split": 0}]})"),
+            pre + "rule 1: \"match\" is not a string");
+  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": 0}, "b"]})"),
+            pre + "rule 2 is not an object");
+  EXPECT_EQ(parse_error(head + R"("rules": {}})"),
+            pre + "it has no \"rules\" array (an empty one replicates everything)");
+  EXPECT_EQ(parse_error(R"({"rules": []})"), pre + "its \"format\" is not \"pinstage.tp_plan/1\"");
+  EXPECT_EQ(parse_error(head + R"("rules": [], "default": {"split": 0, "x": 1}})"),
+            pre + "the default has an unknown key 'x'");
+  EXPECT_EQ(parse_error(head + R"("rules": [], "default": "replicate"})"),
+            pre + "\"default\" is not an object");
+  EXPECT_EQ(parse_error("[]"), pre + "the plan is not a JSON object");
+  EXPECT_NE(parse_error("{").find(pre + "the plan is not valid JSON"), std::string::npos);
+  EXPECT_NE(parse_error(head + R"("rules": [{"regex": "(", "split": 0}]})")
+                .find(pre + "rule 1: regex '(' does not compile: "),
+            std::string::npos);
+  EXPECT_EQ(refusal([] { TpPlan::read_file("/nonexistent/plan.json"); }),
+            "tp plan '/nonexistent/plan.json': cannot read it: No such file or directory");
+}
+
+TEST(TpPlan, TheBuildersRefuseWhatTheParserRefuses) {
+  const std::string pre = "tp plan (built in code): ";
+  EXPECT_EQ(refusal([] { TpPlan().split("", 0); }), pre + "rule 1: its match is empty");
+  EXPECT_EQ(refusal([] { TpPlan().replicate("a").split("b", 64); }),
+            pre +
+                "rule 2: split dim 64 is out of range [-64, 63] (negative counts from the "
+                "last dim)");
+  EXPECT_NE(refusal([] {
+              TpPlan().split_regex("[", 0);
+            }).find(pre + "rule 1: regex '[' does not compile: "),
+            std::string::npos);
+  EXPECT_EQ(refusal([] { TpPlan().default_split(-65); }),
+            pre +
+                "the default: split dim -65 is out of range [-64, 63] (negative counts from "
+                "the last dim)");
+  EXPECT_EQ(refusal([] { TpPlan().expect_tp(0); }),
+            "tp plan (built in code): \"tp\" is 0; it must be a whole number in [1, 1024]");
+}
+
+TEST_F(LoadTpTest, EveryImpossibleSplitIsRefusedBeforeAnyAllocation) {
+  const Checkpoint c = Checkpoint::open(sharded());
+  CountingAllocator alloc;
+  auto load = [&](const TpPlan& p, int tp) {
+    return refusal([&] { load_tp_to_host(c, p, tp, alloc); });
+  };
+  EXPECT_EQ(load(TpPlan().split("*input_norm*", 1), 2),
+            "tp load: tensor 'model.layers.0.input_norm.weight' (shape [10]): rule 1 (match "
+            "'*input_norm*': split dim 1) cannot split it: it has 1 dim (0..0, or -1..-1); "
+            "nothing was loaded");
+  EXPECT_EQ(load(TpPlan().split("*input_norm*", -2), 2),
+            "tp load: tensor 'model.layers.0.input_norm.weight' (shape [10]): rule 1 (match "
+            "'*input_norm*': split dim -2) cannot split it: it has 1 dim (0..0, or -1..-1); "
+            "nothing was loaded");
+  EXPECT_EQ(load(TpPlan().split("attn.cube", 3), 2),
+            "tp load: tensor 'attn.cube' (shape [3, 4, 11]): rule 1 (match 'attn.cube': split "
+            "dim 3) cannot split it: it has 3 dims (0..2, or -3..-1); nothing was loaded");
+  EXPECT_EQ(load(TpPlan().replicate("*.*").default_split(0), 2),
+            "tp load: tensor 'scalar' (shape []): the default (split dim 0) cannot split it: it "
+            "has 0 dims; nothing was loaded");
+  EXPECT_EQ(load(TpPlan().split("*down_proj*", 0), 8),
+            "tp load: tensor 'model.layers.0.mlp.down_proj.weight' (shape [5, 16]): rule 1 "
+            "(match '*down_proj*': split dim 0) would split dim 0 of size 5 into 8 parts: 3 "
+            "would be empty (replicate it, or split a dim of at least tp); nothing was "
+            "loaded");
+  EXPECT_EQ(load(TpPlan().split("empty_rows", 0), 1),
+            "tp load: tensor 'empty_rows' (shape [0, 8]): rule 1 (match 'empty_rows': split dim "
+            "0) would split dim 0 of size 0 into 1 part: 1 would be empty (replicate it, "
+            "or split a dim of at least tp); nothing was loaded");
+  EXPECT_EQ(load(plan(), 9),
+            "tp load: tensor 'model.layers.0.mlp.up_proj.weight' (shape [8, 6]): rule 3 (regex "
+            "'model\\.layers\\.\\d+\\.mlp\\.up_proj\\.weight': split dim 0) would split "
+            "dim 0 of size 8 into 9 parts: 1 would be empty (replicate it, or split a dim "
+            "of at least tp); nothing was loaded");
+  EXPECT_EQ(load(plan(), 0), "tp load: tp is 0; it must be a whole number in [1, 1024]");
+  EXPECT_EQ(load(plan(), 1025), "tp load: tp is 1025; it must be a whole number in [1, 1024]");
+  EXPECT_EQ(load(TpPlan().expect_tp(4), 2), "tp load: the plan was written for tp 4, not 2");
+  EXPECT_EQ(alloc.calls(), 0) << "nothing was allocated for any refusal";
+}
+
+TEST_F(LoadTpTest, AFailedAllocationLeavesNothingAllocated) {
+  const Checkpoint c = Checkpoint::open(sharded());
+  int allocations = 0;
+  {
+    CountingAllocator alloc;
+    load_tp_to_host(c, plan(), 4, alloc);
+    allocations = alloc.calls();
+    EXPECT_EQ(alloc.live(), 0);
+  }
+  EXPECT_EQ(allocations, 2 + 9 * 4) << "replicated once, split once per rank";
+  for (int fail = 1; fail <= allocations; ++fail) {
+    CountingAllocator alloc;
+    alloc.fail_at(fail);
+    const Error e = error_of([&] { load_tp_to_host(c, plan(), 4, alloc); });
+    EXPECT_EQ(e.code(), ErrorCode::out_of_memory) << e.what();
+    EXPECT_EQ(alloc.live(), 0) << "allocation " << fail << " failed; all others released";
+  }
+}
+
+TEST_F(LoadTpTest, VerifyCatchesAFlippedByteInAStridedAndAContiguousSplit) {
+  const std::string d = sharded();
+  for (const std::string name : {"model.layers.0.o_proj.weight", "model.embed.weight"}) {
+    const Checkpoint clean = Checkpoint::open(d);
+    const CheckpointTensor& t = clean.get(name);
+    const std::string file = clean.files()[t.file].path;
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(t.offset + t.bytes - 1));
+    const char flipped = static_cast<char>(~bytes_[name].back());
+    f.write(&flipped, 1);
+    f.close();
+    const Checkpoint c = Checkpoint::open(d);
+    CheckpointLoadOptions o;
+    o.verify = true;
+    CountingAllocator alloc;
+    const Error e = error_of([&] { load_tp_to_host(c, plan(), 2, alloc, o); });
+    EXPECT_EQ(e.code(), ErrorCode::io);
+    EXPECT_NE(std::string(e.what()).find("tensor '" + name + "' fails its integrity check"),
+              std::string::npos)
+        << e.what();
+    EXPECT_EQ(alloc.live(), 0);
+    f.open(file, std::ios::in | std::ios::out | std::ios::binary);  // put it back
+    f.seekp(static_cast<std::streamoff>(t.offset + t.bytes - 1));
+    f.write(&bytes_[name].back(), 1);
+  }
+}
+
+}  // namespace
+}  // namespace pinstage

@@ -1,0 +1,102 @@
+"""`pinstage load --tp N --plan FILE`: a sharded checkpoint of several dtypes built with
+numpy; each rank's slices (shape, start, bytes) are numpy.array_split's for tp 1, 2, 4 and
+8, the bytes read are the checkpoint's, and a bad plan or split fails before any work with
+its message. The slices' bytes are checked against a reference in tests/cpp/test_load_tp.cpp."""
+import json
+import struct
+import subprocess
+
+import numpy as np
+
+TENSORS = {  # name: (array, split dim or None)
+    "layers.0.q_proj.weight": (np.arange(12 * 6, dtype=np.float32).reshape(12, 6), 0),
+    "layers.0.o_proj.weight": (np.arange(6 * 13, dtype=np.float16).reshape(6, 13), 1),
+    "layers.0.cube": (np.arange(3 * 4 * 9, dtype=np.int64).reshape(3, 4, 9), -1),
+    "layers.0.norm.weight": (np.ones(6, dtype=np.float32), None),
+    "embed.weight": (np.arange(17 * 3, dtype=np.int8).reshape(17, 3), 0),
+}
+DTYPES = {"float32": "F32", "float16": "F16", "int64": "I64", "int8": "I8"}
+PLAN = {"format": "pinstage.tp_plan/1",
+        "rules": [{"match": "*.q_proj.weight", "split": 0},
+                  {"regex": r"layers\.\d+\.o_proj\.weight", "split": 1},
+                  {"match": "*.cube", "split": -1},
+                  {"match": "*norm*", "replicate": True}],
+        "default": {"split": 0}}
+
+
+def write_shard(path, arrays):
+    header, data = {}, b""
+    for name, a in arrays.items():
+        raw = a.tobytes()
+        header[name] = {"dtype": DTYPES[a.dtype.name], "shape": list(a.shape),
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def checkpoint(tmp_path):
+    d = tmp_path / "model"
+    d.mkdir()
+    names = list(TENSORS)
+    shards = {"model-00001-of-00002.safetensors": names[:3],
+              "model-00002-of-00002.safetensors": names[3:]}
+    for shard, part in shards.items():
+        write_shard(d / shard, {n: TENSORS[n][0] for n in part})
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: s for s, part in shards.items() for n in part}}))
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    return d
+
+
+def run(cli, *args):
+    return subprocess.run([str(cli), *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_slices_are_numpy_array_split_and_read_once(cli, tmp_path):
+    d = checkpoint(tmp_path)
+    total = sum(a.nbytes for a, _ in TENSORS.values())
+    for tp in (1, 2, 4, 8):
+        p = run(cli, "load", d, "--tp", tp, "--plan", tmp_path / "plan.json", "--json", "-",
+                "--quiet")
+        assert p.returncode == 0, p.stderr
+        doc = json.loads(p.stdout)
+        assert doc["tp"] == tp and len(doc["ranks"]) == tp
+        assert doc["read_bytes"] == doc["checkpoint_bytes"] == total
+        for rank in doc["ranks"]:
+            for s in rank["slices"]:
+                a, dim = TENSORS[s["name"]]
+                if dim is None:
+                    assert s["shared"] and s["shape"] == list(a.shape) and s["bytes"] == a.nbytes
+                    continue
+                dim %= a.ndim
+                part = np.array_split(a, tp, axis=dim)[rank["rank"]]
+                starts = np.cumsum([0] + [x.shape[dim] for x in np.array_split(a, tp, axis=dim)])
+                assert (s["dim"], s["shape"], s["bytes"]) == (dim, list(part.shape), part.nbytes)
+                assert s["begin"] == starts[rank["rank"]], s
+                assert s["dtype"] == DTYPES[a.dtype.name]
+
+
+def test_bad_plans_and_splits_fail_before_work(cli, tmp_path):
+    d = checkpoint(tmp_path)
+    p = run(cli, "load", d, "--tp", 4, "--plan", tmp_path / "plan.json")  # cube's last dim: 9
+    assert p.returncode == 0, p.stderr
+    p = run(cli, "load", d, "--tp", 10, "--plan", tmp_path / "plan.json")
+    assert p.returncode != 0
+    assert ("tensor 'layers.0.cube' (shape [3, 4, 9]): rule 3 (match '*.cube': split dim -1) "
+            "would split dim 2 of size 9 into 10 parts: 1 would be empty") in p.stderr, p.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**PLAN, "tp": 2, "tp ": 3}))
+    p = run(cli, "load", d, "--plan", bad)
+    assert p.returncode != 0 and "the plan has an unknown key 'tp '" in p.stderr, p.stderr
+    bad.write_text('{"format": "pinstage.tp_plan/1", "rules": [], "rules": []}')
+    p = run(cli, "load", d, "--tp", 2, "--plan", bad)
+    assert p.returncode != 0 and "repeats the key 'rules'" in p.stderr, p.stderr
+    p = run(cli, "load", d, "--plan", tmp_path / "plan.json")
+    assert p.returncode != 0 and 'gives no "tp": say how many ranks with --tp N' in p.stderr
+    p = run(cli, "load", d, "--tp", 2, "--to", "device")
+    assert p.returncode != 0 and "--to device cannot be combined" in p.stderr
+    p = run(cli, "load", d, "--tp", 1025)
+    assert p.returncode != 0 and "--tp='1025' is not valid: must be in [1, 1024]" in p.stderr
