@@ -28,7 +28,9 @@
 # libcudart> (no nvidia-smi; the probe and the bench load the fake),
 # PINSTAGE_CHECK_CTEST_ARGS (which tests step 2 runs), PINSTAGE_CHECK_BENCH_TASK (the
 # bench subcommand and its size, default "qwen3-decode --layers $LAYERS"),
-# PINSTAGE_CHECK_DEPS (where .deps is looked for; default <tree>/.deps).
+# PINSTAGE_CHECK_DEPS (where .deps is looked for; default <tree>/.deps),
+# PINSTAGE_CHECK_PYTHON (the interpreter of the DLPack step, with torch and the build's
+# pinstage module; default python3: the step says skipped where either is missing).
 # Exit status: 0 when every step ran (targets are reported, not enforced), 1 when a
 # step failed, 2 when refused before starting, 3 when no GPU is usable.
 set -uo pipefail
@@ -184,6 +186,41 @@ if [ $have_gpu = 1 ]; then
   else
     failed+=(probe)
     notes+=("the probe failed or was cut short; see gpu-check.log")
+  fi
+
+  # A DeviceBuffer handed to torch through DLPack is a CUDA tensor on the same memory
+  # (docs/python.md): upload a pattern, read it through torch, write through torch, read
+  # it back through pinstage.
+  step "dlpack: a DeviceBuffer as a torch CUDA tensor"
+  check_python=${PINSTAGE_CHECK_PYTHON:-python3}
+  if ! PYTHONPATH="$BUILD/python" "$check_python" -c "import torch, pinstage" >/dev/null 2>&1; then
+    echo "skipped: $check_python has no torch, or the build has no pinstage module for it"
+  elif run_cuda env PYTHONPATH="$BUILD/python" timeout 120 "$check_python" -c '
+import torch, pinstage
+w = pinstage.Worker(backend="cuda")
+a = pinstage.PinnedTorchAllocator(w)
+d = w.alloc_device(4096)
+pattern = (torch.arange(4096) % 251).to(torch.uint8)
+w.copy_to_device_async(d, a.copy(pattern)).wait()
+assert d.__dlpack_device__() == (2, w.device_id), d.__dlpack_device__()
+if torch.cuda.is_available():
+    t = torch.from_dlpack(d)
+    assert t.is_cuda and t.data_ptr() == d.device_ptr, (t.device, t.data_ptr(), d.device_ptr)
+    assert torch.equal(t.cpu(), pattern)
+    t.fill_(7)
+    torch.cuda.synchronize()
+    back = a.zeros((4096,), torch.uint8)
+    w.copy_to_host_async(back, d).wait()
+    assert int(back.sum()) == 7 * 4096
+    print("dlpack: torch sees the device memory in place (cuda:%d)" % t.device.index)
+    del t
+else:
+    print("dlpack: exported as kDLCUDA; this torch has no CUDA (a fake runtime), not consumed")
+d.close()
+w.finalize()
+' 2>&1 | tee -a "$OUT/dlpack.txt"; then :; else
+    failed+=(dlpack)
+    notes+=("a DeviceBuffer did not round-trip through torch CUDA; see dlpack.txt")
   fi
 
   # One process per group, each with its own JSON: a group cut short by the budget

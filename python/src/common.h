@@ -39,6 +39,8 @@ struct ViewHolder {
   int64_t args_views = 0;  // of `views`, those TaskArgs hold (named by finalize()'s refusal)
   int64_t read_views = 0;  // of `views`, those running checkpoint reads hold (named too)
   int64_t copy_views = 0;  // of `views`, those pending async copies hold (named too)
+  // What finalize()'s refusal calls this holder.
+  virtual std::string holder_name() const { return "TaskArgs"; }
 };
 
 // Releases the GIL for a C++ call. A daemon thread that takes the GIL back while the
@@ -171,6 +173,8 @@ struct DLPackRequest {
 // `holder`): one more view until the consumer's deleter runs.
 py::capsule export_dlpack(py::object owner, ViewHolder* holder, void* data, DLDataType dtype,
                           std::vector<int64_t> shape, DLDevice device, DLPackRequest request = {});
+// True when a consumer's max_version asks for DLPack >= 1.0 (a (major, minor) pair or None).
+bool wants_versioned(const py::object& max_version);
 // The bytes of one element of `dtype`.
 uint64_t dl_itemsize(DLDataType dtype);
 

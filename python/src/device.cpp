@@ -35,13 +35,22 @@ std::string type_name(const py::handle& value) {
   return py::type::of(value).attr("__name__").cast<std::string>();
 }
 
-// Device memory of a worker as Python holds it.
-struct PyDeviceBuffer {
+// Device memory of a worker as Python holds it. A ViewHolder: its DLPack exports are views
+// that close() and the worker's finalize() wait for (BufferError naming them).
+struct PyDeviceBuffer : ViewHolder {
   py::object worker_obj;  // declared first: released last
-  PyWorker* worker;
+  PyWorker* worker = nullptr;
   DeviceBuffer buffer;
-  uint64_t nbytes;
+  uint64_t nbytes = 0;
   int64_t pending = 0;  // CopyEvents not yet known complete
+
+  PyDeviceBuffer() = default;
+  PyDeviceBuffer(const PyDeviceBuffer&) = delete;
+  PyDeviceBuffer& operator=(const PyDeviceBuffer&) = delete;
+  ~PyDeviceBuffer() override {
+    if (worker != nullptr) worker->holders.erase(this);
+  }
+  std::string holder_name() const override { return "DeviceBuffer"; }
 
   bool open() const noexcept { return static_cast<bool>(buffer) && buffer.valid(); }
   void require_open(const char* what) const {
@@ -54,6 +63,10 @@ struct PyDeviceBuffer {
     if (pending > 0)
       throw py::buffer_error("cannot close the DeviceBuffer: " + std::to_string(pending) +
                              " pending async copy(ies) use it; wait() their CopyEvents first");
+    if (views > 0)
+      throw py::buffer_error("cannot close the DeviceBuffer: " + std::to_string(views) +
+                             " DLPack view(s) of it are alive (a torch tensor, say); delete "
+                             "them first");
     DeviceBuffer dying = std::move(buffer);
     dying.reset();
   }
@@ -248,6 +261,49 @@ void hold_streams(PyWorker& w, bool hold) {
     throw Error(ErrorCode::backend, "Worker._hold_streams: sim.hold_streams failed");
 }
 
+// The DLPack device of the buffer's memory: sim's device memory is host RAM (kDLCPU),
+// cuda's is kDLCUDA and acl's kDLExtDev (DLPack names no Ascend NPU), with the worker's
+// device id.
+DLDevice dlpack_device_of(const PyDeviceBuffer& d) {
+  const Worker& w = d.worker->worker;
+  if (w.capabilities().device_memory_is_host) return DLDevice{kDLCPU, 0};
+  const std::string& name = w.backend().name;
+  if (name == "cuda") return DLDevice{kDLCUDA, w.device_id()};
+  if (name == "acl") return DLDevice{kDLExtDev, w.device_id()};
+  throw py::buffer_error("a DeviceBuffer of backend '" + name +
+                         "' has no DLPack device type pinstage knows");
+}
+
+// DeviceBuffer.__dlpack__: the device memory itself, as uint8 [nbytes], no copy.
+py::capsule device_dlpack(py::object self, const py::object& stream, const py::object& max_version,
+                          const py::object& dl_device, const py::object& copy) {
+  (void)stream;  // pinstage's copies are done (no pending one, below) before an export
+  auto& d = self.cast<PyDeviceBuffer&>();
+  d.require_open("DeviceBuffer.__dlpack__");
+  if (d.pending > 0)
+    throw py::buffer_error("DeviceBuffer.__dlpack__: " + std::to_string(d.pending) +
+                           " async copy(ies) to or from it are pending; wait() them first");
+  const DLDevice device = dlpack_device_of(d);
+  if (!dl_device.is_none()) {
+    if (!py::isinstance<py::tuple>(dl_device) || py::len(dl_device) != 2)
+      throw py::type_error("DeviceBuffer.__dlpack__: dl_device must be a (type, id) tuple");
+    const auto t = dl_device.cast<py::tuple>();
+    if (int_arg(t[0], "dl_device type") != device.device_type ||
+        int_arg(t[1], "dl_device id") != device.device_id)
+      throw py::buffer_error("DeviceBuffer.__dlpack__: the memory is on DLPack device (" +
+                             std::to_string(device.device_type) + ", " +
+                             std::to_string(device.device_id) + "); it is never moved");
+  }
+  if (!copy.is_none() && (!py::isinstance<py::bool_>(copy) || copy.cast<bool>()))
+    throw py::buffer_error(
+        "DeviceBuffer.__dlpack__: copy must be None or False: device "
+        "memory is exported as it is (copy it with the consumer)");
+  DLPackRequest request;
+  request.versioned = wants_versioned(max_version);
+  return export_dlpack(self, &d, d.buffer.data(), DLDataType{kDLUInt, 8, 1},
+                       {static_cast<int64_t>(d.nbytes)}, device, request);
+}
+
 }  // namespace
 
 void bind_device(py::module_& m) {
@@ -273,6 +329,25 @@ void bind_device(py::module_& m) {
       .def_property_readonly(
           "worker", [](const PyDeviceBuffer& d) { return d.worker_obj; },
           "Worker: the worker whose device memory this is.")
+      .def("__dlpack__", &device_dlpack, py::arg("stream") = py::none(), py::kw_only(),
+           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
+           py::arg("copy") = py::none(),
+           method_doc("__dlpack__(stream: Any = None, *, max_version: tuple[int, int] | None = "
+                      "None, dl_device: tuple[int, int] | None = None, copy: bool | None = "
+                      "None) -> types.CapsuleType",
+                      "The device memory as a DLPack uint8 tensor, no copy: on cuda a torch "
+                      "CUDA tensor (torch.from_dlpack), on sim a CPU one (its device memory "
+                      "is host RAM), on acl kDLExtDev. BufferError while async copies are "
+                      "pending; close() refuses while a view lives."))
+      .def(
+          "__dlpack_device__",
+          [](const PyDeviceBuffer& d) {
+            d.require_open("DeviceBuffer.__dlpack_device__");
+            const DLDevice device = dlpack_device_of(d);
+            return py::make_tuple(device.device_type, device.device_id);
+          },
+          method_doc("__dlpack_device__() -> tuple[int, int]",
+                     "(kDLCPU, 0) on sim, (kDLCUDA, id) on cuda, (kDLExtDev, id) on acl."))
       .def("close", &PyDeviceBuffer::close,
            method_doc("close() -> None",
                       "Frees the device memory now; idempotent. BufferError while async "
@@ -322,6 +397,7 @@ void bind_device(py::module_& m) {
             auto d = std::make_unique<PyDeviceBuffer>();
             d->worker_obj = self;
             d->worker = &w;
+            w.holders.insert(d.get());
             d->nbytes = buffer.size();
             d->buffer = std::move(buffer);
             return d;

@@ -13,6 +13,7 @@ enum DLDeviceType : int32_t {
   kDLCPU = 1,
   kDLCUDA = 2,
   kDLCUDAHost = 3,  // pinned host memory of a CUDA context
+  kDLExtDev = 12,   // the spec's extension device: DLPack names no Ascend NPU (acl)
 };
 
 struct DLDevice {

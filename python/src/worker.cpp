@@ -120,7 +120,7 @@ std::string PyWorker::describe_views() const {
   }
   for (const ViewHolder* h : holders) {
     if (h->views == 0) continue;
-    out << sep << "TaskArgs: " << h->views << " view(s)";
+    out << sep << h->holder_name() << ": " << h->views << " view(s)";
     sep = "; ";
   }
   return out.str();
@@ -419,6 +419,16 @@ std::string stats_repr(const WorkerStats& s) {
 
 }  // namespace
 
+// True when max_version asks for DLPack >= 1.0 (a (major, minor) pair; None: no).
+bool wants_versioned(const py::object& max_version) {
+  if (max_version.is_none()) return false;
+  if (!py::isinstance<py::tuple>(max_version) || py::len(max_version) != 2)
+    throw py::type_error("__dlpack__: max_version must be a (major, minor) tuple or None, got " +
+                         py::repr(max_version).cast<std::string>());
+  auto t = max_version.cast<py::tuple>();
+  return int_arg(t[0], "__dlpack__: max_version major") >= 1;
+}
+
 namespace {
 
 // A DLPack device argument: a pair whose items have __index__ (ints or an IntEnum such as
@@ -453,16 +463,6 @@ DLDevice export_device(const PyBuffer& b, const py::object& dl_device) {
                            std::to_string(type) + ", " + std::to_string(id) +
                            "): host memory has device id 0 only");
   return DLDevice{static_cast<int32_t>(type), 0};
-}
-
-// True when max_version asks for DLPack >= 1.0 (a (major, minor) pair; None: no).
-bool wants_versioned(const py::object& max_version) {
-  if (max_version.is_none()) return false;
-  if (!py::isinstance<py::tuple>(max_version) || py::len(max_version) != 2)
-    throw py::type_error("__dlpack__: max_version must be a (major, minor) tuple or None, got " +
-                         py::repr(max_version).cast<std::string>());
-  auto t = max_version.cast<py::tuple>();
-  return int_arg(t[0], "__dlpack__: max_version major") >= 1;
 }
 
 py::capsule buffer_dlpack(py::object self, const py::object& stream, const py::object& max_version,

@@ -32,6 +32,18 @@ t[:4] = 7
 out["views"] = b.live_views
 out["read_back"] = memoryview(b)[3]
 del t
+d = w.alloc_device(256)  # device memory: exported as kDLCUDA on the worker's device
+out["device_buffer"] = list(d.__dlpack_device__())
+capsule = d.__dlpack__()
+out["device_capsule"] = list(device_of(capsule))
+address = get_pointer(capsule, b"dltensor")
+out["device_data_is_the_buffer"] = ctypes.c_void_p.from_address(address).value == d.device_ptr
+try:
+    d.close()
+except BufferError:
+    out["close_refused_with_a_view"] = True
+del capsule  # an unconsumed capsule releases its view
+d.close()
 w.finalize()
 print(json.dumps(out))
 """
@@ -57,3 +69,6 @@ def test_cuda_backend_exports_cuda_host_only_on_request(build_dir):
     assert out["asked_cuda_host"] == [3, 0]  # kDLCUDAHost on request
     assert out["asked_cpu"] == [1, 0]
     assert out["views"] == 1 and out["read_back"] == 7
+    # Device memory (issue 22): kDLCUDA with the worker's device id, the buffer itself.
+    assert out["device_buffer"] == [2, 0] and out["device_capsule"] == [2, 0]
+    assert out["device_data_is_the_buffer"] and out["close_refused_with_a_view"]

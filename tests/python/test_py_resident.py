@@ -137,3 +137,27 @@ def test_copy_on_device_feeds_an_output_back_without_an_upload(worker, alloc):
     assert rb.step().uploaded_bytes == 0  # x is not uploaded over them
     with pytest.raises(pinstage.InvalidArgumentError, match="OUT tensor"):
         rb.copy_on_device("x", "y")
+
+
+def test_device_memory_exports_through_dlpack_without_a_copy(worker, alloc):
+    """On sim the device memory is host RAM: kDLCPU, so torch and NumPy see it in place."""
+    import numpy as np
+
+    d = worker.alloc_device(64)
+    assert d.__dlpack_device__() == (1, 0)
+    t = torch.from_dlpack(d)
+    assert t.dtype == torch.uint8 and t.shape == (64,) and t.data_ptr() == d.device_ptr
+    src = alloc.copy(torch.arange(64, dtype=torch.uint8))
+    worker.copy_to_device_async(d, src).wait()
+    assert torch.equal(t, torch.arange(64, dtype=torch.uint8))  # the bytes that arrived
+    with pytest.raises(BufferError, match="DLPack view"):
+        d.close()
+    with pytest.raises(BufferError, match="copy must be None or False"):
+        d.__dlpack__(copy=True)
+    with pytest.raises(BufferError, match="never moved"):
+        d.__dlpack__(dl_device=(2, 0))
+    if hasattr(np, "from_dlpack"):
+        assert np.from_dlpack(d)[5] == 5
+    del t, src
+    gc.collect()
+    d.close()
