@@ -158,8 +158,8 @@ def test_the_plugin_needs_pinstage_on_the_path_as_documented(tmp_path, build_dir
         assert proc.returncode != 0
         assert "No module named 'pinstage'" in proc.stdout + proc.stderr
     doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md").read_text()
-    assert ("PYTHONPATH=build/python python3 -m pytest -p pinstage.testing "
-            "--pinstage-backend sim tests/") in doc
+    assert ("PYTHONPATH=build/python /usr/bin/python3 -m pytest -q -p pinstage.testing "
+            "--pinstage-backend sim my_tests/") in doc
     assert "No module named 'pinstage'" in doc
     env["PYTHONPATH"] = str(build_dir / "python")  # the documented fix
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
