@@ -218,6 +218,17 @@ class safe_open:  # noqa: N801 (the safetensors name)
         return out
 
 
+
+def _refuse_unknown(what, wanted, keys):
+    """InvalidArgumentError when a name of `wanted` is not among the checkpoint's `keys`;
+    `what` starts the message ("load_file(): names lists")."""
+    known = set(keys)
+    missing = [n for n in wanted if n not in known]
+    if missing:
+        raise InvalidArgumentError(
+            f"{what} {len(missing)} tensor(s) the checkpoint does not hold "
+            f"(the first is {missing[0]!r})")
+
 def _into(into, checkpoint, who):
     """The (names, tensors) of an `into` mapping, in checkpoint order; every name must be
     a tensor of the checkpoint."""
@@ -228,12 +239,7 @@ def _into(into, checkpoint, who):
         if not isinstance(name, str):
             raise TypeError(f"{who}: the keys of into must be str, not {type(name).__name__}")
     keys = checkpoint.keys()
-    known = set(keys)
-    missing = [n for n in into if n not in known]
-    if missing:
-        raise InvalidArgumentError(
-            f"{who}: into names {len(missing)} tensor(s) the checkpoint does not hold "
-            f"(the first is {missing[0]!r})")
+    _refuse_unknown(f"{who}: into names", into, keys)
     names = [n for n in keys if n in into]
     return names, [into[n] for n in names]
 
@@ -288,12 +294,7 @@ def _names(names, checkpoint, who):
     for n in wanted:
         if not isinstance(n, str):
             raise TypeError(f"{who}(): names must hold str, not {type(n).__name__}")
-    known = set(keys)
-    missing = [n for n in wanted if n not in known]
-    if missing:
-        raise InvalidArgumentError(
-            f"{who}(): names lists {len(missing)} tensor(s) the checkpoint does not hold "
-            f"(the first is {missing[0]!r})")
+    _refuse_unknown(f"{who}(): names lists", wanted, keys)
     if len(set(wanted)) != len(wanted):
         twice = next(n for n in wanted if wanted.count(n) > 1)
         raise InvalidArgumentError(f"{who}(): names lists {twice!r} twice")

@@ -98,6 +98,22 @@ py::dict tensor_dict(const Checkpoint& c, const CheckpointTensor& t) {
   return d;
 }
 
+// read_checkpoint of `targets` without the GIL, with Python's progress callback relayed:
+// the one read both read_into functions end with.
+py::dict read_with_progress(const Checkpoint& c, const std::vector<ReadTarget>& targets,
+                            CheckpointLoadOptions o, const py::object& progress) {
+  ProgressRelay relay(progress);
+  relay.attach(o);
+  LoadReport r;
+  try {
+    GilReleased nogil;
+    r = read_checkpoint(c, targets, o);
+  } catch (const ProgressStopped&) {
+    relay.rethrow();
+  }
+  return report_dict(r);
+}
+
 // Reads tensors `names` into `buffers` (PinnedHostBuffers of at least their bytes) without
 // the GIL. Each buffer is leased for the whole read, so its close() refuses naming the
 // read, and its worker counts the call as busy, so finalize() waits or refuses.
@@ -125,18 +141,9 @@ py::dict read_into(const Checkpoint& c, const std::vector<std::string>& names,
     leases.push_back(std::make_unique<Lease>(buffers[i], &b, LeaseHolder::read));
     busy.push_back(std::make_unique<Busy>(b.worker));
   }
-  CheckpointLoadOptions o =
-      load_options(threads, chunk_bytes, verify, verify_if_present, direct, 0);
-  ProgressRelay relay(progress);
-  relay.attach(o);
-  LoadReport r;
-  try {
-    GilReleased nogil;
-    r = read_checkpoint(c, targets, o);
-  } catch (const ProgressStopped&) {
-    relay.rethrow();
-  }
-  return report_dict(r);
+  return read_with_progress(
+      c, targets, load_options(threads, chunk_bytes, verify, verify_if_present, direct, 0),
+      progress);
 }
 
 // Reads tensors `names` into caller-held memory: addresses[i] is where tensor names[i]'s
@@ -184,18 +191,9 @@ py::dict read_into_pinned(const Checkpoint& c, const std::vector<std::string>& n
     leases.push_back(std::make_unique<Lease>(py::cast(b, py::return_value_policy::reference), b,
                                              LeaseHolder::read));
   }
-  CheckpointLoadOptions o =
-      load_options(threads, chunk_bytes, verify, verify_if_present, direct, 0);
-  ProgressRelay relay(progress);
-  relay.attach(o);
-  LoadReport r;
-  try {
-    GilReleased nogil;
-    r = read_checkpoint(c, targets, o);
-  } catch (const ProgressStopped&) {
-    relay.rethrow();
-  }
-  return report_dict(r);
+  return read_with_progress(
+      c, targets, load_options(threads, chunk_bytes, verify, verify_if_present, direct, 0),
+      progress);
 }
 
 // A device load kept alive from Python: the buffers, and the worker that owns them.
