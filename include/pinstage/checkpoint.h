@@ -180,6 +180,43 @@ PINSTAGE_API LoadReport read_checkpoint(const Checkpoint& checkpoint,
                                         const std::vector<ReadTarget>& targets,
                                         const CheckpointLoadOptions& options = {});
 
+// One dimension of a slice of a tensor: the `count` indices begin, begin + step, ...
+struct SliceDim {
+  int64_t begin = 0;
+  int64_t count = 0;
+  int64_t step = 1;  // at least 1
+};
+
+// A byte range of a tensor's file: absolute offset, bytes.
+struct SliceRange {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+// Largest number of SliceRanges one slice may cover (a step along the last dim makes one
+// range per element): past it, read the dim whole and slice in memory.
+inline constexpr uint64_t kSliceMaxRanges = uint64_t{1} << 24;
+
+// The file ranges `slice` (one SliceDim per dimension of `tensor`) covers, in the slice's
+// row-major order, ranges that touch merged: their bytes, end to end, are the slice's
+// elements packed row-major. A slice of rows (dim 0) is one range; a slice of columns is
+// one range per row. Error(invalid_argument) naming the tensor, its shape and the dim for:
+// a slice with another number of dims than the tensor, a negative begin or count, a step
+// below 1, an index past the dim's size, and more than kSliceMaxRanges ranges.
+PINSTAGE_API std::vector<SliceRange> tensor_slice_ranges(const CheckpointTensor& tensor,
+                                                         const std::vector<SliceDim>& slice);
+
+// Reads the slice of `tensor` into dst (its elements packed row-major: the product of the
+// counts times element_size bytes), asking the files for exactly the bytes of
+// tensor_slice_ranges (LoadReport::bytes counts them; tensors is 1) by parallel pread as
+// read_checkpoint does (threads, chunk_bytes, direct, progress). options.verify without
+// verify_if_present is Error(invalid_argument): the recorded hash covers the whole tensor,
+// so a slice cannot be checked (with verify_if_present it counts as unverified).
+PINSTAGE_API LoadReport read_tensor_slice(const Checkpoint& checkpoint,
+                                          const CheckpointTensor& tensor,
+                                          const std::vector<SliceDim>& slice, void* dst,
+                                          const CheckpointLoadOptions& options = {});
+
 // Allocates every tensor from `allocator` (exactly its bytes, one storage each) and reads
 // it there with read_checkpoint. On any error nothing stays allocated.
 PINSTAGE_API HostLoad load_to_host(const Checkpoint& checkpoint, HostAllocator& allocator,

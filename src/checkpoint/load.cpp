@@ -307,6 +307,48 @@ void check_verifiable(const Checkpoint& c, const std::vector<const CheckpointTen
 using detail::check_verifiable;
 using detail::hash_mismatch;
 
+namespace detail {
+
+LoadReport read_ranges(const Checkpoint& c, const std::vector<FileRange>& ranges,
+                       const CheckpointLoadOptions& o) {
+  check_load_options(o, false);
+  const Stopwatch total;
+  LoadReport r;
+  r.files = c.files().size();
+  r.threads = thread_count(o);
+  r.chunk_bytes = o.chunk_bytes;
+  std::vector<bool> wanted(c.files().size(), false);
+  for (const FileRange& g : ranges) wanted[g.file] = true;
+  const Files files(c, wanted, o.direct, r);
+  std::vector<Chunk> chunks;
+  for (const FileRange& g : ranges) {
+    r.bytes += g.bytes;
+    for (uint64_t off = 0; off < g.bytes; off += o.chunk_bytes)
+      chunks.push_back({g.file, g.offset + off, std::min(o.chunk_bytes, g.bytes - off),
+                        static_cast<unsigned char*>(g.dst) + off});
+  }
+  uint64_t done = 0;
+  std::vector<Bounce> bounces(static_cast<size_t>(r.threads));
+  const Stopwatch read;
+  read_chunks(c, files, chunks, bounces, o, &done, r.bytes);
+  r.read_s = read.seconds();
+  r.total_s = total.seconds();
+  return r;
+}
+
+CheckpointLoadOptions part_options(const CheckpointLoadOptions& o, const uint64_t* base,
+                                   uint64_t total) {
+  CheckpointLoadOptions p = o;
+  p.verify = false;
+  p.verify_if_present = false;
+  p.progress = nullptr;
+  if (o.progress)
+    p.progress = [&o, base, total](uint64_t done, uint64_t) { o.progress(*base + done, total); };
+  return p;
+}
+
+}  // namespace detail
+
 LoadReport read_checkpoint(const Checkpoint& c, const std::vector<ReadTarget>& targets,
                            const CheckpointLoadOptions& o) {
   check_load_options(o, false);
@@ -315,25 +357,12 @@ LoadReport read_checkpoint(const Checkpoint& c, const std::vector<ReadTarget>& t
   for (const ReadTarget& t : targets) wanted.push_back(t.tensor);
   check_verifiable(c, wanted, o);
   const Stopwatch total;
-  LoadReport r;
-  r.files = c.files().size();
-  r.threads = thread_count(o);
-  r.chunk_bytes = o.chunk_bytes;
-  const Files files(c, files_of(c, wanted), o.direct, r);
-  std::vector<Chunk> chunks;
-  for (const ReadTarget& t : targets) {
-    r.bytes += t.tensor->bytes;
-    ++r.tensors;
-    for (uint64_t off = 0; off < t.tensor->bytes; off += o.chunk_bytes)
-      chunks.push_back({t.tensor->file, t.tensor->offset + off,
-                        std::min(o.chunk_bytes, t.tensor->bytes - off),
-                        static_cast<unsigned char*>(t.dst) + off});
-  }
-  uint64_t done = 0;
-  std::vector<Bounce> bounces(static_cast<size_t>(r.threads));
-  const Stopwatch read;
-  read_chunks(c, files, chunks, bounces, o, &done, r.bytes);
-  r.read_s = read.seconds();
+  std::vector<detail::FileRange> ranges;
+  ranges.reserve(targets.size());
+  for (const ReadTarget& t : targets)
+    ranges.push_back({t.tensor->file, t.tensor->offset, t.tensor->bytes, t.dst});
+  LoadReport r = detail::read_ranges(c, ranges, o);
+  r.tensors = targets.size();
   if (o.verify) {
     const Stopwatch verify;
     std::atomic<size_t> unverified{0};

@@ -1,7 +1,9 @@
-// The checks every checkpoint load shares (load.cpp), used by the tensor-parallel load
-// (load_tp.cpp) so that its refusals read the same (internal to libpinstage).
+// The checks and the parallel read every checkpoint load shares (load.cpp), used by the
+// tensor-parallel load (load_tp.cpp) and the slice reader (slice.cpp) so that their
+// refusals read the same and their bytes are read one way (internal to libpinstage).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -17,6 +19,23 @@ void check_load_options(const CheckpointLoadOptions& options, bool device);
 void check_verifiable(const Checkpoint& checkpoint,
                       const std::vector<const CheckpointTensor*>& tensors,
                       const CheckpointLoadOptions& options);
+// One byte range of a checkpoint file and where its bytes go.
+struct FileRange {
+  size_t file = 0;      // index into Checkpoint::files()
+  uint64_t offset = 0;  // absolute file offset
+  uint64_t bytes = 0;
+  void* dst = nullptr;
+};
+// Reads the ranges by parallel pread in chunks of options.chunk_bytes (threads, direct and
+// progress, over the ranges' total, as read_checkpoint); no hashes. The report's bytes are
+// the ranges' bytes; tensors is left 0.
+LoadReport read_ranges(const Checkpoint& checkpoint, const std::vector<FileRange>& ranges,
+                       const CheckpointLoadOptions& options);
+// Options for one of several reads that together make one load: no hashes (a part is no
+// whole tensor; the caller checks them), and progress(*base + done, total), so the
+// caller's callback sees the whole load's bytes while it advances *base between parts.
+CheckpointLoadOptions part_options(const CheckpointLoadOptions& options, const uint64_t* base,
+                                   uint64_t total);
 // Error(io) naming the file, the tensor and both hashes.
 [[noreturn]] void hash_mismatch(const Checkpoint& checkpoint, const CheckpointTensor& tensor,
                                 uint64_t got);

@@ -1,10 +1,9 @@
 // load_tp_to_host: a checkpoint read once for N tensor-parallel ranks. Replicated tensors
 // and splits whose slices are byte ranges are read straight into their storages by one
-// read_checkpoint; a split along an inner dimension is read in batches of whole rows into
+// read; a split along an inner dimension is read in batches of whole rows into
 // a staging buffer and each row's pieces copied to the ranks (see Note [Read once]).
 #include <algorithm>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,7 +25,7 @@ namespace pinstage {
 // that rank's storage; a strided split is read row by row (a "row" is one index of the
 // dimensions before the split, holding all of the split dimension and those after) into
 // the staging buffer, and each row holds one piece per rank. TpLoadReport::read_bytes
-// adds up what read_checkpoint was asked for, so a test can check it equals the
+// adds up what the reads were asked for, so a test can check it equals the
 // checkpoint's bytes, and that every slice's bytes are right: together they mean no byte
 // was read twice. The staging buffer is pageable memory of at most kStageBytes (or one
 // row, when a row is larger), reused for every batch.
@@ -86,7 +85,7 @@ uint64_t allocate(std::vector<Job>& jobs, int tp, HostAllocator& allocator) {
   return total;
 }
 
-// Adds one read_checkpoint's report to the load's.
+// Adds one read's report to the load's.
 void add_read(TpLoadReport& r, const LoadReport& one) {
   r.read_bytes += one.bytes;
   r.load.bytes += one.bytes;
@@ -96,41 +95,24 @@ void add_read(TpLoadReport& r, const LoadReport& one) {
   r.load.threads = one.threads;
 }
 
-// Options for the pieces' reads: no hashes (a piece is no whole tensor; the load hashes),
-// and progress counted over the whole load from `base` on.
-CheckpointLoadOptions piece_options(const CheckpointLoadOptions& o, const uint64_t* base,
-                                    uint64_t total) {
-  CheckpointLoadOptions p = o;
-  p.verify = false;
-  p.verify_if_present = false;
-  p.progress = nullptr;
-  if (o.progress)
-    p.progress = [&o, base, total](uint64_t done, uint64_t) { o.progress(*base + done, total); };
-  return p;
-}
-
 // Replicated tensors and contiguous splits: one parallel read straight into the storages.
 void read_direct(const Checkpoint& c, std::vector<Job>& jobs, int tp,
                  const CheckpointLoadOptions& p, TpLoadReport& r, uint64_t* base) {
-  std::deque<CheckpointTensor> pieces;  // stable addresses for the targets
-  std::vector<ReadTarget> targets;
+  std::vector<detail::FileRange> ranges;
   for (Job& j : jobs) {
     if (j.strided()) continue;
+    const CheckpointTensor& t = *j.d->tensor;
     if (j.parts.empty()) {
-      targets.push_back({j.d->tensor, j.storages[0]->data()});
+      ranges.push_back({t.file, t.offset, t.bytes, j.storages[0]->data()});
       continue;
     }
     for (int rank = 0; rank < tp; ++rank) {
-      CheckpointTensor piece = *j.d->tensor;
-      piece.offset +=
-          j.outer * j.inner_bytes * static_cast<uint64_t>(j.parts[static_cast<size_t>(rank)].begin);
-      piece.bytes = slice_bytes(j, rank);
-      piece.xxh3.reset();
-      pieces.push_back(std::move(piece));
-      targets.push_back({&pieces.back(), j.storages[static_cast<size_t>(rank)]->data()});
+      const auto begin = static_cast<uint64_t>(j.parts[static_cast<size_t>(rank)].begin);
+      ranges.push_back({t.file, t.offset + j.outer * j.inner_bytes * begin, slice_bytes(j, rank),
+                        j.storages[static_cast<size_t>(rank)]->data()});
     }
   }
-  add_read(r, read_checkpoint(c, targets, p));
+  add_read(r, detail::read_ranges(c, ranges, p));
   *base = r.read_bytes;
 }
 
@@ -163,17 +145,16 @@ void read_strided(const Checkpoint& c, Job& j, int tp, std::vector<unsigned char
   Xxh3Stream stream;
   for (uint64_t row = 0; row < j.outer; row += batch) {
     const uint64_t n = std::min(batch, j.outer - row);
-    CheckpointTensor piece = *j.d->tensor;
-    piece.offset += row * j.row_bytes;
-    piece.bytes = n * j.row_bytes;
-    piece.xxh3.reset();
-    add_read(r, read_checkpoint(c, {{&piece, stage.data()}}, p));
+    const CheckpointTensor& t = *j.d->tensor;
+    const uint64_t bytes = n * j.row_bytes;
+    add_read(r, detail::read_ranges(
+                    c, {{t.file, t.offset + row * j.row_bytes, bytes, stage.data()}}, p));
     *base = r.read_bytes;
-    if (hash) stream.update(stage.data(), static_cast<size_t>(piece.bytes));
+    if (hash) stream.update(stage.data(), static_cast<size_t>(bytes));
     const Stopwatch copy;
     scatter(j, tp, stage.data(), row, n, p.threads);
     r.scatter_s += copy.seconds();
-    r.scatter_bytes += piece.bytes;
+    r.scatter_bytes += bytes;
   }
   if (hash) j.digest = stream.digest();
 }
@@ -275,7 +256,7 @@ TpHostLoad load_tp_to_host(const Checkpoint& c, const TpPlan& plan, int tp,
   r.host_bytes = allocate(jobs, tp, allocator);
   r.load.alloc_s = alloc.seconds();
   uint64_t base = 0;
-  const CheckpointLoadOptions p = piece_options(o, &base, r.checkpoint_bytes);
+  const CheckpointLoadOptions p = detail::part_options(o, &base, r.checkpoint_bytes);
   read_direct(c, jobs, tp, p, r, &base);
   std::vector<unsigned char> stage;
   for (Job& j : jobs)

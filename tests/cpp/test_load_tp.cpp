@@ -3,7 +3,8 @@
 // row-major order) for tp 1, 2, 4 and 8, even and uneven, dim 0, dim 1 and a 3-D last dim,
 // on a sharded checkpoint of several dtypes; the bytes read equal the checkpoint's; every
 // refusal of the plan parser, the builders and the load has its exact message; a failed
-// allocation leaves nothing allocated.
+// allocation leaves nothing allocated. A slice read (read_tensor_slice) asks the files for
+// exactly its bytes and matches a reference gathered element by element.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -425,6 +426,121 @@ TEST_F(LoadTpTest, VerifyCatchesAFlippedByteInAStridedAndAContiguousSplit) {
     f.seekp(static_cast<std::streamoff>(t.offset + t.bytes - 1));
     f.write(&bytes_[name].back(), 1);
   }
+}
+
+// ---- read_tensor_slice: the file ranges a slice covers, and only those read ----
+
+// The reference slice: every element of the whole tensor whose index is in the slice,
+// in row-major order.
+std::string slice_reference(const std::string& bytes, const std::vector<int64_t>& shape,
+                            size_t elem, const std::vector<SliceDim>& slice) {
+  std::string out;
+  for (uint64_t e = 0; e < bytes.size() / elem; ++e) {
+    uint64_t rest = e;
+    bool in = true;
+    for (size_t d = shape.size(); d-- > 0;) {
+      const auto i = static_cast<int64_t>(rest % static_cast<uint64_t>(shape[d]));
+      rest /= static_cast<uint64_t>(shape[d]);
+      const SliceDim& s = slice[d];
+      in = in && i >= s.begin && (i - s.begin) % s.step == 0 && (i - s.begin) / s.step < s.count;
+    }
+    if (in) out += bytes.substr(e * elem, elem);
+  }
+  return out;
+}
+
+TEST(TensorSlice, RowsAreOneRangeAndColumnsOneRangePerRow) {
+  CheckpointTensor t;
+  t.name = "w";
+  t.element_size = 4;
+  t.shape = {6, 10};
+  t.offset = 1000;
+  t.bytes = 240;
+  using R = std::vector<std::pair<uint64_t, uint64_t>>;
+  auto ranges = [&](const std::vector<SliceDim>& s) {
+    R out;
+    for (const SliceRange& g : tensor_slice_ranges(t, s)) out.emplace_back(g.offset, g.bytes);
+    return out;
+  };
+  EXPECT_EQ(ranges({{0, 6, 1}, {0, 10, 1}}), (R{{1000, 240}}));             // whole
+  EXPECT_EQ(ranges({{2, 3, 1}, {0, 10, 1}}), (R{{1080, 120}}));             // rows 2..4
+  EXPECT_EQ(ranges({{1, 2, 1}, {3, 4, 1}}), (R{{1052, 16}, {1092, 16}}));   // columns 3..6
+  EXPECT_EQ(ranges({{0, 2, 4}, {0, 10, 1}}), (R{{1000, 40}, {1160, 40}}));  // rows 0, 4
+  EXPECT_EQ(ranges({{5, 1, 1}, {1, 3, 4}}), (R{{1204, 4}, {1220, 4}, {1236, 4}}));
+  EXPECT_EQ(ranges({{0, 0, 1}, {0, 10, 1}}), R{});  // no elements: nothing to read
+  t.shape = {};
+  t.bytes = 4;
+  EXPECT_EQ(ranges({}), (R{{1000, 4}}));  // a scalar
+}
+
+TEST_F(LoadTpTest, ASliceReadsExactlyItsBytesAndMatchesTheReference) {
+  const Checkpoint c = Checkpoint::open(sharded());
+  const std::vector<std::pair<std::string, std::vector<SliceDim>>> cases = {
+      {"model.layers.0.q_proj.weight", {{3, 5, 1}, {0, 10, 1}}},  // rows
+      {"model.layers.0.q_proj.weight", {{0, 16, 1}, {7, 3, 1}}},  // columns
+      {"model.layers.0.o_proj.weight", {{1, 4, 2}, {2, 4, 3}}},   // steps on both
+      {"attn.cube", {{2, 1, 1}, {1, 3, 1}, {4, 7, 1}}},           // a 3-D block
+      {"u8_3d", {{0, 2, 1}, {8, 1, 1}, {0, 8, 1}}},               // the last row of each
+      {"model.layers.0.q_proj.bias", {{11, 1, 1}}},
+      {"scalar", {}},
+      {"empty_rows", {{0, 0, 1}, {2, 3, 1}}},
+  };
+  for (const auto& [name, slice] : cases)
+    for (uint64_t chunk : {uint64_t{8} << 20, uint64_t{3}}) {
+      SCOPED_TRACE(name + " chunk " + std::to_string(chunk));
+      const CheckpointTensor& t = c.get(name);
+      const std::string want = slice_reference(bytes_.at(name), t.shape, t.element_size, slice);
+      std::string got(want.size() + 8, '\x5a');  // 8 guard bytes stay untouched
+      CheckpointLoadOptions o;
+      o.chunk_bytes = chunk;
+      o.threads = 3;
+      uint64_t last = 0;
+      o.progress = [&](uint64_t done, uint64_t total) {
+        EXPECT_EQ(total, want.size());
+        last = done;
+      };
+      const LoadReport r = read_tensor_slice(c, t, slice, got.data(), o);
+      EXPECT_EQ(r.bytes, want.size()) << "only the slice's bytes are read";
+      EXPECT_EQ(last, want.empty() ? 0 : want.size());
+      EXPECT_EQ(got.substr(0, want.size()), want);
+      EXPECT_EQ(got.substr(want.size()), std::string(8, '\x5a'));
+    }
+}
+
+TEST_F(LoadTpTest, EveryBadSliceIsRefusedByName) {
+  const Checkpoint c = Checkpoint::open(sharded());
+  const CheckpointTensor& t = c.get("model.layers.0.o_proj.weight");  // [9, 13]
+  char dst[512];
+  auto message = [&](const std::vector<SliceDim>& s, CheckpointLoadOptions o = {}) {
+    return std::string(error_of([&] { read_tensor_slice(c, t, s, dst, o); }).what());
+  };
+  const std::string head = "slice of tensor 'model.layers.0.o_proj.weight' (shape [9, 13]): ";
+  EXPECT_EQ(message({{0, 9, 1}}), head + "1 dims given for a tensor of 2");
+  EXPECT_EQ(message({{0, 9, 1}, {-1, 2, 1}}),
+            head + "dim 1 (begin -1, count 2, step 1): begin and count must be >= 0");
+  EXPECT_EQ(message({{0, 9, 0}, {0, 13, 1}}),
+            head + "dim 0 (begin 0, count 9, step 0): the step must be >= 1");
+  EXPECT_EQ(message({{0, 9, 1}, {10, 4, 1}}),
+            head + "dim 1 (begin 10, count 4, step 1) reaches past the dim's size 13");
+  EXPECT_EQ(message({{1, 5, 2}, {0, 13, 1}}),
+            head + "dim 0 (begin 1, count 5, step 2) reaches past the dim's size 9");
+  EXPECT_EQ(message({{9, 1, 1}, {0, 13, 1}}),
+            head + "dim 0 (begin 9, count 1, step 1) reaches past the dim's size 9");
+  EXPECT_EQ(read_tensor_slice(c, t, {{9, 0, 1}, {0, 13, 1}}, dst).bytes, 0u);  // empty, at the end
+  CheckpointLoadOptions verify;
+  verify.verify = true;
+  EXPECT_NE(message({{0, 1, 1}, {0, 13, 1}}, verify)
+                .find("verify cannot check a slice of tensor 'model.layers.0.o_proj.weight'"),
+            std::string::npos);
+  verify.verify_if_present = true;
+  EXPECT_EQ(read_tensor_slice(c, t, {{0, 1, 1}, {0, 13, 1}}, dst, verify).unverified, 1u);
+  CheckpointTensor big = t;
+  big.shape = {int64_t{1} << 20, 64};
+  EXPECT_NE(std::string(error_of([&] {
+                          tensor_slice_ranges(big, {{0, 1 << 20, 1}, {0, 32, 2}});
+                        }).what())
+                .find("more than 16777216 separate byte ranges"),
+            std::string::npos);
 }
 
 }  // namespace
