@@ -113,9 +113,19 @@ struct TpTensor {
   int64_t begin = 0;           // the slice's first index along dim
   uint64_t bytes = 0;          // the slice's bytes, row-major
   int rule = -1;               // the plan rule that decided, -1 for the default
+  bool staged = false;         // copied from the staging buffer (a strided split), not read in
   // Exactly `bytes`. A replicated tensor's storage is one storage shared by every rank
   // (read and held once), so writing to it writes every rank's copy.
   std::shared_ptr<Storage> storage;
+};
+
+// One rank's share of a tensor-parallel load: bytes = direct_bytes + scatter_bytes +
+// shared_bytes. Per-device figures (an upload) extend this per rank.
+struct TpRankReport {
+  uint64_t bytes = 0;          // its slices' bytes, replicated tensors included
+  uint64_t direct_bytes = 0;   // read from the files straight into its own storages
+  uint64_t scatter_bytes = 0;  // copied to it from the staging buffer (strided splits)
+  uint64_t shared_bytes = 0;   // replicated tensors' (one storage every rank shares)
 };
 
 // What a tensor-parallel load did.
@@ -126,10 +136,11 @@ struct TpLoadReport {
   uint64_t host_bytes = 0;        // storage taken, each replicated tensor counted once
   uint64_t scatter_bytes = 0;     // bytes copied from the staging buffer to strided slices
   double scatter_s = 0;
-  size_t replicated = 0;          // tensors replicated
-  size_t contiguous = 0;          // tensors split into one byte range per rank
-  size_t strided = 0;             // tensors split along an inner dimension (staged, scattered)
-  std::vector<int> unused_rules;  // rules that matched no tensor (a typo in a plan?)
+  size_t replicated = 0;            // tensors replicated
+  size_t contiguous = 0;            // tensors split into one byte range per rank
+  size_t strided = 0;               // tensors split along an inner dimension (staged, scattered)
+  std::vector<int> unused_rules;    // rules that matched no tensor (a typo in a plan?)
+  std::vector<TpRankReport> ranks;  // per rank
 };
 
 struct TpHostLoad {

@@ -28,6 +28,7 @@ from ._pinstage import (  # noqa: F401
     TaskArgs,
     TensorBindReport,
     TensorComparison,
+    TpPlan,
     Worker,
     WorkerStats,
     error_code_names,
@@ -42,6 +43,8 @@ from ._pinstage import (  # noqa: F401
     scene_make_args,
     scene_names,
     scene_params,
+    tp_part,
+    tp_part,
 )
 
 # `import pinstage.qwen3` works like any submodule.
@@ -59,6 +62,8 @@ _LAZY = {
     "safe_open": ("checkpoint", "safe_open"),
     "load_file": ("checkpoint", "load_file"),
     "load_to_device": ("checkpoint", "load_to_device"),
+    "load_tp": ("tp", "load_tp"),
+    "TpLoad": ("tp", "TpLoad"),
 }
 
 
@@ -84,4 +89,5 @@ __all__ = [
     "scene_params", "scene_describe", "scene_callable", "scene_make_args",
     "scene_compute_golden", "scene_compare", "run_scene", "ResidentBinder", "scene_advance",
     "safe_open", "load_file", "load_to_device", "DeviceBuffer", "CopyEvent",
+    "TpPlan", "tp_part", "load_tp", "TpLoad",
 ]

@@ -106,30 +106,74 @@ def _progress(progress, who):
     return progress
 
 
-def _check_framework(framework, who):
-    if framework != "pt":
-        raise InvalidArgumentError(f"{who}: framework must be 'pt' (torch), got {framework!r}")
+# framework= spellings (safetensors' own) -> "pt" or "numpy".
+_FRAMEWORKS = {"pt": "pt", "torch": "pt", "pytorch": "pt", "np": "numpy", "numpy": "numpy"}
 
 
-def _view(buffer, info, name):
-    """The torch view of a buffer holding tensor `name`'s bytes."""
+def _framework(framework, who):
+    kind = _FRAMEWORKS.get(framework) if isinstance(framework, str) else None
+    if kind is None:
+        raise InvalidArgumentError(f"{who}: framework must be 'pt' (torch) or 'numpy' ('np'), "
+                                   f"got {framework!r}")
+    return kind
+
+
+def _numpy_dtype(name, tensor):
+    """The NumPy dtype of a safetensors dtype. NumPy has no bfloat16 or float8: ml_dtypes'
+    when it is installed; else the float8 types as their raw bytes (uint8, as torch without
+    float8 gives) and BF16 refused."""
+    import numpy as np
+    plain = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16,
+             "I32": np.int32, "I64": np.int64, "F16": np.float16, "F32": np.float32,
+             "F64": np.float64}
+    if name in plain:
+        return np.dtype(plain[name])
+    try:
+        import ml_dtypes
+    except ImportError:
+        ml_dtypes = None
+    extra = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+    if ml_dtypes is not None and name in extra:
+        return np.dtype(getattr(ml_dtypes, extra[name]))
+    if name in ("F8_E4M3", "F8_E5M2"):
+        return np.dtype(np.uint8)
+    raise InvalidArgumentError(
+        f"tensor {tensor!r} is {name}, which NumPy has no dtype for (install ml_dtypes, or "
+        "open it with framework='pt')")
+
+
+def _element_type(info, name, framework):
+    """Checks that `framework` has a dtype for the tensor (before any memory is taken)."""
+    if framework == "numpy":
+        return _numpy_dtype(info["dtype"], name)
+    return _torch_dtype(info["dtype"], name)
+
+
+def _view(buffer, info, name, framework="pt"):
+    """The torch (or NumPy) view of a buffer holding tensor `name`'s bytes: info's nbytes,
+    dtype and shape (a slice's shape, for a slice)."""
     nbytes = info["nbytes"]
+    if framework == "numpy":
+        import numpy as np
+        flat = np.frombuffer(buffer, dtype=np.uint8, count=nbytes)  # one counted view
+        return flat.view(_numpy_dtype(info["dtype"], name)).reshape(info["shape"])
     flat = torch.from_dlpack(buffer)  # uint8 [len(buffer)]: one counted view of the buffer
     return flat[:nbytes].view(_torch_dtype(info["dtype"], name)).view(info["shape"])
 
 
-def _read(checkpoint, worker, names, options, progress=None):
+def _read(checkpoint, worker, names, options, progress=None, framework="pt"):
+    """({name: tensor}, the load report): each tensor read into a fresh pinned buffer."""
     infos = [checkpoint.info(n) for n in names]
     for n, info in zip(names, infos):
-        _torch_dtype(info["dtype"], n)  # refused before any memory is taken
+        _element_type(info, n, framework)  # refused before any memory is taken
     buffers = [worker.alloc_pinned_host(max(info["nbytes"], 1)) for info in infos]
     try:
-        checkpoint.read_into(names, buffers, progress=progress, **options)
+        report = checkpoint.read_into(names, buffers, progress=progress, **options)
     except BaseException:
         for b in buffers:  # no view of them exists yet: given back now, not at collection
             b.close()
         raise
-    return {n: _view(b, info, n) for n, b, info in zip(names, buffers, infos)}
+    return {n: _view(b, info, n, framework) for n, b, info in zip(names, buffers, infos)}, report
 
 
 def _describe(dtype, shape):
@@ -167,18 +211,21 @@ def _read_into(checkpoint, worker, names, tensors, options, who, progress=None):
     for n, t, info in zip(names, tensors, infos):
         _check_into_tensor(t, n, info, who)
     addresses = [t.data_ptr() for t in tensors]
-    checkpoint.read_into_pinned(names, addresses, worker, who=who, progress=progress, **options)
+    return checkpoint.read_into_pinned(names, addresses, worker, who=who, progress=progress,
+                                       **options)
 
 
 class safe_open:  # noqa: N801 (the safetensors name)
     """A checkpoint opened for reading tensors one at a time into `worker`'s pinned memory.
 
-    `verify=True` checks each tensor's recorded xxh3-64 as it is read (a tensor without
-    one is an error); `verify="if-present"` checks those that have one."""
+    `framework`: "pt" (torch tensors) or "numpy" ("np": NumPy arrays), both views of the
+    pinned memory. `verify=True` checks each tensor's recorded xxh3-64 as it is read (a
+    tensor without one is an error); `verify="if-present"` checks those that have one.
+    `read_bytes` counts the bytes read from the files so far (get_tensor and slices)."""
 
     def __init__(self, path, framework="pt", *, worker, device="cpu", verify=False,
                  threads=0, chunk_bytes=8 << 20):
-        _check_framework(framework, "safe_open")
+        self._framework = _framework(framework, "safe_open")
         _check_worker(worker, "safe_open")
         if device != "cpu":
             raise InvalidArgumentError(
@@ -187,6 +234,7 @@ class safe_open:  # noqa: N801 (the safetensors name)
         self._options = _options("safe_open", threads, chunk_bytes, verify, False)
         self._checkpoint = _pinstage._Checkpoint(path, "safe_open")
         self._worker = worker
+        self.read_bytes = 0
 
     def __enter__(self):
         return self
@@ -203,7 +251,7 @@ class safe_open:  # noqa: N801 (the safetensors name)
         return self._checkpoint.metadata()
 
     def info(self, name):
-        """{dtype, shape, file, offset, nbytes, xxh3} of one tensor."""
+        """{dtype, shape, file, offset, nbytes, element_size, xxh3} of one tensor."""
         return self._checkpoint.info(_name(name, "safe_open.info"))
 
     def get_tensor(self, name, out=None):
@@ -212,11 +260,105 @@ class safe_open:  # noqa: N801 (the safetensors name)
         from PinnedTorchAllocator), read into `out`, which is returned: no allocation."""
         name = _name(name, "safe_open.get_tensor")
         if out is None:
-            return _read(self._checkpoint, self._worker, [name], self._options)[name]
-        _read_into(self._checkpoint, self._worker, [name], [out], self._options,
-                   "safe_open.get_tensor(out=)")
+            tensors, report = _read(self._checkpoint, self._worker, [name], self._options,
+                                    framework=self._framework)
+            self.read_bytes += report["bytes"]
+            return tensors[name]
+        if self._framework != "pt":
+            raise InvalidArgumentError("safe_open.get_tensor(out=): out is a torch tensor; "
+                                       "this file was opened with framework='numpy'")
+        report = _read_into(self._checkpoint, self._worker, [name], [out], self._options,
+                            "safe_open.get_tensor(out=)")
+        self.read_bytes += report["bytes"]
         return out
 
+    def get_slice(self, name):
+        """A slice object for tensor `name`: get_shape(), get_dtype(), and [index] reading
+        only the bytes the index selects (ints, slices with a step >= 1, '...')."""
+        name = _name(name, "safe_open.get_slice")
+        info = self._checkpoint.info(name)
+        if self._options["verify"] and not self._options["verify_if_present"]:
+            raise InvalidArgumentError(
+                f"safe_open.get_slice: verify=True cannot check a slice of tensor {name!r}: "
+                "its recorded xxh3-64 covers the whole tensor; use get_tensor, or open with "
+                "verify='if-present' (slices are then read unchecked)")
+        _element_type(info, name, self._framework)
+        return _SafeSlice(self, name, info)
+
+
+def _slice_dims(index, shape, name):
+    """(dims, shape): the (begin, count, step) per dim of tensor `name` that `index` (an
+    int, a slice, '...', or a tuple of them) selects, and the result's shape (an int drops
+    its dim). Python's rules: negative ints count from the end, slice bounds are clipped."""
+    items = index if isinstance(index, tuple) else (index,)
+    ellipses = sum(1 for i in items if i is Ellipsis)
+    if ellipses > 1:
+        raise IndexError(f"get_slice({name!r}): an index can only have a single ellipsis ('...')")
+    given = len(items) - ellipses
+    if given > len(shape):
+        raise IndexError(f"get_slice({name!r}): too many indices for a tensor of dimension "
+                         f"{len(shape)} ({given} given)")
+    if ellipses:
+        at = next(k for k, i in enumerate(items) if i is Ellipsis)
+        items = items[:at] + (slice(None),) * (len(shape) - given) + items[at + 1:]
+    items = items + (slice(None),) * (len(shape) - len(items))
+    dims, out = [], []
+    for d, (i, size) in enumerate(zip(items, shape)):
+        if isinstance(i, slice):
+            start, stop, step = i.indices(size)
+            if step < 1:
+                raise ValueError(f"get_slice({name!r}): dim {d}: the step must be >= 1 "
+                                 f"(got {step}); slice the result to reverse it")
+            count = len(range(start, stop, step))
+            dims.append((start if count else 0, count, step))
+            out.append(count)
+        elif isinstance(i, bool) or not hasattr(type(i), "__index__"):
+            raise TypeError(f"get_slice({name!r}): an index is an int, a slice or '...' "
+                            f"(one per dim), not {type(i).__name__}")
+        else:
+            k = operator.index(i)
+            if not -size <= k < size:
+                raise IndexError(f"get_slice({name!r}): index {k} is out of bounds for dim {d} "
+                                 f"with size {size}")
+            dims.append((k % size, 1, 1))
+    return dims, tuple(out)
+
+
+class _SafeSlice:
+    """One tensor of a safe_open, read in part: [index] reads the index's bytes alone
+    (rows: one range; columns: one range per row) into fresh pinned memory. `read_bytes`
+    counts what this object read from the files."""
+
+    def __init__(self, owner, name, info):
+        self._owner = owner
+        self._name = name
+        self._info = info
+        self.read_bytes = 0
+
+    def get_shape(self):
+        """The whole tensor's shape, as a list."""
+        return list(self._info["shape"])
+
+    def get_dtype(self):
+        """The safetensors dtype: "F32", "BF16", ..."""
+        return self._info["dtype"]
+
+    def __getitem__(self, index):
+        dims, shape = _slice_dims(index, self._info["shape"], self._name)
+        nbytes = self._info["element_size"]
+        for _, count, _ in dims:
+            nbytes *= count
+        owner = self._owner
+        buffer = owner._worker.alloc_pinned_host(max(nbytes, 1))
+        try:
+            report = owner._checkpoint.read_slice(self._name, dims, buffer, **owner._options)
+        except BaseException:
+            buffer.close()  # no view of it exists yet
+            raise
+        self.read_bytes += report["bytes"]
+        owner.read_bytes += report["bytes"]
+        info = {"nbytes": nbytes, "dtype": self._info["dtype"], "shape": shape}
+        return _view(buffer, info, self._name, owner._framework)
 
 
 def _refuse_unknown(what, wanted, keys):
@@ -341,7 +483,7 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
                                          progress=progress, **options)
     if into is None:
         return _read(checkpoint, worker, _names(names, checkpoint, "load_file"), options,
-                     progress)
+                     progress)[0]
     names, tensors = _into(into, checkpoint, "load_file(into=)")
     _read_into(checkpoint, worker, names, tensors, options, "load_file(into=)", progress)
     return dict(zip(names, tensors))

@@ -7,17 +7,17 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "args.h"
 #include "common.h"
+#include "load_common.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/safetensors.h"
 
 namespace pinstage::python {
-
-namespace {
 
 py::dict report_dict(const LoadReport& r) {
   py::dict d;
@@ -54,38 +54,7 @@ CheckpointLoadOptions load_options(int threads, uint64_t chunk_bytes, bool verif
   return o;
 }
 
-// A Python progress callable called from the loader's reader threads (the caller's among
-// them, its GIL released): each call takes the GIL. The first exception it raises is kept
-// and stops the load (ProgressStopped through the readers, as a failed read); the binding
-// then raises that exception itself once the GIL is back. Lives in the binding's frame,
-// destroyed with the GIL held.
-struct ProgressStopped : std::exception {
-  const char* what() const noexcept override { return "the progress callback raised"; }
-};
-struct ProgressRelay {
-  explicit ProgressRelay(py::object callable) : fn(std::move(callable)) {}
-  py::object fn;  // None: no callback
-  std::unique_ptr<py::error_already_set> error;
-
-  void attach(CheckpointLoadOptions& o) {
-    if (fn.is_none()) return;
-    o.progress = [this](uint64_t done, uint64_t total) {
-      const py::gil_scoped_acquire gil;
-      if (error) throw ProgressStopped();  // another reader's call already raised
-      try {
-        fn(done, total);
-      } catch (py::error_already_set& e) {
-        error = std::make_unique<py::error_already_set>(std::move(e));
-        throw ProgressStopped();
-      }
-    };
-  }
-  // With the GIL: raises the callback's exception when it stopped the load.
-  [[noreturn]] void rethrow() {
-    if (error) throw std::move(*error);
-    throw;
-  }
-};
+namespace {
 
 py::dict tensor_dict(const Checkpoint& c, const CheckpointTensor& t) {
   py::dict d;
@@ -94,6 +63,7 @@ py::dict tensor_dict(const Checkpoint& c, const CheckpointTensor& t) {
   d["file"] = c.files()[t.file].path;
   d["offset"] = t.offset;
   d["nbytes"] = t.bytes;
+  d["element_size"] = t.element_size;
   d["xxh3"] = t.xxh3 ? py::cast(xxh3_hex(*t.xxh3)) : py::none();
   return d;
 }
@@ -102,16 +72,8 @@ py::dict tensor_dict(const Checkpoint& c, const CheckpointTensor& t) {
 // the one read both read_into functions end with.
 py::dict read_with_progress(const Checkpoint& c, const std::vector<ReadTarget>& targets,
                             CheckpointLoadOptions o, const py::object& progress) {
-  ProgressRelay relay(progress);
-  relay.attach(o);
-  LoadReport r;
-  try {
-    GilReleased nogil;
-    r = read_checkpoint(c, targets, o);
-  } catch (const ProgressStopped&) {
-    relay.rethrow();
-  }
-  return report_dict(r);
+  return report_dict(run_with_progress(
+      o, progress, [&](const CheckpointLoadOptions& p) { return read_checkpoint(c, targets, p); }));
 }
 
 // Reads tensors `names` into `buffers` (PinnedHostBuffers of at least their bytes) without
@@ -196,6 +158,37 @@ py::dict read_into_pinned(const Checkpoint& c, const std::vector<std::string>& n
       progress);
 }
 
+// Reads the slice `dims` ((begin, count, step) per dim) of tensor `name` into `buffer` (a
+// PinnedHostBuffer of at least the slice's bytes), asking the files for exactly the
+// slice's byte ranges, without the GIL; leased and busy as read_into.
+py::dict read_slice(const Checkpoint& c, const std::string& name,
+                    const std::vector<std::tuple<int64_t, int64_t, int64_t>>& dims,
+                    const py::object& buffer, int threads, uint64_t chunk_bytes, bool verify,
+                    bool verify_if_present, bool direct, const py::object& progress) {
+  const CheckpointTensor& t = c.get(name);
+  std::vector<SliceDim> slice;
+  uint64_t bytes = t.element_size;
+  for (const auto& [begin, count, step] : dims) {
+    slice.push_back({begin, count, step});
+    bytes *= static_cast<uint64_t>(std::max<int64_t>(count, 0));
+  }
+  if (!py::isinstance<PyBuffer>(buffer))
+    throw py::type_error("read_slice: buffer must be a pinstage.PinnedHostBuffer");
+  auto& b = buffer.cast<PyBuffer&>();
+  b.require_open("read_slice");
+  if (b.nbytes < bytes)
+    throw Error(ErrorCode::invalid_argument, "read_slice: the buffer for the slice of tensor '" +
+                                                 t.name + "' has " + std::to_string(b.nbytes) +
+                                                 " bytes; it needs " + std::to_string(bytes));
+  const Lease lease(buffer, &b, LeaseHolder::read);
+  const Busy busy(b.worker);
+  return report_dict(
+      run_with_progress(load_options(threads, chunk_bytes, verify, verify_if_present, direct, 0),
+                        progress, [&](const CheckpointLoadOptions& p) {
+                          return read_tensor_slice(c, t, slice, b.buffer.data(), p);
+                        }));
+}
+
 // A device load kept alive from Python: the buffers, and the worker that owns them.
 struct PyDeviceLoad {
   py::object worker_obj;  // declared first: released last
@@ -210,17 +203,12 @@ std::unique_ptr<PyDeviceLoad> to_device(const Checkpoint& c, py::object worker_o
   PyWorker& w = as_worker(worker_obj, "load_to_device");
   CheckpointLoadOptions o =
       load_options(threads, chunk_bytes, verify, verify_if_present, direct, ring_bytes);
-  ProgressRelay relay(progress);
-  relay.attach(o);
   auto out = std::make_unique<PyDeviceLoad>();
   out->worker_obj = worker_obj;
   Busy busy(&w);
-  try {
-    GilReleased nogil;
-    out->load = names ? load_to_device(c, w.worker, o, *names) : load_to_device(c, w.worker, o);
-  } catch (const ProgressStopped&) {
-    relay.rethrow();
-  }
+  out->load = run_with_progress(o, progress, [&](const CheckpointLoadOptions& p) {
+    return names ? load_to_device(c, w.worker, p, *names) : load_to_device(c, w.worker, p);
+  });
   return out;
 }
 
@@ -341,6 +329,18 @@ void bind_checkpoint(py::module_& m) {
                "Reads the named tensors to the addresses, each range inside one open pinned "
                "buffer of worker and no two overlapping (checked before any read), without "
                "the GIL; returns the load report. Errors name `who`."))
+      .def("read_slice", &read_slice, py::arg("name"), py::arg("dims"), py::arg("buffer"),
+           py::arg("threads") = 0, py::arg("chunk_bytes") = uint64_t{8} << 20,
+           py::arg("verify") = false, py::arg("verify_if_present") = false,
+           py::arg("direct") = false, py::arg("progress") = py::none(),
+           method_doc(
+               "read_slice(name: str, dims: list[tuple[int, int, int]], buffer: "
+               "PinnedHostBuffer, threads: int = 0, chunk_bytes: int = 8388608, verify: bool = "
+               "False, verify_if_present: bool = False, direct: bool = False, progress: "
+               "Callable[[int, int], None] | None = None) -> dict[str, Any]",
+               "Reads the slice (begin, count, step per dim) of tensor name into buffer, "
+               "packed row-major, asking the files for exactly its bytes, without the GIL; "
+               "returns the load report (bytes: the bytes read)."))
       .def("load_to_device", &to_device, py::arg("worker"), py::arg("threads") = 0,
            py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
            py::arg("verify_if_present") = false, py::arg("direct") = false,

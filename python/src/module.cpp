@@ -7,7 +7,8 @@
 
 namespace pinstage::python {
 void bind_checkpoint(py::module_& m);  // checkpoint.cpp: safe_open, load_file
-}
+void bind_load_tp(py::module_& m);     // load_tp.cpp: TpPlan, tp_part, load_tp
+}  // namespace pinstage::python
 
 PYBIND11_MODULE(_pinstage, m) {
   using namespace pinstage::python;
@@ -23,6 +24,7 @@ PYBIND11_MODULE(_pinstage, m) {
   bind_device(m);
   bind_tensors(m);
   bind_checkpoint(m);
+  bind_load_tp(m);
   m.def(
       "error_code_names",
       [] {

@@ -190,8 +190,10 @@ void verify(const Checkpoint& c, const std::vector<Job>& jobs, int threads, TpLo
   r.load.verify_s = clock.seconds();
 }
 
-std::vector<std::vector<TpTensor>> by_rank(const std::vector<Job>& jobs, int tp) {
+std::vector<std::vector<TpTensor>> by_rank(const std::vector<Job>& jobs, int tp,
+                                           TpLoadReport& report) {
   std::vector<std::vector<TpTensor>> ranks(static_cast<size_t>(tp));
+  report.ranks.assign(static_cast<size_t>(tp), {});
   for (int rank = 0; rank < tp; ++rank)
     for (const Job& j : jobs) {
       TpTensor t;
@@ -200,6 +202,10 @@ std::vector<std::vector<TpTensor>> by_rank(const std::vector<Job>& jobs, int tp)
       t.dim = j.d->dim;
       t.rule = j.d->rule;
       t.bytes = slice_bytes(j, rank);
+      t.staged = j.strided();
+      TpRankReport& r = report.ranks[static_cast<size_t>(rank)];
+      r.bytes += t.bytes;
+      (j.parts.empty() ? r.shared_bytes : t.staged ? r.scatter_bytes : r.direct_bytes) += t.bytes;
       if (j.parts.empty()) {
         t.storage = j.storages[0];
       } else {
@@ -262,7 +268,7 @@ TpHostLoad load_tp_to_host(const Checkpoint& c, const TpPlan& plan, int tp,
   for (Job& j : jobs)
     if (j.strided()) read_strided(c, j, tp, stage, p, o.verify, r, &base);
   if (o.verify) verify(c, jobs, r.load.threads, r);
-  out.ranks = by_rank(jobs, tp);
+  out.ranks = by_rank(jobs, tp, r);
   r.load.total_s = total.seconds();
   return out;
 }

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "pinstage/checkpoint.h"
@@ -128,10 +129,23 @@ void expect_load(const Checkpoint& c, const TpHostLoad& load, int tp,
   ASSERT_EQ(load.ranks.size(), static_cast<size_t>(tp));
   EXPECT_EQ(load.report.read_bytes, c.total_bytes()) << "every byte read once";
   EXPECT_EQ(load.report.load.bytes, c.total_bytes());
-  uint64_t host = 0;
+  uint64_t host = 0, scattered = 0;
+  ASSERT_EQ(load.report.ranks.size(), static_cast<size_t>(tp));
   for (int r = 0; r < tp; ++r) {
     const auto& tensors = load.ranks[static_cast<size_t>(r)];
     ASSERT_EQ(tensors.size(), c.tensors().size());
+    TpRankReport want;  // the rank's figures, from its tensors
+    for (const TpTensor& t : tensors) {
+      want.bytes += t.bytes;
+      (t.dim < 0  ? want.shared_bytes
+       : t.staged ? want.scatter_bytes
+                  : want.direct_bytes) += t.bytes;
+    }
+    const TpRankReport& got = load.report.ranks[static_cast<size_t>(r)];
+    EXPECT_EQ(std::make_tuple(got.bytes, got.direct_bytes, got.scatter_bytes, got.shared_bytes),
+              std::make_tuple(want.bytes, want.direct_bytes, want.scatter_bytes, want.shared_bytes))
+        << "rank " << r;
+    scattered += got.scatter_bytes;
     for (size_t k = 0; k < tensors.size(); ++k) {
       const TpTensor& t = tensors[k];
       const std::string& whole = written.at(t.info.name);
@@ -152,6 +166,7 @@ void expect_load(const Checkpoint& c, const TpHostLoad& load, int tp,
     }
   }
   EXPECT_EQ(load.report.host_bytes, host);
+  EXPECT_EQ(scattered, load.report.scatter_bytes) << "the staged rows, each to one rank";
 }
 
 TEST_F(LoadTpTest, SlicesMatchTheReferenceForTp1248AndEveryLayout) {
