@@ -1,6 +1,7 @@
 // pinstage bench load PATH: four ways to get a checkpoint into pinned memory or onto the
 // device, warm and cold, interleaved in rounds, next to the raw parallel pread and the
-// all-core memcpy of the same bytes. See docs/loading.md ("Benchmark").
+// all-core memcpy of the same bytes; with --tp N, the tensor-parallel load too, and its
+// per-rank figures. See docs/loading.md ("Benchmark").
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "pinstage/checkpoint.h"
 #include "pinstage/clock.h"
 #include "pinstage/error.h"
+#include "pinstage/load_plan.h"
 #include "pinstage/pages.h"
 #include "pinstage/parallel.h"
 
@@ -35,6 +38,8 @@ struct BenchLoadArgs {
   int threads = 0;
   int64_t chunk_mib = 8;
   bool no_cold = false;
+  int tp = 0;        // 0: no tensor-parallel arm
+  std::string plan;  // its plan file; none: every tensor replicated
   ReportArgs report;
   CLI::App* cmd = nullptr;
 };
@@ -206,10 +211,47 @@ MappedPages fault_and_lock(uint64_t bytes) {
   return p;
 }
 
+// The tp_load arm's figures, from its fastest run: the read against the checkpoint, and
+// per rank what it received, read straight into its storages or scattered to it from the
+// staging buffer. Each rank is an object so per-device figures (an upload) can join it.
+nlohmann::ordered_json tp_figures(const BenchLoadArgs& a, const TpLoadReport& r, FILE* text) {
+  nlohmann::ordered_json j = {{"tp", a.tp},
+                              {"plan", a.plan},
+                              {"read_bytes", r.read_bytes},
+                              {"checkpoint_bytes", r.checkpoint_bytes},
+                              {"host_bytes", r.host_bytes},
+                              {"scatter_bytes", r.scatter_bytes},
+                              {"total_s", r.load.total_s},
+                              {"read_s", r.load.read_s},
+                              {"scatter_s", r.scatter_s},
+                              {"ranks", nlohmann::ordered_json::array()}};
+  std::fprintf(text,
+               "tp load, %d ranks (fastest run): read %s of the checkpoint's %s%s, %.3f s "
+               "read, %.3f s scatter\n  %-5s %12s %14s %12s %12s\n",
+               a.tp, format_bytes(r.read_bytes).c_str(), format_bytes(r.checkpoint_bytes).c_str(),
+               r.read_bytes == r.checkpoint_bytes ? " (every byte once)" : "", r.load.read_s,
+               r.scatter_s, "rank", "bytes", "read straight", "scattered", "shared");
+  for (size_t rank = 0; rank < r.ranks.size(); ++rank) {
+    const TpRankReport& k = r.ranks[rank];
+    j["ranks"].push_back({{"rank", rank},
+                          {"bytes", k.bytes},
+                          {"direct_bytes", k.direct_bytes},
+                          {"scatter_bytes", k.scatter_bytes},
+                          {"shared_bytes", k.shared_bytes}});
+    std::fprintf(text, "  %-5zu %12s %14s %12s %12s\n", rank, format_bytes(k.bytes).c_str(),
+                 format_bytes(k.direct_bytes).c_str(), format_bytes(k.scatter_bytes).c_str(),
+                 format_bytes(k.shared_bytes).c_str());
+  }
+  return j;
+}
+
 void run_bench_load(BenchLoadArgs& a) {
   check_report_args(a.report);
   const WorkerOptions wo = worker_options(a.backend);
   const Checkpoint c = Checkpoint::open(a.path);
+  const TpPlan plan = a.plan.empty() ? TpPlan() : TpPlan::read_file(a.plan);
+  if (a.tp == 0 && plan.tp()) a.tp = *plan.tp();
+  if (a.tp > 0) resolve_tp_plan(c, plan, a.tp);  // every refusal before the worker starts
   Worker worker;
   worker.init(a.backend.name, 0, wo);
   PinnedAllocator pinned(worker);
@@ -225,7 +267,8 @@ void run_bench_load(BenchLoadArgs& a) {
   std::unique_ptr<Worker> fresh;
   MappedPages floor_pages;
   double warm_alloc_share = 0;
-  const Arms arms = {
+  std::optional<TpLoadReport> fastest_tp;
+  Arms arms = {
       {"a_read_then_copy", [&] { arm_read_then_copy(c, pinned); }},
       {"b_mmap_copy", [&] { arm_mmap_copy(c, pinned); }},
       {"c_pinstage_host",
@@ -251,6 +294,12 @@ void run_bench_load(BenchLoadArgs& a) {
       {"memcpy_all_cores", [&] { parallel_memcpy(copy_dst.data, scratch.data, bytes, a.threads); }},
       {"upload_alone", [&] { upload_alone(worker, bytes, upload_src, upload_dst); }},
   };
+  if (a.tp > 0)
+    arms.push_back({"tp_load", [&] {
+                      TpLoadReport r = load_tp_to_host(c, plan, a.tp, pinned, o).report;
+                      if (!fastest_tp || r.load.total_s < fastest_tp->load.total_s)
+                        fastest_tp = std::move(r);
+                    }});
   ProgressBar bar(a.report);
   const auto series = run_rounds(c, a, arms, bar);
   FILE* text = text_out(a.report);
@@ -266,6 +315,7 @@ void run_bench_load(BenchLoadArgs& a) {
   doc["rounds"] = a.rounds;
   doc["arms"] = summarize(series, bytes, text, print);
   doc["targets"] = targets(series, warm_alloc_share, text, print);
+  if (fastest_tp) doc["tp"] = tp_figures(a, *fastest_tp, text);
   unmap_pages(scratch);
   unmap_pages(copy_dst);
   write_report(a.report, doc, collect_run_info(&worker, command_options(*a.cmd)));
@@ -288,6 +338,13 @@ void add_bench_load_command(CLI::App& bench) {
       ->capture_default_str();
 
   q->add_flag("--no-cold", a->no_cold, "Skip the cold (page cache dropped) runs");
+  add_integer_option(*q, "--tp", a->tp,
+                     "Tensor-parallel ranks, 1..1024: add the tp_load arm (every byte read once "
+                     "for all ranks) and its per-rank figures",
+                     1, kTpMaxRanks);
+  q->add_option("--plan", a->plan,
+                "The tp_load arm's plan file (docs/loading.md); without one every tensor is "
+                "replicated");
   add_report_options(*q, a->report);
   q->callback([a] { run_bench_load(*a); });
 }

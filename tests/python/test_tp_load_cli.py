@@ -1,7 +1,8 @@
 """`pinstage load --tp N --plan FILE`: a sharded checkpoint of several dtypes built with
 numpy; each rank's slices (shape, start, bytes) are numpy.array_split's for tp 1, 2, 4 and
 8, the bytes read are the checkpoint's, and a bad plan or split fails before any work with
-its message. The slices' bytes are checked against a reference in tests/cpp/test_load_tp.cpp."""
+its message; `bench load --tp N` reports each rank's read and scatter figures. The slices' bytes
+are checked against a reference in tests/cpp/test_load_tp.cpp and tests/python/test_tp_slices.py."""
 import json
 import struct
 import subprocess
@@ -100,3 +101,22 @@ def test_bad_plans_and_splits_fail_before_work(cli, tmp_path):
     assert p.returncode != 0 and "--to device cannot be combined" in p.stderr
     p = run(cli, "load", d, "--tp", 1025)
     assert p.returncode != 0 and "--tp='1025' is not valid: must be in [1, 1024]" in p.stderr
+
+
+def test_bench_load_tp_reports_each_ranks_read_and_scatter(cli, tmp_path):
+    d = checkpoint(tmp_path)
+    p = run(cli, "bench", "load", d, "--tp", 4, "--plan", tmp_path / "plan.json", "--rounds", 1,
+            "--no-cold", "--json", "-", "--quiet")
+    assert p.returncode == 0, p.stderr
+    tp = json.loads(p.stdout)["tp"]
+    total = sum(a.nbytes for a, _ in TENSORS.values())
+    assert tp["tp"] == 4 and tp["read_bytes"] == tp["checkpoint_bytes"] == total
+    shared = sum(a.nbytes for a, dim in TENSORS.values() if dim is None)
+    assert [r["rank"] for r in tp["ranks"]] == [0, 1, 2, 3]
+    for r in tp["ranks"]:
+        assert r["bytes"] == r["direct_bytes"] + r["scatter_bytes"] + r["shared_bytes"]
+        assert r["shared_bytes"] == shared
+    assert sum(r["scatter_bytes"] for r in tp["ranks"]) == tp["scatter_bytes"] > 0
+    assert sum(r["bytes"] - r["shared_bytes"] for r in tp["ranks"]) + shared == total
+    p = run(cli, "bench", "load", d, "--tp", 10, "--plan", tmp_path / "plan.json")
+    assert p.returncode != 0 and "would split dim 2 of size 9 into 10 parts" in p.stderr
