@@ -60,6 +60,7 @@ _LAZY = {
     "PinnedTorchAllocator": ("torch_alloc", "PinnedTorchAllocator"),
     "is_pinned": ("torch_alloc", "is_pinned"),
     "safe_open": ("checkpoint", "safe_open"),
+    "SafeSlice": ("checkpoint", "SafeSlice"),
     "load_file": ("checkpoint", "load_file"),
     "load_to_device": ("checkpoint", "load_to_device"),
     "load_tp": ("tp", "load_tp"),
@@ -89,5 +90,5 @@ __all__ = [
     "scene_params", "scene_describe", "scene_callable", "scene_make_args",
     "scene_compute_golden", "scene_compare", "run_scene", "ResidentBinder", "scene_advance",
     "safe_open", "load_file", "load_to_device", "DeviceBuffer", "CopyEvent",
-    "TpPlan", "tp_part", "load_tp", "TpLoad",
+    "SafeSlice", "TpPlan", "tp_part", "load_tp", "TpLoad",
 ]

@@ -234,7 +234,12 @@ class safe_open:  # noqa: N801 (the safetensors name)
         self._options = _options("safe_open", threads, chunk_bytes, verify, False)
         self._checkpoint = _pinstage._Checkpoint(path, "safe_open")
         self._worker = worker
-        self.read_bytes = 0
+        self._read_bytes = 0
+
+    @property
+    def read_bytes(self):
+        """int: bytes read from the files so far, by get_tensor and every slice."""
+        return self._read_bytes
 
     def __enter__(self):
         return self
@@ -262,14 +267,14 @@ class safe_open:  # noqa: N801 (the safetensors name)
         if out is None:
             tensors, report = _read(self._checkpoint, self._worker, [name], self._options,
                                     framework=self._framework)
-            self.read_bytes += report["bytes"]
+            self._read_bytes += report["bytes"]
             return tensors[name]
         if self._framework != "pt":
             raise InvalidArgumentError("safe_open.get_tensor(out=): out is a torch tensor; "
                                        "this file was opened with framework='numpy'")
         report = _read_into(self._checkpoint, self._worker, [name], [out], self._options,
                             "safe_open.get_tensor(out=)")
-        self.read_bytes += report["bytes"]
+        self._read_bytes += report["bytes"]
         return out
 
     def get_slice(self, name):
@@ -283,7 +288,7 @@ class safe_open:  # noqa: N801 (the safetensors name)
                 "its recorded xxh3-64 covers the whole tensor; use get_tensor, or open with "
                 "verify='if-present' (slices are then read unchecked)")
         _element_type(info, name, self._framework)
-        return _SafeSlice(self, name, info)
+        return SafeSlice(self, name, info)
 
 
 def _slice_dims(index, shape, name):
@@ -324,7 +329,7 @@ def _slice_dims(index, shape, name):
     return dims, tuple(out)
 
 
-class _SafeSlice:
+class SafeSlice:
     """One tensor of a safe_open, read in part: [index] reads the index's bytes alone
     (rows: one range; columns: one range per row) into fresh pinned memory. `read_bytes`
     counts what this object read from the files."""
@@ -333,7 +338,12 @@ class _SafeSlice:
         self._owner = owner
         self._name = name
         self._info = info
-        self.read_bytes = 0
+        self._read_bytes = 0
+
+    @property
+    def read_bytes(self):
+        """int: bytes this slice object read from the files so far."""
+        return self._read_bytes
 
     def get_shape(self):
         """The whole tensor's shape, as a list."""
@@ -355,8 +365,8 @@ class _SafeSlice:
         except BaseException:
             buffer.close()  # no view of it exists yet
             raise
-        self.read_bytes += report["bytes"]
-        owner.read_bytes += report["bytes"]
+        self._read_bytes += report["bytes"]
+        owner._read_bytes += report["bytes"]
         info = {"nbytes": nbytes, "dtype": self._info["dtype"], "shape": shape}
         return _view(buffer, info, self._name, owner._framework)
 

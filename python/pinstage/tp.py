@@ -40,6 +40,8 @@ class TpLoad:
     staged, shared}), `report` the load's figures (read_bytes, checkpoint_bytes, host_bytes,
     scatter_bytes, per-rank figures under "ranks", the reads under "load") and `tp`."""
 
+    __slots__ = ("tp", "ranks", "slices", "report")
+
     def __init__(self, tp, ranks, slices, report):
         self.tp = tp
         self.ranks = ranks

@@ -185,15 +185,15 @@ void bind_tp_plan(py::module_& m) {
           method_doc("expect_tp(tp: int) -> TpPlan",
                      "The tp the plan was written for: a load with another is refused."))
       .def_static("parse", &TpPlan::parse, py::arg("text"), py::arg("source") = "plan",
-                  method_doc("parse(text: str, source: str = 'plan') -> TpPlan",
-                             "The JSON form (docs/loading.md), parsed strictly; errors name "
-                             "source."))
+                  function_doc("parse(text: str, source: str = 'plan') -> TpPlan",
+                               "The JSON form (docs/loading.md), parsed strictly; errors name "
+                               "source."))
       .def_static(
           "read_file",
           [](const py::object& path) {
             return TpPlan::read_file(path_arg(path, "TpPlan.read_file(): path"));
           },
-          py::arg("path"), method_doc("read_file(path: str | os.PathLike[str]) -> TpPlan"))
+          py::arg("path"), function_doc("read_file(path: str | os.PathLike[str]) -> TpPlan"))
       .def_property_readonly(
           "tp", [](const TpPlan& p) { return p.tp(); }, "int | None: expect_tp's, or None.")
       .def("match", &TpPlan::match, py::arg("name"),
@@ -202,7 +202,9 @@ void bind_tp_plan(py::module_& m) {
       .def("describe", &TpPlan::describe, py::arg("rule"),
            method_doc("describe(rule: int) -> str",
                       "\"rule 2 (match '*.q_proj.weight': split dim 0)\"; -1: the default."))
-      .def("__len__", [](const TpPlan& p) { return p.rules().size(); });
+      .def(
+          "__len__", [](const TpPlan& p) { return p.rules().size(); },
+          method_doc("__len__() -> int", "The number of rules."));
 }
 
 }  // namespace

@@ -164,7 +164,7 @@ def test_bad_arguments(worker, tmp_path):
     path = tmp_path / "m.safetensors"
     write_file(path, {"a": torch.zeros(2)})
     with pytest.raises(pinstage.InvalidArgumentError, match="framework must be 'pt'"):
-        pinstage.safe_open(path, framework="np", worker=worker)
+        pinstage.safe_open(path, framework="tf", worker=worker)
     with pytest.raises(TypeError, match="needs worker=pinstage.Worker"):
         pinstage.load_file(path, worker=None)
     with pytest.raises(pinstage.Error, match="no tensor 'zz'"):
