@@ -261,17 +261,32 @@ void bind_device_load(py::module_& m) {
           method_doc("close() -> None", "Frees the device memory now."));
 }
 
+void def_read_slice(py::class_<Checkpoint>& cls) {
+  cls.def(
+      "read_slice", &read_slice, py::arg("name"), py::arg("dims"), py::arg("buffer"),
+      py::arg("threads") = 0, py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
+      py::arg("verify_if_present") = false, py::arg("direct") = false,
+      py::arg("progress") = py::none(),
+      method_doc("read_slice(name: str, dims: list[tuple[int, int, int]], buffer: "
+                 "PinnedHostBuffer, threads: int = 0, chunk_bytes: int = 8388608, verify: bool = "
+                 "False, verify_if_present: bool = False, direct: bool = False, progress: "
+                 "Callable[[int, int], None] | None = None) -> dict[str, Any]",
+                 "Reads the slice (begin, count, step per dim) of tensor name into buffer, "
+                 "packed row-major, asking the files for exactly its bytes, without the GIL; "
+                 "returns the load report (bytes: the bytes read)."));
+}
+
 }  // namespace
 
 void bind_checkpoint(py::module_& m) {
-  py::class_<Checkpoint>(m, "_Checkpoint")
-      .def(py::init([](const py::object& path, const std::string& who) {
-             return Checkpoint::open(path_arg(path, who + "(): path"));
-           }),
-           py::arg("path"), py::arg("who") = "_Checkpoint",
-           method_doc("__init__(path: str | os.PathLike[str], who: str = '_Checkpoint') -> None",
-                      "Opens and validates a .safetensors file or a checkpoint directory; "
-                      "errors about path name `who`, the public caller."))
+  py::class_<Checkpoint> cls(m, "_Checkpoint");
+  cls.def(py::init([](const py::object& path, const std::string& who) {
+            return Checkpoint::open(path_arg(path, who + "(): path"));
+          }),
+          py::arg("path"), py::arg("who") = "_Checkpoint",
+          method_doc("__init__(path: str | os.PathLike[str], who: str = '_Checkpoint') -> None",
+                     "Opens and validates a .safetensors file or a checkpoint directory; "
+                     "errors about path name `who`, the public caller."))
       .def_property_readonly(
           "layout", [](const Checkpoint& c) { return checkpoint_layout_name(c.layout()); },
           "str: 'single_file', 'indexed_directory' or 'shard_directory'.")
@@ -329,18 +344,6 @@ void bind_checkpoint(py::module_& m) {
                "Reads the named tensors to the addresses, each range inside one open pinned "
                "buffer of worker and no two overlapping (checked before any read), without "
                "the GIL; returns the load report. Errors name `who`."))
-      .def("read_slice", &read_slice, py::arg("name"), py::arg("dims"), py::arg("buffer"),
-           py::arg("threads") = 0, py::arg("chunk_bytes") = uint64_t{8} << 20,
-           py::arg("verify") = false, py::arg("verify_if_present") = false,
-           py::arg("direct") = false, py::arg("progress") = py::none(),
-           method_doc(
-               "read_slice(name: str, dims: list[tuple[int, int, int]], buffer: "
-               "PinnedHostBuffer, threads: int = 0, chunk_bytes: int = 8388608, verify: bool = "
-               "False, verify_if_present: bool = False, direct: bool = False, progress: "
-               "Callable[[int, int], None] | None = None) -> dict[str, Any]",
-               "Reads the slice (begin, count, step per dim) of tensor name into buffer, "
-               "packed row-major, asking the files for exactly its bytes, without the GIL; "
-               "returns the load report (bytes: the bytes read)."))
       .def("load_to_device", &to_device, py::arg("worker"), py::arg("threads") = 0,
            py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
            py::arg("verify_if_present") = false, py::arg("direct") = false,
@@ -352,6 +355,7 @@ void bind_checkpoint(py::module_& m) {
                       "None, progress: Callable[[int, int], None] | None = None) -> _DeviceLoad",
                       "Streams every tensor (or those named) onto worker's device through its "
                       "staging ring."));
+  def_read_slice(cls);
   bind_device_load(m);
 }
 

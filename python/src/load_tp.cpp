@@ -119,13 +119,35 @@ py::tuple load_tp(const Checkpoint& c, const TpPlan& plan, int tp, const py::obj
 // The builder methods return the plan itself, so calls chain as in C++.
 TpPlan& plan_of(const py::object& self) { return self.cast<TpPlan&>(); }
 
+// TpPlan's readers (the JSON form) and queries.
+void def_tp_plan_queries(py::class_<TpPlan>& cls) {
+  cls.def_static("parse", &TpPlan::parse, py::arg("text"), py::arg("source") = "plan",
+                 function_doc("parse(text: str, source: str = 'plan') -> TpPlan",
+                              "The JSON form (docs/loading.md), parsed strictly; errors name "
+                              "source."))
+      .def_static(
+          "read_file",
+          [](const py::object& path) {
+            return TpPlan::read_file(path_arg(path, "TpPlan.read_file(): path"));
+          },
+          py::arg("path"), function_doc("read_file(path: str | os.PathLike[str]) -> TpPlan"))
+      .def_property_readonly(
+          "tp", [](const TpPlan& p) { return p.tp(); }, "int | None: expect_tp's, or None.")
+      .def("match", &TpPlan::match, py::arg("name"),
+           method_doc("match(name: str) -> int",
+                      "The index of the first rule matching name, or -1 (the default)."))
+      .def("describe", &TpPlan::describe, py::arg("rule"),
+           method_doc("describe(rule: int) -> str",
+                      "\"rule 2 (match '*.q_proj.weight': split dim 0)\"; -1: the default."));
+}
+
 void bind_tp_plan(py::module_& m) {
-  py::class_<TpPlan>(m, "TpPlan",
-                     "Which tensors a tensor-parallel load splits, and along which dim: rules "
-                     "tried in order, the first match deciding, and a default (replicate).")
-      .def(py::init<>(), method_doc("__init__() -> None",
-                                    "An empty plan: every tensor "
-                                    "replicated."))
+  py::class_<TpPlan> cls(m, "TpPlan",
+                         "Which tensors a tensor-parallel load splits, and along which dim: rules "
+                         "tried in order, the first match deciding, and a default (replicate).");
+  cls.def(py::init<>(), method_doc("__init__() -> None",
+                                   "An empty plan: every tensor "
+                                   "replicated."))
       .def(
           "split",
           [](py::object self, std::string g, int d) {
@@ -184,27 +206,10 @@ void bind_tp_plan(py::module_& m) {
           py::arg("tp"),
           method_doc("expect_tp(tp: int) -> TpPlan",
                      "The tp the plan was written for: a load with another is refused."))
-      .def_static("parse", &TpPlan::parse, py::arg("text"), py::arg("source") = "plan",
-                  function_doc("parse(text: str, source: str = 'plan') -> TpPlan",
-                               "The JSON form (docs/loading.md), parsed strictly; errors name "
-                               "source."))
-      .def_static(
-          "read_file",
-          [](const py::object& path) {
-            return TpPlan::read_file(path_arg(path, "TpPlan.read_file(): path"));
-          },
-          py::arg("path"), function_doc("read_file(path: str | os.PathLike[str]) -> TpPlan"))
-      .def_property_readonly(
-          "tp", [](const TpPlan& p) { return p.tp(); }, "int | None: expect_tp's, or None.")
-      .def("match", &TpPlan::match, py::arg("name"),
-           method_doc("match(name: str) -> int",
-                      "The index of the first rule matching name, or -1 (the default)."))
-      .def("describe", &TpPlan::describe, py::arg("rule"),
-           method_doc("describe(rule: int) -> str",
-                      "\"rule 2 (match '*.q_proj.weight': split dim 0)\"; -1: the default."))
       .def(
           "__len__", [](const TpPlan& p) { return p.rules().size(); },
           method_doc("__len__() -> int", "The number of rules."));
+  def_tp_plan_queries(cls);
 }
 
 }  // namespace
