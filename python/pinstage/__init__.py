@@ -42,6 +42,7 @@ from ._pinstage import (  # noqa: F401
     scene_make_args,
     scene_names,
     scene_params,
+    xxh3_64,
 )
 
 # `import pinstage.qwen3` works like any submodule.
@@ -83,5 +84,5 @@ __all__ = [
     "Comparison", "TensorComparison", "SceneRound", "SceneReport", "SceneGolden", "scene_names",
     "scene_params", "scene_describe", "scene_callable", "scene_make_args",
     "scene_compute_golden", "scene_compare", "run_scene", "ResidentBinder", "scene_advance",
-    "safe_open", "load_file", "load_to_device", "DeviceBuffer", "CopyEvent",
+    "safe_open", "load_file", "load_to_device", "DeviceBuffer", "CopyEvent", "xxh3_64",
 ]
