@@ -53,6 +53,7 @@ try:
     record["failure"] = None
 except pd.RankFailed as e:
     record["failure"] = {"message": str(e), "ranks": sorted(e.failures), "phase": e.phase}
+    kept = e  # its traceback holds the load's frames: the memory must be freed already
 stats = ctx.worker.stats()
 record["after_failure"] = {"pinned_bytes": stats.pinned_bytes, "device_bytes": stats.device_bytes}
 dist.barrier()

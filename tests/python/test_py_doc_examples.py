@@ -37,6 +37,7 @@ def tensors_setup(folder):
 SETUP = {"docs/tensors.md": tensors_setup}
 SKIP = {
     "docs/loading.md": "needs a checkpoint folder model/ (its own tests cover loading)",
+    "docs/distributed.md": "runs under torchrun: tests/python/test_distributed.py runs it",
 }
 
 
