@@ -64,6 +64,9 @@ _LAZY = {
 
 
 def __getattr__(name):
+    if name == "distributed":  # pinstage.distributed imports torch.distributed
+        import importlib
+        return importlib.import_module(".distributed", __name__)
     if name in _LAZY:
         module_name, attr = _LAZY[name]
         import importlib
@@ -74,7 +77,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+    return sorted(list(globals()) + list(_LAZY) + ["distributed"])
 
 
 __all__ = [
