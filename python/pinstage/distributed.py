@@ -14,6 +14,7 @@ Every phase of a load ends with an all_gather of each rank's status, so a rank t
 makes every rank raise RankFailed naming it, and each rank frees what it took (pinned
 buffers, device buffers, shared-memory segments) before raising.
 """
+import itertools
 import json
 import mmap
 import os
@@ -192,9 +193,13 @@ def _job_tag():
     return re.sub(r"[^A-Za-z0-9]", "", run)[:16] or "nojob"
 
 
-def _segment_name(tag, round_index):
-    # The owner's pid comes right after the prefix: sweep_stale_segments reads it.
-    return f"{SHM_PREFIX}{os.getpid()}-{tag}-{round_index}"
+_segments_made = itertools.count()
+
+
+def _segment_name(tag):
+    # The owner's pid comes right after the prefix: sweep_stale_segments reads it. The
+    # count keeps two loads of one process apart.
+    return f"{SHM_PREFIX}{os.getpid()}-{tag}-{next(_segments_made)}"
 
 
 def _pid_alive(pid):
@@ -239,7 +244,10 @@ class _Segment:
             if create:
                 os.ftruncate(fd, max(size, 1))
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if create else 0)
-            self.map = mmap.mmap(fd, max(size, 1), mmap.MAP_SHARED, prot)
+            # Populated at the map: the pages are faulted in bulk, not one trap at a time
+            # by the reading or copying threads.
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self.map = mmap.mmap(fd, max(size, 1), flags, prot)
         except BaseException:
             os.close(fd)
             if create:
@@ -414,31 +422,36 @@ def _node_peers(group, ctx):
 def _read_once_per_node(phases, checkpoint, plan_text, source, tp, tp_rank, out, segments,
                         group, chunk_bytes):
     """Rounds: in round k the i-th rank of a node reads file k * n + i (n ranks) whole into
-    a segment; then every rank of the node copies its slices out of the round's segments;
-    then the owners unlink them. A node holds at most n files in shared memory at once."""
+    its segment; then every rank of the node copies its slices out of the round's
+    segments. A rank's one segment, sized for its largest file, is reused every round (its
+    pages faulted once) and unlinked after the last. A node holds at most n files in
+    shared memory at once."""
     ctx = out.ctx
     sweep_stale_segments()
     peers, mine = _node_peers(group, ctx)
     n = len(peers)
     files = checkpoint.files
-    tag = _job_tag()
-    by_name = {s["name"]: (i, s) for i, s in enumerate(out.slices)}
+    layouts = {f: _file_layout(out.slices, f) for f in files}
+    by_name = {s["name"]: i for i, s in enumerate(out.slices)}
     counts = {"read_bytes": 0, "files_read": {}, "copied_bytes": 0}
     me = dist.get_rank(group)
+    mine_files = files[mine::n]
     for k in range((len(files) + n - 1) // n):
         index = k * n + mine
 
         def read_round():
             if index >= len(files):
                 return None
-            names, offsets, size = _file_layout(out.slices, files[index])
-            seg = _Segment(os.path.join(SHM_DIR, _segment_name(tag, k)), size, create=True)
-            segments.append(seg)
-            r = _pinstage._read_whole_into(checkpoint, names, seg.map, offsets,
+            if not segments:
+                size = max(layouts[f][2] for f in mine_files)
+                segments.append(_Segment(os.path.join(SHM_DIR, _segment_name(_job_tag())),
+                                         size, create=True))
+            names, offsets, _ = layouts[files[index]]
+            r = _pinstage._read_whole_into(checkpoint, names, segments[0].map, offsets,
                                            threads=ctx.threads, chunk_bytes=chunk_bytes)
             counts["read_bytes"] += r["bytes"]
             counts["files_read"][files[index]] = r["bytes"]
-            return seg.path
+            return segments[0].path
 
         mine_path = phases.run(f"read {k}", read_round)
         paths = [None] * dist.get_world_size(group)
@@ -449,10 +462,10 @@ def _read_once_per_node(phases, checkpoint, plan_text, source, tp, tp_rank, out,
             for i, g in enumerate(peers):
                 if g not in round_paths:
                     continue
-                names, offsets, size = _file_layout(out.slices, files[k * n + i])
-                seg = segments[-1] if g == me else _Segment(round_paths[g], size, False)
+                names, offsets, size = layouts[files[k * n + i]]
+                seg = segments[0] if g == me else _Segment(round_paths[g], size, False)
                 try:
-                    bufs = [out.buffers[by_name[nm][0]] for nm in names]
+                    bufs = [out.buffers[by_name[nm]] for nm in names]
                     counts["copied_bytes"] += _pinstage._copy_tp_from(
                         checkpoint, plan_text, source, tp, tp_rank, names, seg.map, offsets,
                         bufs, threads=ctx.threads)
@@ -460,10 +473,11 @@ def _read_once_per_node(phases, checkpoint, plan_text, source, tp, tp_rank, out,
                     if g != me:
                         seg.close()
 
+        # Its all_gather is also the barrier before an owner overwrites its segment.
         phases.run(f"copy {k}", copy_round)
-        for s in segments:  # every rank of the node has copied: the owner unlinks
-            s.close()
-        segments.clear()
+    for s in segments:  # every rank of the node has copied the last round: unlinked
+        s.close()
+    segments.clear()
     return counts
 
 
