@@ -21,7 +21,6 @@ import os
 import re
 import time
 
-import torch
 import torch.distributed as dist
 
 from . import _pinstage

@@ -153,27 +153,36 @@ void expect_load(const Checkpoint& c, const TpHostLoad& load, int tp,
   EXPECT_EQ(load.report.host_bytes, host);
 }
 
-TEST_F(LoadTpTest, SlicesMatchTheReferenceForTp1248AndEveryLayout) {
-  const Checkpoint c = Checkpoint::open(sharded());
+// Every tp of 1, 2, 4 and 8 with chunks of 8 MiB and of 7 bytes (many batches of one
+// row) on 1 and 3 threads: fn(tp, options), traced.
+template <typename F>
+void each_case(F&& fn) {
   for (int tp : {1, 2, 4, 8})
-    for (uint64_t chunk : {uint64_t{8} << 20, uint64_t{7}})  // 7: many batches of one row
+    for (uint64_t chunk : {uint64_t{8} << 20, uint64_t{7}})
       for (int threads : {1, 3}) {
         SCOPED_TRACE("tp " + std::to_string(tp) + " chunk " + std::to_string(chunk) + " threads " +
                      std::to_string(threads));
         CheckpointLoadOptions o;
         o.chunk_bytes = chunk;
         o.threads = threads;
-        o.verify = true;  // pinstage's writer records every hash
-        PageableAllocator pageable;
-        const TpHostLoad load = load_tp_to_host(c, plan(), tp, pageable, o);
-        expect_load(c, load, tp, bytes_);
-        EXPECT_TRUE(load.report.load.verified);
-        EXPECT_EQ(load.report.replicated, 2u);  // the norm and the scalar (the default)
-        EXPECT_EQ(load.report.strided, 4u);     // o_proj, down_proj, cube, u8_3d
-        EXPECT_EQ(load.report.contiguous, 5u);  // q weight and bias, up, embed, empty_rows
-        EXPECT_EQ(load.report.unused_rules, std::vector<int>{9});
-        EXPECT_EQ(load.report.scatter_bytes, 9 * 13 * 2 + 5 * 16 + 3 * 4 * 11 * 8 + 2 * 9 * 8);
+        fn(tp, o);
       }
+}
+
+TEST_F(LoadTpTest, SlicesMatchTheReferenceForTp1248AndEveryLayout) {
+  const Checkpoint c = Checkpoint::open(sharded());
+  each_case([&](int tp, CheckpointLoadOptions o) {
+    o.verify = true;  // pinstage's writer records every hash
+    PageableAllocator pageable;
+    const TpHostLoad load = load_tp_to_host(c, plan(), tp, pageable, o);
+    expect_load(c, load, tp, bytes_);
+    EXPECT_TRUE(load.report.load.verified);
+    EXPECT_EQ(load.report.replicated, 2u);  // the norm and the scalar (the default)
+    EXPECT_EQ(load.report.strided, 4u);     // o_proj, down_proj, cube, u8_3d
+    EXPECT_EQ(load.report.contiguous, 5u);  // q weight and bias, up, embed, empty_rows
+    EXPECT_EQ(load.report.unused_rules, std::vector<int>{9});
+    EXPECT_EQ(load.report.scatter_bytes, 9 * 13 * 2 + 5 * 16 + 3 * 4 * 11 * 8 + 2 * 9 * 8);
+  });
 }
 
 TEST_F(LoadTpTest, IntoPinnedMemoryOfASimWorkerWithProgressToTheEnd) {
@@ -434,46 +443,39 @@ TEST_F(LoadTpTest, VerifyCatchesAFlippedByteInAStridedAndAContiguousSplit) {
 // copy_tp_slice cuts the same slice out of the whole tensor in memory.
 TEST_F(LoadTpTest, EachRankAloneReadsOnlyItsSlicesAndMatchesTheAllRanksLoad) {
   const Checkpoint c = Checkpoint::open(sharded());
-  for (int tp : {1, 2, 4, 8})
-    for (uint64_t chunk : {uint64_t{8} << 20, uint64_t{7}})
-      for (int threads : {1, 3}) {
-        SCOPED_TRACE("tp " + std::to_string(tp) + " chunk " + std::to_string(chunk) + " threads " +
-                     std::to_string(threads));
-        CheckpointLoadOptions o;
-        o.chunk_bytes = chunk;
-        o.threads = threads;
-        PageableAllocator pageable;
-        const TpHostLoad all = load_tp_to_host(c, plan(), tp, pageable, o);
-        uint64_t read = 0;
-        for (int rank = 0; rank < tp; ++rank) {
-          const TpRankLoad one = load_tp_rank_to_host(c, plan(), tp, rank, pageable, o);
-          const auto& want = all.ranks[static_cast<size_t>(rank)];
-          ASSERT_EQ(one.tensors.size(), want.size());
-          uint64_t mine = 0;
-          for (size_t k = 0; k < want.size(); ++k) {
-            const TpTensor& t = one.tensors[k];
-            EXPECT_EQ(t.shape, want[k].shape) << t.info.name;
-            EXPECT_EQ(t.begin, want[k].begin) << t.info.name;
-            EXPECT_EQ(storage_bytes(t), storage_bytes(want[k])) << t.info.name << " rank " << rank;
-            const std::string& whole = bytes_.at(t.info.name);
-            std::string copied(t.bytes, '\0');
-            copy_tp_slice(t, whole.data(), copied.data(), threads);
-            EXPECT_EQ(copied, storage_bytes(want[k])) << t.info.name << " copied, rank " << rank;
-            mine += t.bytes;
-          }
-          EXPECT_EQ(one.report.read_bytes, mine) << "rank " << rank << " read its bytes only";
-          EXPECT_EQ(one.report.host_bytes, mine);
-          EXPECT_EQ(one.report.replicated + one.report.contiguous + one.report.strided,
-                    c.tensors().size());
-          EXPECT_EQ(one.report.unused_rules, std::vector<int>{9});
-          read += one.report.read_bytes;
-        }
-        uint64_t replicated = 0;
-        for (const TpTensor& t : all.ranks[0])
-          if (t.dim < 0) replicated += t.bytes;
-        EXPECT_EQ(read, c.total_bytes() + replicated * static_cast<uint64_t>(tp - 1))
-            << "split bytes read once over the ranks, replicated ones by each rank";
+  each_case([&](int tp, const CheckpointLoadOptions& o) {
+    PageableAllocator pageable;
+    const TpHostLoad all = load_tp_to_host(c, plan(), tp, pageable, o);
+    uint64_t read = 0;
+    for (int rank = 0; rank < tp; ++rank) {
+      const TpRankLoad one = load_tp_rank_to_host(c, plan(), tp, rank, pageable, o);
+      const auto& want = all.ranks[static_cast<size_t>(rank)];
+      ASSERT_EQ(one.tensors.size(), want.size());
+      uint64_t mine = 0;
+      for (size_t k = 0; k < want.size(); ++k) {
+        const TpTensor& t = one.tensors[k];
+        EXPECT_EQ(t.shape, want[k].shape) << t.info.name;
+        EXPECT_EQ(t.begin, want[k].begin) << t.info.name;
+        EXPECT_EQ(storage_bytes(t), storage_bytes(want[k])) << t.info.name << " rank " << rank;
+        const std::string& whole = bytes_.at(t.info.name);
+        std::string copied(t.bytes, '\0');
+        copy_tp_slice(t, whole.data(), copied.data(), o.threads);
+        EXPECT_EQ(copied, storage_bytes(want[k])) << t.info.name << " copied, rank " << rank;
+        mine += t.bytes;
       }
+      EXPECT_EQ(one.report.read_bytes, mine) << "rank " << rank << " read its bytes only";
+      EXPECT_EQ(one.report.host_bytes, mine);
+      EXPECT_EQ(one.report.replicated + one.report.contiguous + one.report.strided,
+                c.tensors().size());
+      EXPECT_EQ(one.report.unused_rules, std::vector<int>{9});
+      read += one.report.read_bytes;
+    }
+    uint64_t replicated = 0;
+    for (const TpTensor& t : all.ranks[0])
+      if (t.dim < 0) replicated += t.bytes;
+    EXPECT_EQ(read, c.total_bytes() + replicated * static_cast<uint64_t>(tp - 1))
+        << "split bytes read once over the ranks, replicated ones by each rank";
+  });
 }
 
 TEST(TpPieces, ARowSplitIsOnePieceAColumnSplitOnePerRowAWholeRowMerged) {

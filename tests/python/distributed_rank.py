@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
-import dist_fixture  # noqa: E402
+import tp_checkpoint  # noqa: E402
 
 import pinstage  # noqa: E402
 from pinstage import distributed as pd  # noqa: E402
@@ -29,7 +29,7 @@ for mode in pd.READ_MODES:
     load = pd.load_sharded(checkpoint, plan, read=mode)
     tp, tp_rank = load.report["tp"], load.report["tp_rank"]
     for name, t in load.tensors.items():
-        want = dist_fixture.expected_slice(name, tp, tp_rank)
+        want = tp_checkpoint.expected_slice(name, tp, tp_rank)
         assert tuple(t.shape) == want.shape, (name, tuple(t.shape), want.shape)
         assert np.array_equal(t.numpy(), want), f"{mode}: {name} differs from numpy"
         assert t.is_pinned() or pinstage.is_pinned(t), name

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-import dist_fixture
+import tp_checkpoint
 
 torch = pytest.importorskip("torch")
 import pinstage  # noqa: E402
@@ -53,9 +53,9 @@ def our_segments():
 
 def expected(nproc):
     """{tp rank: {name: (xxh3, nbytes)}} from numpy, in this one process."""
-    return {r: {n: (pinstage.xxh3_64(dist_fixture.expected_slice(n, nproc, r).tobytes()),
-                    dist_fixture.expected_slice(n, nproc, r).nbytes)
-                for n in dist_fixture.arrays()}
+    return {r: {n: (pinstage.xxh3_64(tp_checkpoint.expected_slice(n, nproc, r).tobytes()),
+                    tp_checkpoint.expected_slice(n, nproc, r).nbytes)
+                for n in tp_checkpoint.arrays()}
             for r in range(nproc)}
 
 
@@ -63,7 +63,7 @@ def expected(nproc):
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_ranks_load_their_slices_both_ways_and_a_failure_is_named_everywhere(
         nproc, tmp_path, build_dir):
-    model, plan = dist_fixture.write_checkpoint(tmp_path)
+    model, plan = tp_checkpoint.write_checkpoint(tmp_path)
     stale = pathlib.Path(pd.SHM_DIR) / f"{pd.SHM_PREFIX}{dead_pid()}-killedjob-0"
     stale.write_bytes(b"left by a killed rank")
     out = tmp_path / "out"
@@ -76,7 +76,7 @@ def test_ranks_load_their_slices_both_ways_and_a_failure_is_named_everywhere(
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
     want = expected(nproc)
     files = sorted(str(p) for p in model.glob("*.safetensors"))
-    file_bytes = {f: sum(a.nbytes for n, (a, _) in dist_fixture.arrays().items()
+    file_bytes = {f: sum(a.nbytes for n, (a, _) in tp_checkpoint.arrays().items()
                          if json.loads((model / "model.safetensors.index.json").read_text())
                          ["weight_map"][n] == pathlib.Path(f).name) for f in files}
     total = sum(file_bytes.values())
@@ -136,7 +136,7 @@ def doc_example():
 def test_the_docs_torchrun_example_runs(tmp_path, build_dir):
     code = doc_example()
     assert len(code.splitlines()) <= 20, "the example is 20 lines at most"
-    model, plan = dist_fixture.write_checkpoint(tmp_path)
+    model, plan = tp_checkpoint.write_checkpoint(tmp_path)
     script = tmp_path / "load_tp.py"
     script.write_text(code)
     done = torchrun(build_dir, 2, script, cwd=tmp_path)  # it reads model/ and plan.json

@@ -3,10 +3,11 @@ numpy; each rank's slices (shape, start, bytes) are numpy.array_split's for tp 1
 8, the bytes read are the checkpoint's, and a bad plan or split fails before any work with
 its message. The slices' bytes are checked against a reference in tests/cpp/test_load_tp.cpp."""
 import json
-import struct
 import subprocess
 
 import numpy as np
+
+from tp_checkpoint import DTYPES, PLAN, write_shard
 
 TENSORS = {  # name: (array, split dim or None)
     "layers.0.q_proj.weight": (np.arange(12 * 6, dtype=np.float32).reshape(12, 6), 0),
@@ -15,26 +16,6 @@ TENSORS = {  # name: (array, split dim or None)
     "layers.0.norm.weight": (np.ones(6, dtype=np.float32), None),
     "embed.weight": (np.arange(17 * 3, dtype=np.int8).reshape(17, 3), 0),
 }
-DTYPES = {"float32": "F32", "float16": "F16", "int64": "I64", "int8": "I8"}
-PLAN = {"format": "pinstage.tp_plan/1",
-        "rules": [{"match": "*.q_proj.weight", "split": 0},
-                  {"regex": r"layers\.\d+\.o_proj\.weight", "split": 1},
-                  {"match": "*.cube", "split": -1},
-                  {"match": "*norm*", "replicate": True}],
-        "default": {"split": 0}}
-
-
-def write_shard(path, arrays):
-    header, data = {}, b""
-    for name, a in arrays.items():
-        raw = a.tobytes()
-        header[name] = {"dtype": DTYPES[a.dtype.name], "shape": list(a.shape),
-                        "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
-
 
 def checkpoint(tmp_path):
     d = tmp_path / "model"

@@ -1,7 +1,9 @@
-"""The sharded checkpoint the torch.distributed tests load (test_distributed.py writes it,
-distributed_rank.py checks each rank's slices against it): numpy arrays of several dtypes
-in 5 files, so that 2 and 4 ranks split the files unevenly, with row, column, 3-D and
-uneven splits, a replicated tensor and the default."""
+"""Safetensors files for the tests: write_safetensors (one file of raw tensors, also
+test_py_doc_examples.py's), write_shard (one of numpy arrays, also test_tp_load_cli.py's)
+and the checkpoint the torch.distributed tests load (test_distributed.py writes it,
+distributed_rank.py checks each rank's slices against it): several dtypes in 5 files, so
+that 2 and 4 ranks split the files unevenly, with row, column, 3-D and uneven splits, a
+replicated tensor and the default."""
 import json
 import struct
 
@@ -30,16 +32,22 @@ def arrays():
     return out
 
 
-def write_shard(path, tensors):
+def write_safetensors(path, tensors):
+    """A minimal safetensors file: {name: (dtype, shape, bytes)}."""
     header, data = {}, b""
-    for name, a in tensors.items():
-        raw = a.tobytes()
-        header[name] = {"dtype": DTYPES[a.dtype.name], "shape": list(a.shape),
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape,
                         "data_offsets": [len(data), len(data) + len(raw)]}
         data += raw
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
     path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def write_shard(path, arrays):
+    """A safetensors file of numpy arrays: {name: array}."""
+    write_safetensors(path, {n: (DTYPES[a.dtype.name], list(a.shape), a.tobytes())
+                             for n, a in arrays.items()})
 
 
 def write_checkpoint(directory):
