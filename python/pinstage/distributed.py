@@ -170,7 +170,7 @@ def setup(backend="sim", **worker_options):
 def _plan_text(plan):
     """(JSON text, source for errors) of a plan given as a dict or a plan file's path."""
     if isinstance(plan, dict):
-        return json.dumps(plan), "(a dict)"
+        return json.dumps(plan), "<dict>"
     if isinstance(plan, (str, os.PathLike)):
         path = os.fspath(plan)
         try:
@@ -180,7 +180,7 @@ def _plan_text(plan):
             raise InvalidArgumentError(f"tp plan '{path}': cannot read it: {e.strerror}") from None
         if len(data) > _PLAN_MAX_BYTES:
             raise InvalidArgumentError(f"tp plan '{path}': larger than {_PLAN_MAX_BYTES} bytes")
-        return data.decode("utf-8", "replace"), f"'{path}'"
+        return data.decode("utf-8", "replace"), path
     raise TypeError(f"load_sharded(): plan must be a dict (the pinstage.tp_plan/1 JSON form) "
                     f"or a plan file's path, not {type(plan).__name__}")
 

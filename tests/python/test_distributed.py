@@ -186,3 +186,57 @@ def test_bad_calls_are_refused_by_name(monkeypatch):
     with pytest.raises(pinstage.InvalidArgumentError, match="tp plan '/nonexistent': cannot "
                                                             "read it"):
         pd._plan_text("/nonexistent")
+
+
+def test_the_bindings_refuse_memory_that_does_not_fit(tmp_path, worker):
+    model, plan = tp_checkpoint.write_checkpoint(tmp_path)
+    c = pinstage._pinstage._Checkpoint(str(model))
+    text = plan.read_text()
+    names = [n for n in c.keys() if c.info(n)["file"] == c.files[0]]
+    big = c.info(names[0])["nbytes"]
+    with pytest.raises(pinstage.InvalidArgumentError,
+                       match=f"read_whole_into: tensor '{re.escape(names[0])}' "
+                             f"\\({big} bytes at offset 1\\) does not fit the memory's "
+                             f"{big} bytes"):
+        pinstage._pinstage._read_whole_into(c, names[:1], bytearray(big), [1])
+    with pytest.raises(pinstage.InvalidArgumentError,
+                       match="read_whole_into: two tensors overlap at offset 0"):
+        pinstage._pinstage._read_whole_into(c, names[:2], bytearray(4 * big), [0, 0])
+    with pytest.raises(pinstage.InvalidArgumentError, match="read_tp_into: 0 buffers for "):
+        pinstage._pinstage._read_tp_into(c, text, "(test)", 2, 0, [])
+    slices = pinstage._pinstage._tp_slices(c, text, "(test)", 2, 0)
+    small = [worker.alloc_pinned_host(1) for _ in slices]
+    with pytest.raises(pinstage.InvalidArgumentError,
+                       match=f"read_tp_into: the buffer for tensor "
+                             f"'{re.escape(slices[0]['name'])}' has 1 bytes; its slice needs "
+                             f"{slices[0]['nbytes']}"):
+        pinstage._pinstage._read_tp_into(c, text, "(test)", 2, 0, small)
+    with pytest.raises(pinstage.InvalidArgumentError,
+                       match="tp plan '\\(test\\)': its \"format\" is not"):
+        pinstage._pinstage._tp_slices(c, "{}", "(test)", 2, 0)
+    for b in small:
+        b.close()
+
+
+def test_setup_refuses_a_thread_pool_fixed_before_it(tmp_path, build_dir):
+    """A process that loaded before setup() has its pool's size: setup() says so rather
+    than run every rank on all cores."""
+    code = f"""
+import os, torch.distributed as dist, pinstage
+from pinstage import distributed as pd
+pinstage._pinstage.default_thread_count()       # the pool's size is fixed here
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="64")
+dist.init_process_group("gloo", init_method="file://{tmp_path}/rdv", rank=0, world_size=1)
+try:
+    pd.setup()
+except pinstage.InvalidArgumentError as e:
+    print(e)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PINSTAGE_NUM_THREADS"}
+    env["PYTHONPATH"] = str(build_dir / "python")
+    done = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    cpus = pinstage._pinstage.usable_cpu_count()
+    assert (f"this process fixed its thread count at {cpus} before setup() could set its "
+            f"share (1 of {cpus} CPUs for 64 local ranks)") in done.stdout, done.stdout
