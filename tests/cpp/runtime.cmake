@@ -29,6 +29,7 @@ pinstage_add_gtest(test_runtime
           ${CMAKE_CURRENT_LIST_DIR}/test_plugin_load.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_settings.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_pages.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_numa_placement.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_allocation_table.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_pin_budget.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_host_pool.cpp
