@@ -19,6 +19,7 @@ from ._pinstage import (  # noqa: F401
     Comparison,
     CopyEvent,
     DeviceBuffer,
+    DeviceInfo,
     Error,
     InvalidArgumentError,
     PinnedHostBuffer,
@@ -30,6 +31,7 @@ from ._pinstage import (  # noqa: F401
     TensorComparison,
     Worker,
     WorkerStats,
+    devices,
     error_code_names,
     qwen3,
     require_chip_worker,
@@ -88,4 +90,5 @@ __all__ = [
     "scene_params", "scene_describe", "scene_callable", "scene_make_args",
     "scene_compute_golden", "scene_compare", "run_scene", "ResidentBinder", "scene_advance",
     "safe_open", "load_file", "load_to_device", "DeviceBuffer", "CopyEvent", "xxh3_64",
+    "DeviceInfo", "devices",
 ]

@@ -28,6 +28,17 @@ class Capabilities:
     device_memory_is_host: bool
     execute: bool
 
+class DeviceInfo:
+    id: int
+    name: str
+    memory_bytes: int
+    pci_bus_id: str
+    numa_node: int
+    usable: bool
+    reason: str
+
+def devices(backend: str = "sim", **options: Any) -> list[DeviceInfo]: ...
+
 class WorkerStats:
     pinned_bytes: int
     pinned_count: int
@@ -63,6 +74,9 @@ class Worker:
     def device_id(self) -> int: ...
     @property
     def capabilities(self) -> Capabilities: ...
+    @property
+    def host_numa_node(self) -> int: ...
+    def device_info(self) -> DeviceInfo: ...
     def stats(self) -> WorkerStats: ...
     def host_memory_stats(self) -> dict[str, int | float]: ...
     def empty_cache(self) -> int: ...
