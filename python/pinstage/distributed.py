@@ -71,7 +71,7 @@ def local_devices(device_ids, local_rank, local_world_size):
     """The devices of `device_ids` that local rank `local_rank` of `local_world_size` drives:
     a contiguous block of them when there are at least as many devices as local ranks
     (8 devices, 2 ranks: 4 each), else one device shared round-robin (1 device, 4 ranks:
-    all on device 0, as sim before it has devices=N)."""
+    all on device 0)."""
     n = len(device_ids)
     if n >= local_world_size:
         return list(device_ids[local_rank * n // local_world_size:
@@ -88,20 +88,24 @@ def thread_share(cpus, local_world_size, machine_cpus):
     return max(1, cpus // local_world_size)
 
 
-def _device_ids(backend):
-    """The backend's device ids: pinstage.devices() where this build has it (the node
-    level), else [0] (one device, as sim has before devices=N)."""
-    devices = getattr(_pinstage, "list_devices", None)
-    if devices is None:
-        return [0]
-    return [d["id"] if isinstance(d, dict) else d.id for d in devices(backend)]
+def _usable_devices(backend, worker_options):
+    """The backend's usable devices (pinstage.devices(): id, NUMA node, ...)."""
+    found = _pinstage.devices(backend, **worker_options)
+    usable = [d for d in found if d.usable]
+    if not usable:
+        raise InvalidArgumentError(
+            f"pinstage.distributed.setup(): backend {backend!r} has no usable device "
+            f"({len(found)} listed)")
+    return usable
 
 
 class RankContext:
     """This process's place in the job and what it built: rank, local_rank, world_size,
     local_world_size, node (the global rank of its node's local rank 0), devices (the
-    device ids it drives), worker (a Worker on devices[0]), threads (its thread share) and
-    threads_from ('PINSTAGE_NUM_THREADS' when set by the user, else 'share')."""
+    device ids it drives), device_numa_node (devices[0]'s NUMA node, -1 unknown), worker
+    (a Worker on devices[0], its pinned memory placed on that node; worker.host_numa_node
+    is the node in force), threads (its thread share) and threads_from
+    ('PINSTAGE_NUM_THREADS' when set by the user, else 'share')."""
 
     def __init__(self, backend, worker_options):
         self.rank = _env_int("RANK", 0)
@@ -135,9 +139,15 @@ class RankContext:
                 f"{self.cpus} CPUs for {self.local_world_size} local ranks); call setup() "
                 "before any other pinstage load, or set PINSTAGE_NUM_THREADS")
         self.backend = backend
-        self.devices = local_devices(_device_ids(backend), self.local_rank,
+        usable = _usable_devices(backend, worker_options)
+        self.devices = local_devices([d.id for d in usable], self.local_rank,
                                      self.local_world_size)
-        self.worker = Worker(backend=backend, device_id=self.devices[0], **worker_options)
+        # Pinned memory on the first device's NUMA node, unless the caller chose one.
+        self.device_numa_node = next(d.numa_node for d in usable if d.id == self.devices[0])
+        options = dict(worker_options)
+        if "host_numa_node" not in options and self.device_numa_node >= 0:
+            options["host_numa_node"] = self.device_numa_node
+        self.worker = Worker(backend=backend, device_id=self.devices[0], **options)
 
     def close(self):
         """Finalizes the worker (refused while tensors of its memory live)."""
@@ -502,7 +512,8 @@ def _report(ctx, read, tp, tp_rank, checkpoint, out, counts, seconds, total):
     return {
         "rank": ctx.rank, "local_rank": ctx.local_rank, "node": ctx.node,
         "world_size": ctx.world_size, "local_world_size": ctx.local_world_size,
-        "devices": ctx.devices, "threads": ctx.threads, "threads_from": ctx.threads_from,
+        "devices": ctx.devices, "numa_node": ctx.worker.host_numa_node,
+        "threads": ctx.threads, "threads_from": ctx.threads_from,
         "read": read, "tp": tp, "tp_rank": tp_rank,
         "checkpoint_bytes": checkpoint.total_bytes, "host_bytes": host,
         "upload_bytes": sum(s["nbytes"] for s in out.slices if s["name"] in out.device),

@@ -27,6 +27,7 @@ class RankContext:
     threads_from: str
     backend: str
     devices: list[int]
+    device_numa_node: int
     worker: Worker
     def close(self) -> None: ...
 

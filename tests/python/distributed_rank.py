@@ -21,10 +21,12 @@ from pinstage import distributed as pd  # noqa: E402
 checkpoint, plan, out, fail_rank = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3]), \
     int(sys.argv[4])
 dist.init_process_group("gloo")
-ctx = pd.setup(backend="sim")
+# A 2-socket node of 4 sim devices (this host has one NUMA node: node 1 is not placed).
+ctx = pd.setup(backend="sim", config={"devices": "4", "numa_nodes": "0,0,1,1"})
 record = {"rank": ctx.rank, "threads": ctx.threads, "threads_from": ctx.threads_from,
           "cpus": ctx.cpus, "pool_threads": pinstage._pinstage.default_thread_count(),
-          "devices": ctx.devices, "modes": {}}
+          "devices": ctx.devices, "device_id": ctx.worker.device_id,
+          "device_numa_node": ctx.device_numa_node, "modes": {}}
 for mode in pd.READ_MODES:
     load = pd.load_sharded(checkpoint, plan, read=mode)
     tp, tp_rank = load.report["tp"], load.report["tp_rank"]

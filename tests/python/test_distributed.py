@@ -85,7 +85,11 @@ def test_ranks_load_their_slices_both_ways_and_a_failure_is_named_everywhere(
             else rec["cpus"]
         assert (rec["threads"], rec["pool_threads"], rec["threads_from"]) == \
             (share, share, "share"), rec
-        assert rec["devices"] == [0]
+    for rec in ranks:  # 4 devices on 2 sockets: a block each, the worker on the first
+        block = 4 // nproc
+        assert rec["devices"] == list(range(rec["rank"] * block, (rec["rank"] + 1) * block))
+        assert rec["device_id"] == rec["devices"][0]
+        assert rec["device_numa_node"] == (0 if rec["device_id"] < 2 else 1)
     assert sum(r["threads"] for r in ranks) <= max(ranks[0]["cpus"], nproc)
     for mode in pd.READ_MODES:
         got = ranks[0]["modes"][mode]
