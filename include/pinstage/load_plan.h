@@ -160,4 +160,55 @@ PINSTAGE_API TpHostLoad load_tp_to_host(const Checkpoint& checkpoint, const TpPl
                                         HostAllocator& allocator,
                                         const CheckpointLoadOptions& options = {});
 
+// ---- One rank alone (docs/distributed.md) ----
+// Under torch.distributed each process holds one rank's share and reads only the bytes
+// of it, instead of load_tp_to_host's every rank at once.
+
+// A run of one rank's slice: `bytes` at `offset` from its tensor's first byte (in the
+// file, or in memory holding the whole tensor) go to `slice_offset` in the slice. A
+// replicated tensor or a contiguous split is one piece; a split along an inner dimension
+// one piece per row (rows that meet, as at tp 1, are merged).
+struct TpPiece {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  uint64_t slice_offset = 0;
+};
+
+// Rank `rank`'s slice of every tensor, in Checkpoint::tensors() order, with no memory
+// (storage null). Refusals are resolve_tp_plan's, and Error(invalid_argument) for a rank
+// outside [0, tp).
+PINSTAGE_API std::vector<TpTensor> tp_rank_slices(const Checkpoint& checkpoint, const TpPlan& plan,
+                                                  int tp, int rank);
+// The pieces of one slice (of tp_rank_slices or load_tp_to_host), in slice order.
+PINSTAGE_API std::vector<TpPiece> tp_slice_pieces(const TpTensor& slice);
+
+// Reads each slice into dsts[i] (at least slices[i].bytes), asking the files for its
+// pieces and nothing else: TpLoadReport::read_bytes is the slices' bytes. options as for
+// read_checkpoint, except that verify is refused (a slice is no whole tensor to check
+// against its hash; load_tp_to_host verifies). Error(invalid_argument) for a count of
+// dsts unlike the slices' or a null dst of a slice with bytes.
+PINSTAGE_API TpLoadReport read_tp_slices(const Checkpoint& checkpoint,
+                                         const std::vector<TpTensor>& slices,
+                                         const std::vector<void*>& dsts,
+                                         const CheckpointLoadOptions& options = {});
+
+// Copies `slice` out of memory holding its whole tensor (slice.info's bytes, row-major)
+// to `dst`, on up to `threads` threads (0 = default_thread_count()): how a rank takes its
+// share of a file another process read (docs/distributed.md, "once per node").
+PINSTAGE_API void copy_tp_slice(const TpTensor& slice, const void* whole, void* dst,
+                                int threads = 0);
+
+struct TpRankLoad {
+  int tp = 1;
+  int rank = 0;
+  std::vector<TpTensor> tensors;  // Checkpoint::tensors() order, one storage each
+  TpLoadReport report;            // read_bytes: this rank's bytes only
+};
+
+// tp_rank_slices, a storage from `allocator` for each slice (one reserve() first), then
+// read_tp_slices. On any error nothing stays allocated.
+PINSTAGE_API TpRankLoad load_tp_rank_to_host(const Checkpoint& checkpoint, const TpPlan& plan,
+                                             int tp, int rank, HostAllocator& allocator,
+                                             const CheckpointLoadOptions& options = {});
+
 }  // namespace pinstage

@@ -80,9 +80,32 @@ PINSTAGE_API MappedPages map_pages(size_t bytes, const MapOptions& options = {})
 // The NUMA node holding the page at `addr` now (get_mempolicy MPOL_F_NODE|MPOL_F_ADDR), or
 // -1 when the kernel cannot say. Placement checks read it; it never faults the page in.
 PINSTAGE_API int numa_node_of(const void* addr) noexcept;
-// The CPUs of NUMA node `node` that this process may run on (sysfs cpulist and the
-// affinity mask); empty when the node does not exist or has none of them.
+// numa_system().node_cpus(node): the CPUs of NUMA node `node` that this process may run
+// on; empty when the node does not exist or has none of them.
 PINSTAGE_API std::vector<int> numa_node_cpus(int node);
+
+// The NUMA facts and the one placement call that map_pages and the runtime use: a seam.
+// The default reads sysfs and calls mbind(2). A test installs its own (set_numa_system)
+// to stand up a topology this host lacks, a 2-node machine on a 1-node one, and to record
+// what was bound and where it was pre-faulted (docs/worker.md, "NUMA placement").
+class PINSTAGE_API NumaSystem {
+ public:
+  virtual ~NumaSystem() = default;
+  // The CPUs of `node` this process may run on (sysfs cpulist and the affinity mask);
+  // empty when the node does not exist or has none of them.
+  virtual std::vector<int> node_cpus(int node) const;
+  // Binds [data, data + bytes) to `node` (mbind MPOL_BIND) before its first touch.
+  // Error(invalid_argument) for a node without CPUs here, Error(backend) on refusal.
+  virtual void bind(void* data, size_t bytes, int node);
+  // Called by each pre-fault thread of a placed mapping after faulting its chunk
+  // [begin, begin + bytes) on the node's CPUs; the default does nothing.
+  virtual void faulted(const void* /*begin*/, size_t /*bytes*/) {}
+};
+// The system in force (the live one unless a test installed another).
+PINSTAGE_API NumaSystem& numa_system() noexcept;
+// Installs `system` (nullptr = the live one again) and returns the one it replaces. For
+// tests: call it while no mapping is in progress; `system` must outlive its use.
+PINSTAGE_API NumaSystem* set_numa_system(NumaSystem* system) noexcept;
 
 // Undoes map_pages; false (with `error`) when munmap refuses. Never throws.
 PINSTAGE_API bool unmap_pages(const MappedPages& pages, std::string* error = nullptr) noexcept;

@@ -52,6 +52,12 @@ struct WorkerOptions {
   // 0 caches nothing: each request maps a segment of its own size (whole pages), which
   // goes back to the OS at its free, as an allocator without a pool would.
   std::optional<uint64_t> host_cache_limit_bytes;
+  // Host NUMA node for the worker's pinned memory: each segment is bound to it (mbind
+  // MPOL_BIND) before its first touch and pre-faulted by threads on its CPUs (pages.h).
+  // Unset = the kernel's choice. A negative node is Error(invalid_argument); a node this
+  // host lacks is warned about once and nothing is placed (Worker::host_numa_node() = -1),
+  // so a device map written for a bigger machine still builds here.
+  std::optional<int> host_numa_node;
 };
 
 // Folder holding libpinstage.
@@ -75,6 +81,25 @@ struct BackendInfo {
 // per process, without creating a context. Error(plugin_load) naming the backend, the
 // path and the reason when it is missing, not a plugin, or built for another ABI.
 PINSTAGE_API BackendInfo load_backend(const std::string& backend, const std::string& path = "");
+
+// One device as its backend reports it (ABI v6 device_props). Where a backend has no
+// topology slots it reports one device, id 0, with these defaults.
+struct DeviceInfo {
+  int id = 0;
+  std::string name;           // "sim device 1", "NVIDIA H200"
+  uint64_t memory_bytes = 0;  // the device's memory (sim: its capacity); 0 = unknown
+  std::string pci_bus_id;     // "0000:3b:00.0"; empty where there is none
+  int numa_node = -1;         // host NUMA node nearest the device; -1 = unknown
+  bool usable = true;         // false: present but not usable now
+  std::string reason;         // why not usable; empty when usable
+};
+
+// Every device the backend sees, loading the plugin but creating no context. `options`
+// is the configuration a worker would get (sim reads devices= and numa_nodes= from its
+// config) and its plugin_path. Error(plugin_load) as load_backend; the backend's own
+// failure (no driver, a bad config value) as the Error its status maps to.
+PINSTAGE_API std::vector<DeviceInfo> list_devices(const std::string& backend = "sim",
+                                                  const WorkerOptions& options = {});
 
 // What the backend can do; Worker::capabilities() asks the plugin each time.
 struct Capabilities {
@@ -283,6 +308,11 @@ class PINSTAGE_API Worker {
   bool finalized() const noexcept;
   WorkerLevel level() const noexcept { return level_; }
   int device_id() const;
+  // This worker's device, as list_devices reports it (with this worker's options).
+  DeviceInfo device_info() const;
+  // The NUMA node its pinned memory is really placed on: WorkerOptions::host_numa_node
+  // when the host has that node, else -1 (none asked, or absent here: the kernel's choice).
+  int host_numa_node() const;
   const BackendInfo& backend() const;
   Capabilities capabilities() const;
   WorkerStats stats() const;

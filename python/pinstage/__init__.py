@@ -19,6 +19,7 @@ from ._pinstage import (  # noqa: F401
     Comparison,
     CopyEvent,
     DeviceBuffer,
+    DeviceInfo,
     Error,
     InvalidArgumentError,
     PinnedHostBuffer,
@@ -31,6 +32,7 @@ from ._pinstage import (  # noqa: F401
     TpPlan,
     Worker,
     WorkerStats,
+    devices,
     error_code_names,
     qwen3,
     require_chip_worker,
@@ -44,7 +46,7 @@ from ._pinstage import (  # noqa: F401
     scene_names,
     scene_params,
     tp_part,
-    tp_part,
+    xxh3_64,
 )
 
 # `import pinstage.qwen3` works like any submodule.
@@ -69,6 +71,9 @@ _LAZY = {
 
 
 def __getattr__(name):
+    if name == "distributed":  # pinstage.distributed imports torch.distributed
+        import importlib
+        return importlib.import_module(".distributed", __name__)
     if name in _LAZY:
         module_name, attr = _LAZY[name]
         import importlib
@@ -79,7 +84,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+    return sorted(list(globals()) + list(_LAZY) + ["distributed"])
 
 
 __all__ = [
@@ -89,6 +94,6 @@ __all__ = [
     "Comparison", "TensorComparison", "SceneRound", "SceneReport", "SceneGolden", "scene_names",
     "scene_params", "scene_describe", "scene_callable", "scene_make_args",
     "scene_compute_golden", "scene_compare", "run_scene", "ResidentBinder", "scene_advance",
-    "safe_open", "load_file", "load_to_device", "DeviceBuffer", "CopyEvent",
-    "SafeSlice", "TpPlan", "tp_part", "load_tp", "TpLoad",
+    "safe_open", "load_file", "load_to_device", "DeviceBuffer", "CopyEvent", "xxh3_64",
+    "SafeSlice", "TpPlan", "tp_part", "load_tp", "TpLoad", "DeviceInfo", "devices",
 ]

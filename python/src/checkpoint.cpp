@@ -15,6 +15,8 @@
 #include "common.h"
 #include "load_common.h"
 #include "pinstage/checkpoint.h"
+#include "pinstage/load_plan.h"
+#include "pinstage/parallel.h"
 #include "pinstage/safetensors.h"
 
 namespace pinstage::python {
@@ -274,6 +276,208 @@ void def_read_slice(py::class_<Checkpoint>& cls) {
                  "Reads the slice (begin, count, step per dim) of tensor name into buffer, "
                  "packed row-major, asking the files for exactly its bytes, without the GIL; "
                  "returns the load report (bytes: the bytes read)."));
+
+// ---- one tensor-parallel rank (python/pinstage/distributed.py) ----
+// The plan travels as its JSON text (TpPlan::parse, errors naming `source`).
+
+py::dict slice_dict(const Checkpoint& c, const TpTensor& t) {
+  py::dict d = tensor_dict(c, c.get(t.info.name));
+  d["name"] = t.info.name;
+  d["shape"] = py::tuple(py::cast(t.shape));
+  d["full_shape"] = py::tuple(py::cast(t.info.shape));
+  d["dim"] = t.dim;
+  d["begin"] = t.begin;
+  d["nbytes"] = t.bytes;
+  d["rule"] = t.rule;
+  return d;
+}
+
+py::list tp_slices(const Checkpoint& c, const std::string& plan, const std::string& source, int tp,
+                   int rank) {
+  py::list out;
+  for (const TpTensor& t : tp_rank_slices(c, TpPlan::parse(plan, source), tp, rank))
+    out.append(slice_dict(c, t));
+  return out;
+}
+
+// The open PinnedHostBuffers `buffers`, leased for the call and counted busy on their
+// worker; each must hold at least need[i] bytes. Errors name `who` and the tensor.
+struct Leased {
+  std::vector<void*> dsts;
+  std::vector<std::unique_ptr<Lease>> leases;  // destroyed after the GIL is back
+  std::vector<std::unique_ptr<Busy>> busy;
+};
+Leased lease_buffers(const std::vector<py::object>& buffers, const std::vector<TpTensor>& slices,
+                     const std::string& who) {
+  if (buffers.size() != slices.size())
+    throw Error(ErrorCode::invalid_argument, who + ": " + std::to_string(buffers.size()) +
+                                                 " buffers for " + std::to_string(slices.size()) +
+                                                 " tensors");
+  Leased l;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (!py::isinstance<PyBuffer>(buffers[i]))
+      throw py::type_error(who + ": buffers must be pinstage.PinnedHostBuffer objects");
+    auto& b = buffers[i].cast<PyBuffer&>();
+    b.require_open(who.c_str());
+    if (b.nbytes < slices[i].bytes)
+      throw Error(ErrorCode::invalid_argument,
+                  who + ": the buffer for tensor '" + slices[i].info.name + "' has " +
+                      std::to_string(b.nbytes) + " bytes; its slice needs " +
+                      std::to_string(slices[i].bytes));
+    l.dsts.push_back(b.buffer.data());
+    l.leases.push_back(std::make_unique<Lease>(buffers[i], &b, LeaseHolder::read));
+    l.busy.push_back(std::make_unique<Busy>(b.worker));
+  }
+  return l;
+}
+
+// Rank `rank`'s slices read into `buffers` (tp_slices order), the files asked for those
+// bytes only; the report gains read_bytes.
+py::dict read_tp_into(const Checkpoint& c, const std::string& plan, const std::string& source,
+                      int tp, int rank, const std::vector<py::object>& buffers, int threads,
+                      uint64_t chunk_bytes, bool direct, const py::object& progress) {
+  const auto slices = tp_rank_slices(c, TpPlan::parse(plan, source), tp, rank);
+  const Leased l = lease_buffers(buffers, slices, "read_tp_into");
+  CheckpointLoadOptions o = load_options(threads, chunk_bytes, false, false, direct, 0);
+  ProgressRelay relay(progress);
+  relay.attach(o);
+  TpLoadReport r;
+  try {
+    GilReleased nogil;
+    r = read_tp_slices(c, slices, l.dsts, o);
+  } catch (const ProgressStopped&) {
+    relay.rethrow();
+  }
+  py::dict d = report_dict(r.load);
+  d["read_bytes"] = r.read_bytes;
+  return d;
+}
+
+// A writable Python buffer (an mmap of a shared-memory segment), exported for the call.
+struct Memory {
+  py::buffer_info info;
+  uint64_t bytes = 0;
+  unsigned char* data = nullptr;
+};
+Memory memory_of(const py::buffer& buffer, bool writable) {
+  Memory m{buffer.request(writable)};
+  m.bytes = static_cast<uint64_t>(m.info.size) * static_cast<uint64_t>(m.info.itemsize);
+  m.data = static_cast<unsigned char*>(m.info.ptr);
+  return m;
+}
+
+// Every (name, offset) range inside `bytes`, no two overlapping; Error naming `who`.
+void check_ranges(const Checkpoint& c, const std::vector<std::string>& names,
+                  const std::vector<uint64_t>& offsets, uint64_t bytes, const std::string& who) {
+  if (names.size() != offsets.size())
+    throw Error(ErrorCode::invalid_argument, who + ": " + std::to_string(names.size()) +
+                                                 " names but " + std::to_string(offsets.size()) +
+                                                 " offsets");
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const CheckpointTensor& t = c.get(names[i]);
+    if (offsets[i] > bytes || t.bytes > bytes - offsets[i])
+      throw Error(ErrorCode::invalid_argument,
+                  who + ": tensor '" + t.name + "' (" + std::to_string(t.bytes) +
+                      " bytes at offset " + std::to_string(offsets[i]) +
+                      ") does not fit the memory's " + std::to_string(bytes) + " bytes");
+    if (t.bytes > 0) ranges.emplace_back(offsets[i], offsets[i] + t.bytes);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t k = 1; k < ranges.size(); ++k)
+    if (ranges[k - 1].second > ranges[k].first)
+      throw Error(ErrorCode::invalid_argument,
+                  who + ": two tensors overlap at offset " + std::to_string(ranges[k].first));
+}
+
+// Whole tensors `names` read to `offsets` in `memory` (a writable buffer), without the GIL.
+py::dict read_whole_into(const Checkpoint& c, const std::vector<std::string>& names,
+                         const py::buffer& memory, const std::vector<uint64_t>& offsets,
+                         int threads, uint64_t chunk_bytes, bool direct) {
+  const Memory m = memory_of(memory, true);
+  check_ranges(c, names, offsets, m.bytes, "read_whole_into");
+  std::vector<ReadTarget> targets;
+  for (size_t i = 0; i < names.size(); ++i)
+    targets.push_back({&c.get(names[i]), m.data + offsets[i]});
+  LoadReport r;
+  {
+    GilReleased nogil;
+    r = read_checkpoint(c, targets, load_options(threads, chunk_bytes, false, false, direct, 0));
+  }
+  return report_dict(r);
+}
+
+// Rank `rank`'s slices of the whole tensors `names` held at `offsets` in `memory`, copied
+// into `buffers` (one PinnedHostBuffer per name) without the GIL; returns the bytes copied.
+uint64_t copy_tp_from(const Checkpoint& c, const std::string& plan, const std::string& source,
+                      int tp, int rank, const std::vector<std::string>& names,
+                      const py::buffer& memory, const std::vector<uint64_t>& offsets,
+                      const std::vector<py::object>& buffers, int threads) {
+  const Memory m = memory_of(memory, false);
+  check_ranges(c, names, offsets, m.bytes, "copy_tp_from");
+  const auto all = tp_rank_slices(c, TpPlan::parse(plan, source), tp, rank);
+  std::vector<TpTensor> slices;
+  for (const std::string& n : names) {
+    const auto it =
+        std::find_if(all.begin(), all.end(), [&](const TpTensor& t) { return t.info.name == n; });
+    slices.push_back(*it);  // c.get() in check_ranges: every name is a tensor
+  }
+  const Leased l = lease_buffers(buffers, slices, "copy_tp_from");
+  uint64_t copied = 0;
+  GilReleased nogil;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    copy_tp_slice(slices[i], m.data + offsets[i], l.dsts[i], threads);
+    copied += slices[i].bytes;
+  }
+  return copied;
+}
+
+void bind_tp(py::module_& m) {
+  m.def("_tp_slices", &tp_slices, py::arg("checkpoint"), py::arg("plan"), py::arg("source"),
+        py::arg("tp"), py::arg("rank"),
+        function_doc("_tp_slices(checkpoint: _Checkpoint, plan: str, source: str, tp: int, "
+                     "rank: int) -> list[dict[str, Any]]",
+                     "Rank `rank`'s slice of every tensor (the plan's JSON text)."));
+  m.def("_read_tp_into", &read_tp_into, py::arg("checkpoint"), py::arg("plan"), py::arg("source"),
+        py::arg("tp"), py::arg("rank"), py::arg("buffers"), py::arg("threads") = 0,
+        py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("direct") = false,
+        py::arg("progress") = py::none(),
+        function_doc("_read_tp_into(checkpoint: _Checkpoint, plan: str, source: str, tp: int, "
+                     "rank: int, buffers: list[PinnedHostBuffer], threads: int = 0, "
+                     "chunk_bytes: int = 8388608, direct: bool = False, progress: "
+                     "Callable[[int, int], None] | None = None) -> dict[str, Any]",
+                     "Reads only the rank's byte ranges into the buffers; the load report."));
+  m.def("_read_whole_into", &read_whole_into, py::arg("checkpoint"), py::arg("names"),
+        py::arg("memory"), py::arg("offsets"), py::arg("threads") = 0,
+        py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("direct") = false,
+        function_doc("_read_whole_into(checkpoint: _Checkpoint, names: list[str], memory: "
+                     "Buffer, offsets: list[int], threads: int = 0, chunk_bytes: int = "
+                     "8388608, direct: bool = False) -> dict[str, Any]",
+                     "Reads whole tensors to offsets in a writable buffer; the load report."));
+  m.def("_copy_tp_from", &copy_tp_from, py::arg("checkpoint"), py::arg("plan"), py::arg("source"),
+        py::arg("tp"), py::arg("rank"), py::arg("names"), py::arg("memory"), py::arg("offsets"),
+        py::arg("buffers"), py::arg("threads") = 0,
+        function_doc("_copy_tp_from(checkpoint: _Checkpoint, plan: str, source: str, tp: int, "
+                     "rank: int, names: list[str], memory: Buffer, offsets: list[int], buffers: "
+                     "list[PinnedHostBuffer], threads: int = 0) -> int",
+                     "Copies the rank's slices of whole tensors in memory into the buffers."));
+  m.def(
+      "xxh3_64",
+      [](const py::buffer& data) {
+        const Memory m = memory_of(data, false);
+        GilReleased nogil;
+        return xxh3_64(m.data, static_cast<size_t>(m.bytes));
+      },
+      py::arg("data"),
+      function_doc("xxh3_64(data: Buffer) -> int",
+                   "The xxh3-64 of a buffer's bytes (bytes, memoryview, a contiguous numpy "
+                   "array): the hash a checkpoint's sidecar records per tensor."));
+  m.def("default_thread_count", &default_thread_count,
+        function_doc("default_thread_count() -> int",
+                     "Threads a load uses by default (PINSTAGE_NUM_THREADS, else the usable "
+                     "CPUs), fixed at its first use in the process."));
+  m.def("usable_cpu_count", &usable_cpu_count,
+        function_doc("usable_cpu_count() -> int", "CPUs in this process's affinity mask."));
 }
 
 }  // namespace
@@ -357,6 +561,7 @@ void bind_checkpoint(py::module_& m) {
                       "staging ring."));
   def_read_slice(cls);
   bind_device_load(m);
+  bind_tp(m);
 }
 
 }  // namespace pinstage::python

@@ -334,6 +334,16 @@ uint64_t non_negative(const py::handle& value, const char* name) {
   return static_cast<uint64_t>(v);
 }
 
+// None = unset (the kernel's choice); an int, whose sign the C++ init() checks.
+std::optional<int> host_numa_node_arg(const py::handle& value) {
+  if (value.is_none()) return std::nullopt;
+  const int64_t node = int_arg(value, "option host_numa_node");
+  if (node < INT32_MIN || node > INT32_MAX)
+    throw Error(ErrorCode::invalid_argument,
+                "option host_numa_node is out of range: " + std::to_string(node));
+  return static_cast<int>(node);
+}
+
 WorkerOptions parse_options(const py::kwargs& kwargs) {
   WorkerOptions options;
   for (auto item : kwargs) {
@@ -346,10 +356,12 @@ WorkerOptions parse_options(const py::kwargs& kwargs) {
       options.plugin_path = path_arg(item.second, "Worker option plugin_path");
     else if (key == "config")
       options.config = backend_config(item.second);
+    else if (key == "host_numa_node")
+      options.host_numa_node = host_numa_node_arg(item.second);
     else
       throw py::type_error("Worker() got an unexpected option '" + key +
                            "' (options: device_capacity_bytes, host_cache_limit_bytes, "
-                           "plugin_path, config)");
+                           "plugin_path, config, host_numa_node)");
   }
   return options;
 }
@@ -527,6 +539,34 @@ void bind_info(py::module_& m) {
                ", async_copy=" + b(c.async_copy) + ", execute=" + b(c.execute) +
                ", device_memory_is_host=" + b(c.device_memory_is_host) + ")";
       });
+  py::class_<DeviceInfo>(m, "DeviceInfo", "One device as its backend reports it.")
+      .def_readonly("id", &DeviceInfo::id, "int: the device id (0..n-1).")
+      .def_readonly("name", &DeviceInfo::name, "str: 'sim device 1', 'NVIDIA H200'.")
+      .def_readonly("memory_bytes", &DeviceInfo::memory_bytes,
+                    "int: the device's memory (sim: its capacity); 0 = unknown.")
+      .def_readonly("pci_bus_id", &DeviceInfo::pci_bus_id,
+                    "str: '0000:3b:00.0'; '' where there is none.")
+      .def_readonly("numa_node", &DeviceInfo::numa_node,
+                    "int: the host NUMA node nearest the device; -1 = unknown.")
+      .def_readonly("usable", &DeviceInfo::usable, "bool: a worker can use it now.")
+      .def_readonly("reason", &DeviceInfo::reason, "str: why not usable; '' when usable.")
+      .def("__repr__", [](const DeviceInfo& d) {
+        return "DeviceInfo(id=" + std::to_string(d.id) + ", name='" + d.name +
+               "', memory_bytes=" + std::to_string(d.memory_bytes) + ", pci_bus_id='" +
+               d.pci_bus_id + "', numa_node=" + std::to_string(d.numa_node) +
+               ", usable=" + (d.usable ? "True" : "False") + ", reason='" + d.reason + "')";
+      });
+  m.def(
+      "devices",
+      [](const std::string& backend, const py::kwargs& kwargs) {
+        const WorkerOptions options = parse_options(kwargs);
+        GilReleased nogil;  // a vendor runtime may take a while to count its devices
+        return list_devices(backend, options);
+      },
+      py::arg("backend") = "sim",
+      function_doc("devices(backend: str = 'sim', **options: Any) -> list[DeviceInfo]",
+                   "Every device the backend sees, without creating a context; options "
+                   "as Worker's (sim reads config={'devices': ..., 'numa_nodes': ...})."));
   py::class_<WorkerStats>(m, "WorkerStats", "Outstanding allocations of a worker.")
       .def_readonly("pinned_bytes", &WorkerStats::pinned_bytes, "int: pinned host bytes held.")
       .def_readonly("pinned_count", &WorkerStats::pinned_count, "int: pinned allocations held.")
@@ -570,7 +610,7 @@ void bind_worker_lifetime(py::class_<PyWorker>& c) {
                    "*, initialize: bool = True, **options: Any) -> None",
                    "One device through a backend plugin. options: device_capacity_bytes "
                    "(int), host_cache_limit_bytes (int), plugin_path (str), config "
-                   "(dict[str, str])."))
+                   "(dict[str, str]), host_numa_node (int: place pinned memory there)."))
       .def("init", &init_worker,
            method_doc("init() -> None", "Loads the plugin and creates the context."))
       .def("finalize", &finalize_worker, py::arg("wait") = false, py::arg("timeout") = py::none(),
@@ -667,6 +707,15 @@ void bind_worker_class(py::class_<PyWorker>& c) {
       .def_property_readonly(
           "capabilities", [](const PyWorker& w) { return w.worker.capabilities(); },
           "Capabilities: what the backend can do.")
+      .def_property_readonly(
+          "host_numa_node", [](const PyWorker& w) { return w.worker.host_numa_node(); },
+          "int: the NUMA node its pinned memory is placed on; -1 = none (not asked, or "
+          "the host lacks the node).")
+      .def(
+          "device_info", [](const PyWorker& w) { return w.worker.device_info(); },
+          method_doc("device_info() -> DeviceInfo",
+                     "This worker's device, as devices() "
+                     "reports it."))
       .def(
           "stats", [](const PyWorker& w) { return w.worker.stats(); },
           method_doc("stats() -> WorkerStats", "Outstanding allocations."))

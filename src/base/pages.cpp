@@ -60,19 +60,6 @@ constexpr int kMpolBind = 2;
 constexpr unsigned long kMpolFNode = 1, kMpolFAddr = 2;
 constexpr unsigned long kMaxNodes = 1024;
 
-// Binds [data, data + bytes) to `node` before any page is touched.
-void bind_to_node(void* data, size_t bytes, int node) {
-  if (node < 0 || static_cast<unsigned long>(node) >= kMaxNodes || numa_node_cpus(node).empty())
-    throw Error(ErrorCode::invalid_argument, "NUMA node " + std::to_string(node) +
-                                                 " does not exist or has no CPU this " +
-                                                 "process may use (/sys/devices/system/node)");
-  unsigned long mask[kMaxNodes / (8 * sizeof(unsigned long))] = {};
-  mask[node / (8 * sizeof(unsigned long))] |= 1ul << (node % (8 * sizeof(unsigned long)));
-  if (syscall(SYS_mbind, data, bytes, kMpolBind, mask, kMaxNodes + 1, 0) != 0)
-    throw Error(ErrorCode::backend, "mbind of " + std::to_string(bytes) + " bytes to NUMA node " +
-                                        std::to_string(node) + " failed: " + std::strerror(errno));
-}
-
 // Runs on `cpus` until destroyed, then restores the thread's own mask (pool threads are
 // shared, so a placement never outlives its pre-fault).
 class CpuScope {
@@ -97,13 +84,7 @@ class CpuScope {
 
 }  // namespace
 
-int numa_node_of(const void* addr) noexcept {
-  int node = -1;
-  if (syscall(SYS_get_mempolicy, &node, nullptr, 0, addr, kMpolFNode | kMpolFAddr) != 0) return -1;
-  return node;
-}
-
-std::vector<int> numa_node_cpus(int node) {
+std::vector<int> NumaSystem::node_cpus(int node) const {
   std::vector<int> cpus;
   std::ifstream in("/sys/devices/system/node/node" + std::to_string(node) + "/cpulist");
   std::string list;
@@ -123,6 +104,37 @@ std::vector<int> numa_node_cpus(int node) {
   }
   return cpus;
 }
+
+void NumaSystem::bind(void* data, size_t bytes, int node) {
+  if (node < 0 || static_cast<unsigned long>(node) >= kMaxNodes || node_cpus(node).empty())
+    throw Error(ErrorCode::invalid_argument, "NUMA node " + std::to_string(node) +
+                                                 " does not exist or has no CPU this " +
+                                                 "process may use (/sys/devices/system/node)");
+  unsigned long mask[kMaxNodes / (8 * sizeof(unsigned long))] = {};
+  mask[node / (8 * sizeof(unsigned long))] |= 1ul << (node % (8 * sizeof(unsigned long)));
+  if (syscall(SYS_mbind, data, bytes, kMpolBind, mask, kMaxNodes + 1, 0) != 0)
+    throw Error(ErrorCode::backend, "mbind of " + std::to_string(bytes) + " bytes to NUMA node " +
+                                        std::to_string(node) + " failed: " + std::strerror(errno));
+}
+
+namespace {
+NumaSystem g_live_numa;
+std::atomic<NumaSystem*> g_numa{&g_live_numa};
+}  // namespace
+
+NumaSystem& numa_system() noexcept { return *g_numa.load(std::memory_order_acquire); }
+
+NumaSystem* set_numa_system(NumaSystem* system) noexcept {
+  return g_numa.exchange(system != nullptr ? system : &g_live_numa, std::memory_order_acq_rel);
+}
+
+int numa_node_of(const void* addr) noexcept {
+  int node = -1;
+  if (syscall(SYS_get_mempolicy, &node, nullptr, 0, addr, kMpolFNode | kMpolFAddr) != 0) return -1;
+  return node;
+}
+
+std::vector<int> numa_node_cpus(int node) { return numa_system().node_cpus(node); }
 
 size_t page_size() noexcept {
   static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -203,6 +215,8 @@ PrefaultReport prefault(void* data, size_t bytes, int threads, size_t unit, Pref
           const CpuScope placed(cpus != nullptr ? *cpus : std::vector<int>{});
           const int err =
               prefault_range(static_cast<char*>(data) + begin, end - begin, method, used);
+          if (cpus != nullptr && err == 0)
+            numa_system().faulted(static_cast<char*>(data) + begin, end - begin);
           if (used) populate_used = true;
           int expected = 0;
           if (err != 0) first_error.compare_exchange_strong(expected, err);
@@ -253,8 +267,9 @@ MappedPages map_pages(size_t bytes, const MapOptions& options) {
   try {
     std::vector<int> cpus;
     if (options.numa_node >= 0) {
-      bind_to_node(pages.data, usable, options.numa_node);  // before the first touch
-      cpus = numa_node_cpus(options.numa_node);
+      NumaSystem& numa = numa_system();
+      numa.bind(pages.data, usable, options.numa_node);  // before the first touch
+      cpus = numa.node_cpus(options.numa_node);
     }
     if (!options.prefault) return pages;
     t_fault_cpus = cpus.empty() ? nullptr : &cpus;

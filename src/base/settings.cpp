@@ -21,7 +21,8 @@ constexpr SettingInfo kSettings[] = {
      "threads for parallel loops (default: all online cores)"},
     {Setting::sim_device_capacity, "PINSTAGE_SIM_DEVICE_CAPACITY",
      "a byte count of at least 256: 8G, 512M, 4096",
-     "sim device memory (default: 80% of physical memory)"},
+     "sim device memory, per device (default: 80% of physical memory split across the "
+     "devices= of sim's config)"},
     {Setting::sim_fault, "PINSTAGE_SIM_FAULT", "kind:nth[,kind:nth...]",
      "fail the nth sim call of a kind (tests); kinds: device_malloc, device_free, host_alloc, "
      "host_free, copy_h2d, copy_d2h, execute, corrupt_h2d"},

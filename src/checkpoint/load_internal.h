@@ -40,4 +40,14 @@ CheckpointLoadOptions part_options(const CheckpointLoadOptions& options, const u
 [[noreturn]] void hash_mismatch(const Checkpoint& checkpoint, const CheckpointTensor& tensor,
                                 uint64_t got);
 
+// A tensor around a split dimension `dim` (>= 0): `outer` rows (the product of the
+// dimensions before it), each of `row_bytes`, holding the dimension's indices of
+// `inner_bytes` each. load_tp.cpp and load_tp_rank.cpp cut slices from it.
+struct TpGeometry {
+  uint64_t outer = 1;
+  uint64_t inner_bytes = 0;
+  uint64_t row_bytes = 0;
+};
+TpGeometry tp_geometry(const CheckpointTensor& tensor, int dim);
+
 }  // namespace pinstage::detail

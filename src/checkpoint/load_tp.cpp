@@ -30,6 +30,22 @@ namespace pinstage {
 // was read twice. The staging buffer is pageable memory of at most kStageBytes (or one
 // row, when a row is larger), reused for every batch.
 
+namespace detail {
+
+TpGeometry tp_geometry(const CheckpointTensor& t, int dim) {
+  TpGeometry g;
+  const auto d = static_cast<size_t>(dim);
+  g.inner_bytes = t.element_size;
+  for (size_t i = 0; i < t.shape.size(); ++i) {
+    if (i < d) g.outer *= static_cast<uint64_t>(t.shape[i]);
+    if (i > d) g.inner_bytes *= static_cast<uint64_t>(t.shape[i]);
+  }
+  g.row_bytes = g.inner_bytes * static_cast<uint64_t>(t.shape[d]);
+  return g;
+}
+
+}  // namespace detail
+
 namespace {
 
 constexpr uint64_t kStageBytes = uint64_t{256} << 20;
@@ -52,14 +68,12 @@ Job job_of(const TpDecision& d, int tp) {
   j.d = &d;
   if (d.dim < 0) return j;
   const CheckpointTensor& t = *d.tensor;
-  const auto dim = static_cast<size_t>(d.dim);
-  j.inner_bytes = t.element_size;
-  for (size_t i = 0; i < t.shape.size(); ++i) {
-    if (i < dim) j.outer *= static_cast<uint64_t>(t.shape[i]);
-    if (i > dim) j.inner_bytes *= static_cast<uint64_t>(t.shape[i]);
-  }
-  j.row_bytes = j.inner_bytes * static_cast<uint64_t>(t.shape[dim]);
-  for (int r = 0; r < tp; ++r) j.parts.push_back(tp_part(t.shape[dim], tp, r));
+  const detail::TpGeometry g = detail::tp_geometry(t, d.dim);
+  j.outer = g.outer;
+  j.inner_bytes = g.inner_bytes;
+  j.row_bytes = g.row_bytes;
+  const int64_t size = t.shape[static_cast<size_t>(d.dim)];
+  for (int r = 0; r < tp; ++r) j.parts.push_back(tp_part(size, tp, r));
   return j;
 }
 

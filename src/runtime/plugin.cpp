@@ -79,6 +79,9 @@ void check_required_slots(const ps_platform_api& api, const std::string& backend
       std::count_if(std::begin(async), std::end(async), [](const void* p) { return p != nullptr; });
   if (present != 0 && present != static_cast<long>(std::size(async)))
     fail(backend, path, "async slots must be all present or all NULL");
+  if ((api.device_count == nullptr) != (api.device_props == nullptr))
+    fail(backend, path,
+         "topology slots device_count and device_props must be both present or both NULL");
 }
 
 Plugin load(const std::string& backend, const std::string& path) {

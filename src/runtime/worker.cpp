@@ -103,28 +103,17 @@ void Worker::init(const std::string& backend, int device_id, const WorkerOptions
                 "device id must be >= 0, got " + std::to_string(device_id));
   check_settings();
   auto state = std::make_shared<runtime::WorkerState>();
-  const std::string path =
-      options.plugin_path.empty() ? default_backend_path(backend) : options.plugin_path;
-  state->plugin = &runtime::acquire_plugin(backend, path);
+  state->plugin = &runtime::acquire_plugin(backend, options);
+  state->host_numa_node = runtime::resolve_host_numa_node(options.host_numa_node);
+  state->options = options;
   std::vector<ps_config_entry> entries;
-  for (const auto& [key, value] : options.config) {
-    for (const auto& e : entries)
-      if (key == e.key)
-        throw Error(ErrorCode::invalid_argument, "backend option '" + key + "' is given twice");
-    entries.push_back({key.c_str(), value.c_str()});
-  }
-  const ps_context_options ctx_options{.device_capacity_bytes = options.device_capacity_bytes,
-                                       .config = entries.data(),
-                                       .config_count = entries.size()};
+  const ps_context_options ctx_options =
+      runtime::context_options(options, state->host_numa_node, entries);
   ps_device_ctx* ctx = nullptr;
   const int status = state->api().create_context(device_id, &ctx_options, &ctx);
-  if (status != PS_OK) {
-    const char* detail = state->api().last_error();
-    throw Error(error_code_from_status(status),
-                "backend '" + backend + "' (" + path + ") could not create a context for device " +
-                    std::to_string(device_id) + ": " + ps_status_str(status) +
-                    (detail && *detail ? std::string(" (") + detail + ")" : std::string()));
-  }
+  if (status != PS_OK)
+    runtime::throw_backend_failure(*state->plugin, status,
+                                   "create a context for device " + std::to_string(device_id));
   ps_capabilities caps{};
   if (state->api().get_capabilities(ctx, &caps) == PS_OK)
     state->pins_with_mlock = caps.device_memory_is_host != 0;

@@ -35,6 +35,8 @@ struct WorkerState {
   bool forked() const noexcept { return owner_pid != 0 && ::getpid() != owner_pid; }
   ps_device_ctx* ctx = nullptr;
   int device_id = 0;
+  WorkerOptions options;    // as init() got them: device_info() asks the backend with them
+  int host_numa_node = -1;  // where pinned memory is placed (resolve_host_numa_node)
 
   mutable std::mutex mu;
   std::condition_variable idle;  // signalled when in_flight drops to 0

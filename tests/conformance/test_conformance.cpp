@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "numa_test_util.h"
 #include "pinstage/backend/platform_abi.h"
 #include "pinstage/worker.h"
 #include "tensor_test_util.h"
@@ -380,6 +381,61 @@ TEST(ConformanceAbi, EverySlotRefusesNullArguments) {
   }
   EXPECT_STREQ(ps_status_str(PS_ERR_OUT_OF_MEMORY), "PS_ERR_OUT_OF_MEMORY");
   EXPECT_STREQ(ps_status_str(-1234), "PS_ERR_UNKNOWN_STATUS");
+}
+
+// Topology (ABI v6): the devices are listed without a context, ids 0..n-1, each with a
+// name; the worker's own device is the listed one; a device id past the count is refused
+// by the slot and by init. The raw slots accept NULL options (the defaults).
+TEST(ConformanceAbi, DevicesAreListedAndTheWorkersIsOneOfThem) {
+  const std::vector<DeviceInfo> devices = list_devices(kBackend);
+  ASSERT_FALSE(devices.empty());
+  for (size_t i = 0; i < devices.size(); ++i) {
+    EXPECT_EQ(devices[i].id, static_cast<int>(i));
+    EXPECT_FALSE(devices[i].name.empty());
+    EXPECT_GE(devices[i].numa_node, -1);
+    EXPECT_EQ(devices[i].reason.empty(), devices[i].usable) << devices[i].reason;
+  }
+  Worker worker;
+  worker.init(kBackend);
+  const DeviceInfo mine = worker.device_info();
+  EXPECT_EQ(mine.id, 0);
+  EXPECT_EQ(mine.name, devices[0].name);
+  EXPECT_EQ(mine.pci_bus_id, devices[0].pci_bus_id);
+  EXPECT_EQ(mine.numa_node, devices[0].numa_node);
+  const ps_platform_api& api = raw_api();
+  if (api.device_count == nullptr) {
+    EXPECT_EQ(devices.size(), 1u);  // no topology slots: one device of unknown properties
+    return;
+  }
+  int count = -1;
+  EXPECT_EQ(api.device_count(nullptr, &count), PS_OK);
+  EXPECT_EQ(count, static_cast<int>(devices.size()));
+  EXPECT_EQ(api.device_count(nullptr, nullptr), PS_ERR_INVALID_ARGUMENT);
+  ps_device_props props{};
+  EXPECT_EQ(api.device_props(0, nullptr, nullptr), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(api.device_props(count, nullptr, &props), PS_ERR_NO_DEVICE);
+  EXPECT_EQ(api.device_props(-1, nullptr, &props), PS_ERR_NO_DEVICE);
+  EXPECT_EQ(api.device_props(0, nullptr, &props), PS_OK);
+  EXPECT_EQ(std::string(props.name), devices[0].name);
+  Worker past;
+  EXPECT_EQ(error_of([&] { past.init(kBackend, count); }).code(), ErrorCode::no_device);
+  EXPECT_FALSE(past.initialized());
+}
+
+// host_numa_node reaches the backend's pinned allocations: with node 0 (where the host
+// has it) every page of a pinned buffer is on node 0, as move_pages reports it. (One
+// node here: the 2-node proof is tests/cpp/test_numa_placement.cpp, through the seam.)
+TEST(ConformanceAbi, PinnedMemoryIsPlacedOnTheAskedNode) {
+  WorkerOptions options;
+  options.host_numa_node = 0;
+  Worker worker;
+  worker.init(kBackend, 0, options);
+  if (worker.host_numa_node() != 0) GTEST_SKIP() << "no NUMA node 0 on this host";
+  PinnedHostBuffer buffer = worker.alloc_pinned_host(3 << 20);
+  std::memset(buffer.data(), 1, buffer.size());
+  const std::vector<int> nodes = test::page_nodes(buffer.data(), buffer.size());
+  ASSERT_FALSE(nodes.empty()) << "move_pages failed";
+  EXPECT_EQ(std::count(nodes.begin(), nodes.end(), 0), static_cast<long>(nodes.size()));
 }
 
 TEST(ConformanceAbi, CapabilitiesMatchTheSlots) {

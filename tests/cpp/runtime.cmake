@@ -11,16 +11,25 @@ foreach(broken bad_version no_entry missing_slot no_device_ops)
     LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/test_plugins
     OUTPUT_NAME ${broken} PREFIX "lib")
 endforeach()
-target_compile_definitions(broken_plugin_no_device_ops PRIVATE
-  PINSTAGE_SIM_PLUGIN_PATH="$<TARGET_FILE:pinstage_backend_sim>")
-target_link_libraries(broken_plugin_no_device_ops PRIVATE ${CMAKE_DL_LIBS})
-add_dependencies(broken_plugin_no_device_ops pinstage_backend_sim)
+# half_topology is no_device_ops with device_count alone (the loader refuses half a pair).
+add_library(broken_plugin_half_topology MODULE ${CMAKE_CURRENT_LIST_DIR}/plugins/no_device_ops.cpp)
+target_include_directories(broken_plugin_half_topology PRIVATE ${PROJECT_SOURCE_DIR}/include)
+set_target_properties(broken_plugin_half_topology PROPERTIES
+  LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/test_plugins OUTPUT_NAME half_topology PREFIX "lib")
+target_compile_definitions(broken_plugin_half_topology PRIVATE PINSTAGE_HALF_TOPOLOGY)
+foreach(sim_based no_device_ops half_topology)
+  target_compile_definitions(broken_plugin_${sim_based} PRIVATE
+    PINSTAGE_SIM_PLUGIN_PATH="$<TARGET_FILE:pinstage_backend_sim>")
+  target_link_libraries(broken_plugin_${sim_based} PRIVATE ${CMAKE_DL_LIBS})
+  add_dependencies(broken_plugin_${sim_based} pinstage_backend_sim)
+endforeach()
 
 pinstage_add_gtest(test_runtime
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_worker.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_plugin_load.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_settings.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_pages.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_numa_placement.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_allocation_table.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_pin_budget.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_host_pool.cpp
@@ -30,7 +39,8 @@ pinstage_add_gtest(test_runtime
 target_compile_definitions(test_runtime PRIVATE
   PINSTAGE_TEST_PLUGIN_DIR="${CMAKE_BINARY_DIR}/test_plugins")
 add_dependencies(test_runtime pinstage_backend_sim broken_plugin_bad_version
-                 broken_plugin_no_entry broken_plugin_missing_slot broken_plugin_no_device_ops)
+                 broken_plugin_no_entry broken_plugin_missing_slot broken_plugin_no_device_ops
+                 broken_plugin_half_topology)
 
 # Concurrency tests: also run under TSan in CI (label concurrency).
 pinstage_add_gtest(test_runtime_concurrency

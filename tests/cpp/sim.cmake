@@ -5,6 +5,7 @@
 pinstage_add_gtest(test_sim
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_sim_pool.cpp
           ${CMAKE_CURRENT_LIST_DIR}/test_sim_driver.cpp
+          ${CMAKE_CURRENT_LIST_DIR}/test_sim_devices.cpp
           ${PROJECT_SOURCE_DIR}/src/backends/sim/device_pool.cpp
           ${PROJECT_SOURCE_DIR}/src/backends/sim/sim_config.cpp
           ${PROJECT_SOURCE_DIR}/src/backends/sim/dma.cpp

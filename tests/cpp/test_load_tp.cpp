@@ -169,27 +169,36 @@ void expect_load(const Checkpoint& c, const TpHostLoad& load, int tp,
   EXPECT_EQ(scattered, load.report.scatter_bytes) << "the staged rows, each to one rank";
 }
 
-TEST_F(LoadTpTest, SlicesMatchTheReferenceForTp1248AndEveryLayout) {
-  const Checkpoint c = Checkpoint::open(sharded());
+// Every tp of 1, 2, 4 and 8 with chunks of 8 MiB and of 7 bytes (many batches of one
+// row) on 1 and 3 threads: fn(tp, options), traced.
+template <typename F>
+void each_case(F&& fn) {
   for (int tp : {1, 2, 4, 8})
-    for (uint64_t chunk : {uint64_t{8} << 20, uint64_t{7}})  // 7: many batches of one row
+    for (uint64_t chunk : {uint64_t{8} << 20, uint64_t{7}})
       for (int threads : {1, 3}) {
         SCOPED_TRACE("tp " + std::to_string(tp) + " chunk " + std::to_string(chunk) + " threads " +
                      std::to_string(threads));
         CheckpointLoadOptions o;
         o.chunk_bytes = chunk;
         o.threads = threads;
-        o.verify = true;  // pinstage's writer records every hash
-        PageableAllocator pageable;
-        const TpHostLoad load = load_tp_to_host(c, plan(), tp, pageable, o);
-        expect_load(c, load, tp, bytes_);
-        EXPECT_TRUE(load.report.load.verified);
-        EXPECT_EQ(load.report.replicated, 2u);  // the norm and the scalar (the default)
-        EXPECT_EQ(load.report.strided, 4u);     // o_proj, down_proj, cube, u8_3d
-        EXPECT_EQ(load.report.contiguous, 5u);  // q weight and bias, up, embed, empty_rows
-        EXPECT_EQ(load.report.unused_rules, std::vector<int>{9});
-        EXPECT_EQ(load.report.scatter_bytes, 9 * 13 * 2 + 5 * 16 + 3 * 4 * 11 * 8 + 2 * 9 * 8);
+        fn(tp, o);
       }
+}
+
+TEST_F(LoadTpTest, SlicesMatchTheReferenceForTp1248AndEveryLayout) {
+  const Checkpoint c = Checkpoint::open(sharded());
+  each_case([&](int tp, CheckpointLoadOptions o) {
+    o.verify = true;  // pinstage's writer records every hash
+    PageableAllocator pageable;
+    const TpHostLoad load = load_tp_to_host(c, plan(), tp, pageable, o);
+    expect_load(c, load, tp, bytes_);
+    EXPECT_TRUE(load.report.load.verified);
+    EXPECT_EQ(load.report.replicated, 2u);  // the norm and the scalar (the default)
+    EXPECT_EQ(load.report.strided, 4u);     // o_proj, down_proj, cube, u8_3d
+    EXPECT_EQ(load.report.contiguous, 5u);  // q weight and bias, up, embed, empty_rows
+    EXPECT_EQ(load.report.unused_rules, std::vector<int>{9});
+    EXPECT_EQ(load.report.scatter_bytes, 9 * 13 * 2 + 5 * 16 + 3 * 4 * 11 * 8 + 2 * 9 * 8);
+  });
 }
 
 TEST_F(LoadTpTest, IntoPinnedMemoryOfASimWorkerWithProgressToTheEnd) {
@@ -556,6 +565,106 @@ TEST_F(LoadTpTest, EveryBadSliceIsRefusedByName) {
                         }).what())
                 .find("more than 16777216 separate byte ranges"),
             std::string::npos);
+
+// ---- one rank alone ----
+
+// Each rank loaded alone has exactly what the all-ranks load gives it, reads its own
+// bytes and nothing else (the ranks' reads add up to the checkpoint once), and
+// copy_tp_slice cuts the same slice out of the whole tensor in memory.
+TEST_F(LoadTpTest, EachRankAloneReadsOnlyItsSlicesAndMatchesTheAllRanksLoad) {
+  const Checkpoint c = Checkpoint::open(sharded());
+  each_case([&](int tp, const CheckpointLoadOptions& o) {
+    PageableAllocator pageable;
+    const TpHostLoad all = load_tp_to_host(c, plan(), tp, pageable, o);
+    uint64_t read = 0;
+    for (int rank = 0; rank < tp; ++rank) {
+      const TpRankLoad one = load_tp_rank_to_host(c, plan(), tp, rank, pageable, o);
+      const auto& want = all.ranks[static_cast<size_t>(rank)];
+      ASSERT_EQ(one.tensors.size(), want.size());
+      uint64_t mine = 0;
+      for (size_t k = 0; k < want.size(); ++k) {
+        const TpTensor& t = one.tensors[k];
+        EXPECT_EQ(t.shape, want[k].shape) << t.info.name;
+        EXPECT_EQ(t.begin, want[k].begin) << t.info.name;
+        EXPECT_EQ(storage_bytes(t), storage_bytes(want[k])) << t.info.name << " rank " << rank;
+        const std::string& whole = bytes_.at(t.info.name);
+        std::string copied(t.bytes, '\0');
+        copy_tp_slice(t, whole.data(), copied.data(), o.threads);
+        EXPECT_EQ(copied, storage_bytes(want[k])) << t.info.name << " copied, rank " << rank;
+        mine += t.bytes;
+      }
+      EXPECT_EQ(one.report.read_bytes, mine) << "rank " << rank << " read its bytes only";
+      EXPECT_EQ(one.report.host_bytes, mine);
+      EXPECT_EQ(one.report.replicated + one.report.contiguous + one.report.strided,
+                c.tensors().size());
+      EXPECT_EQ(one.report.unused_rules, std::vector<int>{9});
+      read += one.report.read_bytes;
+    }
+    uint64_t replicated = 0;
+    for (const TpTensor& t : all.ranks[0])
+      if (t.dim < 0) replicated += t.bytes;
+    EXPECT_EQ(read, c.total_bytes() + replicated * static_cast<uint64_t>(tp - 1))
+        << "split bytes read once over the ranks, replicated ones by each rank";
+  });
+}
+
+TEST(TpPieces, ARowSplitIsOnePieceAColumnSplitOnePerRowAWholeRowMerged) {
+  TpTensor t;
+  t.info.element_size = 2;
+  t.info.shape = {3, 10};
+  t.info.bytes = 60;
+  t.shape = {3, 4};
+  t.dim = 1;
+  t.begin = 3;
+  t.bytes = 24;
+  const auto pieces = tp_slice_pieces(t);
+  ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_EQ(pieces[1].offset, 20u + 6u);
+  EXPECT_EQ(pieces[1].bytes, 8u);
+  EXPECT_EQ(pieces[1].slice_offset, 8u);
+  t.shape = {3, 10};
+  t.begin = 0;
+  t.bytes = 60;
+  ASSERT_EQ(tp_slice_pieces(t).size(), 1u) << "tp 1: the rows meet";
+  t.dim = 0;
+  t.shape = {1, 10};
+  t.begin = 2;
+  t.bytes = 20;
+  const auto rows = tp_slice_pieces(t);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].offset, 40u);
+  EXPECT_EQ(rows[0].bytes, 20u);
+}
+
+TEST_F(LoadTpTest, ARankLoadRefusesBeforeAnyAllocationAndLeavesNothingOnFailure) {
+  const Checkpoint c = Checkpoint::open(sharded());
+  CountingAllocator alloc;
+  EXPECT_EQ(refusal([&] { load_tp_rank_to_host(c, plan(), 4, 4, alloc); }),
+            "tp load: rank 4 is not in [0, 4) for tp 4");
+  EXPECT_EQ(refusal([&] { load_tp_rank_to_host(c, plan(), 2, -1, alloc); }),
+            "tp load: rank -1 is not in [0, 2) for tp 2");
+  CheckpointLoadOptions o;
+  o.verify = true;
+  EXPECT_EQ(refusal([&] { load_tp_rank_to_host(c, plan(), 2, 0, alloc, o); }),
+            "tp rank load: verify is refused: a rank's slice is no whole tensor to check "
+            "against its recorded hash (load_tp_to_host verifies every rank at once)");
+  EXPECT_EQ(refusal([&] {
+              load_tp_rank_to_host(c, plan(), 9, 0, alloc);
+            }).rfind("tp load: tensor 'model.layers.0.mlp.up_proj.weight'", 0),
+            0u)
+      << "resolve_tp_plan's refusal";
+  EXPECT_EQ(alloc.calls(), 0) << "nothing was allocated for any refusal";
+  const auto slices = tp_rank_slices(c, plan(), 2, 1);
+  EXPECT_EQ(refusal([&] { read_tp_slices(c, slices, {}); }),
+            "tp rank load: 0 destinations for 11 slices");
+  const int allocations = static_cast<int>(slices.size());
+  for (int fail = 1; fail <= allocations; ++fail) {
+    CountingAllocator failing;
+    failing.fail_at(fail);
+    const Error e = error_of([&] { load_tp_rank_to_host(c, plan(), 2, 1, failing); });
+    EXPECT_EQ(e.code(), ErrorCode::out_of_memory) << e.what();
+    EXPECT_EQ(failing.live(), 0) << "allocation " << fail << " failed; all others released";
+  }
 }
 
 }  // namespace

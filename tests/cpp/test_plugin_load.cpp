@@ -110,6 +110,28 @@ TEST(PluginLoad, ABackendWithoutDeviceSideSlotsSaysUnsupported) {
   EXPECT_EQ(back, want);
 }
 
+// Without the ABI v6 topology slots a backend has one device, id 0, of unknown
+// properties; half of the pair is a broken table, refused by name.
+TEST(PluginLoad, ABackendWithoutTopologySlotsHasOneUnknownDevice) {
+  WorkerOptions options;
+  options.plugin_path = kDir + "/libno_device_ops.so";
+  const auto devices = list_devices("no_device_ops", options);
+  ASSERT_EQ(devices.size(), 1u);
+  EXPECT_EQ(devices[0].id, 0);
+  EXPECT_EQ(devices[0].name, "no_device_ops device 0");
+  EXPECT_EQ(devices[0].numa_node, -1);
+  EXPECT_EQ(devices[0].memory_bytes, 0u);
+  EXPECT_EQ(devices[0].pci_bus_id, "");
+  EXPECT_TRUE(devices[0].usable);
+  Worker worker;
+  worker.init("no_device_ops", 0, options);
+  EXPECT_EQ(worker.device_info().name, "no_device_ops device 0");
+  const std::string msg = init_error("half_topology", kDir + "/libhalf_topology.so");
+  EXPECT_NE(msg.find("device_count and device_props must be both present or both NULL"),
+            std::string::npos)
+      << msg;
+}
+
 TEST(PluginLoad, NotASharedObject) {
   // A text file made here (a source path from __FILE__ is relative under ccache's basedir).
   char path[] = "/tmp/pinstage-not-a-plugin-XXXXXX";

@@ -3,31 +3,19 @@ one file run in order as one script, in a scratch folder, against the build's mo
 must exit 0 without writing to stderr. Signatures and shell lines are fenced as ```text
 or ```sh, so they are not run. A file that needs data gets it from SETUP; one that cannot
 run here is listed in SKIP with the reason."""
-import json
 import os
 import pathlib
 import re
-import struct
 import subprocess
 import sys
 
 import pytest
 
+from tp_checkpoint import write_safetensors
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("**/*.md"))
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-
-
-def write_safetensors(path, tensors):
-    """A minimal safetensors file: {name: (dtype, shape, bytes)}."""
-    header, data = {}, b""
-    for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape,
-                        "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
 
 
 def tensors_setup(folder):
@@ -37,6 +25,7 @@ def tensors_setup(folder):
 SETUP = {"docs/tensors.md": tensors_setup}
 SKIP = {
     "docs/loading.md": "needs a checkpoint folder model/ (its own tests cover loading)",
+    "docs/distributed.md": "runs under torchrun: tests/python/test_distributed.py runs it",
 }
 
 

@@ -4,10 +4,11 @@ numpy; each rank's slices (shape, start, bytes) are numpy.array_split's for tp 1
 its message; `bench load --tp N` reports each rank's read and scatter figures. The slices' bytes
 are checked against a reference in tests/cpp/test_load_tp.cpp and tests/python/test_tp_slices.py."""
 import json
-import struct
 import subprocess
 
 import numpy as np
+
+from tp_checkpoint import DTYPES, PLAN, write_shard
 
 TENSORS = {  # name: (array, split dim or None)
     "layers.0.q_proj.weight": (np.arange(12 * 6, dtype=np.float32).reshape(12, 6), 0),
@@ -16,26 +17,6 @@ TENSORS = {  # name: (array, split dim or None)
     "layers.0.norm.weight": (np.ones(6, dtype=np.float32), None),
     "embed.weight": (np.arange(17 * 3, dtype=np.int8).reshape(17, 3), 0),
 }
-DTYPES = {"float32": "F32", "float16": "F16", "int64": "I64", "int8": "I8"}
-PLAN = {"format": "pinstage.tp_plan/1",
-        "rules": [{"match": "*.q_proj.weight", "split": 0},
-                  {"regex": r"layers\.\d+\.o_proj\.weight", "split": 1},
-                  {"match": "*.cube", "split": -1},
-                  {"match": "*norm*", "replicate": True}],
-        "default": {"split": 0}}
-
-
-def write_shard(path, arrays):
-    header, data = {}, b""
-    for name, a in arrays.items():
-        raw = a.tobytes()
-        header[name] = {"dtype": DTYPES[a.dtype.name], "shape": list(a.shape),
-                        "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
-
 
 def checkpoint(tmp_path):
     d = tmp_path / "model"

@@ -25,7 +25,9 @@
  *    (synchronous copies for the async slots, "unsupported" for the rest).
  *
  * Version history: v4 added the copy flags (PS_COPY_HOST_PINNED) and event_query; v5
- * appends copy_d2d_async and memset_async at the table's end, so no older slot moves.
+ * appends copy_d2d_async and memset_async at the table's end, so no older slot moves; v6
+ * appends device_count and device_props (the devices and their topology) and
+ * ps_context_options.host_numa_node (where the context's pinned memory is placed).
  */
 #ifndef PINSTAGE_PLATFORM_ABI_H
 #define PINSTAGE_PLATFORM_ABI_H
@@ -38,7 +40,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change to the table's layout or to a slot's meaning. */
-#define PINSTAGE_PLATFORM_API_VERSION 5u
+#define PINSTAGE_PLATFORM_API_VERSION 6u
 #define PINSTAGE_PLATFORM_ENTRY_SYMBOL "pinstage_platform_entry"
 /* Marks the entry symbol: plugins build with hidden visibility and export only it. */
 #define PINSTAGE_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -106,7 +108,25 @@ typedef struct ps_context_options {
   /* Backend-specific settings; a backend refuses a key it does not know. */
   const ps_config_entry* config;
   size_t config_count;
+  /* (ABI v6) The host NUMA node the context's pinned memory is placed on (bound before
+   * its first touch); -1 = none, the kernel's choice. The runtime passes only a node
+   * that exists on this host. A zeroed struct means node 0: fill it in. */
+  int host_numa_node;
 } ps_context_options;
+
+/* (ABI v6) One device as the backend sees it, without a context. Strings are
+ * NUL-terminated and cut to fit. */
+#define PS_DEVICE_NAME_MAX 128
+#define PS_DEVICE_PCI_ID_MAX 32
+#define PS_DEVICE_REASON_MAX 256
+typedef struct ps_device_props {
+  char name[PS_DEVICE_NAME_MAX];         /* "NVIDIA H200", "sim device 1" */
+  char pci_bus_id[PS_DEVICE_PCI_ID_MAX]; /* "0000:3b:00.0" (lower case); "" when none */
+  uint64_t memory_bytes;                 /* the device's memory; 0 = unknown */
+  int numa_node;                         /* host NUMA node nearest the device; -1 = unknown */
+  int usable;                            /* 1 when a context can be created on it now */
+  char reason[PS_DEVICE_REASON_MAX];     /* why not usable; "" when usable */
+} ps_device_props;
 
 typedef struct ps_capabilities {
   int pinned_is_page_locked; /* 1 when pinned host memory is really locked in RAM */
@@ -240,6 +260,14 @@ typedef struct ps_platform_api {
   /* Sets `bytes` device bytes to (unsigned char)value; the runtime passes 0..255 only. */
   int (*memset_async)(ps_device_ctx* ctx, void* dst_device, int value, size_t bytes,
                       ps_stream* stream);
+
+  /* OPTIONAL topology slots (ABI v6), both present or both NULL; neither needs a
+   * context. `options` is the configuration a context would get (sim reads devices= and
+   * numa_nodes= from it; may be NULL). NULL slots mean one device, id 0, whose
+   * properties are unknown. device_count sets *out to the number of devices (0 when the
+   * driver sees none); device_props fills `out` for a device id in [0, count). */
+  int (*device_count)(const ps_context_options* options, int* out);
+  int (*device_props)(int device_id, const ps_context_options* options, ps_device_props* out);
 } ps_platform_api;
 
 typedef const ps_platform_api* (*ps_platform_entry_fn)(void);

@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -155,21 +156,39 @@ void fault(Context* ctx, ps_fault_kind kind) {
 
 const char* last_error() { return t_last_error.c_str(); }
 
+// The context options' config (the defaults without options).
+SimConfig config_of(const ps_context_options* options) {
+  if (options == nullptr || options->config_count == 0) return SimConfig{};
+  require(options->config != nullptr, "sim: config entries are NULL");
+  return parse_config({options->config, options->config_count});
+}
+
+// A device's capacity: the worker's device_capacity_bytes, else
+// PINSTAGE_SIM_DEVICE_CAPACITY (per device), else 80% of physical memory split evenly
+// across the devices (the devices share the host's RAM).
+uint64_t capacity_of(const SimConfig& config, const ps_context_options* options) {
+  if (options != nullptr && options->device_capacity_bytes != 0)
+    return options->device_capacity_bytes;
+  return setting_sim_device_capacity().value_or(physical_memory_bytes() / 10 * 8 /
+                                                static_cast<uint64_t>(config.devices));
+}
+
+void require_device(const SimConfig& config, int device_id) {
+  if (device_id < 0 || device_id >= config.devices)
+    fail(PS_ERR_NO_DEVICE, "sim: no device " + std::to_string(device_id) + ": this sim has " +
+                               std::to_string(config.devices) + " device(s), ids 0.." +
+                               std::to_string(config.devices - 1) + " (config devices=N)");
+}
+
 int create_context(int device_id, const ps_context_options* options, ps_device_ctx** out) {
   return guarded([&] {
     require(out != nullptr, "sim: create_context: out is NULL");
     *out = nullptr;
-    if (device_id != 0)
-      fail(PS_ERR_NO_DEVICE,
-           "sim: there is one sim device (id 0), asked for device " + std::to_string(device_id));
     auto ctx = std::make_unique<Context>();
-    if (options != nullptr && options->config_count > 0) {
-      require(options->config != nullptr, "sim: create_context: config entries are NULL");
-      ctx->config = parse_config({options->config, options->config_count});
-    }
-    ctx->capacity = setting_sim_device_capacity().value_or(physical_memory_bytes() / 10 * 8);
-    if (options != nullptr && options->device_capacity_bytes != 0)
-      ctx->capacity = options->device_capacity_bytes;
+    ctx->config = config_of(options);
+    require_device(ctx->config, device_id);
+    ctx->capacity = capacity_of(ctx->config, options);
+    ctx->host_numa_node = options != nullptr ? options->host_numa_node : -1;
     for (const FaultSetting& f : setting_sim_faults()) ctx->faults.set(f.kind, f.nth);
     ctx->pool = std::make_unique<DevicePool>(ctx->capacity);
     const SimConfig& c = ctx->config;
@@ -179,6 +198,29 @@ int create_context(int device_id, const ps_context_options* options, ps_device_c
     ctx->d2h =
         std::make_unique<Channel>(c.bounce_chunk, c.bounce_buffers, c.link_gbps, dma_threads);
     *out = reinterpret_cast<ps_device_ctx*>(ctx.release());
+  });
+}
+
+// Topology (ABI v6): devices=N of them, each on its numa_nodes= node, with a PCI id in
+// domain ffff (which no real bus uses) so listings have something to show.
+int device_count(const ps_context_options* options, int* out) {
+  return guarded([&] {
+    require(out != nullptr, "sim: device_count: out is NULL");
+    *out = config_of(options).devices;
+  });
+}
+
+int device_props(int device_id, const ps_context_options* options, ps_device_props* out) {
+  return guarded([&] {
+    require(out != nullptr, "sim: device_props: out is NULL");
+    const SimConfig config = config_of(options);
+    require_device(config, device_id);
+    *out = ps_device_props{};
+    std::snprintf(out->name, sizeof out->name, "sim device %d", device_id);
+    std::snprintf(out->pci_bus_id, sizeof out->pci_bus_id, "ffff:%02x:00.0", device_id);
+    out->memory_bytes = capacity_of(config, options);
+    out->numa_node = config.numa_node(device_id);
+    out->usable = 1;
   });
 }
 
@@ -198,10 +240,12 @@ const std::string& thp_mode() {
   return mode;
 }
 
-// Maps and pre-faults `bytes` (rounded to the page, never further); on transparent huge
-// pages under PINSTAGE_HOST_HUGE_PAGES=thp, saying so once where the kernel has them off.
-void* map_backed(size_t bytes) {
+// Maps and pre-faults `bytes` (rounded to the page, never further), bound to `numa_node`
+// when >= 0; on transparent huge pages under PINSTAGE_HOST_HUGE_PAGES=thp, saying so once
+// where the kernel has them off.
+void* map_backed(size_t bytes, int numa_node) {
   MapOptions options;
+  options.numa_node = numa_node;  // the context's host_numa_node (-1 = the kernel's choice)
   if (setting_choice(Setting::host_huge_pages).value_or("off") == "thp") {
     options.huge_pages = true;
     static std::once_flag warned;
@@ -409,8 +453,8 @@ int host_alloc_pinned(ps_device_ctx* raw, size_t bytes, ps_allocation* out) {
     Context* ctx = as_ctx(raw);
     require(out != nullptr && bytes > 0, "sim: host_alloc_pinned: NULL output or 0 bytes");
     fault(ctx, PS_FAULT_HOST_ALLOC);
-    void* ptr = map_backed(bytes);                 // the page, never a power of two
-    try_lock(ctx, ptr, round_up_to_pages(bytes));  // never throws: a refusal stays usable
+    void* ptr = map_backed(bytes, ctx->host_numa_node);  // the page, never a power of two
+    try_lock(ctx, ptr, round_up_to_pages(bytes));        // never throws: a refusal stays usable
     *out = ps_allocation{ptr, bytes, nullptr};
   });
 }
@@ -540,6 +584,8 @@ constexpr ps_platform_api kApi = {
     .event_query = event_query,
     .copy_d2d_async = copy_d2d_async,
     .memset_async = memset_async,
+    .device_count = device_count,
+    .device_props = device_props,
 };
 
 }  // namespace

@@ -12,7 +12,26 @@ namespace pinstage::sim {
 
 namespace {
 
-constexpr const char* kKeys = "bounce_chunk, bounce_buffers, link_gbps, dma_threads";
+constexpr const char* kKeys =
+    "bounce_chunk, bounce_buffers, link_gbps, dma_threads, devices, numa_nodes";
+constexpr int kMaxDevices = 64;
+constexpr int kMaxNumaNode = 1023;  // the kernel's node ids fit a 1024-bit mask here
+
+// "0,0,1,1": one node id 0..1023 per device, comma-separated, nothing else.
+std::vector<int> numa_node_list(std::string_view key, std::string_view value) {
+  constexpr const char* kExpected = "one NUMA node id 0..1023 per device, comma-separated";
+  std::vector<int> nodes;
+  size_t begin = 0;
+  for (;;) {
+    const size_t comma = value.find(',', begin);
+    const std::string_view item = value.substr(begin, comma - begin);
+    if (item.empty()) backend::config_bad_value(key, value, kExpected, "an empty item");
+    nodes.push_back(
+        static_cast<int>(backend::config_integer(key, item, 0, kMaxNumaNode, kExpected)));
+    if (comma == std::string_view::npos) return nodes;
+    begin = comma + 1;
+  }
+}
 
 void apply(SimConfig& config, std::string_view key, std::string_view value) {
   if (key == "bounce_chunk") {
@@ -28,6 +47,11 @@ void apply(SimConfig& config, std::string_view key, std::string_view value) {
   } else if (key == "dma_threads") {
     config.dma_threads = static_cast<int>(backend::config_integer(
         key, value, 1, DmaEngine::kMaxThreads, "a whole number 1..64 (workers per copy engine)"));
+  } else if (key == "devices") {
+    config.devices = static_cast<int>(
+        backend::config_integer(key, value, 1, kMaxDevices, "a whole number of devices 1..64"));
+  } else if (key == "numa_nodes") {
+    config.numa_nodes = numa_node_list(key, value);
   } else {
     backend::config_refuse("unknown key '" + std::string(key) + "' (keys: " + kKeys + ")");
   }
@@ -36,6 +60,10 @@ void apply(SimConfig& config, std::string_view key, std::string_view value) {
 }  // namespace
 
 const char* config_keys() { return kKeys; }
+
+int SimConfig::numa_node(int id) const {
+  return id >= 0 && static_cast<size_t>(id) < numa_nodes.size() ? numa_nodes[id] : -1;
+}
 
 int resolved_dma_threads(const SimConfig& config) {
   if (config.dma_threads > 0) return config.dma_threads;
@@ -47,6 +75,10 @@ SimConfig parse_config(std::span<const ps_config_entry> entries) {
   backend::for_each_config_entry(entries, kKeys, [&](std::string_view key, std::string_view value) {
     apply(config, key, value);
   });
+  if (!config.numa_nodes.empty() && config.numa_nodes.size() != static_cast<size_t>(config.devices))
+    backend::config_refuse("numa_nodes names " + std::to_string(config.numa_nodes.size()) +
+                           " node(s) but devices=" + std::to_string(config.devices) +
+                           ": give exactly one node per device");
   return config;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "pinstage/backend/platform_abi.h"
 
@@ -20,6 +21,13 @@ struct SimConfig {
   // Workers per copy engine, each copying a slice of every chunk; 0 = the process's thread
   // count (PINSTAGE_NUM_THREADS, else the CPUs in the affinity mask), at most 64.
   int dma_threads = 0;
+  // Devices this sim has (ids 0..devices-1), each with its own pool and copy engines.
+  int devices = 1;
+  // Host NUMA node of each device (numa_nodes=0,0,1,1); empty = unknown (-1) for all.
+  std::vector<int> numa_nodes;
+
+  // Device `id`'s node from numa_nodes, or -1.
+  int numa_node(int id) const;
 };
 
 // The engine's workers: config.dma_threads, or the default it stands for.
@@ -28,7 +36,8 @@ int resolved_dma_threads(const SimConfig& config);
 // The accepted keys, for messages: "bounce_chunk, bounce_buffers, link_gbps, dma_threads".
 const char* config_keys();
 
-// Parses the entries strictly: each key at most once, values exactly as documented.
+// Parses the entries strictly: each key at most once, values exactly as documented;
+// numa_nodes must name exactly `devices` nodes.
 // Throws Error(invalid_argument) naming the bad key or value ("config: link_gbps='x' is
 // not valid: ...") and listing the accepted keys. No entries gives the defaults.
 SimConfig parse_config(std::span<const ps_config_entry> entries);
