@@ -276,6 +276,7 @@ void def_read_slice(py::class_<Checkpoint>& cls) {
                  "Reads the slice (begin, count, step per dim) of tensor name into buffer, "
                  "packed row-major, asking the files for exactly its bytes, without the GIL; "
                  "returns the load report (bytes: the bytes read)."));
+}
 
 // ---- one tensor-parallel rank (python/pinstage/distributed.py) ----
 // The plan travels as its JSON text (TpPlan::parse, errors naming `source`).

@@ -565,6 +565,7 @@ TEST_F(LoadTpTest, EveryBadSliceIsRefusedByName) {
                         }).what())
                 .find("more than 16777216 separate byte ranges"),
             std::string::npos);
+}
 
 // ---- one rank alone ----
 
