@@ -15,6 +15,7 @@
 #include "pinstage/export.h"
 #include "pinstage/tensor.h"
 #include "pinstage/worker.h"
+#include "pinstage/worker_group.h"
 
 namespace pinstage {
 
@@ -241,6 +242,53 @@ class PINSTAGE_API ResidentBinder {
   struct State;
   Worker* worker_;
   std::unique_ptr<State> state_;
+};
+
+// ---- The node level (docs/node.md, "Group bind") ----
+
+// What one GroupBinder::run did: each member's BindReport and the node's totals.
+struct PINSTAGE_API GroupBindReport {
+  std::vector<int> devices;         // each member's device id, in group order
+  std::vector<BindReport> reports;  // each member's bind, in group order
+  double total_seconds = 0.0;       // wall time of the whole group bind
+  uint64_t uploaded_bytes = 0;      // every device's inputs
+  uint64_t downloaded_bytes = 0;    // every device's results
+  double longest_upload_s = 0.0;    // the slowest member's upload phase
+  double longest_download_s = 0.0;  // the slowest member's download phase
+  // The node's rates: every device's bytes over the slowest member's phase (the members
+  // start their binds together, so their uploads run at the same time). 0 if not timed.
+  double upload_gbps() const noexcept;
+  double download_gbps() const noexcept;
+  // "2 devices, 2 x 19 of 20 tensors uploaded, ... aggregate 38.2 GB/s", then one line per
+  // device.
+  std::string to_string() const;
+};
+
+// Binds a task's args on every member of a WorkerGroup at once: one Binder per device,
+// made once and reused across runs (rings, streams), each run on its member's thread team.
+// The group must outlive the GroupBinder. Not for concurrent use from several threads.
+class PINSTAGE_API GroupBinder {
+ public:
+  // validate(options) once; Error(invalid_argument) for an empty or finalized group.
+  explicit GroupBinder(WorkerGroup& group, BindOptions options = {});
+  GroupBinder(const GroupBinder&) = delete;
+  GroupBinder& operator=(const GroupBinder&) = delete;
+  ~GroupBinder();
+
+  // args[i] on member i; Error(invalid_argument) unless there is one TaskArgs per member.
+  // The members start together (run_each) and each binds to its end: a member that fails
+  // released what its bind took (as Binder::run does) and the others finished and released
+  // theirs, so no device holds memory of this run. Then GroupError names the first failing
+  // device in group order, with the BindError's phase and tensor in its message and its
+  // code.
+  GroupBindReport run(const std::vector<TaskArgs>& args);
+
+  const BindOptions& options() const noexcept { return options_; }
+
+ private:
+  WorkerGroup* group_;
+  BindOptions options_;
+  std::vector<std::unique_ptr<Binder>> binders_;
 };
 
 }  // namespace pinstage

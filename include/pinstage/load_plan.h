@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "pinstage/checkpoint.h"
 #include "pinstage/export.h"
 #include "pinstage/tensor.h"
+#include "pinstage/worker_group.h"
 
 namespace pinstage {
 
@@ -159,6 +161,12 @@ struct TpHostLoad {
 PINSTAGE_API TpHostLoad load_tp_to_host(const Checkpoint& checkpoint, const TpPlan& plan, int tp,
                                         HostAllocator& allocator,
                                         const CheckpointLoadOptions& options = {});
+// The same with one allocator per rank (rank r's slices from allocators[r], a replicated
+// tensor's one storage from allocators[0]): each device's share in its own worker's pinned
+// memory, on its NUMA node. Error(invalid_argument) unless there are tp allocators, none null.
+PINSTAGE_API TpHostLoad load_tp_to_host(const Checkpoint& checkpoint, const TpPlan& plan, int tp,
+                                        std::span<HostAllocator* const> allocators,
+                                        const CheckpointLoadOptions& options = {});
 
 // ---- One rank alone (docs/distributed.md) ----
 // Under torch.distributed each process holds one rank's share and reads only the bytes
@@ -209,6 +217,45 @@ struct TpRankLoad {
 // read_tp_slices. On any error nothing stays allocated.
 PINSTAGE_API TpRankLoad load_tp_rank_to_host(const Checkpoint& checkpoint, const TpPlan& plan,
                                              int tp, int rank, HostAllocator& allocator,
+                                             const CheckpointLoadOptions& options = {});
+
+// ---- Onto the devices of a node (docs/node.md, "Tensor-parallel loading") ----
+
+// One device's part of load_tp_to_devices.
+struct TpDeviceReport {
+  int device = 0;       // its id
+  uint64_t bytes = 0;   // its slices' bytes, uploaded
+  size_t tensors = 0;   // device buffers made (tensors of 0 bytes get an empty buffer)
+  double upload_s = 0;  // its uploads' wall time (the devices upload at once)
+  double gbps() const { return upload_s > 0 ? static_cast<double>(bytes) / upload_s / 1e9 : 0; }
+};
+
+struct TpDeviceLoad {
+  int tp = 1;
+  std::vector<int> devices;  // member r's device id, rank r
+  // ranks[r] on devices[r], in checkpoint order; each info has the slice's shape and bytes
+  // (a split tensor's xxh3 dropped: it was the whole tensor's).
+  std::vector<std::vector<DeviceTensor>> ranks;
+  TpLoadReport host;                    // the host load: every byte read once
+  std::vector<TpDeviceReport> uploads;  // per device
+  uint64_t uploaded_bytes = 0;          // all devices
+  double upload_s = 0;                  // the upload phase's wall time, all devices
+  double total_s = 0;
+  double upload_gbps() const {
+    return upload_s > 0 ? static_cast<double>(uploaded_bytes) / upload_s / 1e9 : 0;
+  }
+};
+
+// Tensor-parallel load onto a WorkerGroup: rank r is member r (tp = group.size()). The
+// checkpoint is read once (load_tp_to_host, with member r's pinned memory for rank r's
+// slices: on its device's NUMA node), then every member uploads its slices to its device
+// at once, each on its thread team, and the host storages go back to the pools. A
+// slice along an inner dimension is gathered contiguous on the host first, so each device
+// receives one dense buffer per tensor. Refusals are load_tp_to_host's, before any memory;
+// on a later failure every device buffer of every member is released and GroupError names
+// the device.
+PINSTAGE_API TpDeviceLoad load_tp_to_devices(const Checkpoint& checkpoint, const TpPlan& plan,
+                                             WorkerGroup& group,
                                              const CheckpointLoadOptions& options = {});
 
 }  // namespace pinstage

@@ -22,13 +22,13 @@
 
 namespace pinstage {
 
-// What a worker owns. `chip` owns exactly one device; a node level owning several chip
-// workers is planned.
-enum class WorkerLevel { chip };
+// What a worker owns. `chip`: exactly one device (a Worker). `node`: every chip worker a
+// process drives on one host (a WorkerGroup, worker_group.h); a Worker is never node level.
+enum class WorkerLevel { chip, node };
 
-// WorkerLevel::chip -> "chip".
+// WorkerLevel::chip -> "chip", WorkerLevel::node -> "node".
 PINSTAGE_API const char* worker_level_name(WorkerLevel level);
-// "chip" -> WorkerLevel::chip; anything else throws Error(invalid_argument).
+// "chip" / "node" -> the level; anything else throws Error(invalid_argument).
 PINSTAGE_API WorkerLevel parse_worker_level(std::string_view name);
 
 // Backend-specific settings as key/value pairs ({"pinned_mode", "register"}), in order.
@@ -290,6 +290,8 @@ PINSTAGE_API std::vector<std::string> host_callable_names();
 // memory, streams and events. Methods are thread-safe; finalize waits for calls in flight.
 class PINSTAGE_API Worker {
  public:
+  // Error(invalid_argument) for WorkerLevel::node: a Worker owns one device; the node level
+  // is a WorkerGroup.
   explicit Worker(WorkerLevel level = WorkerLevel::chip);
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;

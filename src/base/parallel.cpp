@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -29,6 +30,10 @@ namespace {
 // runs inline instead of waiting on the pool it is part of.
 thread_local bool t_in_job = false;
 
+class Pool;
+// The team whose run() this thread is inside (ThreadTeam), else null: the process pool.
+thread_local Pool* t_team = nullptr;
+
 // A fixed set of threads that run one job at a time; the caller works too.
 class Pool {
  public:
@@ -45,12 +50,14 @@ class Pool {
                                                 std::to_string(started + 1) + " of " +
                                                 std::to_string(workers) + " (" + e.what() +
                                                 "); lower PINSTAGE_NUM_THREADS (now " +
-                                                std::to_string(default_thread_count()) +
+                                                std::to_string(process_thread_count()) +
                                                 " threads) or raise the memory or thread limit");
     }
   }
   ~Pool() { stop_all(); }
   int size() const { return static_cast<int>(threads_.size()) + 1; }
+  void count_job() noexcept { jobs_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t jobs() const noexcept { return jobs_.load(std::memory_order_relaxed); }
 
   void run(size_t chunks, const std::function<void(size_t)>& chunk_fn) {
     std::lock_guard submit(submit_mu_);  // one job at a time
@@ -133,6 +140,7 @@ class Pool {
   uint64_t generation_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;
+  std::atomic<uint64_t> jobs_{0};
 };
 
 // Never destroyed: at process exit, threads the program never joined (Python daemon
@@ -151,7 +159,7 @@ Pool& pool() {
   if (p == nullptr) lock.lock();  // a child skips the lock: its copy may be held
   p = instance.load(std::memory_order_acquire);
   if (p == nullptr || owner.load(std::memory_order_acquire) != self) {
-    p = new Pool(default_thread_count() - 1);
+    p = new Pool(process_thread_count() - 1);
     owner.store(self, std::memory_order_release);
     instance.store(p, std::memory_order_release);
   }
@@ -167,12 +175,42 @@ int usable_cpu_count() {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
-int default_thread_count() {
+int process_thread_count() {
   static const int count = [] {
     if (const auto n = setting_num_threads()) return *n;
     return usable_cpu_count();
   }();
   return count;
+}
+
+int default_thread_count() { return t_team != nullptr ? t_team->size() : process_thread_count(); }
+
+struct ThreadTeam::State {
+  explicit State(int threads) : pool(threads - 1) {}
+  Pool pool;
+};
+
+ThreadTeam::ThreadTeam(int threads) {
+  if (threads < 1 || threads > 1024)
+    throw Error(ErrorCode::invalid_argument,
+                "a thread team takes 1..1024 threads, not " + std::to_string(threads));
+  state_ = std::make_unique<State>(threads);
+}
+
+ThreadTeam::~ThreadTeam() = default;
+
+int ThreadTeam::size() const noexcept { return state_->pool.size(); }
+
+uint64_t ThreadTeam::jobs() const noexcept { return state_->pool.jobs(); }
+
+void ThreadTeam::run(const std::function<void()>& fn) {
+  Pool* const outer = t_team;
+  t_team = &state_->pool;
+  struct Restore {
+    Pool* outer;
+    ~Restore() { t_team = outer; }
+  } restore{outer};
+  fn();
 }
 
 void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn,
@@ -185,7 +223,8 @@ void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_
     fn(0, n);
     return;
   }
-  Pool& p = pool();
+  Pool& p = t_team != nullptr ? *t_team : pool();
+  if (t_team != nullptr) p.count_job();
   // More chunks than threads would only add hand-offs; fewer keeps `threads` honoured.
   const size_t used = std::min<size_t>(chunks, p.size());
   const size_t step = (n + used - 1) / used;

@@ -119,3 +119,28 @@ std::string BindReport::to_string() const {
 }
 
 }  // namespace pinstage
+
+namespace pinstage {
+
+double GroupBindReport::upload_gbps() const noexcept {
+  return gbps(uploaded_bytes, longest_upload_s);
+}
+double GroupBindReport::download_gbps() const noexcept {
+  return gbps(downloaded_bytes, longest_download_s);
+}
+
+std::string GroupBindReport::to_string() const {
+  std::string out = std::to_string(reports.size()) + " device" + (reports.size() == 1 ? "" : "s") +
+                    ", " + format_thousands(uploaded_bytes) + " bytes uploaded in all; upload " +
+                    fixed(upload_gbps(), 2) + " GB/s aggregate (longest upload " +
+                    fixed(longest_upload_s * 1e3, 3) + " ms), download " +
+                    fixed(download_gbps(), 2) + " GB/s; total " + fixed(total_seconds * 1e3, 3) +
+                    " ms\n";
+  for (size_t i = 0; i < reports.size(); ++i)
+    out += "  device " + std::to_string(devices[i]) + ": " + reports[i].summary() + ", upload " +
+           fixed(reports[i].upload_gbps(), 2) + " GB/s, download " +
+           fixed(reports[i].download_gbps(), 2) + " GB/s\n";
+  return out;
+}
+
+}  // namespace pinstage

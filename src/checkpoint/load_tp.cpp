@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -82,18 +83,27 @@ uint64_t slice_bytes(const Job& j, int rank) {
   return j.outer * j.inner_bytes * static_cast<uint64_t>(j.parts[static_cast<size_t>(rank)].count);
 }
 
-// Every storage, in one reserve() first (a pool maps them as one segment). Anything
-// allocated stays owned by `jobs`, so an exception frees it with them.
-uint64_t allocate(std::vector<Job>& jobs, int tp, HostAllocator& allocator) {
-  std::vector<size_t> sizes;
-  for (const Job& j : jobs)
-    for (int r = 0; r < (j.parts.empty() ? 1 : tp); ++r)
-      sizes.push_back(static_cast<size_t>(slice_bytes(j, r)));
-  allocator.reserve(sizes);
+// Every storage, from its rank's allocator (a replicated tensor from rank 0's), with one
+// reserve() per allocator first (a pool maps them as one segment). Anything allocated
+// stays owned by `jobs`, so an exception frees it with them.
+uint64_t allocate(std::vector<Job>& jobs, int tp, std::span<HostAllocator* const> allocators) {
+  auto of_rank = [&](const Job& j, int r) {
+    return allocators[j.parts.empty() ? 0 : static_cast<size_t>(r)];
+  };
+  for (size_t a = 0; a < allocators.size(); ++a) {
+    if (std::find(allocators.begin(), allocators.begin() + static_cast<ptrdiff_t>(a),
+                  allocators[a]) != allocators.begin() + static_cast<ptrdiff_t>(a))
+      continue;  // reserved with its first rank
+    std::vector<size_t> sizes;
+    for (const Job& j : jobs)
+      for (int r = 0; r < (j.parts.empty() ? 1 : tp); ++r)
+        if (of_rank(j, r) == allocators[a]) sizes.push_back(static_cast<size_t>(slice_bytes(j, r)));
+    allocators[a]->reserve(sizes);
+  }
   uint64_t total = 0;
   for (Job& j : jobs)
     for (int r = 0; r < (j.parts.empty() ? 1 : tp); ++r) {
-      j.storages.push_back(allocator.allocate(static_cast<size_t>(slice_bytes(j, r))));
+      j.storages.push_back(of_rank(j, r)->allocate(static_cast<size_t>(slice_bytes(j, r))));
       total += slice_bytes(j, r);
     }
   return total;
@@ -252,8 +262,21 @@ void count_kinds(const std::vector<Job>& jobs, const TpPlan& plan, TpLoadReport&
 
 TpHostLoad load_tp_to_host(const Checkpoint& c, const TpPlan& plan, int tp,
                            HostAllocator& allocator, const CheckpointLoadOptions& o) {
+  const std::vector<TpDecision> decisions = resolve_tp_plan(c, plan, tp);
+  const std::vector<HostAllocator*> allocators(static_cast<size_t>(tp), &allocator);
+  return load_tp_to_host(c, plan, tp, allocators, o);
+}
+
+TpHostLoad load_tp_to_host(const Checkpoint& c, const TpPlan& plan, int tp,
+                           std::span<HostAllocator* const> allocators,
+                           const CheckpointLoadOptions& o) {
   detail::check_load_options(o, false);
   const std::vector<TpDecision> decisions = resolve_tp_plan(c, plan, tp);
+  if (allocators.size() != static_cast<size_t>(tp) ||
+      std::find(allocators.begin(), allocators.end(), nullptr) != allocators.end())
+    throw Error(ErrorCode::invalid_argument,
+                "load_tp_to_host: " + std::to_string(allocators.size()) + " allocators for tp " +
+                    std::to_string(tp) + " (one per rank, none null)");
   std::vector<const CheckpointTensor*> all;
   all.reserve(decisions.size());
   for (const TpDecision& d : decisions) all.push_back(d.tensor);
@@ -273,7 +296,7 @@ TpHostLoad load_tp_to_host(const Checkpoint& c, const TpPlan& plan, int tp,
   for (const TpDecision& d : decisions) jobs.push_back(job_of(d, tp));
   count_kinds(jobs, plan, r);
   const Stopwatch alloc;
-  r.host_bytes = allocate(jobs, tp, allocator);
+  r.host_bytes = allocate(jobs, tp, allocators);
   r.load.alloc_s = alloc.seconds();
   uint64_t base = 0;
   const CheckpointLoadOptions p = detail::part_options(o, &base, r.checkpoint_bytes);

@@ -38,14 +38,15 @@
 namespace pinstage {
 
 const char* worker_level_name(WorkerLevel level) {
-  static constexpr const char* kNames[] = {"chip"};  // WorkerLevel order
+  static constexpr const char* kNames[] = {"chip", "node"};  // WorkerLevel order
   return enum_name(level, kNames, "unknown");
 }
 
 WorkerLevel parse_worker_level(std::string_view name) {
   if (name == "chip") return WorkerLevel::chip;
+  if (name == "node") return WorkerLevel::node;
   throw Error(ErrorCode::invalid_argument,
-              "unknown worker level '" + std::string(name) + "' (supported: chip)");
+              "unknown worker level '" + std::string(name) + "' (supported: chip, node)");
 }
 
 namespace {
@@ -74,7 +75,13 @@ void add_backend_option(BackendConfig& config, std::string_view key_equals_value
 
 // ---- Worker ----
 
-Worker::Worker(WorkerLevel level) : level_(level) {}
+Worker::Worker(WorkerLevel level) : level_(level) {
+  if (level != WorkerLevel::chip)
+    throw Error(ErrorCode::invalid_argument,
+                std::string("a Worker owns one device (level chip), not level ") +
+                    worker_level_name(level) +
+                    ": the node level is a WorkerGroup (worker_group.h)");
+}
 
 Worker::~Worker() {
   if (state_ && state_->forked()) {

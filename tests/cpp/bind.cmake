@@ -25,3 +25,10 @@ pinstage_add_gtest(test_resident
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_resident.cpp
   LABELS bind)
 add_dependencies(test_resident pinstage_backend_sim)
+
+# The node level: WorkerGroup, thread teams, group bind (and its fault sweep), the
+# tensor-parallel load onto a group's devices.
+pinstage_add_gtest(test_worker_group
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_worker_group.cpp
+  LABELS bind node concurrency)
+add_dependencies(test_worker_group pinstage_backend_sim)

@@ -406,8 +406,13 @@ TEST(WorkerInit, BadParametersAreRefusedClearly) {
   EXPECT_EQ(error_of([&] { w2.init("sim", -1); }).code(), ErrorCode::invalid_argument);
   Worker w3;
   EXPECT_EQ(error_of([&] { w3.init("../etc"); }).code(), ErrorCode::invalid_argument);
-  EXPECT_EQ(error_of([] { parse_worker_level("node"); }).code(), ErrorCode::invalid_argument);
+  EXPECT_EQ(error_of([] { parse_worker_level("rack"); }).code(), ErrorCode::invalid_argument);
   EXPECT_EQ(parse_worker_level("chip"), WorkerLevel::chip);
+  EXPECT_EQ(parse_worker_level("node"), WorkerLevel::node);
+  // The node level is a WorkerGroup's; a Worker refuses it by name.
+  const Error node = error_of([] { Worker w(WorkerLevel::node); });
+  EXPECT_EQ(node.code(), ErrorCode::invalid_argument);
+  EXPECT_NE(std::string(node.what()).find("WorkerGroup"), std::string::npos) << node.what();
 }
 
 TEST(WorkerInit, ChipGuardRejectsAnUninitializedWorker) {
