@@ -21,6 +21,7 @@ from ._pinstage import (  # noqa: F401
     DeviceBuffer,
     DeviceInfo,
     Error,
+    GroupBindReport,
     InvalidArgumentError,
     PinnedHostBuffer,
     SceneGolden,
@@ -34,6 +35,7 @@ from ._pinstage import (  # noqa: F401
     WorkerStats,
     devices,
     error_code_names,
+    parse_device_list,
     qwen3,
     require_chip_worker,
     run_scene,
@@ -45,6 +47,7 @@ from ._pinstage import (  # noqa: F401
     scene_make_args,
     scene_names,
     scene_params,
+    split_threads,
     tp_part,
     xxh3_64,
 )
@@ -67,6 +70,9 @@ _LAZY = {
     "load_to_device": ("checkpoint", "load_to_device"),
     "load_tp": ("tp", "load_tp"),
     "TpLoad": ("tp", "TpLoad"),
+    "WorkerGroup": ("node", "WorkerGroup"),
+    "load_to_devices": ("node", "load_to_devices"),
+    "TpDeviceLoad": ("node", "TpDeviceLoad"),
 }
 
 
@@ -96,4 +102,6 @@ __all__ = [
     "scene_compute_golden", "scene_compare", "run_scene", "ResidentBinder", "scene_advance",
     "safe_open", "load_file", "load_to_device", "DeviceBuffer", "CopyEvent", "xxh3_64",
     "SafeSlice", "TpPlan", "tp_part", "load_tp", "TpLoad", "DeviceInfo", "devices",
+    "WorkerGroup", "GroupBindReport", "load_to_devices", "TpDeviceLoad", "parse_device_list",
+    "split_threads",
 ]

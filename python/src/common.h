@@ -227,5 +227,9 @@ void bind_scene_run(py::module_& m);  // the scene registry's Python side (run_s
 // DeviceBuffer, CopyEvent and the Worker's alloc_device and async copies (device.cpp),
 // after bind_worker.
 void bind_device(py::module_& m);
+void bind_node(py::module_& m);  // node.cpp: WorkerGroup, group bind, load to devices
+// A Python DeviceBuffer owning `buffer`, device memory of the Worker `worker_obj`
+// (device.cpp): what Worker.alloc_device returns.
+py::object make_device_buffer(const py::object& worker_obj, DeviceBuffer buffer);
 
 }  // namespace pinstage::python

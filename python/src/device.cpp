@@ -393,14 +393,7 @@ void bind_device(py::module_& m) {
               throw Error(ErrorCode::invalid_argument,
                           "alloc_device: nbytes must be >= 1, got " + std::to_string(n));
             require_chip_worker(w.worker, "Worker.alloc_device");
-            DeviceBuffer buffer = w.worker.alloc_device(static_cast<size_t>(n));
-            auto d = std::make_unique<PyDeviceBuffer>();
-            d->worker_obj = self;
-            d->worker = &w;
-            w.holders.insert(d.get());
-            d->nbytes = buffer.size();
-            d->buffer = std::move(buffer);
-            return d;
+            return make_device_buffer(self, w.worker.alloc_device(static_cast<size_t>(n)));
           },
           py::arg("nbytes"),
           method_doc("alloc_device(nbytes: int) -> DeviceBuffer",
@@ -429,6 +422,17 @@ void bind_device(py::module_& m) {
       .def("_hold_streams", &hold_streams, py::arg("hold"),
            method_doc("_hold_streams(hold: bool) -> None",
                       "Tests, sim only: while held, queued copies wait (sim.hold_streams)."));
+}
+
+py::object make_device_buffer(const py::object& worker_obj, DeviceBuffer buffer) {
+  auto& w = worker_obj.cast<PyWorker&>();
+  auto d = std::make_unique<PyDeviceBuffer>();
+  d->worker_obj = worker_obj;
+  d->worker = &w;
+  w.holders.insert(d.get());
+  d->nbytes = buffer.size();
+  d->buffer = std::move(buffer);
+  return py::cast(std::move(d));
 }
 
 }  // namespace pinstage::python

@@ -25,6 +25,7 @@ PYBIND11_MODULE(_pinstage, m) {
   bind_tensors(m);
   bind_checkpoint(m);
   bind_load_tp(m);
+  bind_node(m);
   m.def(
       "error_code_names",
       [] {
