@@ -102,9 +102,10 @@ def _usable_devices(backend, worker_options):
 class RankContext:
     """This process's place in the job and what it built: rank, local_rank, world_size,
     local_world_size, node (the global rank of its node's local rank 0), devices (the
-    device ids it drives), device_numa_node (devices[0]'s NUMA node, -1 unknown), worker
-    (a Worker on devices[0], its pinned memory placed on that node; worker.host_numa_node
-    is the node in force), threads (its thread share) and threads_from
+    device ids it drives), device_numa_node (devices[0]'s NUMA node, -1 unknown), group
+    (a pinstage.WorkerGroup over those devices, each worker's pinned memory on its device's
+    node, the rank's threads split over them), worker (group[0], on devices[0];
+    worker.host_numa_node is the node in force), threads (its thread share) and threads_from
     ('PINSTAGE_NUM_THREADS' when set by the user, else 'share')."""
 
     def __init__(self, backend, worker_options):
@@ -142,16 +143,17 @@ class RankContext:
         usable = _usable_devices(backend, worker_options)
         self.devices = local_devices([d.id for d in usable], self.local_rank,
                                      self.local_world_size)
-        # Pinned memory on the first device's NUMA node, unless the caller chose one.
         self.device_numa_node = next(d.numa_node for d in usable if d.id == self.devices[0])
-        options = dict(worker_options)
-        if "host_numa_node" not in options and self.device_numa_node >= 0:
-            options["host_numa_node"] = self.device_numa_node
-        self.worker = Worker(backend=backend, device_id=self.devices[0], **options)
+        # A WorkerGroup over the rank's devices: each worker's pinned memory on its device's
+        # NUMA node (unless the caller chose one), the rank's threads split over them.
+        from .node import WorkerGroup
+        self.group = WorkerGroup(backend, list(self.devices), threads=self.threads,
+                                 **worker_options)
+        self.worker = self.group[0]
 
     def close(self):
-        """Finalizes the worker (refused while tensors of its memory live)."""
-        self.worker.finalize()
+        """Finalizes the rank's workers (refused while tensors of their memory live)."""
+        self.group.finalize()
 
     def __repr__(self):
         return (f"RankContext(rank={self.rank}/{self.world_size}, local_rank="

@@ -4,7 +4,7 @@ from typing import Any, Literal
 
 import torch
 
-from . import DeviceBuffer, Error, PinnedHostBuffer, Worker
+from . import DeviceBuffer, Error, PinnedHostBuffer, Worker, WorkerGroup
 
 READ_MODES: tuple[str, str]
 SHM_DIR: str
@@ -28,6 +28,7 @@ class RankContext:
     backend: str
     devices: list[int]
     device_numa_node: int
+    group: WorkerGroup
     worker: Worker
     def close(self) -> None: ...
 

@@ -692,7 +692,7 @@ void bind_worker_class(py::class_<PyWorker>& c) {
                              "bool: finalize() ran; the worker cannot be used again.")
       .def_property_readonly(
           "level", [](const PyWorker& w) { return worker_level_name(w.worker.level()); },
-          "str: 'chip': the worker owns one device (the only level so far).")
+          "str: 'chip': the worker owns one device (the node level is a WorkerGroup).")
       .def_property_readonly(
           "backend",
           [](const PyWorker& w) {
