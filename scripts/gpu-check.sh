@@ -8,8 +8,9 @@
 # short:
 #   1. build: GoogleTest from .deps/googletest, then pinstage with PINSTAGE_CUDA=ON
 #   2. the cuda tests (ctest labels cuda and requires_gpu)
-#   3. pinstage_gpu_probe: the link limit (1 GiB pinned cudaMemcpy, best of several) and
-#      pinning throughput, cudaHostAlloc and register mode alternating, for 8 GiB
+#   3. pinstage_gpu_probe: each device's NUMA node and where a worker's pinned pages for
+#      it landed (printed as "placement:"), the link limit (1 GiB pinned cudaMemcpy, best
+#      of several) and pinning throughput, cudaHostAlloc and register mode alternating
 #   4. pinstage bench qwen3-decode --backend cuda --layers 10 --arms pageable,pinned,staged
 #      --rounds 4, one process per group (3 groups), each writing its own JSON, so a run
 #      stopped by the budget keeps every group that finished
@@ -183,6 +184,9 @@ if [ $have_gpu = 1 ]; then
   if PINSTAGE_LOG=info run_cuda timeout 180 "$BUILD/bin/pinstage_gpu_probe" --pin-mib "$PIN_MIB" \
       --link-mib "$LINK_MIB" --prefault-mib "$PREFAULT_MIB" --json "$OUT/probe.json" >/dev/null; then
     echo "probe: wrote $OUT/probe.json"
+    python3 -c 'import json, sys
+for p in json.load(open(sys.argv[1])).get("placement", []): print("placement:", json.dumps(p))' \
+      "$OUT/probe.json" || true
   else
     failed+=(probe)
     notes+=("the probe failed or was cut short; see gpu-check.log")

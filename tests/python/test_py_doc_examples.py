@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tp_checkpoint import write_safetensors
+from tp_checkpoint import write_checkpoint, write_safetensors
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("**/*.md"))
@@ -22,7 +22,8 @@ def tensors_setup(folder):
     write_safetensors(folder / "qwen3.safetensors", {"wq": ("BF16", [2, 2], bytes(8))})
 
 
-SETUP = {"docs/tensors.md": tensors_setup}
+SETUP = {"docs/tensors.md": tensors_setup,
+         "docs/node.md": write_checkpoint}  # model/ (5 shards) and plan.json
 SKIP = {
     "docs/loading.md": "needs a checkpoint folder model/ (its own tests cover loading)",
     "docs/distributed.md": "runs under torchrun: tests/python/test_distributed.py runs it",

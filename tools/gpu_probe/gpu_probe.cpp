@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -279,6 +280,38 @@ json describe_device(int device) {
           {"async_engines", prop.asyncEngineCount}};
 }
 
+// Where each device's pinned memory really lands (docs/node.md, "Placement"): a worker on
+// the device with host_numa_node = the device's node, 64 MiB pinned, and the node of every
+// 16th page asked of the kernel (numa_node_of: get_mempolicy MPOL_F_NODE | MPOL_F_ADDR).
+json measure_placement(const Args& a) {
+  pinstage::WorkerOptions options;
+  options.plugin_path = a.plugin;
+  json out = json::array();
+  for (const pinstage::DeviceInfo& d : pinstage::list_devices("cuda", options)) {
+    json row = {{"device", d.id},
+                {"pci_bus_id", d.pci_bus_id},
+                {"numa_node", d.numa_node},
+                {"usable", d.usable}};
+    if (d.usable) {
+      pinstage::WorkerOptions placed = options;
+      if (d.numa_node >= 0) placed.host_numa_node = d.numa_node;
+      pinstage::Worker worker;
+      worker.init("cuda", d.id, placed);
+      constexpr size_t kBytes = size_t{64} << 20;
+      pinstage::PinnedHostBuffer host = worker.alloc_pinned_host(kBytes);
+      std::map<std::string, uint64_t> pages;
+      const size_t step = pinstage::page_size() * 16;
+      for (size_t off = 0; off < kBytes; off += step)
+        ++pages[std::to_string(pinstage::numa_node_of(static_cast<char*>(host.data()) + off))];
+      row["worker_host_numa_node"] = worker.host_numa_node();
+      row["sampled_pages_by_node"] = pages;
+    }
+    std::fprintf(stderr, "probe: placement %s\n", row.dump().c_str());
+    out.push_back(std::move(row));
+  }
+  return out;
+}
+
 json run_probe(const Args& a) {
   json out;
   if (a.prefault_only) {
@@ -289,6 +322,7 @@ json run_probe(const Args& a) {
   out["host"] = {{"online_cpus", sysconf(_SC_NPROCESSORS_ONLN)},
                  {"physical_bytes", pinstage::physical_memory_bytes()}};
   out["units"] = "GB/s = 1e9 bytes per second; GiB/s = 2^30 bytes per second";
+  out["placement"] = measure_placement(a);
   // Partial results reach the file after every section: a run cut short keeps them.
   out["complete"] = false;
   std::fprintf(stderr, "probe: link limit, %zu MiB x %d...\n", a.link_mib, a.reps);
