@@ -16,41 +16,12 @@ import argparse
 import json
 import os
 import pathlib
-import struct
 import sys
 import tempfile
 import time
 
-
-def write_checkpoint(directory, mib, files=8):
-    """--mib MiB of float16 in `files` shards of 4 matrices (half split by rows, half by
-    columns) and the plan; returns (dir, plan dict)."""
-    d = directory / "model"
-    d.mkdir()
-    per = (mib << 20) // (files * 4)
-    cols = 4096
-    rows = max(8, per // (cols * 2))
-    weight_map = {}
-    for f in range(files):
-        shard = f"model-{f + 1:05d}-of-{files:05d}.safetensors"
-        header, offset = {}, 0
-        for t in range(4):
-            name = f"layers.{f}.{'row' if t % 2 == 0 else 'col'}_{t}.weight"
-            n = rows * cols * 2
-            header[name] = {"dtype": "F16", "shape": [rows, cols],
-                            "data_offsets": [offset, offset + n]}
-            offset += n
-            weight_map[name] = shard
-        text = json.dumps(header).encode()
-        text += b" " * (-len(text) % 8)
-        with open(d / shard, "wb") as out:
-            out.write(struct.pack("<Q", len(text)) + text)
-            out.write(os.urandom(offset))
-    (d / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {}, "weight_map": weight_map}))
-    plan = {"format": "pinstage.tp_plan/1",
-            "rules": [{"match": "*.row_*", "split": 0}, {"match": "*.col_*", "split": 1}]}
-    return d, plan
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from distributed import write_checkpoint  # noqa: E402 (the same checkpoint and plan)
 
 
 def group(pinstage, devices, link_gbps):
@@ -159,7 +130,7 @@ def main():
     print("  host copy alone: " +
           ", ".join(f"{t} thread(s) {g:.2f} GB/s" for t, g in limit.items()))
     with tempfile.TemporaryDirectory(prefix="pinstage-bench-node-") as tmp:
-        model, plan = write_checkpoint(pathlib.Path(tmp), a.load_mib)
+        model, plan = write_checkpoint(pathlib.Path(tmp), a.load_mib, 8)
         for f in model.glob("*.safetensors"):  # warm the page cache
             f.read_bytes()
         loads = load_arms(pinstage, model, plan, a.rounds)
