@@ -16,6 +16,7 @@
 #include "pinstage/clock.h"
 #include "pinstage/error.h"
 #include "pinstage/settings.h"
+#include "pinstage/worker_group.h"
 
 namespace pinstage::cli {
 
@@ -177,6 +178,40 @@ WorkerOptions worker_options(const BackendArgs& args) {
   WorkerOptions options;
   for (const std::string& kv : args.options) add_backend_option(options.config, kv);
   return options;
+}
+
+void add_devices_option(CLI::App& cmd, DeviceArgs& args, const std::string& what) {
+  cmd.add_option("--devices", args.list,
+                 "Devices: 'all' (every usable one) or ids separated by commas (0,1); " + what +
+                     ". Default: device 0")
+      ->each([&args](const std::string&) { args.given = true; });
+}
+
+std::vector<int> device_ids(const DeviceArgs& args, const BackendArgs& backend) {
+  if (!args.given) return {0};
+  const std::vector<DeviceInfo> devices = list_devices(backend.name, worker_options(backend));
+  try {
+    return parse_device_list(args.list, devices);
+  } catch (const Error& e) {
+    const std::string why = e.what();
+    if (why.rfind("--devices", 0) == 0) throw;
+    throw Error(e.code(), "--devices '" + args.list + "': " + why);
+  }
+}
+
+int single_device(const DeviceArgs& args, const BackendArgs& backend, const std::string& command) {
+  const std::vector<int> ids = device_ids(args, backend);
+  if (ids.size() != 1)
+    throw Error(ErrorCode::invalid_argument, "--devices '" + args.list + "' lists " +
+                                                 plural(ids.size(), "device") + "; " + command +
+                                                 " runs on one device: give one id");
+  return ids[0];
+}
+
+std::string join_ids(const std::vector<int>& ids) {
+  std::string text;
+  for (int id : ids) text += (text.empty() ? "" : ",") + std::to_string(id);
+  return text;
 }
 
 std::vector<std::pair<std::string, std::string>> command_options(const CLI::App& cmd) {

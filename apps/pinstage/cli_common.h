@@ -108,6 +108,23 @@ struct BackendArgs {
 void add_backend_args(CLI::App& cmd, BackendArgs& args);
 // Parses the options strictly (add_backend_option) before the worker starts.
 WorkerOptions worker_options(const BackendArgs& args);
+
+// --devices LIST: "all" (every usable device) or ids separated by commas ("0,1"). Absent:
+// device 0 alone, as before the option existed.
+struct DeviceArgs {
+  std::string list;
+  bool given = false;
+};
+// `what` says what the command does with several devices.
+void add_devices_option(CLI::App& cmd, DeviceArgs& args, const std::string& what);
+// The ids, before any work: {0} when --devices is absent, else parse_device_list against
+// list_devices(backend, worker_options(backend)). Error(invalid_argument) naming --devices.
+std::vector<int> device_ids(const DeviceArgs& args, const BackendArgs& backend);
+// The one device of a command that runs on one: device_ids, refused when it lists several
+// ("--devices '0,1': `command` runs on one device").
+int single_device(const DeviceArgs& args, const BackendArgs& backend, const std::string& command);
+// "0,1": the ids as the option takes them.
+std::string join_ids(const std::vector<int>& ids);
 // Every option of `cmd` for the "run" block: the command path, then each option's
 // value as given, or its default ("" when it has none).
 std::vector<std::pair<std::string, std::string>> command_options(const CLI::App& cmd);

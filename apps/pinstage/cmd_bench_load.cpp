@@ -26,6 +26,7 @@
 #include "pinstage/load_plan.h"
 #include "pinstage/pages.h"
 #include "pinstage/parallel.h"
+#include "pinstage/worker_group.h"
 
 namespace pinstage::cli {
 
@@ -34,6 +35,7 @@ namespace {
 struct BenchLoadArgs {
   std::string path;
   BackendArgs backend;
+  DeviceArgs devices;
   int rounds = 3;
   int threads = 0;
   int64_t chunk_mib = 8;
@@ -245,15 +247,112 @@ nlohmann::ordered_json tp_figures(const BenchLoadArgs& a, const TpLoadReport& r,
   return j;
 }
 
+// The tp_devices arm's figures (the load's own figures, without its device tensors).
+struct DeviceFigures {
+  TpLoadReport host;
+  std::vector<TpDeviceReport> uploads;
+  uint64_t uploaded_bytes = 0;
+  double upload_s = 0, upload_gbps = 0, total_s = 0;
+};
+
+// --devices with several ids (or with --tp): the tp is the device count; --tp or the plan's
+// "tp" saying otherwise is an error naming both.
+void check_device_tp(BenchLoadArgs& a, const std::vector<int>& ids) {
+  const int n = static_cast<int>(ids.size());
+  if (a.tp > 0 && a.tp != n)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(a.cmd->count("--tp") > 0 ? "--tp " : "the plan's \"tp\" ") +
+                    std::to_string(a.tp) + " and --devices '" + a.devices.list + "' (" +
+                    plural(ids.size(), "device") +
+                    ") disagree: rank r goes onto the r-th listed device, so the tp must be "
+                    "the device count");
+  a.tp = n;
+}
+
+// The tp_devices arm: load_tp_to_devices onto every device of `group`, its fastest run kept.
+Arm device_arm(const Checkpoint& c, const TpPlan& plan, WorkerGroup& group,
+               const CheckpointLoadOptions& o, std::optional<DeviceFigures>& fastest) {
+  return {"tp_devices", [&c, &plan, &group, o, &fastest] {
+            const TpDeviceLoad d = load_tp_to_devices(c, plan, group, o);
+            if (fastest && fastest->total_s <= d.total_s) return;
+            fastest = DeviceFigures{d.host,     d.uploads,       d.uploaded_bytes,
+                                    d.upload_s, d.upload_gbps(), d.total_s};
+          }};
+}
+
+// Per device (rank r on devices[r]): what it received, read straight or scattered on the
+// host, and its upload; then the node's read and aggregate upload.
+nlohmann::ordered_json device_figures(const DeviceFigures& f, FILE* text) {
+  const TpLoadReport& r = f.host;
+  nlohmann::ordered_json j = {{"tp", f.uploads.size()},
+                              {"read_bytes", r.read_bytes},
+                              {"checkpoint_bytes", r.checkpoint_bytes},
+                              {"read_s", r.load.read_s},
+                              {"uploaded_bytes", f.uploaded_bytes},
+                              {"upload_s", f.upload_s},
+                              {"upload_gbps", f.upload_gbps},
+                              {"total_s", f.total_s},
+                              {"devices", nlohmann::ordered_json::array()}};
+  std::fprintf(text,
+               "tp onto %s (fastest run): read %s of the checkpoint's %s%s in %.3f s, upload "
+               "%.3f s, %.2f GB/s aggregate\n  %-6s %-5s %12s %14s %12s %10s %9s\n",
+               plural(f.uploads.size(), "device").c_str(), format_bytes(r.read_bytes).c_str(),
+               format_bytes(r.checkpoint_bytes).c_str(),
+               r.read_bytes == r.checkpoint_bytes ? " (every byte once)" : "", r.load.read_s,
+               f.upload_s, f.upload_gbps, "device", "rank", "bytes", "read straight", "scattered",
+               "upload s", "GB/s");
+  for (size_t rank = 0; rank < f.uploads.size(); ++rank) {
+    const TpDeviceReport& u = f.uploads[rank];
+    const TpRankReport k = rank < r.ranks.size() ? r.ranks[rank] : TpRankReport{};
+    j["devices"].push_back({{"device", u.device},
+                            {"rank", rank},
+                            {"bytes", u.bytes},
+                            {"tensors", u.tensors},
+                            {"direct_bytes", k.direct_bytes},
+                            {"scatter_bytes", k.scatter_bytes},
+                            {"shared_bytes", k.shared_bytes},
+                            {"upload_s", u.upload_s},
+                            {"upload_gbps", u.gbps()}});
+    std::fprintf(text, "  %-6d %-5zu %12s %14s %12s %10.3f %9.2f\n", u.device, rank,
+                 format_bytes(u.bytes).c_str(), format_bytes(k.direct_bytes).c_str(),
+                 format_bytes(k.scatter_bytes).c_str(), u.upload_s, u.gbps());
+  }
+  return j;
+}
+
+// The report's figures of every arm and the targets, printed as they are made.
+nlohmann::ordered_json bench_doc(const BenchLoadArgs& a, const Checkpoint& c,
+                                 const std::map<std::string, Series>& series,
+                                 double warm_alloc_share) {
+  FILE* text = text_out(a.report);
+  const bool print = true;  // the per-arm table and the targets are the result
+  const uint64_t bytes = c.total_bytes();
+  chatter(a.report, "bench load %s: %s in %s and %s, %d round(s)\n", a.path.c_str(),
+          format_bytes(bytes).c_str(), plural(c.tensors().size(), "tensor").c_str(),
+          plural(c.files().size(), "file").c_str(), a.rounds);
+  nlohmann::ordered_json doc;
+  doc["path"] = a.path;
+  doc["bytes"] = bytes;
+  doc["tensors"] = c.tensors().size();
+  doc["files"] = c.files().size();
+  doc["rounds"] = a.rounds;
+  doc["arms"] = summarize(series, bytes, text, print);
+  doc["targets"] = targets(series, warm_alloc_share, text, print);
+  return doc;
+}
+
 void run_bench_load(BenchLoadArgs& a) {
   check_report_args(a.report);
   const WorkerOptions wo = worker_options(a.backend);
+  const std::vector<int> ids = device_ids(a.devices, a.backend);
   const Checkpoint c = Checkpoint::open(a.path);
   const TpPlan plan = a.plan.empty() ? TpPlan() : TpPlan::read_file(a.plan);
   if (a.tp == 0 && plan.tp()) a.tp = *plan.tp();
+  const bool on_devices = a.devices.given && (ids.size() > 1 || a.tp > 0);
+  if (on_devices) check_device_tp(a, ids);
   if (a.tp > 0) resolve_tp_plan(c, plan, a.tp);  // every refusal before the worker starts
   Worker worker;
-  worker.init(a.backend.name, 0, wo);
+  worker.init(a.backend.name, ids[0], wo);
   PinnedAllocator pinned(worker);
   CheckpointLoadOptions o;
   o.threads = a.threads;
@@ -284,7 +383,7 @@ void run_bench_load(BenchLoadArgs& a) {
        },
        [&] {
          fresh = std::make_unique<Worker>();
-         fresh->init(a.backend.name, 0, wo);
+         fresh->init(a.backend.name, ids[0], wo);
        },
        [&] { finish_worker(*fresh); }},
       {"d_pinstage_device", [&] { load_to_device(c, worker, o); }},
@@ -300,25 +399,21 @@ void run_bench_load(BenchLoadArgs& a) {
                       if (!fastest_tp || r.load.total_s < fastest_tp->load.total_s)
                         fastest_tp = std::move(r);
                     }});
+  std::optional<DeviceFigures> fastest_devices;
+  std::unique_ptr<WorkerGroup> group;
+  if (on_devices) {
+    group = std::make_unique<WorkerGroup>(a.backend.name, ids, WorkerGroupOptions{wo, 0});
+    arms.push_back(device_arm(c, plan, *group, o, fastest_devices));
+  }
   ProgressBar bar(a.report);
   const auto series = run_rounds(c, a, arms, bar);
-  FILE* text = text_out(a.report);
-  const bool print = true;  // the per-arm table and the targets are the result
-  chatter(a.report, "bench load %s: %s in %s and %s, %d round(s)\n", a.path.c_str(),
-          format_bytes(bytes).c_str(), plural(c.tensors().size(), "tensor").c_str(),
-          plural(c.files().size(), "file").c_str(), a.rounds);
-  nlohmann::ordered_json doc;
-  doc["path"] = a.path;
-  doc["bytes"] = bytes;
-  doc["tensors"] = c.tensors().size();
-  doc["files"] = c.files().size();
-  doc["rounds"] = a.rounds;
-  doc["arms"] = summarize(series, bytes, text, print);
-  doc["targets"] = targets(series, warm_alloc_share, text, print);
-  if (fastest_tp) doc["tp"] = tp_figures(a, *fastest_tp, text);
+  nlohmann::ordered_json doc = bench_doc(a, c, series, warm_alloc_share);
+  if (fastest_tp) doc["tp"] = tp_figures(a, *fastest_tp, text_out(a.report));
+  if (fastest_devices) doc["tp_devices"] = device_figures(*fastest_devices, text_out(a.report));
   unmap_pages(scratch);
   unmap_pages(copy_dst);
   write_report(a.report, doc, collect_run_info(&worker, command_options(*a.cmd)));
+  for (size_t i = 0; group && i < group->size(); ++i) finish_worker(group->worker(i));
   finish_worker(worker);
 }
 
@@ -333,6 +428,10 @@ void add_bench_load_command(CLI::App& bench) {
   a->cmd = q;
   add_checkpoint_read_options(*q, a->path, a->threads, a->chunk_mib, "Reader and copy threads");
   add_backend_args(*q, a->backend);
+  add_devices_option(*q, a->devices,
+                     "several ids (or --tp with --devices) add the tp_devices arm: the "
+                     "tensor-parallel load onto them, rank r on the r-th device, with per-device "
+                     "read and upload figures");
   add_integer_option(*q, "--rounds", a->rounds,
                      "Rounds; each runs every arm warm then cold, 1..1000", 1, 1000)
       ->capture_default_str();
@@ -340,7 +439,8 @@ void add_bench_load_command(CLI::App& bench) {
   q->add_flag("--no-cold", a->no_cold, "Skip the cold (page cache dropped) runs");
   add_integer_option(*q, "--tp", a->tp,
                      "Tensor-parallel ranks, 1..1024: add the tp_load arm (every byte read once "
-                     "for all ranks) and its per-rank figures",
+                     "for all ranks) and its per-rank figures; with --devices it must equal the "
+                     "device count",
                      1, kTpMaxRanks);
   q->add_option("--plan", a->plan,
                 "The tp_load arm's plan file (docs/loading.md); without one every tensor is "

@@ -18,6 +18,7 @@ namespace {
 
 struct DemoArgs {
   BackendArgs backend;
+  DeviceArgs devices;
   ReportArgs report;
   size_t mib = 256;
   const CLI::App* cmd = nullptr;
@@ -26,8 +27,9 @@ struct DemoArgs {
 void run_demo(const DemoArgs& a) {
   check_report_args(a.report);
   const size_t bytes = a.mib << 20;
+  const int device_id = single_device(a.devices, a.backend, "demo");
   Worker worker;
-  worker.init(a.backend.name, 0, worker_options(a.backend));
+  worker.init(a.backend.name, device_id, worker_options(a.backend));
   FILE* out = text_out(a.report);
   chatter(a.report, "worker: %s backend, device %d, chip level\n", worker.backend().name.c_str(),
           worker.device_id());
@@ -89,6 +91,7 @@ void add_demo_command(CLI::App& app) {
   auto a = std::make_shared<DemoArgs>();
   a->cmd = cmd;
   add_backend_args(*cmd, a->backend);
+  add_devices_option(*cmd, a->devices, "demo takes one id");
   add_integer_option(*cmd, "--mib", a->mib, "Buffer size in MiB, 1..1048576", 1, 1 << 20)
       ->capture_default_str();
   add_report_options(*cmd, a->report);

@@ -31,6 +31,22 @@ nlohmann::ordered_json probe_backend(const std::string& name, const std::string&
     entry["why"] = e.what();
     return entry;
   }
+  // Every device with its topology (no context needed), before a worker tries device 0.
+  entry["devices"] = nlohmann::ordered_json::array();
+  try {
+    WorkerOptions options;
+    options.plugin_path = path;
+    for (const DeviceInfo& d : list_devices(name, options))
+      entry["devices"].push_back({{"id", d.id},
+                                  {"name", d.name},
+                                  {"memory_bytes", d.memory_bytes},
+                                  {"pci_bus_id", d.pci_bus_id},
+                                  {"numa_node", d.numa_node},
+                                  {"usable", d.usable},
+                                  {"reason", d.reason}});
+  } catch (const Error& e) {
+    entry["devices_error"] = e.what();
+  }
   try {
     Worker worker;
     worker.init(name);
@@ -58,6 +74,24 @@ nlohmann::ordered_json machine_json() {
           {"rlimit_memlock_hard", limit(memlock.rlim_max)}};
 }
 
+// One line per device: id, name, memory, PCI bus id, NUMA node, and why not usable.
+void print_devices(FILE* out, const nlohmann::ordered_json& backend) {
+  if (backend.contains("devices_error"))
+    std::fprintf(out, "         devices: not listed: %s\n",
+                 backend["devices_error"].get<std::string>().c_str());
+  if (!backend.contains("devices")) return;
+  for (const auto& d : backend["devices"]) {
+    const uint64_t memory = d["memory_bytes"];
+    const int node = d["numa_node"];
+    const std::string pci = d["pci_bus_id"];
+    std::fprintf(
+        out, "         device %d: %s, memory %s, PCI %s, NUMA node %s%s\n", d["id"].get<int>(),
+        d["name"].get<std::string>().c_str(), memory > 0 ? format_bytes(memory).c_str() : "unknown",
+        pci.empty() ? "none" : pci.c_str(), node >= 0 ? std::to_string(node).c_str() : "unknown",
+        d["usable"].get<bool>() ? "" : (", not usable: " + d["reason"].get<std::string>()).c_str());
+  }
+}
+
 void print_info(FILE* out, const nlohmann::ordered_json& doc) {
   std::fprintf(out, "pinstage %s (platform API %u)\n", version(), PINSTAGE_PLATFORM_API_VERSION);
   std::fprintf(out, "library folder: %s\n\nbackends:\n", library_dir().c_str());
@@ -70,6 +104,7 @@ void print_info(FILE* out, const nlohmann::ordered_json& doc) {
     else
       std::fprintf(out, "  %-6s not usable: %s\n", name.c_str(),
                    b["why"].get<std::string>().c_str());
+    print_devices(out, b);
   }
   const auto& m = doc["machine"];
   const auto limit = [](const nlohmann::ordered_json& v) {

@@ -11,6 +11,7 @@
 #include "pinstage/checkpoint.h"
 #include "pinstage/error.h"
 #include "pinstage/load_plan.h"
+#include "pinstage/worker_group.h"
 
 namespace pinstage::cli {
 
@@ -19,6 +20,7 @@ namespace {
 struct LoadArgs {
   std::string path;
   BackendArgs backend;
+  DeviceArgs devices;
   std::string to = "host";
   int threads = 0;
   int64_t chunk_mib = 8;
@@ -189,13 +191,125 @@ TpPlan tp_plan(LoadArgs& a) {
   if (a.to == "device")
     throw Error(ErrorCode::invalid_argument,
                 "--tp and --plan load into pinned host memory; --to device cannot be combined "
-                "with them (yet)");
+                "with them: --devices LIST loads each rank onto a device of its own");
   TpPlan plan = a.plan.empty() ? TpPlan() : TpPlan::read_file(a.plan);
   if (a.tp == 0 && !plan.tp())
     throw Error(ErrorCode::invalid_argument,
                 "--plan '" + a.plan + "' gives no \"tp\": say how many ranks with --tp N");
   if (a.tp == 0) a.tp = *plan.tp();
   return plan;
+}
+
+// --devices with several ids, or with --tp or --plan: rank r onto the r-th listed device,
+// so the tp is the device count; --tp or the plan's "tp" saying otherwise is an error.
+TpPlan device_tp_plan(LoadArgs& a, const std::vector<int>& ids) {
+  const int n = static_cast<int>(ids.size());
+  const std::string devices =
+      "--devices '" + a.devices.list + "' lists " + plural(ids.size(), "device");
+  if (a.cmd->count("--to") > 0 && a.to == "host")
+    throw Error(ErrorCode::invalid_argument,
+                "--to host and " + devices +
+                    ": a load onto several devices goes to the devices; "
+                    "omit --to or give --to device");
+  if (a.tp > 0 && a.tp != n)
+    throw Error(ErrorCode::invalid_argument,
+                "--tp " + std::to_string(a.tp) + " and " + devices +
+                    " disagree: rank r goes onto the r-th listed device, so --tp must be the "
+                    "device count (or omitted)");
+  TpPlan plan = a.plan.empty() ? TpPlan() : TpPlan::read_file(a.plan);
+  if (a.tp == 0 && plan.tp() && *plan.tp() != n)
+    throw Error(ErrorCode::invalid_argument, "--plan '" + a.plan + "' gives \"tp\": " +
+                                                 std::to_string(*plan.tp()) + " but " + devices);
+  a.tp = n;
+  return plan;
+}
+
+void print_device_report(FILE* out, const Checkpoint& c, const TpDeviceLoad& d) {
+  const TpLoadReport& r = d.host;
+  std::fprintf(out, "loaded %s for %d ranks from %s (%s) onto devices %s\n",
+               plural(r.load.tensors, "tensor").c_str(), d.tp, plural(r.load.files, "file").c_str(),
+               checkpoint_layout_name(c.layout()), join_ids(d.devices).c_str());
+  std::fprintf(out, "  read     %s bytes of the checkpoint's %s%s\n",
+               format_thousands(r.read_bytes).c_str(), format_thousands(r.checkpoint_bytes).c_str(),
+               r.read_bytes == r.checkpoint_bytes ? ": every byte once" : "");
+  std::fprintf(out, "  %-6s %-5s %16s %8s %10s %9s\n", "device", "rank", "bytes", "tensors",
+               "upload s", "GB/s");
+  for (size_t rank = 0; rank < d.uploads.size(); ++rank) {
+    const TpDeviceReport& u = d.uploads[rank];
+    std::fprintf(out, "  %-6d %-5zu %16s %8zu %10.3f %9.2f\n", u.device, rank,
+                 format_thousands(u.bytes).c_str(), u.tensors, u.upload_s, u.gbps());
+  }
+  std::fprintf(out, "  upload   %s bytes onto %s in %.3f s: %.2f GB/s aggregate\n",
+               format_thousands(d.uploaded_bytes).c_str(),
+               plural(d.devices.size(), "device").c_str(), d.upload_s, d.upload_gbps());
+  std::fputs(phase("total", r.checkpoint_bytes, d.total_s).c_str(), out);
+  std::fputs(phase("read", r.read_bytes, r.load.read_s).c_str(), out);
+  std::fprintf(out, "  scatter  %8.3f s\n  alloc    %8.3f s\n", r.scatter_s, r.load.alloc_s);
+  if (r.load.verify_s > 0) std::fprintf(out, "  verify   %8.3f s\n", r.load.verify_s);
+  if (!r.load.direct_note.empty()) std::fprintf(out, "  %s\n", r.load.direct_note.c_str());
+  if (r.load.verified) std::fprintf(out, "  every tensor's xxh3-64 matches the recorded one\n");
+}
+
+// The device load's JSON: the host load's figures, the node's upload, and per device
+// (rank r on devices[r]) what it received and how fast.
+nlohmann::ordered_json device_report_json(const Checkpoint& c, const TpPlan& plan,
+                                          const LoadArgs& a, const TpDeviceLoad& d) {
+  const TpLoadReport& r = d.host;
+  nlohmann::ordered_json j = report_json(c, r.load, "devices");
+  j["total_s"] = d.total_s;
+  j["total_gbps"] = d.total_s > 0 ? static_cast<double>(r.checkpoint_bytes) / d.total_s / 1e9 : 0;
+  j["tp"] = d.tp;
+  j["plan"] = a.plan;
+  j["read_bytes"] = r.read_bytes;
+  j["checkpoint_bytes"] = r.checkpoint_bytes;
+  j["host_bytes"] = r.host_bytes;
+  j["scatter_bytes"] = r.scatter_bytes;
+  j["scatter_s"] = r.scatter_s;
+  j["unused_rules"] = nlohmann::ordered_json::array();
+  for (int rule : r.unused_rules) j["unused_rules"].push_back(plan.describe(rule));
+  j["uploaded_bytes"] = d.uploaded_bytes;
+  j["upload_s"] = d.upload_s;
+  j["upload_gbps"] = d.upload_gbps();
+  j["devices"] = nlohmann::ordered_json::array();
+  for (size_t rank = 0; rank < d.uploads.size(); ++rank) {
+    const TpDeviceReport& u = d.uploads[rank];
+    nlohmann::ordered_json one = {{"device", u.device},     {"rank", rank},
+                                  {"bytes", u.bytes},       {"tensors", u.tensors},
+                                  {"upload_s", u.upload_s}, {"upload_gbps", u.gbps()}};
+    if (rank < r.ranks.size()) {
+      one["direct_bytes"] = r.ranks[rank].direct_bytes;
+      one["scatter_bytes"] = r.ranks[rank].scatter_bytes;
+      one["shared_bytes"] = r.ranks[rank].shared_bytes;
+    }
+    j["devices"].push_back(std::move(one));
+  }
+  return j;
+}
+
+// --devices LIST [--tp N] [--plan FILE]: read once on the host, each rank onto its device.
+void run_device_tp_load(LoadArgs& a, CheckpointLoadOptions& o, const WorkerOptions& wo,
+                        const std::vector<int>& ids) {
+  const TpPlan plan = device_tp_plan(a, ids);
+  const Checkpoint c = Checkpoint::open(a.path);
+  resolve_tp_plan(c, plan, a.tp);  // every refusal before any memory is taken
+  chatter(a.report, "plan: %s for %d ranks on devices %s\n",
+          a.plan.empty() ? "none given, every tensor replicated" : a.plan.c_str(), a.tp,
+          join_ids(ids).c_str());
+  WorkerGroupOptions go;
+  go.worker = wo;
+  WorkerGroup group(a.backend.name, ids, go);
+  {
+    ProgressBar bar(a.report);
+    o.progress = progress_of(bar);
+    const TpDeviceLoad load = load_tp_to_devices(c, plan, group, o);
+    bar.clear();
+    for (int rule : load.host.unused_rules)
+      chatter(a.report, "note: %s matched no tensor\n", plan.describe(rule).c_str());
+    print_device_report(text_out(a.report), c, load);  // the result: --quiet keeps it
+    write_report(a.report, device_report_json(c, plan, a, load),
+                 collect_run_info(&group.worker(0), command_options(*a.cmd)));
+  }
+  for (size_t i = 0; i < group.size(); ++i) finish_worker(group.worker(i));
 }
 
 // --tp N [--plan FILE]: the plan and every split checked before the worker starts.
@@ -226,10 +340,13 @@ void run_load(LoadArgs& a) {
   check_report_args(a.report);
   CheckpointLoadOptions o = load_options(a);
   const WorkerOptions wo = worker_options(a.backend);
-  if (a.tp > 0 || !a.plan.empty()) return run_tp_load(a, o, wo);
+  const std::vector<int> ids = device_ids(a.devices, a.backend);
+  const bool tp = a.tp > 0 || !a.plan.empty();
+  if (a.devices.given && (ids.size() > 1 || tp)) return run_device_tp_load(a, o, wo, ids);
+  if (tp) return run_tp_load(a, o, wo);
   const Checkpoint c = Checkpoint::open(a.path);  // validated before any memory is taken
   Worker worker;
-  worker.init(a.backend.name, 0, wo);
+  worker.init(a.backend.name, ids[0], wo);
   ProgressBar bar(a.report);
   o.progress = progress_of(bar);
   LoadReport r;
@@ -253,10 +370,14 @@ void add_load_command(CLI::App& app) {
   CLI::App* q = app.add_subcommand(
       "load",
       "Load a checkpoint (a .safetensors file or a directory of shards) into pinned "
-      "host memory or onto the device; prints bytes, seconds and GB/s per phase");
+      "host memory or onto the device (--devices: tensor-parallel onto several); prints "
+      "bytes, seconds and GB/s per phase");
   a->cmd = q;
   add_checkpoint_read_options(*q, a->path, a->threads, a->chunk_mib, "Reader threads");
   add_backend_args(*q, a->backend);
+  add_devices_option(*q, a->devices,
+                     "several ids (or --tp/--plan with --devices) load tensor-parallel, rank r "
+                     "onto the r-th device, reading the checkpoint once");
   q->add_option("--to", a->to, "host (pinned memory) or device (streamed through the ring)")
       ->transform(kLowerCase)
       ->check(CLI::IsMember({"host", "device"}))
@@ -272,7 +393,8 @@ void add_load_command(CLI::App& app) {
       ->check(CLI::IsMember({"all", "if-present"}));
   add_integer_option(*q, "--tp", a->tp,
                      "Tensor-parallel ranks, 1..1024: load each rank's share into pinned host "
-                     "memory, reading every byte of the checkpoint once",
+                     "memory, reading every byte of the checkpoint once; with --devices, onto "
+                     "the devices (then it must equal the device count)",
                      1, kTpMaxRanks);
   q->add_option("--plan", a->plan,
                 "A tensor-parallel plan file (docs/loading.md): which tensors are split along "

@@ -19,6 +19,7 @@ namespace {
 struct SceneArgs {
   SceneValues values;
   BackendArgs backend;
+  DeviceArgs devices;
   ReportArgs report;
   int threads = 0;
   int rounds = 1;
@@ -104,9 +105,7 @@ nlohmann::ordered_json report_json(const SceneReport& report, double peak_rss) {
           {"rounds", rounds}};
 }
 
-int run(const Scene& scene, const SceneArgs& a) {
-  check_report_args(a.report);
-  if (a.save_golden_given) check_out_option("--save-golden", a.save_golden);
+SceneRunOptions run_options(const Scene& scene, const SceneArgs& a) {
   SceneRunOptions options;
   options.values = a.values;
   options.threads = a.threads;
@@ -119,17 +118,22 @@ int run(const Scene& scene, const SceneArgs& a) {
   options.bind.upload = parse_upload_path(a.upload);
   validate(scene, options);  // before the worker or any memory is taken
   options.values = resolve_params(scene, options.values);
+  return options;
+}
 
+// The scene on one device: its report (with "device"), and the run block of the first.
+nlohmann::ordered_json run_on(const Scene& scene, const SceneArgs& a,
+                              const SceneRunOptions& options, int device, RunInfo* run) {
   Worker worker;
-  worker.init(a.backend.name, 0, worker_options(a.backend));
+  worker.init(a.backend.name, device, worker_options(a.backend));
   FILE* out = text_out(a.report);
   const std::string steps =
       a.steps == 1 ? ""
                    : ", " + std::to_string(a.steps) + " steps (" +
                          (a.full_bind ? "a full bind per step" : "resident args") + ")";
-  chatter(a.report, "%s scene: %s, %s storage, %s backend%s\n", scene.name().c_str(),
+  chatter(a.report, "%s scene: %s, %s storage, %s backend, device %d%s\n", scene.name().c_str(),
           scene.describe(options.values).c_str(), a.storage.c_str(), worker.backend().name.c_str(),
-          steps.c_str());
+          device, steps.c_str());
   std::fflush(out);
   SceneReport report;
   {
@@ -148,13 +152,40 @@ int run(const Scene& scene, const SceneArgs& a) {
                  worker.backend().name.c_str());
   chatter(a.report, "generated %s in %.3f s; golden %.3f s\n", report.args_summary.c_str(),
           report.generate_seconds, report.golden_seconds);
-  if (!a.save_golden.empty()) chatter(a.report, "golden written to %s\n", a.save_golden.c_str());
+  if (!options.save_golden.empty())
+    chatter(a.report, "golden written to %s\n", options.save_golden.c_str());
   const double peak = print_memory(a.report, report, worker.capabilities().device_memory_is_host);
   std::fprintf(out, "%s\n", report.ok() ? "PASS" : "FAIL");
-  write_report(a.report, report_json(report, peak),
-               collect_run_info(&worker, command_options(*a.cmd)));
+  nlohmann::ordered_json doc = report_json(report, peak);
+  doc["device"] = device;
+  if (run != nullptr) *run = collect_run_info(&worker, command_options(*a.cmd));
   finish_worker(worker);
-  return report.ok() ? 0 : 1;
+  return doc;
+}
+
+// --devices 0,1: the scene on each device in turn (one after another, not at once); the
+// JSON has one report per device under "devices".
+int run(const Scene& scene, const SceneArgs& a) {
+  check_report_args(a.report);
+  if (a.save_golden_given) check_out_option("--save-golden", a.save_golden);
+  const std::vector<int> ids = device_ids(a.devices, a.backend);
+  SceneRunOptions options = run_options(scene, a);
+  RunInfo run;
+  nlohmann::ordered_json devices = nlohmann::ordered_json::array();
+  bool ok = true;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    devices.push_back(run_on(scene, a, options, ids[i], i == 0 ? &run : nullptr));
+    ok = ok && devices.back()["ok"].get<bool>();
+    options.save_golden.clear();  // the golden is the host's: written once
+  }
+  if (ids.size() == 1) {
+    write_report(a.report, devices[0], run);
+    return ok ? 0 : 1;
+  }
+  std::fprintf(text_out(a.report), "%s on devices %s (one after another)\n", ok ? "PASS" : "FAIL",
+               join_ids(ids).c_str());
+  write_report(a.report, {{"scene", scene.name()}, {"ok", ok}, {"devices", devices}}, run);
+  return ok ? 0 : 1;
 }
 
 }  // namespace
@@ -167,6 +198,8 @@ void add_scene_command(CLI::App& app) {
     auto* cmd = scene_cmd->add_subcommand(scene->name(), scene->description());
     a->cmd = cmd;
     add_backend_args(*cmd, a->backend);
+    add_devices_option(*cmd, a->devices,
+                       "several ids run the scene on each in turn, one after another");
     add_scene_options(*cmd, *scene, a->values, SizeDefault::scene);
     add_integer_option(*cmd, "--threads", a->threads, "Generation threads, 0..4096 (0 = all cores)",
                        0, 4096)

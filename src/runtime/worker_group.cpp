@@ -59,7 +59,7 @@ std::vector<int> parse_device_list(std::string_view text, const std::vector<Devi
     const std::string_view item = text.substr(
         begin, comma == std::string_view::npos ? std::string_view::npos : comma - begin);
     const int id = static_cast<int>(
-        parse_integer(item, 0, 1 << 20, "device list '" + std::string(text) + "'"));
+        parse_integer(item, 0, 1 << 20, "device list '" + std::string(text) + "': item"));
     for (int seen : ids)
       if (seen == id)
         throw Error(ErrorCode::invalid_argument, "device list '" + std::string(text) +
