@@ -118,12 +118,11 @@ std::function<void(uint64_t, uint64_t)> progress_of(ProgressBar& bar) {
   };
 }
 
-// The tensor-parallel figures: the read against the checkpoint, and per rank its tensors.
-nlohmann::ordered_json tp_report_json(const Checkpoint& c, const TpPlan& plan, const LoadArgs& a,
-                                      const TpHostLoad& load) {
-  const TpLoadReport& r = load.report;
-  nlohmann::ordered_json j = report_json(c, r.load, "host");
-  j["tp"] = load.tp;
+// The host side of a tensor-parallel load, the same keys for a host and a device load:
+// the plan, the read against the checkpoint, the kinds of tensors, the scatter.
+void add_tp_host_keys(nlohmann::ordered_json& j, const TpPlan& plan, const LoadArgs& a, int tp,
+                      const TpLoadReport& r) {
+  j["tp"] = tp;
   j["plan"] = a.plan;
   j["read_bytes"] = r.read_bytes;
   j["checkpoint_bytes"] = r.checkpoint_bytes;
@@ -135,6 +134,14 @@ nlohmann::ordered_json tp_report_json(const Checkpoint& c, const TpPlan& plan, c
   j["scatter_s"] = r.scatter_s;
   j["unused_rules"] = nlohmann::ordered_json::array();
   for (int rule : r.unused_rules) j["unused_rules"].push_back(plan.describe(rule));
+}
+
+// The tensor-parallel figures: the read against the checkpoint, and per rank its tensors.
+nlohmann::ordered_json tp_report_json(const Checkpoint& c, const TpPlan& plan, const LoadArgs& a,
+                                      const TpHostLoad& load) {
+  const TpLoadReport& r = load.report;
+  nlohmann::ordered_json j = report_json(c, r.load, "host");
+  add_tp_host_keys(j, plan, a, load.tp, r);
   j["ranks"] = nlohmann::ordered_json::array();
   for (size_t rank = 0; rank < load.ranks.size(); ++rank) {
     nlohmann::ordered_json one = {{"rank", rank}, {"tensors", load.ranks[rank].size()}};
@@ -258,15 +265,7 @@ nlohmann::ordered_json device_report_json(const Checkpoint& c, const TpPlan& pla
   nlohmann::ordered_json j = report_json(c, r.load, "devices");
   j["total_s"] = d.total_s;
   j["total_gbps"] = d.total_s > 0 ? static_cast<double>(r.checkpoint_bytes) / d.total_s / 1e9 : 0;
-  j["tp"] = d.tp;
-  j["plan"] = a.plan;
-  j["read_bytes"] = r.read_bytes;
-  j["checkpoint_bytes"] = r.checkpoint_bytes;
-  j["host_bytes"] = r.host_bytes;
-  j["scatter_bytes"] = r.scatter_bytes;
-  j["scatter_s"] = r.scatter_s;
-  j["unused_rules"] = nlohmann::ordered_json::array();
-  for (int rule : r.unused_rules) j["unused_rules"].push_back(plan.describe(rule));
+  add_tp_host_keys(j, plan, a, d.tp, r);
   j["uploaded_bytes"] = d.uploaded_bytes;
   j["upload_s"] = d.upload_s;
   j["upload_gbps"] = d.upload_gbps();

@@ -8,28 +8,13 @@ import subprocess
 
 import numpy as np
 
-from tp_checkpoint import DTYPES, PLAN, write_shard
+from tp_checkpoint import DTYPES, PLAN, SMALL, write_small_checkpoint
 
-TENSORS = {  # name: (array, split dim or None)
-    "layers.0.q_proj.weight": (np.arange(12 * 6, dtype=np.float32).reshape(12, 6), 0),
-    "layers.0.o_proj.weight": (np.arange(6 * 13, dtype=np.float16).reshape(6, 13), 1),
-    "layers.0.cube": (np.arange(3 * 4 * 9, dtype=np.int64).reshape(3, 4, 9), -1),
-    "layers.0.norm.weight": (np.ones(6, dtype=np.float32), None),
-    "embed.weight": (np.arange(17 * 3, dtype=np.int8).reshape(17, 3), 0),
-}
+TENSORS = SMALL
+
 
 def checkpoint(tmp_path):
-    d = tmp_path / "model"
-    d.mkdir()
-    names = list(TENSORS)
-    shards = {"model-00001-of-00002.safetensors": names[:3],
-              "model-00002-of-00002.safetensors": names[3:]}
-    for shard, part in shards.items():
-        write_shard(d / shard, {n: TENSORS[n][0] for n in part})
-    (d / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {n: s for s, part in shards.items() for n in part}}))
-    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
-    return d
+    return write_small_checkpoint(tmp_path)[0]
 
 
 def run(cli, *args):

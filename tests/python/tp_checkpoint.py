@@ -73,3 +73,30 @@ def expected_slice(name, tp, rank):
     if dim is None:
         return a
     return np.ascontiguousarray(np.array_split(a, tp, axis=dim % a.ndim)[rank])
+
+
+# A small checkpoint for the CLI tests (test_tp_load_cli.py, test_cli_devices.py): row,
+# column, last-dim and uneven splits, a replicated tensor; name: (array, split dim or None).
+SMALL = {
+    "layers.0.q_proj.weight": (np.arange(12 * 6, dtype=np.float32).reshape(12, 6), 0),
+    "layers.0.o_proj.weight": (np.arange(6 * 13, dtype=np.float16).reshape(6, 13), 1),
+    "layers.0.cube": (np.arange(3 * 4 * 9, dtype=np.int64).reshape(3, 4, 9), -1),
+    "layers.0.norm.weight": (np.ones(6, dtype=np.float32), None),
+    "embed.weight": (np.arange(17 * 3, dtype=np.int8).reshape(17, 3), 0),
+}
+
+
+def write_small_checkpoint(tmp_path):
+    """SMALL in tmp_path/model (2 shards and an index) and PLAN in tmp_path/plan.json;
+    returns (checkpoint dir, plan path)."""
+    d = tmp_path / "model"
+    d.mkdir()
+    names = list(SMALL)
+    shards = {"model-00001-of-00002.safetensors": names[:3],
+              "model-00002-of-00002.safetensors": names[3:]}
+    for shard, part in shards.items():
+        write_shard(d / shard, {n: SMALL[n][0] for n in part})
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: s for s, part in shards.items() for n in part}}))
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    return d, tmp_path / "plan.json"
