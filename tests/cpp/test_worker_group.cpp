@@ -354,7 +354,7 @@ class TpDevices : public ::testing::Test {
         {"layers.0.q_proj.weight", {24, 10}},  // rows
         {"layers.0.o_proj.weight", {9, 13}},   // columns, uneven
         {"layers.0.norm.weight", {10}},        // replicated
-        {"layers.0.up_proj.weight", {7, 5}}};  // rows, uneven
+        {"layers.0.up_proj.weight", {9, 5}}};  // rows, uneven
     for (size_t k = 0; k < specs.size(); ++k) {
       args.add(Tensor::empty(specs[k].first, DType::f32, specs[k].second, Direction::in, pageable));
       auto* p = static_cast<unsigned char*>(args.at(k).data());
@@ -377,7 +377,7 @@ class TpDevices : public ::testing::Test {
 
 TEST_F(TpDevices, EachDeviceHoldsExactlyItsSliceAndTheFilesAreReadOnce) {
   const Checkpoint c = Checkpoint::open(path_);
-  for (const int tp : {1, 2, 4}) {
+  for (const int tp : {1, 2, 4, 8}) {
     SCOPED_TRACE("tp " + std::to_string(tp));
     WorkerGroup group("sim", {}, sim_node(tp, "", 4));
     PageableAllocator pageable;

@@ -65,7 +65,7 @@ def test_a_group_bind_checks_every_input_back_on_every_device():
     assert all(w.finalized for w in group.workers)  # no view was left to refuse it
 
 
-@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_load_to_devices_puts_exactly_each_slice_on_its_device(tmp_path, tp):
     path, plan = write_checkpoint(tmp_path)
     with pinstage.WorkerGroup("sim", "all", **sim(tp, ",".join("01"[r % 2] for r in range(tp)))) \
