@@ -161,7 +161,7 @@ TEST(WorkerGroup, MembersRunAtOnceEachInsideItsOwnTeam) {
   std::mutex mu;
   std::vector<std::set<std::thread::id>> used(3);
   std::vector<int> defaults(3);
-  std::vector<bool> met(3);
+  std::vector<int> met(3);  // not vector<bool>: its bits share words across threads
   group.run_each([&](size_t i, Worker& w) {
     EXPECT_EQ(w.device_id(), static_cast<int>(i));
     met[i] = meeting.arrive();  // all three are inside run_each at the same time
