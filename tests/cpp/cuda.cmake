@@ -37,6 +37,10 @@ if(TARGET pinstage_backend_cuda)
     LIBRARY_OUTPUT_DIRECTORY ${_fake_dir}
     CXX_VISIBILITY_PRESET default)
   add_dependencies(test_cuda_gpu pinstage_fake_cudart)
+  # test_cuda_plugin re-runs itself on the fake to list its devices (CudaOnFakeRuntime.*).
+  add_dependencies(test_cuda_plugin pinstage_fake_cudart)
+  target_compile_definitions(test_cuda_plugin PRIVATE
+    PINSTAGE_FAKE_CUDA_DIR="${CMAKE_BINARY_DIR}/fake_cuda")
   gtest_discover_tests(test_cuda_gpu
     TEST_PREFIX "fake_cuda."
     PROPERTIES LABELS cuda ENVIRONMENT "LD_LIBRARY_PATH=${_fake_dir}"

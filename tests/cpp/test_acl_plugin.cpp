@@ -506,6 +506,112 @@ TEST_F(AclPlugin, DevicesAreCountedAndABadOneIsRefusedByName) {
   EXPECT_EQ(fake_acl().live().device_refs, 0u);  // the device was reset again
 }
 
+// ---- devices without a context (ABI v6, Note [Devices without a context]) ----
+
+// A listing initialises the runtime but never finalizes it; each test finalizes the
+// double itself so the next one starts uninitialised.
+class AclDevices : public AclPlugin {
+ protected:
+  void TearDown() override {
+    if (fake_acl().live().initialized != 0) {
+      EXPECT_EQ(fake_acl().rt->aclFinalize(), ACL_SUCCESS) << fake_acl().all_violations();
+    }
+    AclPlugin::TearDown();
+  }
+};
+
+TEST_F(AclDevices, ListsEveryDeviceWithItsMemoryAndLeavesNoneOpen) {
+  fake_acl().configure(3, uint64_t{1} << 30, 0, 1);
+  fake_acl().set_device(1, uint64_t{64} << 30, 0);
+  fake_acl().trace_on(1);
+  const std::vector<DeviceInfo> devices = list_devices("acl");
+  ASSERT_EQ(devices.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    const DeviceInfo& d = devices[static_cast<size_t>(i)];
+    EXPECT_EQ(d.id, i);
+    EXPECT_EQ(d.name, "Ascend device " + std::to_string(i));
+    EXPECT_EQ(d.pci_bus_id, "");  // the facts map no device id to a PCI address
+    EXPECT_EQ(d.numa_node, -1);
+    EXPECT_TRUE(d.usable) << d.reason;
+    EXPECT_EQ(d.reason, "");
+  }
+  EXPECT_EQ(devices[0].memory_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(devices[1].memory_bytes, uint64_t{64} << 30);  // each device's own
+  EXPECT_EQ(devices[2].memory_bytes, uint64_t{1} << 30);
+  // Each device opened for its call only, and closed again.
+  const std::vector<std::string> opened =
+      fake_acl().trace({"aclrtSetDevice", "aclrtGetMemInfo", "aclrtResetDevice"});
+  ASSERT_EQ(opened.size(), 9u);
+  for (size_t i = 0; i < opened.size(); ++i)
+    EXPECT_EQ(opened[i], std::vector<std::string>({"aclrtSetDevice=0", "aclrtGetMemInfo=0",
+                                                   "aclrtResetDevice=0"})[i % 3]);
+  EXPECT_EQ(fake_acl().live().device_refs, 0u);
+  EXPECT_EQ(fake_acl().calls("aclFinalize"), 0u);  // never by a listing
+  EXPECT_EQ(fake_acl().live().initialized, 1);
+  // A worker after it starts on the initialised runtime and finalizes it at its end.
+  {
+    Worker worker;
+    worker.init("acl", 1);
+    EXPECT_EQ(worker.device_info().memory_bytes, uint64_t{64} << 30);
+  }
+  EXPECT_EQ(fake_acl().calls("aclFinalize"), 1u);
+  EXPECT_EQ(fake_acl().live().initialized, 0);
+}
+
+TEST_F(AclDevices, ADeviceThatWillNotOpenIsListedNotUsableWithTheReason) {
+  fake_acl().set_device(1, 0, ACL_ERROR_RT_NO_DEVICE);
+  const std::vector<DeviceInfo> devices = list_devices("acl");
+  ASSERT_EQ(devices.size(), 2u);
+  EXPECT_TRUE(devices[0].usable) << devices[0].reason;
+  const DeviceInfo& bad = devices[1];
+  EXPECT_FALSE(bad.usable);
+  EXPECT_TRUE(has(bad.reason, "aclrtSetDevice(1) failed: 207004 ACL_ERROR_RT_NO_DEVICE"))
+      << bad.reason;
+  EXPECT_TRUE(has(bad.reason, "will not open")) << bad.reason;  // the runtime's message
+  EXPECT_EQ(bad.name, "Ascend device 1");
+  EXPECT_EQ(bad.memory_bytes, 0u);
+  EXPECT_EQ(fake_acl().live().device_refs, 0u);
+  // A memory query that fails makes the device not usable too, and it is closed again.
+  fake_acl().set_device(1, 0, 0);
+  fake_acl().fail_nth("aclrtGetMemInfo", 2, ACL_ERROR_RT_DRV_INTERNAL_ERROR);
+  const std::vector<DeviceInfo> again = list_devices("acl");
+  EXPECT_TRUE(again[0].usable);
+  EXPECT_FALSE(again[1].usable);
+  EXPECT_TRUE(has(again[1].reason, "aclrtGetMemInfo(ACL_HBM_MEM) on device 1 failed"))
+      << again[1].reason;
+  EXPECT_EQ(fake_acl().live().device_refs, 0u);
+}
+
+TEST_F(AclDevices, ListingWhileAWorkerRunsKeepsItsDeviceAndContext) {
+  Worker worker;
+  worker.init("acl", 0);
+  DeviceBuffer dev = worker.alloc_device(64);
+  const std::vector<DeviceInfo> devices = list_devices("acl");
+  ASSERT_EQ(devices.size(), 2u);
+  EXPECT_TRUE(devices[0].usable) << devices[0].reason;
+  EXPECT_EQ(fake_acl().live(0).device_refs, 1u);  // the worker's, still open
+  const std::vector<unsigned char> data(64, 3);
+  EXPECT_NO_THROW(worker.copy_to_device(dev, 0, data.data(), data.size()));
+  dev.reset();
+  worker.finalize();
+  EXPECT_EQ(fake_acl().calls("aclFinalize"), 1u);
+}
+
+TEST_F(AclDevices, ListingChecksTheConfigAndTheRuntimeLikeCreateContext) {
+  WorkerOptions typo;
+  typo.config = {{"pinned_mod", "alloc"}};
+  const Error e = error_of([&] { list_devices("acl", typo); });
+  EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+  EXPECT_TRUE(has(e.what(), "unknown key 'pinned_mod'")) << e.what();
+  EXPECT_EQ(fake_acl().calls("aclInit"), 0u);  // refused before the runtime is touched
+  fake_acl().fail_nth("aclrtGetDeviceCount", 1, ACL_ERROR_RT_NO_DEVICE);
+  const Error c = error_of([] { list_devices("acl"); });
+  EXPECT_EQ(c.code(), ErrorCode::no_device);
+  EXPECT_TRUE(has(c.what(), "aclrtGetDeviceCount failed: 207004")) << c.what();
+  fake_acl().configure(0, uint64_t{1} << 30, 0, 1);
+  EXPECT_TRUE(list_devices("acl").empty());  // the runtime sees none: 0, as the ABI says
+}
+
 TEST_F(AclPlugin, PageableAsyncCopiesTakeTheSynchronousPathInOrder) {
   Worker worker;
   worker.init("acl");

@@ -35,6 +35,11 @@
 //    on the stream like copies; pinstage_fake_cuda_device_ops() counts those accepted.
 //  - Timed events (cudaEventCreate, cudaEventElapsedTime) and the version and PCI
 //    queries the probe uses.
+//  - Devices as a test models them (pinstage_fake_cuda_set_device): the name, memory and
+//    PCI bus id cudaGetDeviceProperties and cudaDeviceGetPCIBusId report, or an error
+//    cudaGetDeviceProperties fails with. cudaDeviceGetPCIBusId wants room for the 13
+//    characters CUDA documents. pinstage_fake_cuda_calls counts the calls of a function
+//    (a device listing must make no context: no cudaSetDevice, cudaMalloc, ...).
 // pinstage_fake_cuda_counts() reports what is still allocated (leak checks in tests).
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
@@ -213,6 +218,14 @@ struct FakeEvent {
   std::shared_ptr<std::atomic<int64_t>> stamp;  // set when the marker ran
 };
 
+// A device as a test set it (pinstage_fake_cuda_set_device); empty/0 = the default.
+struct DeviceModel {
+  std::string name;
+  size_t bytes = 0;
+  std::string pci_bus_id;
+  cudaError_t props_error = cudaSuccess;
+};
+
 struct Injection {
   std::string call;
   int countdown;
@@ -237,6 +250,8 @@ struct State {
   size_t max_register = SIZE_MAX;
   std::vector<Injection> injections;
   cudaError_t sticky = cudaSuccess;
+  std::map<int, DeviceModel> models;
+  std::map<std::string, size_t> calls;  // by function, since the process started
   State() : used(static_cast<size_t>(std::max(kDevices, 0)), 0) {}
 };
 
@@ -249,6 +264,7 @@ State& state() {
 cudaError_t entry(const char* call) {
   State& s = state();
   std::lock_guard lock(s.mu);
+  ++s.calls[call];
   if (s.sticky != cudaSuccess) return s.sticky;
   for (auto it = s.injections.begin(); it != s.injections.end(); ++it) {
     if (it->call != call || --it->countdown > 0) continue;
@@ -274,6 +290,12 @@ std::map<uintptr_t, Range>::iterator find_in(std::map<uintptr_t, Range>& m, cons
   --it;
   if (a - it->first < it->second.bytes && n <= it->second.bytes - (a - it->first)) return it;
   return m.end();
+}
+
+// Device memory of `device`: its model's, else PINSTAGE_FAKE_CUDA_MEM_MB. Caller holds s.mu.
+size_t device_bytes(State& s, int device) {
+  auto it = s.models.find(device);
+  return it != s.models.end() && it->second.bytes != 0 ? it->second.bytes : kDeviceBytes;
 }
 
 bool overlaps(std::map<uintptr_t, Range>& m, const void* p, size_t n) {
@@ -412,6 +434,33 @@ FAKE_API void pinstage_fake_cuda_inject(const char* call, int nth, int error, in
   s.injections.push_back(Injection{call, nth, static_cast<cudaError_t>(error), sticky != 0});
 }
 
+// Models device `device`: the name, memory and PCI bus id its queries report (NULL or 0
+// keeps the default: "pinstage fake GPU N", PINSTAGE_FAKE_CUDA_MEM_MB,
+// "00000000:<0x10 + N>:00.0"); props_error != 0 makes cudaGetDeviceProperties of it
+// fail with that error.
+FAKE_API void pinstage_fake_cuda_set_device(int device, const char* name, size_t bytes,
+                                            const char* pci_bus_id, int props_error) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  s.models[device] = DeviceModel{name ? name : "", bytes, pci_bus_id ? pci_bus_id : "",
+                                 static_cast<cudaError_t>(props_error)};
+}
+
+// Every device back to the default model.
+FAKE_API void pinstage_fake_cuda_reset_devices(void) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  s.models.clear();
+}
+
+// Calls of the runtime function `call` since the process started.
+FAKE_API size_t pinstage_fake_cuda_calls(const char* call) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  auto it = s.calls.find(call != nullptr ? call : "");
+  return it == s.calls.end() ? 0 : it->second;
+}
+
 // Ends a sticky error (no real runtime can; tests use it to clean up).
 FAKE_API void pinstage_fake_cuda_clear_sticky(void) {
   State& s = state();
@@ -457,6 +506,8 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorInvalidDevice";
     case cudaErrorNoDevice:
       return "cudaErrorNoDevice";
+    case cudaErrorDevicesUnavailable:
+      return "cudaErrorDevicesUnavailable";
     case cudaErrorInvalidResourceHandle:
       return "cudaErrorInvalidResourceHandle";
     case cudaErrorHostMemoryAlreadyRegistered:
@@ -484,6 +535,8 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice:
       return "invalid device ordinal";
+    case cudaErrorDevicesUnavailable:
+      return "CUDA-capable device(s) is/are busy or unavailable";
     case cudaErrorInvalidResourceHandle:
       return "invalid resource handle";
     case cudaErrorIllegalAddress:
@@ -531,18 +584,32 @@ cudaError_t cudaGetDevice(int* device) {
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   FAKE_ENTER("cudaGetDeviceProperties");
   if (prop == nullptr || device < 0 || device >= kDevices) return fail(cudaErrorInvalidValue);
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  const DeviceModel& model = s.models[device];
+  if (model.props_error != cudaSuccess) return fail(model.props_error);
   std::memset(prop, 0, sizeof *prop);
-  std::snprintf(prop->name, sizeof prop->name, "pinstage fake GPU %d", device);
-  prop->totalGlobalMem = kDeviceBytes;
+  if (model.name.empty())
+    std::snprintf(prop->name, sizeof prop->name, "pinstage fake GPU %d", device);
+  else
+    std::snprintf(prop->name, sizeof prop->name, "%s", model.name.c_str());
+  prop->totalGlobalMem = device_bytes(s, device);
   prop->asyncEngineCount = 2;
   return cudaSuccess;
 }
 
 cudaError_t cudaDeviceGetPCIBusId(char* bus, int len, int device) {
   FAKE_ENTER("cudaDeviceGetPCIBusId");
-  if (bus == nullptr || len <= 0 || device < 0 || device >= kDevices)
+  // CUDA documents room for 13 characters ("0000:3B:00.0" and its NUL).
+  if (bus == nullptr || len < 13 || device < 0 || device >= kDevices)
     return fail(cudaErrorInvalidValue);
-  std::snprintf(bus, static_cast<size_t>(len), "00000000:%02X:00.0", 0x10 + device);
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  const std::string& model = s.models[device].pci_bus_id;
+  if (model.empty())
+    std::snprintf(bus, static_cast<size_t>(len), "00000000:%02X:00.0", 0x10 + device);
+  else
+    std::snprintf(bus, static_cast<size_t>(len), "%s", model.c_str());
   return cudaSuccess;
 }
 
@@ -551,8 +618,8 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   if (free_bytes == nullptr || total == nullptr) return fail(cudaErrorInvalidValue);
   State& s = state();
   std::lock_guard lock(s.mu);
-  *total = kDeviceBytes;
-  *free_bytes = kDeviceBytes - s.used[static_cast<size_t>(t_device)];
+  *total = device_bytes(s, t_device);
+  *free_bytes = *total - s.used[static_cast<size_t>(t_device)];
   return cudaSuccess;
 }
 
@@ -564,7 +631,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   State& s = state();
   std::lock_guard lock(s.mu);
   size_t& used = s.used[static_cast<size_t>(t_device)];
-  if (bytes > kDeviceBytes - used) return fail(cudaErrorMemoryAllocation);
+  if (bytes > device_bytes(s, t_device) - used) return fail(cudaErrorMemoryAllocation);
   Range r{bytes, t_device};
   if (!map_device(bytes, r)) return fail(cudaErrorMemoryAllocation);
   void* mem = static_cast<unsigned char*>(r.map) + kMallocOffset;

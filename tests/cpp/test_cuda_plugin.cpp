@@ -1,11 +1,17 @@
 // The cuda backend without a GPU: the plugin loads and passes the loader's checks, the
 // no-device path fails clearly, and the CUDA-free pieces (config, error mapping) behave. GPUs are
 // hidden from this process so the results are the same on a machine that has one.
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -65,6 +71,8 @@ TEST(CudaPlugin, LoadsWithEntryVersionAndName) {
   EXPECT_EQ(table->host_execute, nullptr);
   EXPECT_NE(table->copy_d2d_async, nullptr);  // ABI v5: cudaMemcpyAsync(DeviceToDevice)
   EXPECT_NE(table->memset_async, nullptr);    // and cudaMemsetAsync
+  EXPECT_NE(table->device_count, nullptr);    // ABI v6: the devices without a context
+  EXPECT_NE(table->device_props, nullptr);
   // Only the entry leaves the plugin (the exports map): extensions go through
   // get_proc_address, not dlsym.
   EXPECT_EQ(dlsym(handle, "pinstage_cuda_pin_stats"), nullptr);
@@ -207,6 +215,253 @@ TEST(CudaPlugin, LastErrorIsPerThread) {
   EXPECT_EQ(other, "");
   EXPECT_EQ(api().last_error(), mine);
 }
+
+// ---- devices (ABI v6): listed without a context ----
+
+// With GPUs hidden, counting fails as create_context does: PS_ERR_NO_DEVICE with the
+// driver's text, so list_devices says why there is nothing (a count of 0 could not).
+TEST(CudaPlugin, DeviceCountWithoutDeviceIsNoDeviceLikeCreateContext) {
+  ASSERT_NE(api().device_count, nullptr);
+  ASSERT_NE(api().device_props, nullptr);
+  int count = 7;
+  EXPECT_EQ(api().device_count(nullptr, &count), PS_ERR_NO_DEVICE);
+  EXPECT_EQ(count, 0);
+  const std::string msg = api().last_error();
+  EXPECT_TRUE(contains(msg, "cudaGetDeviceCount")) << msg;
+  EXPECT_TRUE(contains(msg, "sim backend")) << msg;
+  ps_device_props props{};
+  EXPECT_EQ(api().device_props(0, nullptr, &props), PS_ERR_NO_DEVICE);
+  EXPECT_EQ(api().device_count(nullptr, nullptr), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(api().device_props(0, nullptr, nullptr), PS_ERR_INVALID_ARGUMENT);
+  pinstage::WorkerOptions options;
+  options.plugin_path = kPluginPath;
+  try {
+    pinstage::list_devices("cuda", options);
+    FAIL() << "listed devices without a visible GPU";
+  } catch (const pinstage::Error& e) {
+    EXPECT_EQ(e.code(), pinstage::ErrorCode::no_device) << e.what();
+    EXPECT_TRUE(contains(e.what(), "count its devices")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "cudaGetDeviceCount")) << e.what();
+  }
+}
+
+// The config is checked before any GPU is looked for, as in create_context: the listing
+// takes the same keys (sysfs_root too) and refuses the same typos.
+TEST(CudaPlugin, DeviceListingChecksTheConfigFirst) {
+  int count = 0;
+  ps_device_props props{};
+  const ps_config_entry typo[] = {{"sysfs_rot", "/tmp"}};
+  ps_context_options options{0, typo, 1, -1};
+  EXPECT_EQ(api().device_count(&options, &count), PS_ERR_INVALID_ARGUMENT);
+  std::string msg = api().last_error();
+  EXPECT_TRUE(contains(msg, "unknown key 'sysfs_rot'")) << msg;
+  EXPECT_TRUE(contains(msg, pinstage::backend::kPinConfigKeys)) << msg;
+  EXPECT_TRUE(contains(msg, "sysfs_root")) << msg;
+  const ps_config_entry relative[] = {{"sysfs_root", "sys"}};
+  options = ps_context_options{0, relative, 1, -1};
+  EXPECT_EQ(api().device_props(0, &options, &props), PS_ERR_INVALID_ARGUMENT);
+  msg = api().last_error();
+  EXPECT_TRUE(contains(msg, "sysfs_root='sys'")) << msg;
+  EXPECT_TRUE(contains(msg, "an absolute path")) << msg;
+  const ps_config_entry bad_mode[] = {{"pinned_mode", "fast"}};
+  options = ps_context_options{0, bad_mode, 1, -1};
+  EXPECT_EQ(api().device_count(&options, &count), PS_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(api().last_error(), "pinned_mode='fast'")) << api().last_error();
+  // A good sysfs_root gets as far as the missing GPU, in create_context too.
+  const ps_config_entry good[] = {{"sysfs_root", "/sys"}};
+  options = ps_context_options{0, good, 1, -1};
+  EXPECT_EQ(api().device_count(&options, &count), PS_ERR_NO_DEVICE);
+  ps_device_ctx* ctx = nullptr;
+  EXPECT_EQ(api().create_context(0, &options, &ctx), PS_ERR_NO_DEVICE);
+}
+
+// The listing needs devices, which this process (GPUs hidden, the real runtime) has none
+// of: CudaOnFakeRuntime.* run again in a child with the fake runtime first on
+// LD_LIBRARY_PATH, as the fake_cuda.* tests run (docs/cuda.md). The fake is
+// <build>/fake_cuda; the plugin is <build>/lib/libpinstage_backend_cuda.so.
+std::string fake_cuda_dir() {
+#ifdef PINSTAGE_FAKE_CUDA_DIR
+  return PINSTAGE_FAKE_CUDA_DIR;
+#else
+  return (std::filesystem::path(kPluginPath).parent_path().parent_path() / "fake_cuda").string();
+#endif
+}
+
+TEST(CudaPlugin, ListsTheDevicesOfTheFakeRuntime) {
+  const std::string fake = fake_cuda_dir();
+  ASSERT_TRUE(std::filesystem::exists(fake + "/libcudart.so.13"))
+      << "no fake runtime at " << fake << " (build the pinstage_fake_cudart target)";
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  ASSERT_GT(n, 0);
+  const std::string command = "env -u GTEST_OUTPUT LD_LIBRARY_PATH='" + fake +
+                              "' PINSTAGE_FAKE_CUDA_DEVICES=3 PINSTAGE_TEST_ON_FAKE_CUDA=1 '" +
+                              self + "' --gtest_filter='CudaOnFakeRuntime.*' 2>&1";
+  FILE* child = popen(command.c_str(), "r");
+  ASSERT_NE(child, nullptr);
+  std::string output;
+  char buf[4096];
+  for (size_t got; (got = fread(buf, 1, sizeof buf, child)) > 0;) output.append(buf, got);
+  const int status = pclose(child);
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_TRUE(contains(output, "[  PASSED  ] 3 tests.")) << output;
+  EXPECT_FALSE(contains(output, "[  FAILED  ]")) << output;
+}
+
+// The fake's controls (tests/cpp/test_cuda_fake_runtime.cpp), found in the process.
+template <class Fn>
+Fn fake_fn(const char* name) {
+  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+}
+using SetDeviceFn = void (*)(int, const char*, size_t, const char*, int);
+
+// A sysfs tree of its own: <root>/bus/pci/devices/<id>/numa_node for each (id, node),
+// node "" = the device's folder without the file.
+class SysfsTree {
+ public:
+  explicit SysfsTree(std::initializer_list<std::pair<const char*, const char*>> devices) {
+    char tmpl[] = "/tmp/pinstage-sysfs-XXXXXX";
+    root_ = mkdtemp(tmpl) ? tmpl : "";
+    for (const auto& [id, node] : devices) {
+      const auto dir = std::filesystem::path(root_) / "bus/pci/devices" / id;
+      std::filesystem::create_directories(dir);
+      if (*node != '\0') std::ofstream(dir / "numa_node") << node << "\n";
+    }
+  }
+  SysfsTree(const SysfsTree&) = delete;
+  SysfsTree& operator=(const SysfsTree&) = delete;
+  ~SysfsTree() {
+    std::error_code ignored;
+    if (!root_.empty()) std::filesystem::remove_all(root_, ignored);
+  }
+  const std::string& root() const { return root_; }
+
+ private:
+  std::string root_;
+};
+
+// The tests of the child of ListsTheDevicesOfTheFakeRuntime, registered only there
+// (PINSTAGE_TEST_ON_FAKE_CUDA set; see kFakeRuntimeTests), so ctest lists none of them.
+class CudaOnFakeRuntime : public ::testing::Test {
+ public:
+  using Body = void (CudaOnFakeRuntime::*)();
+  explicit CudaOnFakeRuntime(Body body) : body_(body) {}
+  void TestBody() override { (this->*body_)(); }
+  void lists_every_device();
+  void failed_properties_make_a_device_unusable();
+  void raw_slots_and_a_worker();
+
+ protected:
+  void SetUp() override {
+    set_device = fake_fn<SetDeviceFn>("pinstage_fake_cuda_set_device");
+    reset_devices = fake_fn<void (*)()>("pinstage_fake_cuda_reset_devices");
+    calls = fake_fn<size_t (*)(const char*)>("pinstage_fake_cuda_calls");
+    ASSERT_TRUE(set_device && reset_devices && calls) << "not the fake CUDA runtime";
+    reset_devices();
+  }
+  void TearDown() override {
+    if (reset_devices != nullptr) reset_devices();
+  }
+  static pinstage::WorkerOptions with_sysfs(const SysfsTree& tree) {
+    pinstage::WorkerOptions options;
+    options.plugin_path = kPluginPath;
+    options.config = {{"sysfs_root", tree.root()}};
+    return options;
+  }
+  SetDeviceFn set_device = nullptr;
+  void (*reset_devices)() = nullptr;
+  size_t (*calls)(const char*) = nullptr;
+
+ private:
+  Body body_;
+};
+
+void CudaOnFakeRuntime::lists_every_device() {
+  set_device(0, "NVIDIA H200", size_t{141} << 30, "0000:3B:00.0", 0);
+  set_device(1, "NVIDIA H100 PCIe", size_t{80} << 30, "00000001:AF:00.0", 0);
+  set_device(2, nullptr, 0, "0000:5E:00.0", 0);  // default name and memory
+  const SysfsTree tree({{"0000:3b:00.0", "1"}, {"0001:af:00.0", "-1"}, {"0000:5e:00.0", ""}});
+  const char* const context_calls[] = {"cudaSetDevice", "cudaMalloc", "cudaMemGetInfo",
+                                       "cudaStreamCreateWithFlags"};
+  std::vector<size_t> before;
+  for (const char* c : context_calls) before.push_back(calls(c));
+  const auto devices = pinstage::list_devices("cuda", with_sysfs(tree));
+  ASSERT_EQ(devices.size(), 3u);
+  EXPECT_EQ(devices[0].name, "NVIDIA H200");
+  EXPECT_EQ(devices[0].memory_bytes, uint64_t{141} << 30);
+  EXPECT_EQ(devices[0].pci_bus_id, "0000:3b:00.0");  // lower case
+  EXPECT_EQ(devices[0].numa_node, 1);
+  EXPECT_EQ(devices[1].name, "NVIDIA H100 PCIe");
+  EXPECT_EQ(devices[1].pci_bus_id, "0001:af:00.0");  // NVML's 8-digit domain, as sysfs has it
+  EXPECT_EQ(devices[1].numa_node, -1);               // the kernel says -1
+  EXPECT_EQ(devices[2].name, "pinstage fake GPU 2");
+  EXPECT_EQ(devices[2].memory_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(devices[2].numa_node, -1);  // no numa_node file
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(devices[i].id, i);
+    EXPECT_TRUE(devices[i].usable) << devices[i].reason;
+    EXPECT_EQ(devices[i].reason, "");
+  }
+  // No context was made: nothing that would create one on a GPU ran.
+  for (size_t i = 0; i < std::size(context_calls); ++i)
+    EXPECT_EQ(calls(context_calls[i]), before[i]) << context_calls[i];
+  // The default: the fake's own PCI ids, on the default sysfs_root of /sys.
+  reset_devices();
+  pinstage::WorkerOptions plain;
+  plain.plugin_path = kPluginPath;
+  EXPECT_EQ(pinstage::list_devices("cuda", plain)[2].pci_bus_id, "0000:12:00.0");
+}
+
+void CudaOnFakeRuntime::failed_properties_make_a_device_unusable() {
+  set_device(1, nullptr, 0, "0000:AF:00.0", cudaErrorDevicesUnavailable);
+  const SysfsTree tree({{"0000:af:00.0", "0"}});
+  const auto devices = pinstage::list_devices("cuda", with_sysfs(tree));
+  ASSERT_EQ(devices.size(), 3u);
+  EXPECT_TRUE(devices[0].usable);
+  EXPECT_TRUE(devices[2].usable);
+  const pinstage::DeviceInfo& bad = devices[1];
+  EXPECT_FALSE(bad.usable);
+  EXPECT_TRUE(contains(bad.reason, "cudaGetDeviceProperties(1)")) << bad.reason;
+  EXPECT_TRUE(contains(bad.reason, "cudaErrorDevicesUnavailable")) << bad.reason;
+  EXPECT_EQ(bad.name, "CUDA device 1");
+  EXPECT_EQ(bad.memory_bytes, 0u);
+  EXPECT_EQ(bad.pci_bus_id, "0000:af:00.0");  // still looked up
+  EXPECT_EQ(bad.numa_node, 0);
+}
+
+void CudaOnFakeRuntime::raw_slots_and_a_worker() {
+  ps_device_props props{};
+  EXPECT_EQ(api().device_props(3, nullptr, &props), PS_ERR_NO_DEVICE);
+  EXPECT_TRUE(contains(api().last_error(), "CUDA device 3 does not exist")) << api().last_error();
+  EXPECT_EQ(api().device_props(-1, nullptr, &props), PS_ERR_NO_DEVICE);
+  int count = 0;
+  EXPECT_EQ(api().device_count(nullptr, &count), PS_OK);
+  EXPECT_EQ(count, 3);
+  set_device(1, "NVIDIA H200", 0, "0000:3B:00.0", 0);
+  const SysfsTree tree({{"0000:3b:00.0", "1"}});
+  pinstage::Worker worker;
+  worker.init("cuda", 1, with_sysfs(tree));
+  const pinstage::DeviceInfo mine = worker.device_info();
+  EXPECT_EQ(mine.id, 1);
+  EXPECT_EQ(mine.name, "NVIDIA H200");
+  EXPECT_EQ(mine.numa_node, 1);
+}
+
+const bool kFakeRuntimeTests = [] {
+  if (std::getenv("PINSTAGE_TEST_ON_FAKE_CUDA") == nullptr) return false;
+  const std::pair<const char*, CudaOnFakeRuntime::Body> tests[] = {
+      {"ListsEveryDeviceWithItsNameMemoryPciIdAndNode", &CudaOnFakeRuntime::lists_every_device},
+      {"ADeviceWhosePropertiesFailIsListedNotUsableWithTheReason",
+       &CudaOnFakeRuntime::failed_properties_make_a_device_unusable},
+      {"TheRawSlotsCheckTheDeviceIdAndAWorkerTakesSysfsRoot",
+       &CudaOnFakeRuntime::raw_slots_and_a_worker},
+  };
+  for (const auto& [name, body] : tests)
+    ::testing::RegisterTest(
+        "CudaOnFakeRuntime", name, nullptr, nullptr, __FILE__, __LINE__,
+        [body = body]() -> CudaOnFakeRuntime* { return new CudaOnFakeRuntime(body); });
+  return true;
+}();
 
 // ---- config ----
 

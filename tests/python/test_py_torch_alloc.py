@@ -76,9 +76,12 @@ def test_guard_rejects_workers_that_own_no_device():
     """One rule, one message: the C++ require_chip_worker guard."""
     with pytest.raises(TypeError, match="needs a pinstage.Worker, got str"):
         PinnedTorchAllocator("sim")
-    # `chip` is the only level a Worker can have; any other is refused when it is made.
-    with pytest.raises(pinstage.InvalidArgumentError, match="unknown worker level"):
+    # `chip` is the only level a Worker can have; `node` is a WorkerGroup's, and any
+    # other level is unknown: both refused when the Worker is made.
+    with pytest.raises(pinstage.InvalidArgumentError, match="the node level is a WorkerGroup"):
         pinstage.Worker(level="node")
+    with pytest.raises(pinstage.InvalidArgumentError, match="unknown worker level"):
+        pinstage.Worker(level="rack")
     for w in (pinstage.Worker(initialize=False), pinstage.Worker()):
         if w.initialized:
             w.finalize()

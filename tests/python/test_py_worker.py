@@ -89,7 +89,9 @@ def test_errors_carry_code_and_cpp_message():
 
     with pytest.raises(pinstage.InvalidArgumentError, match="device id must be >= 0"):
         pinstage.Worker(device_id=-1)
-    with pytest.raises(pinstage.InvalidArgumentError, match="unknown worker level 'node'"):
+    with pytest.raises(pinstage.InvalidArgumentError, match="unknown worker level 'rack'"):
+        pinstage.Worker(level="rack")
+    with pytest.raises(pinstage.InvalidArgumentError, match="not level node: the node level"):
         pinstage.Worker(level="node")
 
 

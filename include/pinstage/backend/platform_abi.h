@@ -264,8 +264,10 @@ typedef struct ps_platform_api {
   /* OPTIONAL topology slots (ABI v6), both present or both NULL; neither needs a
    * context. `options` is the configuration a context would get (sim reads devices= and
    * numa_nodes= from it; may be NULL). NULL slots mean one device, id 0, whose
-   * properties are unknown. device_count sets *out to the number of devices (0 when the
-   * driver sees none); device_props fills `out` for a device id in [0, count). */
+   * properties are unknown. device_count sets *out to the number of devices; where there
+   * is no driver, or it sees no device, it may instead fail with PS_ERR_NO_DEVICE and the
+   * reason in last_error() (cuda, acl: the text create_context would give); device_props
+   * fills `out` for a device id in [0, count). */
   int (*device_count)(const ps_context_options* options, int* out);
   int (*device_props)(int device_id, const ps_context_options* options, ps_device_props* out);
 } ps_platform_api;

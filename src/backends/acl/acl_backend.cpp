@@ -11,6 +11,21 @@
 // start of every slot, since the binder's copy threads and Python threads call in and the
 // runtime's current context is per thread.
 //
+// Note [Devices without a context]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// device_count and device_props (ABI v6) need the runtime loaded and initialised, so they
+// count as a context while they run (aclInit when none is alive) but never call
+// aclFinalize: the facts say to call it once, at the very end, and a worker made right
+// after a listing (pinstage info does that) would otherwise initialise the runtime again.
+// The last worker's teardown finalizes as before; a process that only lists leaves it
+// to the exit. The facts give no way to read a device's memory without opening it, so
+// device_props opens it for the call (aclrtSetDevice, aclrtGetMemInfo(ACL_HBM_MEM),
+// aclrtResetDevice: reference-counted, so a worker's device stays open); a device that
+// will not open is listed, not usable, with the runtime's reason. The calling thread is
+// left with that device's default context current, or none (each slot sets its own
+// first anyway). The facts map no device id to a PCI address (ASCEND_RT_VISIBLE_DEVICES
+// renumbers them), so the PCI id is "" and the NUMA node -1; the name is "Ascend device N".
+//
 // Note [Teardown order]
 // ~~~~~~~~~~~~~~~~~~~~~
 // The runtime destroys streams and events, frees device memory, then pinned host memory,
@@ -41,6 +56,7 @@
 // knows to be real. The test double refuses a destMax larger than the real room.
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -210,6 +226,20 @@ void acquire_process() {
   ++p.contexts;
 }
 
+// Note [Devices without a context]: the runtime loaded and initialised for one listing
+// call; never finalizes.
+class Listing {
+ public:
+  Listing() { acquire_process(); }
+  Listing(const Listing&) = delete;
+  Listing& operator=(const Listing&) = delete;
+  ~Listing() {
+    Process& p = process();
+    std::lock_guard lock(p.mu);
+    --p.contexts;
+  }
+};
+
 // One context fewer; aclFinalize after the last. Returns the error text, or empty.
 std::string release_process() noexcept {
   Process& p = process();
@@ -219,7 +249,18 @@ std::string release_process() noexcept {
   return code == acl::ACL_SUCCESS ? std::string() : acl::call_error(*p.rt, "aclFinalize", code);
 }
 
+// The backend's keys (pin_mode.h), checked before the runtime is looked for: a typo
+// fails the same everywhere. The defaults without options.
+PinConfig parse_config(const ps_context_options* options, const char* slot) {
+  if (options == nullptr) return PinConfig{};
+  if (options->config == nullptr && options->config_count != 0)
+    fail(PS_ERR_INVALID_ARGUMENT, std::string(slot) + ": config is NULL but config_count is not 0");
+  return pinstage::backend::parse_pin_config({options->config, options->config_count});
+}
+
 void require_device(int device_id) {
+  if (device_id < 0)
+    fail(PS_ERR_NO_DEVICE, "acl: device id must be >= 0, got " + std::to_string(device_id));
   uint32_t count = 0;
   check(runtime().aclrtGetDeviceCount(&count), "aclrtGetDeviceCount", PS_ERR_NO_DEVICE);
   if (count == 0) fail(PS_ERR_NO_DEVICE, "acl: aclrtGetDeviceCount found no Ascend device");
@@ -384,12 +425,7 @@ int acl_create_context(int device_id, const ps_context_options* options, ps_devi
       fail(PS_ERR_INVALID_ARGUMENT, "device id must be >= 0, got " + std::to_string(device_id));
     auto ctx = std::make_unique<ps_device_ctx>();
     ctx->device = device_id;
-    if (options != nullptr) {
-      require(options->config != nullptr || options->config_count == 0,
-              "create_context: config is NULL but config_count is not 0");
-      // Checked before the runtime is looked for: a typo fails the same everywhere.
-      ctx->config = pinstage::backend::parse_pin_config({options->config, options->config_count});
-    }
+    ctx->config = parse_config(options, "create_context");
     acquire_process();
     bool device_set = false;
     try {
@@ -405,6 +441,60 @@ int acl_create_context(int device_id, const ps_context_options* options, ps_devi
       throw;
     }
     *out = ctx.release();
+  });
+}
+
+// ---- topology (ABI v6, Note [Devices without a context]) ----
+
+template <size_t N>
+void put_text(char (&field)[N], const std::string& text) {
+  std::snprintf(field, N, "%s", text.c_str());
+}
+
+// Fills `out` for an existing device: its memory from the device opened for the call.
+void describe_device(int id, ps_device_props& out) {
+  const Runtime& rt = runtime();
+  const std::string dev = std::to_string(id);
+  put_text(out.name, "Ascend device " + dev);
+  const aclError set = rt.aclrtSetDevice(id);
+  if (set != acl::ACL_SUCCESS) {
+    put_text(out.reason, "acl: " + acl::call_error(rt, "aclrtSetDevice(" + dev + ")", set));
+    return;
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  const aclError mem = rt.aclrtGetMemInfo(acl::ACL_HBM_MEM, &free_bytes, &total_bytes);
+  std::string why;
+  if (mem != acl::ACL_SUCCESS)
+    why = acl::call_error(rt, "aclrtGetMemInfo(ACL_HBM_MEM) on device " + dev, mem);
+  const aclError reset = rt.aclrtResetDevice(id);
+  if (reset != acl::ACL_SUCCESS && why.empty())
+    why = acl::call_error(rt, "aclrtResetDevice(" + dev + ")", reset);
+  if (mem == acl::ACL_SUCCESS) out.memory_bytes = total_bytes;
+  out.usable = why.empty() ? 1 : 0;
+  if (!why.empty()) put_text(out.reason, "acl: " + why);
+}
+
+int acl_device_count(const ps_context_options* options, int* out) {
+  return guarded([&] {
+    require(out != nullptr, "device_count: output pointer is NULL");
+    *out = 0;
+    parse_config(options, "device_count");
+    const Listing listing;
+    uint32_t count = 0;
+    check(runtime().aclrtGetDeviceCount(&count), "aclrtGetDeviceCount", PS_ERR_NO_DEVICE);
+    *out = static_cast<int>(std::min<uint32_t>(count, 1 << 20));
+  });
+}
+
+int acl_device_props(int device_id, const ps_context_options* options, ps_device_props* out) {
+  return guarded([&] {
+    require(out != nullptr, "device_props: output pointer is NULL");
+    *out = ps_device_props{};
+    out->numa_node = -1;
+    parse_config(options, "device_props");
+    const Listing listing;
+    require_device(device_id);
+    describe_device(device_id, *out);
   });
 }
 
@@ -849,6 +939,8 @@ constexpr ps_platform_api kApi = {
     .inject_fault = acl_inject_fault,
     .copy_d2d_async = acl_copy_d2d_async,
     .memset_async = acl_memset_async,
+    .device_count = acl_device_count,
+    .device_props = acl_device_props,
 };
 
 }  // namespace

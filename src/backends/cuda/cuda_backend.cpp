@@ -52,6 +52,17 @@
 // error is still there the context is marked unusable, and from then on every slot
 // fails at once saying "the CUDA context is unusable" and which call broke it; releases
 // are still attempted, and their messages say the same.
+//
+// Note [Devices without a context]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// device_count and device_props (ABI v6) list the devices without creating a context or
+// making a device current: cudaGetDeviceCount, cudaGetDeviceProperties (name,
+// totalGlobalMem; cudaMemGetInfo would need a context) and cudaDeviceGetPCIBusId, whose
+// id is normalised to the form sysfs names devices by ("0000:3b:00.0"), so the host NUMA
+// node is read from <sysfs_root>/bus/pci/devices/<id>/numa_node (-1 when missing or -1).
+// A driver that is missing or sees no device fails device_count with PS_ERR_NO_DEVICE
+// and create_context's text: list_devices then throws Error(no_device) saying why, where
+// a count of 0 would leave its callers only "no usable device".
 #include <cuda_runtime_api.h>
 
 #include <sys/mman.h>
@@ -62,18 +73,21 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "backends/cuda/cuda_status.h"
 #include "pinstage/backend/capacity.h"
+#include "pinstage/backend/config.h"
 #include "pinstage/backend/cuda_ext.h"
 #include "pinstage/backend/faults.h"
 #include "pinstage/backend/pin_mode.h"
@@ -315,8 +329,9 @@ void log_pinning(const ps_device_ctx* ctx, const ps_cuda_pin_stats& s) {
   pinstage::log(pinstage::LogLevel::info, line);
 }
 
-// Fails with PS_ERR_NO_DEVICE unless `device_id` names a visible CUDA device.
-void require_device(int device_id) {
+// The number of visible CUDA devices; PS_ERR_NO_DEVICE when the driver is missing or
+// sees none (the text create_context and device_count share).
+int visible_devices() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -325,8 +340,14 @@ void require_device(int device_id) {
                                ": no usable NVIDIA GPU or driver here (check nvidia-smi, or "
                                "use the sim backend)");
   }
+  return count;
+}
+
+// Fails with PS_ERR_NO_DEVICE unless `device_id` names a visible CUDA device.
+void require_device(int device_id) {
+  const int count = visible_devices();
   if (count == 0) fail(PS_ERR_NO_DEVICE, "cudaGetDeviceCount: no CUDA-capable device is detected");
-  if (device_id >= count)
+  if (device_id < 0 || device_id >= count)
     fail(PS_ERR_NO_DEVICE, "CUDA device " + std::to_string(device_id) + " does not exist: " +
                                std::to_string(count) + " device(s) visible (ids 0.." +
                                std::to_string(count - 1) + "; see CUDA_VISIBLE_DEVICES)");
@@ -344,6 +365,49 @@ void log_context(const ps_device_ctx* ctx, size_t free_bytes, size_t total_bytes
             std::to_string(capacity >> 20) +
             " MiB, pinned_mode=" + pinstage::backend::pinned_mode_name(ctx->config.pinned_mode));
   (void)cudaGetLastError();
+}
+
+// The backend's keys: the pin-mode ones (pin_mode.h) and sysfs_root, where the NUMA
+// node of a device is read (Note [Devices without a context]; tests point it at a tree
+// of their own).
+struct CudaOptions {
+  CudaConfig pin;
+  std::string sysfs_root = "/sys";
+};
+
+bool is_pin_key(std::string_view key) {
+  std::string_view keys = pinstage::backend::kPinConfigKeys;  // "a, b, c"
+  for (size_t at = 0; at <= keys.size();) {
+    const size_t comma = std::min(keys.find(", ", at), keys.size());
+    if (keys.substr(at, comma - at) == key) return true;
+    at = comma + 2;
+  }
+  return false;
+}
+
+// Parses the context options' config strictly (backend/config.h); the defaults without
+// options. Checked before any GPU is looked for: a typo fails the same everywhere.
+CudaOptions parse_options(const ps_context_options* options, const char* slot) {
+  CudaOptions out;
+  if (options == nullptr) return out;
+  if (options->config == nullptr && options->config_count != 0)
+    fail(PS_ERR_INVALID_ARGUMENT, std::string(slot) + ": config is NULL but config_count is not 0");
+  static const std::string keys = std::string(pinstage::backend::kPinConfigKeys) + ", sysfs_root";
+  pinstage::backend::for_each_config_entry(
+      {options->config, options->config_count}, keys.c_str(),
+      [&](std::string_view key, std::string_view value) {
+        if (key == "sysfs_root") {
+          if (value.empty() || value.front() != '/')
+            pinstage::backend::config_bad_value(key, value, "an absolute path (default /sys)");
+          out.sysfs_root = value;
+        } else if (is_pin_key(key)) {
+          pinstage::backend::detail::apply_pin_option(out.pin, key, value);
+        } else {
+          pinstage::backend::config_refuse("unknown key '" + std::string(key) + "' (keys: " + keys +
+                                           ")");
+        }
+      });
+  return out;
 }
 
 // ---- slots ----
@@ -367,21 +431,91 @@ int cuda_create_context(int device_id, const ps_context_options* options, ps_dev
     *out = nullptr;
     if (device_id < 0)
       fail(PS_ERR_INVALID_ARGUMENT, "device id must be >= 0, got " + std::to_string(device_id));
-    CudaConfig config;
-    if (options != nullptr) {
-      require(options->config != nullptr || options->config_count == 0,
-              "create_context: config is NULL but config_count is not 0");
-      // Checked before any GPU is looked for: a typo fails the same everywhere.
-      config = pinstage::backend::parse_pin_config({options->config, options->config_count});
-    }
+    const CudaOptions parsed = parse_options(options, "create_context");
     require_device(device_id);
 
     auto ctx = std::make_unique<ps_device_ctx>();
     ctx->device = device_id;
-    ctx->config = config;
+    ctx->config = parsed.pin;
     const DeviceSwitch device(device_id, true);
     ctx->capacity.set_capacity(plan_capacity(ctx.get(), options));
     *out = ctx.release();
+  });
+}
+
+// ---- topology (ABI v6, Note [Devices without a context]) ----
+
+// A CUDA bus id ("0000:3B:00.0", or NVML's "00000000:3B:00.0") in sysfs's form: domain
+// %04x, lower case. "" when it does not parse.
+std::string normalise_pci_id(const char* id) {
+  unsigned domain = 0, bus = 0, slot = 0, function = 0;
+  char extra = 0;
+  if (std::sscanf(id, "%8x:%2x:%2x.%1x%c", &domain, &bus, &slot, &function, &extra) != 4 ||
+      slot > 0x1f || function > 7)
+    return "";
+  char out[PS_DEVICE_PCI_ID_MAX];
+  std::snprintf(out, sizeof out, "%04x:%02x:%02x.%x", domain, bus, slot, function);
+  return out;
+}
+
+// The host NUMA node of PCI device `pci_id` (sysfs form); -1 when unknown: no id, no
+// numa_node file (no NUMA in the kernel), -1 in it, or not a number.
+int numa_node_of(const std::string& sysfs_root, const std::string& pci_id) {
+  if (pci_id.empty()) return -1;
+  std::ifstream in(sysfs_root + "/bus/pci/devices/" + pci_id + "/numa_node");
+  long node = -1;
+  if (!(in >> node) || node < 0 || node > 1 << 20) return -1;
+  return static_cast<int>(node);
+}
+
+template <size_t N>
+void put_text(char (&field)[N], const std::string& text) {
+  std::snprintf(field, N, "%s", text.c_str());
+}
+
+// Fills `out` for a visible device. A device whose properties CUDA will not give is
+// listed, not usable, with CUDA's reason; its PCI id and node are still looked up.
+void describe_device(int id, const std::string& sysfs_root, ps_device_props& out) {
+  cudaDeviceProp prop{};
+  const cudaError_t got = cudaGetDeviceProperties(&prop, id);
+  if (got == cudaSuccess) {
+    prop.name[sizeof prop.name - 1] = '\0';
+    put_text(out.name, prop.name);
+    out.memory_bytes = prop.totalGlobalMem;
+    out.usable = 1;
+  } else {
+    (void)cudaGetLastError();
+    put_text(out.name, "CUDA device " + std::to_string(id));
+    put_text(out.reason, "cudaGetDeviceProperties(" + std::to_string(id) +
+                             "): " + pinstage::cuda::cuda_error_text(got));
+  }
+  char bus[PS_DEVICE_PCI_ID_MAX] = {};
+  if (cudaDeviceGetPCIBusId(bus, static_cast<int>(sizeof bus), id) == cudaSuccess) {
+    bus[sizeof bus - 1] = '\0';
+    put_text(out.pci_bus_id, normalise_pci_id(bus));
+  } else {
+    (void)cudaGetLastError();  // no id: "" and node -1, the device may still be usable
+  }
+  out.numa_node = numa_node_of(sysfs_root, out.pci_bus_id);
+}
+
+int cuda_device_count(const ps_context_options* options, int* out) {
+  return guarded([&] {
+    require(out != nullptr, "device_count: output pointer is NULL");
+    *out = 0;
+    parse_options(options, "device_count");
+    *out = visible_devices();
+  });
+}
+
+int cuda_device_props(int device_id, const ps_context_options* options, ps_device_props* out) {
+  return guarded([&] {
+    require(out != nullptr, "device_props: output pointer is NULL");
+    *out = ps_device_props{};
+    out->numa_node = -1;
+    const CudaOptions parsed = parse_options(options, "device_props");
+    require_device(device_id);
+    describe_device(device_id, parsed.sysfs_root, *out);
   });
 }
 
@@ -919,6 +1053,8 @@ constexpr ps_platform_api kApi = {
     .event_query = cuda_event_query,
     .copy_d2d_async = cuda_copy_d2d_async,
     .memset_async = cuda_memset_async,
+    .device_count = cuda_device_count,
+    .device_props = cuda_device_props,
 };
 
 }  // namespace

@@ -60,6 +60,9 @@ typedef struct fake_acl_live {
  * PINSTAGE_FAKE_ACL_MEMLOCK_MB (0) and PINSTAGE_FAKE_ACL_REGISTER (1). */
 typedef void (*fake_acl_configure_fn)(int devices, uint64_t device_bytes, uint64_t memlock_bytes,
                                       int register_supported);
+/* Models one device (until the next configure): its memory (0 = the configured size) and
+ * the error aclrtSetDevice of it answers with (0 = none; a card that will not open). */
+typedef void (*fake_acl_set_device_fn)(int device, uint64_t device_bytes, int set_device_error);
 /* Clears violations, the trace, injected failures and call counts (not live objects). */
 typedef void (*fake_acl_reset_fn)(void);
 /* Violations recorded, of one kind (kind = -1: all). */

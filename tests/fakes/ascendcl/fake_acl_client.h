@@ -20,6 +20,7 @@ namespace pinstage::test {
 struct FakeAcl {
   std::unique_ptr<acl::Runtime> rt;  // the ACL symbols
   fake_acl_configure_fn configure = nullptr;
+  fake_acl_set_device_fn set_device = nullptr;
   fake_acl_reset_fn reset = nullptr;
   fake_acl_violations_fn violations = nullptr;
   fake_acl_violation_text_fn violation_text = nullptr;
@@ -70,6 +71,7 @@ inline FakeAcl& fake_acl() {
       return p;
     };
     f->configure = reinterpret_cast<fake_acl_configure_fn>(sym("pinstage_fake_acl_configure"));
+    f->set_device = reinterpret_cast<fake_acl_set_device_fn>(sym("pinstage_fake_acl_set_device"));
     f->reset = reinterpret_cast<fake_acl_reset_fn>(sym("pinstage_fake_acl_reset"));
     f->violations = reinterpret_cast<fake_acl_violations_fn>(sym("pinstage_fake_acl_violations"));
     f->violation_text =

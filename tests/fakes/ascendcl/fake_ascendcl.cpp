@@ -18,6 +18,8 @@
 //    one allocation of the current context's device, and such a copy's two ranges must
 //    not overlap.
 //  - Error injection: the nth call of a function fails with a given code, once.
+//  - Devices a test models one by one (pinstage_fake_acl_set_device): their memory, or
+//    an error aclrtSetDevice of that device answers with (a card that will not open).
 // One mutex guards everything: the double is about rules, not speed.
 #include <sys/mman.h>
 #include <unistd.h>
@@ -76,6 +78,7 @@ struct State {
   uint64_t memlock = env_u64("PINSTAGE_FAKE_ACL_MEMLOCK_MB", 0) << 20;
   bool register_ok = env_u64("PINSTAGE_FAKE_ACL_REGISTER", 1) != 0;
   bool initialized = false;
+  std::map<int, std::pair<uint64_t, int>> models;  // device -> (bytes or 0, SetDevice error)
   std::map<int, uint64_t> used, refs;
   std::map<int, Ctx*> default_ctx;
   std::vector<std::unique_ptr<Ctx>> contexts;   // never freed: a stale handle stays unique
@@ -94,6 +97,12 @@ struct State {
 State& S() {
   static State* s = new State();  // never destroyed: the backend may call in at exit
   return *s;
+}
+
+// Device memory of `device`: its model's, else the configured size.
+uint64_t device_bytes(int device) {
+  auto it = S().models.find(device);
+  return it != S().models.end() && it->second.first != 0 ? it->second.first : S().device_bytes;
 }
 
 thread_local Ctx* t_ctx = nullptr;
@@ -396,6 +405,9 @@ aclError aclrtSetDevice(int32_t device) {
   if (device < 0 || device >= s.devices)
     return done("aclrtSetDevice", error("aclrtSetDevice", ACL_ERROR_RT_INVALID_DEVICEID,
                                         "no device " + std::to_string(device)));
+  if (auto m = s.models.find(device); m != s.models.end() && m->second.second != ACL_SUCCESS)
+    return done("aclrtSetDevice",
+                error("aclrtSetDevice", m->second.second, "the device will not open (modelled)"));
   ++s.refs[device];
   Ctx*& def = s.default_ctx[device];
   if (def == nullptr) {
@@ -581,7 +593,7 @@ aclError aclrtMalloc(void** ptr, size_t size, aclrtMemMallocPolicy policy) {
     return done("aclrtMalloc", error("aclrtMalloc", ACL_ERROR_INVALID_PARAM,
                                      "NULL pointer, 0 bytes or an unexpected policy"));
   uint64_t& used = s.used[t_ctx->device];
-  if (used + size > s.device_bytes)
+  if (used + size > device_bytes(t_ctx->device))
     return done("aclrtMalloc",
                 error("aclrtMalloc", ACL_ERROR_RT_MEMORY_ALLOCATION, "device memory exhausted"));
   void* p = map_device(size);
@@ -653,8 +665,8 @@ aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t* free, size_t* total) {
   NEED_CTX("aclrtGetMemInfo");
   if (free == nullptr || total == nullptr || attr != ACL_HBM_MEM)
     return done("aclrtGetMemInfo", ACL_ERROR_INVALID_PARAM);
-  *total = S().device_bytes;
-  *free = S().device_bytes - S().used[t_ctx->device];
+  *total = device_bytes(t_ctx->device);
+  *free = *total - S().used[t_ctx->device];
   return done("aclrtGetMemInfo", ACL_SUCCESS);
 }
 
@@ -706,6 +718,12 @@ void pinstage_fake_acl_configure(int devices, uint64_t device_bytes, uint64_t me
   S().device_bytes = device_bytes;
   S().memlock = memlock_bytes;
   S().register_ok = register_supported != 0;
+  S().models.clear();
+}
+
+void pinstage_fake_acl_set_device(int device, uint64_t device_bytes, int set_device_error) {
+  std::lock_guard lock(S().mu);
+  S().models[device] = {device_bytes, set_device_error};
 }
 
 void pinstage_fake_acl_reset() {
