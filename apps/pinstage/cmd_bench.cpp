@@ -73,9 +73,10 @@ void write_bench_json(const BenchArgs& a, const ab::BenchResult& result) {
 }
 
 // The group bind of `--devices LIST` (several devices): its table and its JSON section.
+// The JSON is kept as text: a struct with a json member has a move that may throw.
 struct GroupSection {
   std::string text;
-  nlohmann::ordered_json json;
+  std::string json;
 };
 
 void finish_report(const BenchArgs& a, const ab::BenchResult& result,
@@ -87,7 +88,7 @@ void finish_report(const BenchArgs& a, const ab::BenchResult& result,
   std::string json = ab::to_json(result);
   if (group != nullptr) {
     nlohmann::ordered_json doc = nlohmann::ordered_json::parse(json);
-    doc["group"] = group->json;
+    doc["group"] = nlohmann::ordered_json::parse(group->json);
     json = doc.dump(2) + "\n";
   }
   if (a.report.json == "-") {
@@ -155,7 +156,7 @@ GroupSeries group_rounds(WorkerGroup& group, const ab::BenchConfig& config,
 
 GroupSection group_section(const WorkerGroup& group, const GroupSeries& s) {
   GroupSection out;
-  nlohmann::ordered_json& j = out.json;
+  nlohmann::ordered_json j;
   j["arm"] = "pinned";
   j["method"] =
       "args generated per device in its worker's pinned memory; every device binds at once "
@@ -194,6 +195,7 @@ GroupSection group_section(const WorkerGroup& group, const GroupSeries& s) {
                 "bind %.4f s\n",
                 ab::median_of(s.aggregate_gbps), ab::median_of(s.total_s));
   out.text += line;
+  out.json = j.dump();
   return out;
 }
 
