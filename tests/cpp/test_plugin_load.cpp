@@ -4,9 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <new>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "pinstage/backend/slot.h"
 #include "pinstage/worker.h"
 
 namespace pinstage {
@@ -153,6 +157,41 @@ TEST(PluginLoad, SimIsFoundAndReportsItsVersion) {
   EXPECT_EQ(worker.backend().path, default_backend_path("sim"));
   const auto found = discover_backends();
   EXPECT_NE(std::find(found.begin(), found.end(), default_backend_path("sim")), found.end());
+}
+
+// The plugins' last_error text: no destructor (a thread_local one raced glibc's TLS free at
+// a detached thread's exit under TSan), cut with a marker, each failure's meaning kept.
+static_assert(std::is_trivially_destructible_v<backend::LastError>);
+
+TEST(SlotLastError, LongTextIsCutWithAMarker) {
+  backend::LastError e;
+  e.set("sim: ", std::string(3 * backend::LastError::kCapacity, 'x'));
+  const std::string cut = e.c_str();
+  EXPECT_EQ(cut.size(), backend::LastError::kCapacity - 1);
+  EXPECT_EQ(cut.substr(0, 6), "sim: x");
+  EXPECT_EQ(cut.substr(cut.size() - 4), "x...");
+  e.set("a", "b", "c");
+  EXPECT_STREQ(e.c_str(), "abc");
+  e.set(std::string(backend::LastError::kCapacity - 1, 'y'));  // fits exactly: no marker
+  EXPECT_EQ(std::string(e.c_str()), std::string(backend::LastError::kCapacity - 1, 'y'));
+  e.clear();
+  EXPECT_STREQ(e.c_str(), "");
+}
+
+TEST(SlotLastError, GuardedKeepsEachFailuresStatusAndText) {
+  backend::LastError e;
+  EXPECT_EQ(backend::guarded(e, "sim", [] { backend::fail(PS_ERR_INVALID_ARGUMENT, "bad size"); }),
+            PS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(e.c_str(), "bad size");
+  EXPECT_EQ(backend::guarded(e, "sim", [] { throw std::bad_alloc(); }), PS_ERR_OUT_OF_MEMORY);
+  EXPECT_STREQ(e.c_str(), "sim: host memory exhausted");
+  EXPECT_EQ(backend::guarded(e, "sim", [] { throw std::runtime_error("boom"); }), PS_ERR_INTERNAL);
+  EXPECT_STREQ(e.c_str(), "sim: internal error: boom");
+  EXPECT_EQ(backend::guarded(e, "sim", [] { throw Error(ErrorCode::invalid_argument, "no"); }),
+            PS_ERR_INVALID_ARGUMENT);
+  EXPECT_STREQ(e.c_str(), "sim: no");
+  EXPECT_EQ(backend::guarded(e, "sim", [] {}), PS_OK);
+  EXPECT_STREQ(e.c_str(), "");  // cleared by a slot that succeeds
 }
 
 }  // namespace

@@ -127,7 +127,7 @@ using pinstage::backend::fail;
 using pinstage::backend::require;
 namespace acl = pinstage::acl;
 
-thread_local std::string t_last_error;
+thread_local pinstage::backend::LastError t_last_error;
 
 template <class Body>
 int guarded(Body&& body) noexcept {
@@ -371,7 +371,7 @@ void release_item(ps_device_ctx* ctx, const RetryItem& item) {
 template <class Step>
 void step(std::string& errors, Step&& body) noexcept {
   const int status = guarded(std::forward<Step>(body));
-  if (status != PS_OK) errors += (errors.empty() ? "" : "; ") + t_last_error;
+  if (status != PS_OK) errors.append(errors.empty() ? "" : "; ").append(t_last_error.c_str());
 }
 
 // Runs a teardown call; a failure is logged and the call made once more.

@@ -139,7 +139,7 @@ struct RegisteredPages {
 using pinstage::backend::fail;
 using pinstage::backend::require;
 
-thread_local std::string t_last_error;
+thread_local pinstage::backend::LastError t_last_error;
 // The context of the slot running on this thread (SlotScope), for check().
 thread_local ps_device_ctx* t_ctx = nullptr;
 

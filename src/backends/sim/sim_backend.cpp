@@ -37,7 +37,7 @@ using backend::fail;
 using backend::require;
 
 namespace {
-thread_local std::string t_last_error;
+thread_local backend::LastError t_last_error;
 
 template <class Body>
 int guarded(Body&& body) noexcept {
@@ -108,7 +108,7 @@ void Stream::loop() {
     lock.unlock();
     gate_->pass();
     const int status = task();
-    std::string detail = status == PS_OK ? std::string() : t_last_error;
+    std::string detail = status == PS_OK ? std::string() : t_last_error.c_str();
     lock.lock();
     busy_ = false;
     if (status != PS_OK && status_ == PS_OK) {  // keep the first failure for sync
