@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from benchargs import add_dry_run, dry_run_done
 
 HERE = pathlib.Path(__file__).resolve()
 LAUNCH = ["--standalone", "--redirects", "2", "--tee", "2", "--monitor_interval", "0.1"]
@@ -101,8 +102,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--build", default=os.environ.get("PINSTAGE_BUILD_DIR", "build"))
     ap.add_argument("--json", help="write every rank's reports of every job here")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="check the arguments and exit (the docs tests' check)")
+    add_dry_run(ap)
     ap.add_argument("--rank", nargs=4, metavar=("MODEL", "PLAN", "ROUNDS", "OUT"),
                     help=argparse.SUPPRESS)  # internal: one rank of a torchrun job
     a = ap.parse_args()
@@ -113,8 +113,7 @@ def main():
     ranks = [int(r) for r in a.ranks.split(",")]
     if a.mib < 1 or a.files < 1 or a.rounds < 1 or any(r < 1 for r in ranks):
         ap.error("--mib, --files, --rounds and every --ranks entry must be >= 1")
-    if a.dry_run:
-        print("dry run: arguments parsed; nothing was run")
+    if dry_run_done(a):
         return 0
     env = {k: v for k, v in os.environ.items() if k != "PINSTAGE_NUM_THREADS"}
     env["PYTHONPATH"] = str(build / "python")

@@ -27,6 +27,7 @@ import sys
 import time
 
 import torch
+from benchargs import add_dry_run, dry_run_done
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -109,11 +110,9 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="threads for both (0 = all cores)")
     ap.add_argument("--json", help="also write every timing here")
     ap.add_argument("--torch-side", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--dry-run", action="store_true",
-                    help="check the arguments and exit (the docs tests' check)")
+    add_dry_run(ap)
     a = ap.parse_args()
-    if a.dry_run:
-        print("dry run: arguments parsed; nothing was run")
+    if dry_run_done(a):
         return 0
     threads = a.threads or os.cpu_count()
     torch.set_num_threads(threads)

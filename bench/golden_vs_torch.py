@@ -25,6 +25,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 import qwen3_torch_reference as ref  # noqa: E402
+from benchargs import add_dry_run, dry_run_done  # noqa: E402 (bench/ is sys.path[0])
 
 
 def cpp_golden(tool, layers, seq_len, runs, out_dir=None):
@@ -43,11 +44,9 @@ def main():
     parser.add_argument("--seq-len", type=int, default=3500)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cpp-runs", type=int, default=3)
-    parser.add_argument("--dry-run", action="store_true",
-                    help="check the arguments and exit (the docs tests' check)")
+    add_dry_run(parser)
     opts = parser.parse_args()
-    if opts.dry_run:
-        print("dry run: arguments parsed; nothing was run")
+    if dry_run_done(opts):
         return 0
 
     tool = pathlib.Path(opts.build_dir) / "bin" / "qwen3_dump"

@@ -24,6 +24,7 @@ import pathlib
 import struct
 import sys
 import time
+from benchargs import add_dry_run, dry_run_done
 
 
 def shard_files(path):
@@ -62,11 +63,9 @@ def main():
     ap.add_argument("--build", default=os.environ.get("PINSTAGE_BUILD_DIR", "build"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--dry-run", action="store_true",
-                    help="check the arguments and exit (the docs tests' check)")
+    add_dry_run(ap)
     a = ap.parse_args()
-    if a.dry_run:
-        print("dry run: arguments parsed; nothing was run")
+    if dry_run_done(a):
         return 0
     sys.path.insert(0, str(pathlib.Path(a.build).resolve() / "python"))
     import torch

@@ -22,6 +22,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from distributed import write_checkpoint  # noqa: E402 (the same checkpoint and plan)
+from benchargs import add_dry_run, dry_run_done  # noqa: E402 (bench/ is on sys.path)
 
 
 def group(pinstage, devices, link_gbps):
@@ -106,13 +107,11 @@ def main():
     ap.add_argument("--link-gbps", type=int, default=4, help="sim's paced link per device")
     ap.add_argument("--build", default=os.environ.get("PINSTAGE_BUILD_DIR", "build"))
     ap.add_argument("--json", help="write the figures here")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="check the arguments and exit (the docs tests' check)")
+    add_dry_run(ap)
     a = ap.parse_args()
     if min(a.bind_mib, a.load_mib, a.rounds, a.link_gbps) < 1:
         ap.error("--bind-mib, --load-mib, --rounds and --link-gbps must be >= 1")
-    if a.dry_run:
-        print("dry run: arguments parsed; nothing was run")
+    if dry_run_done(a):
         return 0
     sys.path.insert(0, str(pathlib.Path(a.build).resolve() / "python"))
     import torch

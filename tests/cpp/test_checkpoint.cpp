@@ -24,6 +24,7 @@
 #include "pinstage/checkpoint.h"
 #include "pinstage/safetensors.h"
 #include "pinstage/worker.h"
+#include "temp_dir_test_util.h"
 #include "tensor_test_util.h"
 
 namespace pinstage {
@@ -118,16 +119,9 @@ std::vector<Raw> every_dtype() {
           {"empty", "F32", {0, 7}}, {"scalar", "F64", {}}};
 }
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointTest : public test::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("pinstage_ckpt_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  CheckpointTest() : TempDirTest("ckpt") {}
 
   // Three shards of every_dtype() with an index.
   std::string indexed(const std::string& name = "model") {
@@ -146,8 +140,6 @@ class CheckpointTest : public ::testing::Test {
     write_bytes(d + "/" + kCheckpointIndexName, index.dump());
     return d;
   }
-
-  fs::path dir_;
 };
 
 // The message names every given word.

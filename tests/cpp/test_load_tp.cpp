@@ -19,6 +19,7 @@
 #include "pinstage/load_plan.h"
 #include "pinstage/safetensors.h"
 #include "pinstage/worker.h"
+#include "temp_dir_test_util.h"
 #include "tensor_test_util.h"
 
 namespace pinstage {
@@ -87,15 +88,9 @@ std::vector<std::string> reference(const std::string& bytes, const std::vector<i
   return out;
 }
 
-class LoadTpTest : public ::testing::Test {
+class LoadTpTest : public test::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("pinstage_tp_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  LoadTpTest() : TempDirTest("tp") {}
 
   // specs() as a checkpoint of shards of at most 300 bytes; bytes_[name] what was written.
   std::string sharded() {
@@ -114,7 +109,6 @@ class LoadTpTest : public ::testing::Test {
     return d;
   }
 
-  fs::path dir_;
   std::map<std::string, std::string> bytes_;
 };
 

@@ -19,6 +19,7 @@
 
 #include "pinstage/safetensors.h"
 #include "pinstage/worker.h"
+#include "temp_dir_test_util.h"
 #include "tensor_test_util.h"
 
 namespace pinstage {
@@ -28,18 +29,9 @@ using test::CountingAllocator;
 using test::error_of;
 namespace fs = std::filesystem;
 
-class Safetensors : public ::testing::Test {
+class Safetensors : public test::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("pinstage_st_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  fs::path dir_;
+  Safetensors() : TempDirTest("st") {}
 };
 
 // Tensors of every dtype with recognisable bytes, an empty one and a scalar.

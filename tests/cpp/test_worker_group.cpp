@@ -28,6 +28,7 @@
 #include "pinstage/pages.h"
 #include "pinstage/parallel.h"
 #include "pinstage/worker_group.h"
+#include "temp_dir_test_util.h"
 #include "tensor_test_util.h"
 
 namespace pinstage {
@@ -342,12 +343,11 @@ TEST(GroupBind, FaultSweepOverAGroupBind) {
 
 // ---- tensor-parallel load onto the devices ----
 
-class TpDevices : public ::testing::Test {
+class TpDevices : public test::TempDirTest {
  protected:
+  TpDevices() : TempDirTest("tpdev") {}
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("pinstage_tpdev_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    TempDirTest::SetUp();
     PageableAllocator pageable;
     TaskArgs args;
     const std::vector<std::pair<std::string, std::vector<int64_t>>> specs = {
@@ -362,16 +362,13 @@ class TpDevices : public ::testing::Test {
         p[i] = static_cast<unsigned char>(i * 131 + k * 17 + (i >> 8));
     }
     path_ = (dir_ / "model").string();
-    fs::create_directories(dir_);
     ASSERT_GE(save_sharded_checkpoint(args, path_, 600), 2u);
   }
-  void TearDown() override { fs::remove_all(dir_); }
   static TpPlan plan() {
     TpPlan p;
     p.split("*.q_proj.weight", 0).split("*.o_proj.weight", 1).split("*.up_proj.weight", 0);
     return p;
   }
-  fs::path dir_;
   std::string path_;
 };
 
