@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
 # The C++ suite under ASan+UBSan (less its long numeric tests), the concurrency tests under
-# TSan, each fuzz target for 60 s (PINSTAGE_FUZZ_SECONDS) under ASan+UBSan.
+# TSan (C++, and the Python paths that run without the GIL), each fuzz target for a fixed
+# number of executions (PINSTAGE_FUZZ_BUDGET) under ASan+UBSan. Prints each step's wall
+# time at the end, and on failure which step failed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINSTAGE_BUILD_BENCH=OFF -DPINSTAGE_BUILD_PYTHON=OFF)
+times=() current='' t0=$SECONDS
+begin() { current=$1 t0=$SECONDS; }
+end() { times+=("$current $((SECONDS - t0)) s"); current=''; }
+trap 'status=$?; [ -z "$current" ] || times+=("$current $((SECONDS - t0)) s (failed)")
+      printf "sanitizers: %s\n" "${times[@]}"; exit $status' EXIT
+# TSan's reports on glibc freeing an exited detached thread's TLS block (Python's threads);
+# see tests/tsan.supp.
+tsan_options="halt_on_error=1:suppressions=$root/tests/tsan.supp"
 
+begin "asan build"
 "$root/scripts/build.sh" "$root/build-asan" "${common[@]}" -DPINSTAGE_SANITIZE=address,undefined
+end
 # intercept_tls_get_addr=0: GCC 12's sanitizer runtime takes a dynamic TLS block (the
 # plugins' thread_locals) that malloc placed 16 bytes into a page for a pre-2.25 glibc
 # block with a header, records the garbage range before it, and LeakSanitizer's tracer
@@ -20,41 +32,46 @@ common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPINSTAGE_BUILD_BENCH=OFF -DPINSTAGE_
 # smaller sizes: FixtureValues.TwoLayersFollowTheSpec, the other GoldenDecode and
 # SceneExecute tests, test_golden_kernels and Cli.SceneJsonAndCaseInsensitiveChoices.
 asan_long='^(SceneSteps\.EveryStep|SceneRestore\.CachesHold|GoldenDecode\.(ReadsOnly|SameResult)|SceneExecute\.(ACorrupted|RunsThePortable)|FixtureValues\.BytesDoNotDepend|WeightsAndPools/SceneCatchesCorruption|LayersAndStorage/ScenePasses\.EveryRoundMatchesTheGolden)'
+begin "asan tests"
 (cd "$root/build-asan" &&
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:intercept_tls_get_addr=0 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   ctest --output-on-failure -j2 --timeout 1800 -E "$asan_long")
+end
 
 # TSan runs the tests labelled concurrency (the worker and thread pool, the Binder, the
 # staging ring), so it builds only the binaries that carry the label, and the Python
-# module for the GIL-released paths below.
-launcher=()
-if command -v ccache >/dev/null; then
-  export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1 CCACHE_IGNOREOPTIONS="-fmacro-prefix-map=*"
-  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-fi
-cmake -S "$root" -B "$root/build-tsan" -G Ninja -DPython_EXECUTABLE=/usr/bin/python3 \
-  "${common[@]}" "${launcher[@]}" -DPINSTAGE_BUILD_PYTHON=ON -DPINSTAGE_SANITIZE=thread \
-  >"$root/build-tsan.configure.log"
+# module for the GIL-released paths below. (`build.ninja` as the target: configure only,
+# since the labels are known after configuring.)
+begin "tsan build"
+tsan_args=("${common[@]}" -DPINSTAGE_BUILD_PYTHON=ON -DPINSTAGE_SANITIZE=thread)
+"$root/scripts/build.sh" "$root/build-tsan" "${tsan_args[@]}" -- build.ninja
 mapfile -t tsan_targets < <(grep -l 'LABELS "[^"]*concurrency' "$root"/build-tsan/tests/cpp/*_labels.cmake |
   sed 's|.*/\(.*\)_labels.cmake|\1|')
 [ "${#tsan_targets[@]}" -gt 0 ] || { echo "no test carries the concurrency label" >&2; exit 1; }
-ninja -C "$root/build-tsan" -j"$(nproc)" "${tsan_targets[@]}" pinstage_backend_sim \
-  _pinstage pinstage_python_files
-(cd "$root/build-tsan" && TSAN_OPTIONS=halt_on_error=1 \
+"$root/scripts/build.sh" "$root/build-tsan" "${tsan_args[@]}" -- "${tsan_targets[@]}" \
+  pinstage_backend_sim _pinstage pinstage_python_files
+end
+begin "tsan tests"
+(cd "$root/build-tsan" && TSAN_OPTIONS=$tsan_options \
   ctest --output-on-failure -L concurrency --no-tests=error --timeout 1800)
+end
 
 # The Python paths that run without the GIL (pinned allocation, generation, golden, bind,
 # scene rounds, finalize racing them, and exit with daemon threads still in them), under
 # TSan. The interpreter is not instrumented, so the runtime is preloaded; the GIL's
 # handoffs are pthread calls that TSan sees.
+begin "tsan python"
 tsan_runtime=$("$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$root/build-tsan/CMakeCache.txt")" \
   -print-file-name=libtsan.so)
-(cd "$root" && LD_PRELOAD=$tsan_runtime TSAN_OPTIONS=halt_on_error=1 \
+(cd "$root" && LD_PRELOAD=$tsan_runtime TSAN_OPTIONS=$tsan_options \
   PINSTAGE_BUILD_DIR="$root/build-tsan" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
   tests/python/test_py_races.py tests/python/test_py_gil.py)
+end
 
-# Every libFuzzer target (fuzz/) for 60 s under ASan+UBSan, from the checked-in seeds.
+# Every libFuzzer target (fuzz/) under ASan+UBSan, from the checked-in seeds.
+begin "fuzz"
 for target in $("$root/scripts/fuzz.sh" --list); do
-  "$root/scripts/fuzz.sh" "$target" "${PINSTAGE_FUZZ_SECONDS:-60}" "$root/build-fuzz"
+  "$root/scripts/fuzz.sh" "$target" "${PINSTAGE_FUZZ_BUDGET:-300000runs}" "$root/build-fuzz"
 done
+end

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Runs one libFuzzer target (fuzz/fuzz_<name>.cpp) for a given time under ASan+UBSan:
-#   scripts/fuzz.sh TARGET SECONDS [BUILD_DIR]     e.g. scripts/fuzz.sh fuzz_settings 60
-#   scripts/fuzz.sh --list                          the targets that exist
+# Runs one libFuzzer target (fuzz/fuzz_<name>.cpp) under ASan+UBSan, for a time or a
+# number of executions:
+#   scripts/fuzz.sh TARGET BUDGET [BUILD_DIR]   BUDGET: 60 or 60s (seconds), 200000runs
+#   scripts/fuzz.sh --list                      the targets that exist
+# A run count is steadier for CI (the same work whatever the machine's load); seconds
+# suit a long search by hand.
 # Configures and builds fuzz/ with clang in BUILD_DIR (default <root>/build-fuzz) when
 # needed. Starts from the checked-in seeds (fuzz/corpus/TARGET, never modified) plus what
 # earlier runs found (BUILD_DIR/corpus/TARGET). Exits non-zero on a finding, leaving the
@@ -12,15 +15,19 @@ if [ "${1:-}" = "--list" ]; then
   for f in "$root"/fuzz/fuzz_*.cpp; do basename "$f" .cpp; done
   exit 0
 fi
-[ $# -ge 2 ] || { echo "usage: $0 TARGET SECONDS [BUILD_DIR] | --list" >&2; exit 2; }
-target=$1 seconds=$2 build=${3:-$root/build-fuzz}
+[ $# -ge 2 ] || { echo "usage: $0 TARGET BUDGET [BUILD_DIR] | --list" >&2; exit 2; }
+target=$1 budget=$2 build=${3:-$root/build-fuzz}
 [ -f "$root/fuzz/$target.cpp" ] || { echo "no fuzz target $target (fuzz/$target.cpp)" >&2; exit 2; }
-[[ $seconds =~ ^[1-9][0-9]*$ ]] || { echo "SECONDS must be a whole number > 0, got '$seconds'" >&2; exit 2; }
+if [[ $budget =~ ^([1-9][0-9]*)s?$ ]]; then
+  limit=(-max_total_time="${BASH_REMATCH[1]}") what="in ${BASH_REMATCH[1]} s"
+elif [[ $budget =~ ^([1-9][0-9]*)runs$ ]]; then
+  limit=(-runs="${BASH_REMATCH[1]}") what="of ${BASH_REMATCH[1]} asked"
+else
+  echo "BUDGET must be seconds (60, 60s) or executions (200000runs), got '$budget'" >&2; exit 2
+fi
 
 if [ ! -f "$build/build.ninja" ]; then
-  launcher=()
-  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1 CCACHE_IGNOREOPTIONS="-fmacro-prefix-map=*"
+  source "$root/scripts/ccache-env.sh"
   cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ "${launcher[@]}" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build.configure.log" 2>&1 \
     || { cat "$build.configure.log"; exit 1; }
@@ -35,7 +42,7 @@ log="$build/$target.log"
 status=0
 # -rss_limit_mb: the parsers must not need more; a deep-nesting input that does is a bug.
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  "$build/$target" -max_total_time="$seconds" -print_final_stats=1 -rss_limit_mb=2048 \
+  "$build/$target" "${limit[@]}" -print_final_stats=1 -rss_limit_mb=2048 \
   -timeout=10 -artifact_prefix="$findings/$target-" "$work" "${seeds[@]}" >"$log" 2>&1 || status=$?
 runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
 if [ "$status" -ne 0 ]; then
@@ -43,4 +50,4 @@ if [ "$status" -ne 0 ]; then
   echo "$target: FINDING after ${runs:-?} executions (input in $findings/)" >&2
   exit "$status"
 fi
-echo "$target: ${runs:-?} executions in ${seconds} s, clean (corpus $(ls "$work" | wc -l) inputs)"
+echo "$target: ${runs:-?} executions $what, clean (corpus $(ls "$work" | wc -l) inputs)"
