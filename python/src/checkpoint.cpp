@@ -481,6 +481,45 @@ void bind_tp(py::module_& m) {
         function_doc("usable_cpu_count() -> int", "CPUs in this process's affinity mask."));
 }
 
+// _Checkpoint's reads: into pinned buffers, to pinned addresses, onto a device.
+void def_checkpoint_reads(py::class_<Checkpoint>& cls) {
+  cls.def("read_into", &read_into, py::arg("names"), py::arg("buffers"), py::arg("threads") = 0,
+          py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
+          py::arg("verify_if_present") = false, py::arg("direct") = false,
+          py::arg("progress") = py::none(),
+          method_doc(
+              "read_into(names: list[str], buffers: list[PinnedHostBuffer], threads: int = 0, "
+              "chunk_bytes: int = 8388608, verify: bool = False, verify_if_present: bool = "
+              "False, direct: bool = False, progress: Callable[[int, int], None] | None = "
+              "None) -> dict[str, Any]",
+              "Reads the named tensors into the PinnedHostBuffers (of at least their "
+              "bytes) without the GIL; returns the load report."))
+      .def("read_into_pinned", &read_into_pinned, py::arg("names"), py::arg("addresses"),
+           py::arg("worker"), py::arg("who") = "read_into_pinned", py::arg("threads") = 0,
+           py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
+           py::arg("verify_if_present") = false, py::arg("direct") = false,
+           py::arg("progress") = py::none(),
+           method_doc(
+               "read_into_pinned(names: list[str], addresses: list[int], worker: Worker, who: "
+               "str = 'read_into_pinned', threads: int = 0, chunk_bytes: int = 8388608, verify: "
+               "bool = False, verify_if_present: bool = False, direct: bool = False, progress: "
+               "Callable[[int, int], None] | None = None) -> dict[str, Any]",
+               "Reads the named tensors to the addresses, each range inside one open pinned "
+               "buffer of worker and no two overlapping (checked before any read), without "
+               "the GIL; returns the load report. Errors name `who`."))
+      .def("load_to_device", &to_device, py::arg("worker"), py::arg("threads") = 0,
+           py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
+           py::arg("verify_if_present") = false, py::arg("direct") = false,
+           py::arg("ring_bytes") = uint64_t{64} << 20, py::arg("names") = py::none(),
+           py::arg("progress") = py::none(),
+           method_doc("load_to_device(worker: Worker, threads: int = 0, chunk_bytes: int = "
+                      "8388608, verify: bool = False, verify_if_present: bool = False, direct: "
+                      "bool = False, ring_bytes: int = 67108864, names: list[str] | None = "
+                      "None, progress: Callable[[int, int], None] | None = None) -> _DeviceLoad",
+                      "Streams every tensor (or those named) onto worker's device through its "
+                      "staging ring."));
+}
+
 }  // namespace
 
 void bind_checkpoint(py::module_& m) {
@@ -524,42 +563,8 @@ void bind_checkpoint(py::module_& m) {
       .def(
           "info",
           [](const Checkpoint& c, const std::string& n) { return tensor_dict(c, c.get(n)); },
-          py::arg("name"), method_doc("info(name: str) -> dict[str, Any]"))
-      .def("read_into", &read_into, py::arg("names"), py::arg("buffers"), py::arg("threads") = 0,
-           py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
-           py::arg("verify_if_present") = false, py::arg("direct") = false,
-           py::arg("progress") = py::none(),
-           method_doc(
-               "read_into(names: list[str], buffers: list[PinnedHostBuffer], threads: int = 0, "
-               "chunk_bytes: int = 8388608, verify: bool = False, verify_if_present: bool = "
-               "False, direct: bool = False, progress: Callable[[int, int], None] | None = "
-               "None) -> dict[str, Any]",
-               "Reads the named tensors into the PinnedHostBuffers (of at least their "
-               "bytes) without the GIL; returns the load report."))
-      .def("read_into_pinned", &read_into_pinned, py::arg("names"), py::arg("addresses"),
-           py::arg("worker"), py::arg("who") = "read_into_pinned", py::arg("threads") = 0,
-           py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
-           py::arg("verify_if_present") = false, py::arg("direct") = false,
-           py::arg("progress") = py::none(),
-           method_doc(
-               "read_into_pinned(names: list[str], addresses: list[int], worker: Worker, who: "
-               "str = 'read_into_pinned', threads: int = 0, chunk_bytes: int = 8388608, verify: "
-               "bool = False, verify_if_present: bool = False, direct: bool = False, progress: "
-               "Callable[[int, int], None] | None = None) -> dict[str, Any]",
-               "Reads the named tensors to the addresses, each range inside one open pinned "
-               "buffer of worker and no two overlapping (checked before any read), without "
-               "the GIL; returns the load report. Errors name `who`."))
-      .def("load_to_device", &to_device, py::arg("worker"), py::arg("threads") = 0,
-           py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
-           py::arg("verify_if_present") = false, py::arg("direct") = false,
-           py::arg("ring_bytes") = uint64_t{64} << 20, py::arg("names") = py::none(),
-           py::arg("progress") = py::none(),
-           method_doc("load_to_device(worker: Worker, threads: int = 0, chunk_bytes: int = "
-                      "8388608, verify: bool = False, verify_if_present: bool = False, direct: "
-                      "bool = False, ring_bytes: int = 67108864, names: list[str] | None = "
-                      "None, progress: Callable[[int, int], None] | None = None) -> _DeviceLoad",
-                      "Streams every tensor (or those named) onto worker's device through its "
-                      "staging ring."));
+          py::arg("name"), method_doc("info(name: str) -> dict[str, Any]"));
+  def_checkpoint_reads(cls);
   def_read_slice(cls);
   bind_device_load(m);
   bind_tp(m);

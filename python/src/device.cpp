@@ -304,9 +304,8 @@ py::capsule device_dlpack(py::object self, const py::object& stream, const py::o
                        {static_cast<int64_t>(d.nbytes)}, device, request);
 }
 
-}  // namespace
-
-void bind_device(py::module_& m) {
+// DeviceBuffer: a worker's device memory.
+void bind_device_buffer(py::module_& m) {
   py::class_<PyDeviceBuffer>(m, "DeviceBuffer",
                              "Device memory of a Worker (Worker.alloc_device); the source or "
                              "target of copy_to_device_async and copy_to_host_async.")
@@ -356,7 +355,10 @@ void bind_device(py::module_& m) {
         return "<pinstage.DeviceBuffer nbytes=" + std::to_string(d.nbytes) +
                (d.open() ? "" : " closed") + " pending=" + std::to_string(d.pending) + ">";
       });
+}
 
+// CopyEvent: a queued async copy.
+void bind_copy_event(py::module_& m) {
   py::class_<PyCopyEvent>(m, "CopyEvent",
                           "A queued copy (Worker.copy_to_device_async, copy_to_host_async): "
                           "the point on the worker's copy stream after it.")
@@ -381,7 +383,10 @@ void bind_device(py::module_& m) {
         return "<pinstage.CopyEvent " + e.direction + " " + std::to_string(e.nbytes) + " bytes " +
                (e.done ? "done" : "pending") + ">";
       });
+}
 
+// The Worker's device-memory and async-copy methods.
+void bind_worker_copies(py::module_& m) {
   auto worker = py::reinterpret_borrow<py::class_<PyWorker>>(m.attr("Worker"));
   worker
       .def(
@@ -422,6 +427,14 @@ void bind_device(py::module_& m) {
       .def("_hold_streams", &hold_streams, py::arg("hold"),
            method_doc("_hold_streams(hold: bool) -> None",
                       "Tests, sim only: while held, queued copies wait (sim.hold_streams)."));
+}
+
+}  // namespace
+
+void bind_device(py::module_& m) {
+  bind_device_buffer(m);
+  bind_copy_event(m);
+  bind_worker_copies(m);
 }
 
 py::object make_device_buffer(const py::object& worker_obj, DeviceBuffer buffer) {

@@ -52,7 +52,8 @@ struct PyGolden {
   std::shared_ptr<const SceneGolden> golden;
 };
 
-void bind_reports(py::module_& m) {
+// TensorComparison and Comparison: outputs against a golden.
+void bind_comparisons(py::module_& m) {
   py::class_<TensorComparison>(m, "TensorComparison", "One tensor against the golden.")
       .def_readonly("tensor", &TensorComparison::tensor, "str: the tensor compared.")
       .def_readonly("checked", &TensorComparison::checked, "int: elements compared.")
@@ -94,6 +95,10 @@ void bind_reports(py::module_& m) {
           "__bool__", [](const Comparison& c) { return c.ok; },
           method_doc("__bool__() -> bool", "ok."))
       .def("__repr__", &Comparison::message);
+}
+
+// SceneRound, SceneReport and SceneGolden: what a scene run did.
+void bind_scene_reports(py::module_& m) {
   py::class_<SceneRound>(m, "SceneRound", "One round of a scene run.")
       .def_readonly("index", &SceneRound::index, "int: 1-based.")
       .def_readonly("bind", &SceneRound::bind, "BindReport: the round's bind.")
@@ -132,6 +137,11 @@ void bind_reports(py::module_& m) {
   py::class_<PyGolden>(m, "SceneGolden", "A scene's golden (opaque; pass it to scene_compare).")
       .def("__repr__",
            [](const PyGolden& g) { return "<pinstage.SceneGolden " + g.scene->name() + ">"; });
+}
+
+void bind_reports(py::module_& m) {
+  bind_comparisons(m);
+  bind_scene_reports(m);
 }
 
 py::list params_of(const std::string& name) {

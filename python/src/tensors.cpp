@@ -225,6 +225,91 @@ struct PyBinderOf {
 using PyBinder = PyBinderOf<Binder>;
 using PyResidentBinder = PyBinderOf<ResidentBinder>;
 
+// ResidentBinder's reads and copies of its device-side tensors.
+void def_resident_copies(py::class_<PyResidentBinder>& c) {
+  c.def(
+       "download",
+       [](PyResidentBinder& b, const std::string& name, uint64_t offset,
+          std::optional<uint64_t> nbytes) {
+         ResidentBinder& binder = b.get("ResidentBinder.download");
+         Busy args_busy(b.args_worker);
+         GilReleased nogil;
+         if (nbytes)
+           binder.download(name, offset, *nbytes);
+         else if (offset == 0)
+           binder.download(name);
+         else
+           binder.download(name, offset,
+                           binder.args().get(name).nbytes() -
+                               std::min(offset, binder.args().get(name).nbytes()));
+       },
+       py::arg("name"), py::arg("offset") = 0, py::arg("nbytes") = py::none(),
+       method_doc("download(name: str, offset: int = 0, nbytes: int | None = None) -> None",
+                  "Copies [offset, offset + nbytes) of the tensor's device copy (to its end "
+                  "when nbytes is None) into its host memory at the same offset."))
+      .def(
+          "copy_on_device",
+          [](PyResidentBinder& b, const std::string& from, const std::string& to) {
+            ResidentBinder& binder = b.get("ResidentBinder.copy_on_device");
+            GilReleased nogil;
+            binder.copy_on_device(from, to);
+          },
+          py::arg("src"), py::arg("dst"),
+          method_doc("copy_on_device(src: str, dst: str) -> None",
+                     "Copies tensor src's device bytes over input dst's on the device (a "
+                     "decode's out fed back as the next hidden_states); dst is then not "
+                     "uploaded. Error (code 'unsupported') where the backend has no device "
+                     "copy."));
+}
+
+// ResidentBinder's read-only properties.
+void def_resident_properties(py::class_<PyResidentBinder>& c) {
+  c.def_property_readonly(
+       "is_open", [](const PyResidentBinder& b) { return b.binder && b.binder->is_open(); },
+       "bool: not closed (by close(), a failed step or the worker's finalize).")
+      .def_property_readonly(
+          "steps", [](const PyResidentBinder& b) { return b.binder ? b.binder->steps() : 0; },
+          "int: steps run so far.")
+      .def_property_readonly(
+          "device_bytes",
+          [](const PyResidentBinder& b) { return b.binder ? b.binder->device_bytes() : 0; },
+          "int: device memory held now (0 before the first step and after close).")
+      .def_property_readonly(
+          "check_writes",
+          [](const PyResidentBinder& b) { return b.binder && b.binder->check_writes(); },
+          "bool: the undeclared-write check is on.")
+      .def_property_readonly(
+          "worker", [](const PyResidentBinder& b) { return b.worker_obj; },
+          "Worker: the binder's worker.");
+}
+
+// ResidentBinder(worker, args, check_writes=None, **options).
+std::unique_ptr<PyResidentBinder> make_resident_binder(py::object worker_obj, py::object args_obj,
+                                                       const py::object& check_writes,
+                                                       const py::kwargs& options) {
+  auto& w = as_worker(worker_obj, "ResidentBinder");
+  if (!py::isinstance<PyArgs>(args_obj))
+    throw py::type_error("ResidentBinder: args must be a pinstage.TaskArgs");
+  const auto& a = args_obj.cast<const PyArgs&>();
+  a.require_usable("ResidentBinder");
+  if (a.worker != nullptr && a.worker != &w)
+    throw Error(ErrorCode::invalid_argument,
+                "ResidentBinder: the args live in another worker's pinned memory; "
+                "generate them on this worker (or in pageable memory)");
+  std::optional<bool> check;
+  if (!check_writes.is_none()) {
+    if (!py::isinstance<py::bool_>(check_writes))
+      throw py::type_error("ResidentBinder: check_writes must be a bool or None");
+    check = check_writes.cast<bool>();
+  }
+  auto binder = std::make_unique<ResidentBinder>(
+      w.worker, a.args, bind_options_from(options, "ResidentBinder"), check);
+  auto py_binder = std::make_unique<PyResidentBinder>(worker_obj, &w, std::move(binder),
+                                                      &PyWorker::resident_binders);
+  py_binder->args_worker = a.worker;
+  return py_binder;
+}
+
 void bind_resident(py::module_& m) {
   static const std::string doc =
       "Keeps a task's inputs on the device across the steps of a loop (docs/bind.md, "
@@ -235,36 +320,13 @@ void bind_resident(py::module_& m) {
       "compares a digest of every unchanged 'in' tensor each step and raises pinstage.Error "
       "naming one written without mark_changed(). Options as Binder's:\n" +
       bind_options_doc();
-  py::class_<PyResidentBinder>(m, "ResidentBinder", doc.c_str())
-      .def(py::init([](py::object worker_obj, py::object args_obj, py::object check_writes,
-                       const py::kwargs& options) {
-             auto& w = as_worker(worker_obj, "ResidentBinder");
-             if (!py::isinstance<PyArgs>(args_obj))
-               throw py::type_error("ResidentBinder: args must be a pinstage.TaskArgs");
-             const auto& a = args_obj.cast<const PyArgs&>();
-             a.require_usable("ResidentBinder");
-             if (a.worker != nullptr && a.worker != &w)
-               throw Error(ErrorCode::invalid_argument,
-                           "ResidentBinder: the args live in another worker's pinned memory; "
-                           "generate them on this worker (or in pageable memory)");
-             std::optional<bool> check;
-             if (!check_writes.is_none()) {
-               if (!py::isinstance<py::bool_>(check_writes))
-                 throw py::type_error("ResidentBinder: check_writes must be a bool or None");
-               check = check_writes.cast<bool>();
-             }
-             auto binder = std::make_unique<ResidentBinder>(
-                 w.worker, a.args, bind_options_from(options, "ResidentBinder"), check);
-             auto py_binder = std::make_unique<PyResidentBinder>(worker_obj, &w, std::move(binder),
-                                                                 &PyWorker::resident_binders);
-             py_binder->args_worker = a.worker;
-             return py_binder;
-           }),
-           py::arg("worker"), py::arg("args"), py::kw_only(), py::arg("check_writes") = py::none(),
-           method_doc("__init__(worker: Worker, args: TaskArgs, *, check_writes: bool | None = "
-                      "None, **options: Any) -> None",
-                      "A resident binder of `args` on `worker`; nothing is taken on the device "
-                      "until the first step()."))
+  py::class_<PyResidentBinder> c(m, "ResidentBinder", doc.c_str());
+  c.def(py::init(&make_resident_binder), py::arg("worker"), py::arg("args"), py::kw_only(),
+        py::arg("check_writes") = py::none(),
+        method_doc("__init__(worker: Worker, args: TaskArgs, *, check_writes: bool | None = "
+                   "None, **options: Any) -> None",
+                   "A resident binder of `args` on `worker`; nothing is taken on the device "
+                   "until the first step()."))
       .def(
           "mark_changed",
           [](PyResidentBinder& b, const std::string& name) {
@@ -289,39 +351,6 @@ void bind_resident(py::module_& m) {
                      "the 'out' tensors. BindError names the step, phase and tensor of a "
                      "failure; the binder then frees its device memory and closes."))
       .def(
-          "download",
-          [](PyResidentBinder& b, const std::string& name, uint64_t offset,
-             std::optional<uint64_t> nbytes) {
-            ResidentBinder& binder = b.get("ResidentBinder.download");
-            Busy args_busy(b.args_worker);
-            GilReleased nogil;
-            if (nbytes)
-              binder.download(name, offset, *nbytes);
-            else if (offset == 0)
-              binder.download(name);
-            else
-              binder.download(name, offset,
-                              binder.args().get(name).nbytes() -
-                                  std::min(offset, binder.args().get(name).nbytes()));
-          },
-          py::arg("name"), py::arg("offset") = 0, py::arg("nbytes") = py::none(),
-          method_doc("download(name: str, offset: int = 0, nbytes: int | None = None) -> None",
-                     "Copies [offset, offset + nbytes) of the tensor's device copy (to its end "
-                     "when nbytes is None) into its host memory at the same offset."))
-      .def(
-          "copy_on_device",
-          [](PyResidentBinder& b, const std::string& from, const std::string& to) {
-            ResidentBinder& binder = b.get("ResidentBinder.copy_on_device");
-            GilReleased nogil;
-            binder.copy_on_device(from, to);
-          },
-          py::arg("src"), py::arg("dst"),
-          method_doc("copy_on_device(src: str, dst: str) -> None",
-                     "Copies tensor src's device bytes over input dst's on the device (a "
-                     "decode's out fed back as the next hidden_states); dst is then not "
-                     "uploaded. Error (code 'unsupported') where the backend has no device "
-                     "copy."))
-      .def(
           "close",
           [](PyResidentBinder& b) {
             if (b.binder) b.binder->close();
@@ -337,29 +366,13 @@ void bind_resident(py::module_& m) {
             return false;
           },
           py::arg("exc_type"), py::arg("exc"), py::arg("tb"),
-          method_doc("__exit__(exc_type: Any, exc: Any, tb: Any) -> bool", "close()."))
-      .def_property_readonly(
-          "is_open", [](const PyResidentBinder& b) { return b.binder && b.binder->is_open(); },
-          "bool: not closed (by close(), a failed step or the worker's finalize).")
-      .def_property_readonly(
-          "steps", [](const PyResidentBinder& b) { return b.binder ? b.binder->steps() : 0; },
-          "int: steps run so far.")
-      .def_property_readonly(
-          "device_bytes",
-          [](const PyResidentBinder& b) { return b.binder ? b.binder->device_bytes() : 0; },
-          "int: device memory held now (0 before the first step and after close).")
-      .def_property_readonly(
-          "check_writes",
-          [](const PyResidentBinder& b) { return b.binder && b.binder->check_writes(); },
-          "bool: the undeclared-write check is on.")
-      .def_property_readonly(
-          "worker", [](const PyResidentBinder& b) { return b.worker_obj; },
-          "Worker: the binder's worker.");
+          method_doc("__exit__(exc_type: Any, exc: Any, tb: Any) -> bool", "close()."));
+  def_resident_copies(c);
+  def_resident_properties(c);
 }
 
-}  // namespace
-
-void bind_tensors(py::module_& m) {
+// TaskArgs: a task's named tensors.
+void bind_task_args(py::module_& m) {
   py::class_<PyArgs>(m, "TaskArgs", "The ordered, named arguments of one task.")
       .def(py::init<>(), method_doc("__init__() -> None", "Empty arguments."))
       .def("add", &add_tensor, py::arg("name"), py::arg("tensor"), py::arg("direction") = "in",
@@ -422,7 +435,10 @@ void bind_tensors(py::module_& m) {
           method_doc("summary() -> str", "'20 tensors, 19 inputs, 40,859,999,040 bytes'."))
       .def("__repr__",
            [](const PyArgs& a) { return "<pinstage.TaskArgs " + a.args.summary() + ">"; });
+}
 
+// TensorBindReport: one tensor's part in a bind.
+void bind_tensor_bind_report(py::module_& m) {
   py::class_<TensorBindReport>(m, "TensorBindReport", "One tensor's part in a bind.")
       .def_readonly("name", &TensorBindReport::name, "str: the tensor's name.")
       .def_property_readonly(
@@ -455,7 +471,10 @@ void bind_tensors(py::module_& m) {
       .def("__repr__", [](const TensorBindReport& r) {
         return "<pinstage.TensorBindReport " + r.name + " " + std::to_string(r.bytes) + " bytes>";
       });
+}
 
+// BindReport: the phases and totals of one bind or step.
+void bind_bind_report(py::module_& m) {
   py::class_<BindReport>(m, "BindReport", "What one Binder.run did and how long each part took.")
       .def_property_readonly(
           "phase_seconds",
@@ -506,7 +525,10 @@ void bind_tensors(py::module_& m) {
            method_doc("__str__() -> str", "The per-tensor table and the phases."))
       .def("__repr__",
            [](const BindReport& r) { return "<pinstage.BindReport " + r.summary() + ">"; });
+}
 
+// Binder, and the generator behind PinnedTorchAllocator.randn.
+void bind_binder(py::module_& m) {
   static const std::string binder_doc =
       "Binds TaskArgs on one chip-level Worker: Binder(worker, **options), the options and "
       "their defaults being the C++ BindOptions':\n" +
@@ -557,7 +579,15 @@ void bind_tensors(py::module_& m) {
     else
       fill_normal_f32(reinterpret_cast<float*>(address), {seed, stream}, 0, count, std, bias);
   });
+}
 
+}  // namespace
+
+void bind_tensors(py::module_& m) {
+  bind_task_args(m);
+  bind_tensor_bind_report(m);
+  bind_bind_report(m);
+  bind_binder(m);
   bind_resident(m);
   bind_scenes(m);
 }

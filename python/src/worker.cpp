@@ -681,44 +681,11 @@ py::dict host_memory_stats_dict(const PyWorker& w) {
   return d;
 }
 
-}  // namespace
-
-void bind_worker_class(py::class_<PyWorker>& c) {
-  bind_worker_lifetime(c);
-  c.def_property_readonly(
-       "initialized", [](const PyWorker& w) { return w.worker.initialized(); },
-       "bool: init() succeeded and finalize() has not run.")
-      .def_property_readonly("finalized", &PyWorker::finalized,
-                             "bool: finalize() ran; the worker cannot be used again.")
-      .def_property_readonly(
-          "level", [](const PyWorker& w) { return worker_level_name(w.worker.level()); },
-          "str: 'chip': the worker owns one device (the node level is a WorkerGroup).")
-      .def_property_readonly(
-          "backend",
-          [](const PyWorker& w) {
-            return w.worker.initialized() ? w.worker.backend().name : w.backend_name;
-          },
-          "str: the backend's name.")
-      .def_property_readonly(
-          "backend_path", [](const PyWorker& w) { return w.worker.backend().path; },
-          "str: the plugin file loaded ('' before init).")
-      .def_property_readonly(
-          "device_id", [](const PyWorker& w) { return w.device_id; }, "int: the device.")
-      .def_property_readonly(
-          "capabilities", [](const PyWorker& w) { return w.worker.capabilities(); },
-          "Capabilities: what the backend can do.")
-      .def_property_readonly(
-          "host_numa_node", [](const PyWorker& w) { return w.worker.host_numa_node(); },
-          "int: the NUMA node its pinned memory is placed on; -1 = none (not asked, or "
-          "the host lacks the node).")
-      .def(
-          "device_info", [](const PyWorker& w) { return w.worker.device_info(); },
-          method_doc("device_info() -> DeviceInfo",
-                     "This worker's device, as devices() "
-                     "reports it."))
-      .def(
-          "stats", [](const PyWorker& w) { return w.worker.stats(); },
-          method_doc("stats() -> WorkerStats", "Outstanding allocations."))
+// The Worker's memory figures, pinned allocation and fault injection.
+void def_worker_memory(py::class_<PyWorker>& c) {
+  c.def(
+       "stats", [](const PyWorker& w) { return w.worker.stats(); },
+       method_doc("stats() -> WorkerStats", "Outstanding allocations."))
       .def("host_memory_stats", &host_memory_stats_dict,
            method_doc("host_memory_stats() -> dict[str, int | float]",
                       "The pinned memory pool's figures, keyed as torch's "
@@ -765,6 +732,44 @@ void bind_worker_class(py::class_<PyWorker>& c) {
                " backend=" + w.backend_name + " device_id=" + std::to_string(w.device_id) + " " +
                state_name(w) + ">";
       });
+}
+
+}  // namespace
+
+void bind_worker_class(py::class_<PyWorker>& c) {
+  bind_worker_lifetime(c);
+  c.def_property_readonly(
+       "initialized", [](const PyWorker& w) { return w.worker.initialized(); },
+       "bool: init() succeeded and finalize() has not run.")
+      .def_property_readonly("finalized", &PyWorker::finalized,
+                             "bool: finalize() ran; the worker cannot be used again.")
+      .def_property_readonly(
+          "level", [](const PyWorker& w) { return worker_level_name(w.worker.level()); },
+          "str: 'chip': the worker owns one device (the node level is a WorkerGroup).")
+      .def_property_readonly(
+          "backend",
+          [](const PyWorker& w) {
+            return w.worker.initialized() ? w.worker.backend().name : w.backend_name;
+          },
+          "str: the backend's name.")
+      .def_property_readonly(
+          "backend_path", [](const PyWorker& w) { return w.worker.backend().path; },
+          "str: the plugin file loaded ('' before init).")
+      .def_property_readonly(
+          "device_id", [](const PyWorker& w) { return w.device_id; }, "int: the device.")
+      .def_property_readonly(
+          "capabilities", [](const PyWorker& w) { return w.worker.capabilities(); },
+          "Capabilities: what the backend can do.")
+      .def_property_readonly(
+          "host_numa_node", [](const PyWorker& w) { return w.worker.host_numa_node(); },
+          "int: the NUMA node its pinned memory is placed on; -1 = none (not asked, or "
+          "the host lacks the node).")
+      .def(
+          "device_info", [](const PyWorker& w) { return w.worker.device_info(); },
+          method_doc("device_info() -> DeviceInfo",
+                     "This worker's device, as devices() "
+                     "reports it."));
+  def_worker_memory(c);
 }
 
 void bind_buffer_class(py::class_<PyBuffer>& c) {
