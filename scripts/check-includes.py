@@ -17,7 +17,8 @@ import sys
 PUBLIC_HEADER_LAYER = {
     "atomic_file.h": "base", "clock.h": "base", "error.h": "base", "export.h": "base",
     "files.h": "base", "free_ranges.h": "base", "log.h": "base", "names.h": "base",
-    "pages.h": "base", "parallel.h": "base", "settings.h": "base", "version.h": "base",
+    "pages.h": "base", "parallel.h": "base", "report.h": "base", "settings.h": "base",
+    "version.h": "base",
     "worker.h": "runtime", "worker_group.h": "runtime",
     "dtype.h": "tensor", "random.h": "tensor", "safetensors.h": "tensor",
     "tensor.h": "tensor",

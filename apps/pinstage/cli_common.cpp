@@ -11,6 +11,7 @@
 #include <cstdarg>
 #include <mutex>
 #include <thread>
+#include <variant>
 
 #include "pinstage/atomic_file.h"
 #include "pinstage/clock.h"
@@ -63,6 +64,11 @@ void chatter(const ReportArgs& args, const char* format, ...) {
   va_start(list, format);
   std::vfprintf(text_out(args), format, list);
   va_end(list);
+}
+
+void put_fields(nlohmann::ordered_json& j, const ReportFields& fields) {
+  for (const ReportField& f : fields)
+    std::visit([&](const auto& value) { j[f.key] = value; }, f.value);
 }
 
 void write_report(const ReportArgs& args, nlohmann::ordered_json doc, const RunInfo& run) {

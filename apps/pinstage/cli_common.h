@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "pinstage/error.h"
+#include "pinstage/report.h"
 #include "pinstage/run_info.h"
 #include "pinstage/worker.h"
 
@@ -37,6 +38,8 @@ FILE* text_out(const ReportArgs& args);
 // text_out otherwise. The result (a table, a verdict, PASS/FAIL) is printed with text_out
 // whatever --quiet says: --quiet has this one meaning on every command.
 void chatter(const ReportArgs& args, const char* format, ...) __attribute__((format(printf, 2, 3)));
+// Adds a library report's fields (pinstage/report.h) to `j`, in their order.
+void put_fields(nlohmann::ordered_json& j, const ReportFields& fields);
 // Writes `doc` (with the "run" block first) to stdout or, atomically, to the file.
 void write_report(const ReportArgs& args, nlohmann::ordered_json doc, const RunInfo& run);
 

@@ -58,28 +58,7 @@ nlohmann::ordered_json report_json(const Checkpoint& c, const LoadReport& r,
   j["path"] = c.path();
   j["layout"] = checkpoint_layout_name(c.layout());
   j["to"] = to;
-  j["files"] = r.files;
-  j["tensors"] = r.tensors;
-  j["bytes"] = r.bytes;
-  j["threads"] = r.threads;
-  j["chunk_bytes"] = r.chunk_bytes;
-  j["total_s"] = r.total_s;
-  j["total_gbps"] = r.gbps(r.total_s);
-  j["alloc_s"] = r.alloc_s;
-  j["read_s"] = r.read_s;
-  j["read_gbps"] = r.gbps(r.read_s);
-  j["verify_s"] = r.verify_s;
-  if (to == "device") {
-    j["upload_s"] = r.upload_s;
-    j["overlap"] = r.overlap;
-    j["ring_pinned_bytes"] = r.ring_pinned_bytes;
-    j["peak_pinned_bytes"] = r.peak_pinned_bytes;
-  }
-  j["direct"] = r.direct;
-  j["direct_note"] = r.direct_note;
-  j["verified"] = r.verified;
-  j["unverified_tensors"] = r.unverified;
-  if (to == "device") j["verify_readback_bytes"] = r.verify_readback_bytes;
+  put_fields(j, report_fields(r));
   return j;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "pinstage/export.h"
+#include "pinstage/report.h"
 #include "pinstage/tensor.h"
 #include "pinstage/worker.h"
 
@@ -153,6 +154,13 @@ struct LoadReport {
     return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
   }
 };
+
+// Every field of `r`, in this order, with the rates it implies: bytes, tensors, files,
+// threads, chunk_bytes, total_s, total_gbps, alloc_s, read_s, read_gbps, verify_s,
+// upload_s, overlap, ring_pinned_bytes, peak_pinned_bytes, direct, direct_note,
+// verified, unverified, verify_readback_bytes. The CLI's `load` JSON and Python's
+// report dicts are these (docs/loading.md, "The load report").
+PINSTAGE_API ReportFields report_fields(const LoadReport& r);
 
 // A tensor in host memory: its description and its storage (exactly its bytes).
 struct HostTensor {

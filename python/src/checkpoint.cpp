@@ -9,6 +9,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "args.h"
@@ -21,28 +22,14 @@
 
 namespace pinstage::python {
 
-py::dict report_dict(const LoadReport& r) {
+py::dict fields_dict(const ReportFields& fields) {
   py::dict d;
-  d["bytes"] = r.bytes;
-  d["tensors"] = r.tensors;
-  d["files"] = r.files;
-  d["total_s"] = r.total_s;
-  d["alloc_s"] = r.alloc_s;
-  d["read_s"] = r.read_s;
-  d["verify_s"] = r.verify_s;
-  d["upload_s"] = r.upload_s;
-  d["overlap"] = r.overlap;
-  d["direct"] = r.direct;
-  d["direct_note"] = r.direct_note;
-  d["verified"] = r.verified;
-  d["unverified"] = r.unverified;
-  d["verify_readback_bytes"] = r.verify_readback_bytes;
-  d["ring_pinned_bytes"] = r.ring_pinned_bytes;
-  d["peak_pinned_bytes"] = r.peak_pinned_bytes;
-  d["threads"] = r.threads;
-  d["chunk_bytes"] = r.chunk_bytes;
+  for (const ReportField& f : fields)
+    std::visit([&](const auto& value) { d[py::str(f.key)] = value; }, f.value);
   return d;
 }
+
+py::dict report_dict(const LoadReport& r) { return fields_dict(report_fields(r)); }
 
 CheckpointLoadOptions load_options(int threads, uint64_t chunk_bytes, bool verify,
                                    bool verify_if_present, bool direct, uint64_t ring_bytes) {

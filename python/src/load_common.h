@@ -13,7 +13,9 @@
 
 namespace pinstage::python {
 
-// A LoadReport as {bytes, tensors, files, total_s, ...} (docs/python.md).
+// A library report's fields (pinstage/report.h) as a dict, in their order.
+py::dict fields_dict(const ReportFields& fields);
+// A LoadReport as a dict: its report_fields() (docs/loading.md, "The load report").
 py::dict report_dict(const LoadReport& r);
 
 // The reading options every Python load takes, as CheckpointLoadOptions.

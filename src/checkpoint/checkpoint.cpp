@@ -390,4 +390,27 @@ size_t save_sharded_checkpoint(const TaskArgs& args, const std::string& dir, uin
   return shards.size();
 }
 
+ReportFields report_fields(const LoadReport& r) {
+  return {{"bytes", r.bytes},
+          {"tensors", uint64_t{r.tensors}},
+          {"files", uint64_t{r.files}},
+          {"threads", int64_t{r.threads}},
+          {"chunk_bytes", r.chunk_bytes},
+          {"total_s", r.total_s},
+          {"total_gbps", r.gbps(r.total_s)},
+          {"alloc_s", r.alloc_s},
+          {"read_s", r.read_s},
+          {"read_gbps", r.gbps(r.read_s)},
+          {"verify_s", r.verify_s},
+          {"upload_s", r.upload_s},
+          {"overlap", r.overlap},
+          {"ring_pinned_bytes", r.ring_pinned_bytes},
+          {"peak_pinned_bytes", r.peak_pinned_bytes},
+          {"direct", r.direct},
+          {"direct_note", r.direct_note},
+          {"verified", r.verified},
+          {"unverified", uint64_t{r.unverified}},
+          {"verify_readback_bytes", r.verify_readback_bytes}};
+}
+
 }  // namespace pinstage

@@ -84,3 +84,24 @@ def test_bench_load_runs_every_arm(cli, tmp_path):
     for key, t in doc["targets"].items():
         assert set(t) == {"value", "goal", "at_least", "met"}, key
         assert t["met"] == (t["value"] >= t["goal"] if t["at_least"] else t["value"] <= t["goal"])
+
+
+def test_cli_and_python_load_reports_share_one_set_of_keys(cli, tmp_path, worker):
+    """One serialiser (report_fields): the CLI's `load --json` and Python's device-load
+    report say the same keys, in the same order, with the same counts."""
+    import pinstage
+    path = small(tmp_path)
+    p = run(cli, "load", path, "--to", "device", "--json", "-", "--quiet",
+            "--verify=if-present")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    dev = pinstage.load_to_device(path, worker=worker, verify="if-present")
+    try:
+        py = dev.report
+    finally:
+        dev.close()
+    cli_keys = [k for k in doc if k not in ("run", "path", "layout", "to")]
+    assert cli_keys == list(py), (cli_keys, list(py))
+    for key in ("bytes", "tensors", "files", "verified", "unverified", "ring_pinned_bytes"):
+        assert doc[key] == py[key], key
+    assert (doc["unverified"], doc["verified"]) == (3, False)
