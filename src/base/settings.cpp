@@ -14,6 +14,10 @@
 namespace pinstage {
 namespace {
 
+// " device_malloc device_free ...": the kinds from the one list, never written by hand.
+#define PS_FAULT_WORD_(E, n) " " #n
+#define PS_FAULT_KIND_WORDS PS_FAULT_KIND_LIST(PS_FAULT_WORD_)
+
 constexpr SettingInfo kSettings[] = {
     {Setting::log, "PINSTAGE_LOG", "debug|info|warn|error|off",
      "log threshold on stderr (default warn)"},
@@ -24,8 +28,7 @@ constexpr SettingInfo kSettings[] = {
      "sim device memory, per device (default: 80% of physical memory split across the "
      "devices= of sim's config)"},
     {Setting::sim_fault, "PINSTAGE_SIM_FAULT", "kind:nth[,kind:nth...]",
-     "fail the nth sim call of a kind (tests); kinds: device_malloc, device_free, host_alloc, "
-     "host_free, copy_h2d, copy_d2h, execute, corrupt_h2d"},
+     "fail the nth sim call of a kind (tests); kinds:" PS_FAULT_KIND_WORDS},
     {Setting::gen_isa, "PINSTAGE_GEN_ISA", "generic|avx2|avx512|avx512bf16",
      "ask the generator for a slower kernel set (default: the best this CPU has)"},
     {Setting::golden_isa, "PINSTAGE_GOLDEN_ISA", "generic|avx2|avx512",
