@@ -69,6 +69,7 @@
 #include "backends/acl/acl_runtime.h"
 #include "pinstage/backend/acl_ext.h"
 #include "pinstage/backend/capacity.h"
+#include "pinstage/backend/device_slots.h"
 #include "pinstage/backend/faults.h"
 #include "pinstage/backend/pin_mode.h"
 #include "pinstage/backend/platform_abi.h"
@@ -125,6 +126,7 @@ namespace {
 
 using pinstage::backend::fail;
 using pinstage::backend::require;
+namespace slots = pinstage::backend::slots;
 namespace acl = pinstage::acl;
 
 thread_local pinstage::backend::LastError t_last_error;
@@ -591,29 +593,20 @@ int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32
   });
 }
 
-int acl_copy_h2d(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags) {
-  return do_copy(ctx, dst, src, bytes, flags, nullptr, true);
-}
-
-int acl_copy_d2h(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags) {
-  return do_copy(ctx, dst, src, bytes, flags, nullptr, false);
-}
-
-int acl_copy_h2d_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags,
-                       ps_stream* stream) {
-  if (stream == nullptr)
-    return guarded(
-        [] { fail(PS_ERR_INVALID_ARGUMENT, "host-to-device async copy: stream is NULL"); });
-  return do_copy(ctx, dst, src, bytes, flags, stream, true);
-}
-
-int acl_copy_d2h_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags,
-                       ps_stream* stream) {
-  if (stream == nullptr)
-    return guarded(
-        [] { fail(PS_ERR_INVALID_ARGUMENT, "device-to-host async copy: stream is NULL"); });
-  return do_copy(ctx, dst, src, bytes, flags, stream, false);
-}
+// What the shared slot bodies (pinstage/backend/device_slots.h) need of this plugin.
+struct AclSlots {
+  using Ctx = ps_device_ctx;
+  template <class Body>
+  static int guarded(Body&& body) noexcept {
+    return ::guarded(std::forward<Body>(body));
+  }
+  static void require_ctx(ps_device_ctx* ctx) { ::require_ctx(ctx); }
+  static int copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags,
+                  ps_stream* stream, bool to_device) {
+    return do_copy(ctx, dst, src, bytes, flags, stream, to_device);
+  }
+  static constexpr const char* kPinStatsName = PS_ACL_PIN_STATS_NAME;
+};
 
 // Device-side work (ABI v5). A copy is aclrtMemcpyAsync(ACL_MEMCPY_DEVICE_TO_DEVICE) on
 // `stream`, or aclrtMemcpy without one. A fill is aclrtMemsetAsync; without a stream it
@@ -864,16 +857,6 @@ int acl_host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
   });
 }
 
-int acl_mem_info(ps_device_ctx* ctx, uint64_t* capacity, uint64_t* committed) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(capacity != nullptr && committed != nullptr, "mem_info: an output pointer is NULL");
-    std::lock_guard lock(ctx->mu);
-    *capacity = ctx->capacity.capacity();
-    *committed = ctx->capacity.committed();
-  });
-}
-
 int acl_get_capabilities(ps_device_ctx* ctx, ps_capabilities* out) {
   return guarded([&] {
     require_ctx(ctx);
@@ -887,25 +870,10 @@ int acl_get_capabilities(ps_device_ctx* ctx, ps_capabilities* out) {
   });
 }
 
-int acl_inject_fault(ps_device_ctx* ctx, int kind, uint64_t nth) {
-  return guarded([&] {
-    require_ctx(ctx);
-    ctx->faults.set(kind, nth);
-  });
-}
-
-int acl_pin_stats(ps_device_ctx* ctx, ps_acl_pin_stats* out) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(out != nullptr, "acl.pin_stats: output pointer is NULL");
-    std::lock_guard lock(ctx->mu);
-    *out = ctx->pin_stats;
-  });
-}
-
 void* acl_get_proc_address(const char* name) {
   if (name != nullptr && std::strcmp(name, PS_ACL_PIN_STATS_NAME) == 0) {
-    const ps_acl_pin_stats_fn fn = acl_pin_stats;  // checks the documented signature
+    const ps_acl_pin_stats_fn fn =
+        slots::pin_stats<AclSlots, ps_acl_pin_stats>;  // the documented signature
     return reinterpret_cast<void*>(fn);
   }
   return nullptr;
@@ -920,23 +888,23 @@ constexpr ps_platform_api kApi = {
     .destroy_context = acl_destroy_context,
     .device_malloc = acl_device_malloc,
     .device_free = acl_device_free,
-    .copy_h2d = acl_copy_h2d,
-    .copy_d2h = acl_copy_d2h,
+    .copy_h2d = slots::copy_h2d<AclSlots>,
+    .copy_d2h = slots::copy_d2h<AclSlots>,
     .stream_create = acl_stream_create,
     .stream_destroy = acl_stream_destroy,
     .stream_sync = acl_stream_sync,
-    .copy_h2d_async = acl_copy_h2d_async,
-    .copy_d2h_async = acl_copy_d2h_async,
+    .copy_h2d_async = slots::copy_async<AclSlots, true>,
+    .copy_d2h_async = slots::copy_async<AclSlots, false>,
     .event_create = acl_event_create,
     .event_destroy = acl_event_destroy,
     .event_record = acl_event_record,
     .event_sync = acl_event_sync,
     .host_alloc_pinned = acl_host_alloc_pinned,
     .host_free_pinned = acl_host_free_pinned,
-    .mem_info = acl_mem_info,
+    .mem_info = slots::mem_info<AclSlots>,
     .get_capabilities = acl_get_capabilities,
     .host_execute = nullptr,  // the acl backend only stages data
-    .inject_fault = acl_inject_fault,
+    .inject_fault = slots::inject_fault<AclSlots>,
     .copy_d2d_async = acl_copy_d2d_async,
     .memset_async = acl_memset_async,
     .device_count = acl_device_count,

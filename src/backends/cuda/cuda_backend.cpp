@@ -89,6 +89,7 @@
 #include "pinstage/backend/capacity.h"
 #include "pinstage/backend/config.h"
 #include "pinstage/backend/cuda_ext.h"
+#include "pinstage/backend/device_slots.h"
 #include "pinstage/backend/faults.h"
 #include "pinstage/backend/pin_mode.h"
 #include "pinstage/backend/platform_abi.h"
@@ -138,6 +139,7 @@ struct RegisteredPages {
 
 using pinstage::backend::fail;
 using pinstage::backend::require;
+namespace slots = pinstage::backend::slots;
 
 thread_local pinstage::backend::LastError t_last_error;
 // The context of the slot running on this thread (SlotScope), for check().
@@ -603,33 +605,23 @@ int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, ps_str
   });
 }
 
+// What the shared slot bodies (pinstage/backend/device_slots.h) need of this plugin.
+struct CudaSlots {
+  using Ctx = ps_device_ctx;
+  template <class Body>
+  static int guarded(Body&& body) noexcept {
+    return ::guarded(std::forward<Body>(body));
+  }
+  static void require_ctx(ps_device_ctx* ctx) { ::require_ctx(ctx); }
+  static int copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t /*flags*/,
+                  ps_stream* stream, bool to_device) {
+    return do_copy(ctx, dst, src, bytes, stream,
+                   to_device);  // the driver finds pinned ranges itself
+  }
+  static constexpr const char* kPinStatsName = PS_CUDA_PIN_STATS_NAME;
+};
+
 // The copy flags are not needed here: the CUDA driver finds pinned ranges itself.
-int cuda_copy_h2d(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
-                  uint32_t /*flags*/) {
-  return do_copy(ctx, dst, src, bytes, nullptr, true);
-}
-
-int cuda_copy_d2h(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
-                  uint32_t /*flags*/) {
-  return do_copy(ctx, dst, src, bytes, nullptr, false);
-}
-
-int cuda_copy_h2d_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
-                        uint32_t /*flags*/, ps_stream* stream) {
-  if (stream == nullptr)
-    return guarded(
-        [] { fail(PS_ERR_INVALID_ARGUMENT, "host-to-device async copy: stream is NULL"); });
-  return do_copy(ctx, dst, src, bytes, stream, true);
-}
-
-int cuda_copy_d2h_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
-                        uint32_t /*flags*/, ps_stream* stream) {
-  if (stream == nullptr)
-    return guarded(
-        [] { fail(PS_ERR_INVALID_ARGUMENT, "device-to-host async copy: stream is NULL"); });
-  return do_copy(ctx, dst, src, bytes, stream, false);
-}
-
 // Device-side work (ABI v5): `enqueue(s)` queues it on `stream`, or (null) on a stream
 // borrowed from the pool and waited for, as the synchronous copies do. The runtime has
 // checked the ranges (inside allocations of this context, not overlapping, bytes > 0).
@@ -975,16 +967,6 @@ int cuda_host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
   });
 }
 
-int cuda_mem_info(ps_device_ctx* ctx, uint64_t* capacity, uint64_t* committed) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(capacity != nullptr && committed != nullptr, "mem_info: an output pointer is NULL");
-    std::lock_guard lock(ctx->mu);
-    *capacity = ctx->capacity.capacity();
-    *committed = ctx->capacity.committed();
-  });
-}
-
 int cuda_get_capabilities(ps_device_ctx* ctx, ps_capabilities* out) {
   return guarded([&] {
     require_ctx(ctx);
@@ -998,27 +980,12 @@ int cuda_get_capabilities(ps_device_ctx* ctx, ps_capabilities* out) {
   });
 }
 
-int cuda_inject_fault(ps_device_ctx* ctx, int kind, uint64_t nth) {
-  return guarded([&] {
-    require_ctx(ctx);
-    ctx->faults.set(kind, nth);
-  });
-}
-
 // ---- extensions (include/pinstage/backend/cuda_ext.h) ----
-
-int cuda_pin_stats(ps_device_ctx* ctx, ps_cuda_pin_stats* out) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(out != nullptr, "cuda.pin_stats: output pointer is NULL");
-    std::lock_guard lock(ctx->mu);
-    *out = ctx->pin_stats;
-  });
-}
 
 void* cuda_get_proc_address(const char* name) {
   if (name != nullptr && std::strcmp(name, PS_CUDA_PIN_STATS_NAME) == 0) {
-    const ps_cuda_pin_stats_fn fn = cuda_pin_stats;  // checks the documented signature
+    const ps_cuda_pin_stats_fn fn =
+        slots::pin_stats<CudaSlots, ps_cuda_pin_stats>;  // the documented signature
     return reinterpret_cast<void*>(fn);
   }
   return nullptr;
@@ -1033,23 +1000,23 @@ constexpr ps_platform_api kApi = {
     .destroy_context = cuda_destroy_context,
     .device_malloc = cuda_device_malloc,
     .device_free = cuda_device_free,
-    .copy_h2d = cuda_copy_h2d,
-    .copy_d2h = cuda_copy_d2h,
+    .copy_h2d = slots::copy_h2d<CudaSlots>,
+    .copy_d2h = slots::copy_d2h<CudaSlots>,
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,
-    .copy_h2d_async = cuda_copy_h2d_async,
-    .copy_d2h_async = cuda_copy_d2h_async,
+    .copy_h2d_async = slots::copy_async<CudaSlots, true>,
+    .copy_d2h_async = slots::copy_async<CudaSlots, false>,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,
     .event_sync = cuda_event_sync,
     .host_alloc_pinned = cuda_host_alloc_pinned,
     .host_free_pinned = cuda_host_free_pinned,
-    .mem_info = cuda_mem_info,
+    .mem_info = slots::mem_info<CudaSlots>,
     .get_capabilities = cuda_get_capabilities,
     .host_execute = nullptr,  // the cuda backend only stages data
-    .inject_fault = cuda_inject_fault,
+    .inject_fault = slots::inject_fault<CudaSlots>,
     .event_query = cuda_event_query,
     .copy_d2d_async = cuda_copy_d2d_async,
     .memset_async = cuda_memset_async,
