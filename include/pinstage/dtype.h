@@ -14,15 +14,31 @@ namespace pinstage {
 // The first five are the ones pinstage computes on (generators, kernels, golden); the
 // rest are the other safetensors dtypes, carried as raw storage (bind, load, save, Python
 // views). `boolean` is the safetensors BOOL (one byte per element).
-enum class DType { bf16, f16, f32, i32, i64, boolean, u8, i8, i16, f64, f8_e4m3, f8_e5m2 };
+enum class DType {
+  bf16,
+  f16,
+  f32,
+  i32,
+  i64,
+  boolean,
+  u8,
+  i8,
+  i16,
+  f64,
+  f8_e4m3,
+  f8_e5m2,
+  u16,
+  u32,
+  u64
+};
 
-// Bytes per element: 2, 2, 4, 4, 8, then 1, 1, 1, 2, 8, 1, 1.
+// Bytes per element: 2, 2, 4, 4, 8, then 1, 1, 1, 2, 8, 1, 1, 2, 4, 8.
 PINSTAGE_API size_t dtype_size(DType dtype);
 // Lower-case name: "bf16", "f16", "f32", "i32", "i64", "bool", "u8", "i8", "i16", "f64",
-// "f8_e4m3", "f8_e5m2".
+// "f8_e4m3", "f8_e5m2", "u16", "u32", "u64".
 PINSTAGE_API const char* dtype_name(DType dtype);
 // The safetensors spelling: "BF16", "F16", "F32", "I32", "I64", "BOOL", "U8", "I8", "I16",
-// "F64", "F8_E4M3", "F8_E5M2".
+// "F64", "F8_E4M3", "F8_E5M2", "U16", "U32", "U64".
 PINSTAGE_API const char* dtype_safetensors_name(DType dtype);
 // Parses either spelling; nullopt for anything else.
 PINSTAGE_API std::optional<DType> parse_dtype(std::string_view name);

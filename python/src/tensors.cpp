@@ -57,6 +57,12 @@ DLDataType dl_dtype(DType dtype) {
     case DType::f8_e4m3:
     case DType::f8_e5m2:
       return {kDLUInt, 8, 1};  // raw storage: DLPack 1.0 has no fp8 code
+    case DType::u16:
+      return {kDLUInt, 16, 1};
+    case DType::u32:
+      return {kDLUInt, 32, 1};
+    case DType::u64:
+      return {kDLUInt, 64, 1};
   }
   throw Error(ErrorCode::internal, "unknown dtype");
 }
@@ -73,7 +79,10 @@ constexpr std::pair<const char*, DType> kTorchDTypes[] = {{"float32", DType::f32
                                                           {"uint8", DType::u8},
                                                           {"bool", DType::boolean},
                                                           {"float8_e4m3fn", DType::f8_e4m3},
-                                                          {"float8_e5m2", DType::f8_e5m2}};
+                                                          {"float8_e5m2", DType::f8_e5m2},
+                                                          {"uint16", DType::u16},
+                                                          {"uint32", DType::u32},
+                                                          {"uint64", DType::u64}};
 
 std::optional<DType> dtype_from_torch(const std::string& name) {
   for (const auto& [torch_name, dtype] : kTorchDTypes)
@@ -85,7 +94,7 @@ std::optional<DType> dtype_from_torch(const std::string& name) {
 std::string torch_dtype_names(const py::object& torch) {
   std::string out;
   for (const auto& [torch_name, dtype] : kTorchDTypes) {
-    if (!py::hasattr(torch, torch_name)) continue;  // float8: newer torch only
+    if (!py::hasattr(torch, torch_name)) continue;  // float8, uint16..64: newer torch only
     out += out.empty() ? "" : ", ";
     out += torch_name;
   }

@@ -18,12 +18,15 @@ size_t dtype_size(DType dtype) {
     case DType::bf16:
     case DType::f16:
     case DType::i16:
+    case DType::u16:
       return 2;
     case DType::f32:
     case DType::i32:
+    case DType::u32:
       return 4;
     case DType::i64:
     case DType::f64:
+    case DType::u64:
       return 8;
   }
   return 0;
@@ -31,10 +34,12 @@ size_t dtype_size(DType dtype) {
 
 namespace {
 // In DType order.
-constexpr const char* kDTypeNames[] = {"bf16", "f16", "f32", "i32", "i64",     "bool",
-                                       "u8",   "i8",  "i16", "f64", "f8_e4m3", "f8_e5m2"};
-constexpr const char* kSafetensorsNames[] = {"BF16", "F16", "F32", "I32", "I64",     "BOOL",
-                                             "U8",   "I8",  "I16", "F64", "F8_E4M3", "F8_E5M2"};
+constexpr const char* kDTypeNames[] = {"bf16",    "f16",     "f32", "i32", "i64",
+                                       "bool",    "u8",      "i8",  "i16", "f64",
+                                       "f8_e4m3", "f8_e5m2", "u16", "u32", "u64"};
+constexpr const char* kSafetensorsNames[] = {"BF16",    "F16",     "F32", "I32", "I64",
+                                             "BOOL",    "U8",      "I8",  "I16", "F64",
+                                             "F8_E4M3", "F8_E5M2", "U16", "U32", "U64"};
 }  // namespace
 
 const char* dtype_name(DType dtype) { return enum_name(dtype, kDTypeNames); }

@@ -116,7 +116,8 @@ std::vector<Raw> every_dtype() {
           {"i16", "I16", {7}},      {"i32", "I32", {3, 1}},    {"i64", "I64", {2}},
           {"f16", "F16", {9}},      {"bf16", "BF16", {1, 5}},  {"f32", "F32", {3}},
           {"f64", "F64", {2, 2}},   {"e4m3", "F8_E4M3", {11}}, {"e5m2", "F8_E5M2", {13}},
-          {"empty", "F32", {0, 7}}, {"scalar", "F64", {}}};
+          {"empty", "F32", {0, 7}}, {"scalar", "F64", {}},     {"u16", "U16", {3}},
+          {"u32", "U32", {2, 2}},   {"u64", "U64", {3}}};
 }
 
 class CheckpointTest : public test::TempDirTest {
@@ -132,9 +133,9 @@ class CheckpointTest : public test::TempDirTest {
                                     {"weight_map", nlohmann::ordered_json::object()}};
     for (size_t s = 0; s < 3; ++s) {
       std::vector<Raw> part;
-      for (size_t k = s * 5; k < std::min(all.size(), s * 5 + 5); ++k) part.push_back(all[k]);
+      for (size_t k = s * 6; k < std::min(all.size(), s * 6 + 6); ++k) part.push_back(all[k]);
       const std::string shard = "model-0000" + std::to_string(s + 1) + "-of-00003.safetensors";
-      write_raw(d + "/" + shard, part, s * 5);
+      write_raw(d + "/" + shard, part, s * 6);
       for (const Raw& r : part) index["weight_map"][r.name] = shard;
     }
     write_bytes(d + "/" + kCheckpointIndexName, index.dump());
@@ -648,7 +649,8 @@ TEST_F(CheckpointTest, VerifyWithoutRecordedHashesIsRefusedBeforeAnyReadUnlessIf
   PinnedAllocator pinned(worker);
   CheckpointLoadOptions o;
   o.verify = true;
-  const std::vector<std::string> words = {"m.safetensors",       "14 of 14",
+  const std::string n = std::to_string(every_dtype().size());
+  const std::vector<std::string> words = {"m.safetensors",       n + " of " + n,
                                           "no recorded xxh3-64", "'bool'",
                                           "verify_if_present",   "--verify=if-present"};
   expect_error([&] { load_to_host(c, pinned, o); }, words, ErrorCode::invalid_argument);
@@ -685,7 +687,8 @@ TEST_F(CheckpointTest, DeviceVerifyReadsBackWhatItChecksAndCountsTheRest) {
   EXPECT_FALSE(load.report.verified);
   EXPECT_EQ(load.report.verify_readback_bytes, hashed_bytes);
   o.verify_if_present = false;
-  expect_error([&] { load_to_device(c, worker, o); }, {"8 of 14", "'f16'"},
+  expect_error([&] { load_to_device(c, worker, o); },
+               {std::to_string(bare.size()) + " of " + std::to_string(all.size()), "'f16'"},
                ErrorCode::invalid_argument);
 }
 

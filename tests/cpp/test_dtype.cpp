@@ -39,8 +39,12 @@ TEST(DType, SizesAndNames) {
   EXPECT_EQ(dtype_size(DType::f64), 8u);
   EXPECT_EQ(dtype_size(DType::f8_e4m3), 1u);
   EXPECT_EQ(dtype_size(DType::f8_e5m2), 1u);
+  EXPECT_EQ(dtype_size(DType::u16), 2u);  // the unsigned ones safetensors and torch 2.3+ write
+  EXPECT_EQ(dtype_size(DType::u32), 4u);
+  EXPECT_EQ(dtype_size(DType::u64), 8u);
   for (DType d : {DType::bf16, DType::f16, DType::f32, DType::i32, DType::i64, DType::boolean,
-                  DType::u8, DType::i8, DType::i16, DType::f64, DType::f8_e4m3, DType::f8_e5m2}) {
+                  DType::u8, DType::i8, DType::i16, DType::f64, DType::f8_e4m3, DType::f8_e5m2,
+                  DType::u16, DType::u32, DType::u64}) {
     EXPECT_EQ(parse_dtype(dtype_name(d)), d);
     EXPECT_EQ(parse_dtype(dtype_safetensors_name(d)), d);
     EXPECT_EQ(safetensors_dtype_size(dtype_safetensors_name(d)), dtype_size(d));
@@ -49,6 +53,8 @@ TEST(DType, SizesAndNames) {
   EXPECT_STREQ(dtype_name(DType::i64), "i64");
   EXPECT_STREQ(dtype_safetensors_name(DType::boolean), "BOOL");
   EXPECT_STREQ(dtype_name(DType::f8_e5m2), "f8_e5m2");
+  EXPECT_STREQ(dtype_safetensors_name(DType::u64), "U64");
+  EXPECT_EQ(parse_dtype("U32"), DType::u32);
   EXPECT_EQ(safetensors_dtype_size("f64"), 0u);  // the format spells dtypes upper-case
   EXPECT_FALSE(parse_dtype("F128"));
   EXPECT_FALSE(parse_dtype(""));
