@@ -95,7 +95,9 @@ std::vector<std::pair<std::string, std::string>> parse_metadata(const nlohmann::
   if (!v.is_object()) io_error(path, "__metadata__ must be an object of strings");
   std::vector<std::pair<std::string, std::string>> out;
   for (auto m = v.begin(); m != v.end(); ++m) {
-    check_name(m.key(), "a __metadata__ key", path);
+    // An empty key is allowed, as the reference writes and reads one; a NUL byte is not.
+    if (m.key().find('\0') != std::string::npos)
+      io_error(path, "a __metadata__ key " + shown(m.key()) + " holds a NUL byte");
     if (!m.value().is_string())
       io_error(path, "__metadata__ entry " + shown(m.key()) + " must be a string, got " +
                          describe(m.value()));

@@ -450,5 +450,19 @@ TEST_F(Safetensors, HeaderParserFromMemoryMatchesTheFileReader) {
   EXPECT_EQ(error_of([&] { parse_safetensors_header(header, 6, "memory"); }).code(), ErrorCode::io);
 }
 
+// The reference writes and reads an empty __metadata__ key; a NUL in one stays an error.
+TEST_F(Safetensors, AnEmptyMetadataKeyIsReadAndANulOneRefused) {
+  const std::string tensor = R"("a":{"dtype":"U16","shape":[2],"data_offsets":[0,4]})";
+  const SafetensorsHeader h =
+      parse_safetensors_header(R"({"__metadata__":{"":"v","k":""},)" + tensor + "}", 4, "memory");
+  ASSERT_EQ(h.metadata.size(), 2u);
+  EXPECT_EQ(h.metadata[0], (std::pair<std::string, std::string>{"", "v"}));
+  const Error e = error_of([&] {
+    parse_safetensors_header(R"({"__metadata__":{"a\u0000b":"v"},)" + tensor + "}", 4, "memory");
+  });
+  EXPECT_EQ(e.code(), ErrorCode::io);
+  EXPECT_NE(std::string(e.what()).find("NUL"), std::string::npos) << e.what();
+}
+
 }  // namespace
 }  // namespace pinstage
