@@ -32,6 +32,10 @@ _DTYPES = {
     "F8_E4M3": getattr(torch, "float8_e4m3fn", torch.uint8),
     "F8_E5M2": getattr(torch, "float8_e5m2", torch.uint8),
 }
+# Wider unsigned ints where this torch has them (2.3 and newer); an older torch has no
+# dtype for them, and _torch_dtype says so.
+_DTYPES.update({name: getattr(torch, attr) for name, attr in
+                (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")) if hasattr(torch, attr)})
 
 
 def _torch_dtype(name, tensor):
@@ -125,7 +129,7 @@ def _numpy_dtype(name, tensor):
     import numpy as np
     plain = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16,
              "I32": np.int32, "I64": np.int64, "F16": np.float16, "F32": np.float32,
-             "F64": np.float64}
+             "F64": np.float64, "U16": np.uint16, "U32": np.uint32, "U64": np.uint64}
     if name in plain:
         return np.dtype(plain[name])
     try:

@@ -32,11 +32,12 @@ from ._pinstage import InvalidArgumentError, Worker
 _INT64_MAX = 2**63 - 1
 
 # The one dtype set: what TaskArgs accepts (pinstage's DType, docs/tensors.md); the
-# float8 kinds where this torch has them.
+# float8 kinds and the wide unsigned ints where this torch has them.
 _DTYPES = tuple(
     [torch.float32, torch.float64, torch.float16, torch.bfloat16,
      torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool]
-    + [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)])
+    + [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64")
+       if hasattr(torch, n)])
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
@@ -219,8 +220,11 @@ def _pinned_owner(tensor):
         return None
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes == 0:
-        # A zero-element tensor's data_ptr() is 0: its storage tells where it lives.
-        return _pinstage._pinned_owner(tensor.storage().data_ptr(), 0)
+        # A zero-element tensor's data_ptr() is 0: its storage tells where it lives
+        # (untyped_storage on torch 2.x, where storage() warns that it is deprecated).
+        storage = (tensor.untyped_storage() if hasattr(tensor, "untyped_storage")
+                   else tensor.storage())
+        return _pinstage._pinned_owner(storage.data_ptr(), 0)
     return _pinstage._pinned_owner(tensor.data_ptr(), nbytes)
 
 

@@ -54,6 +54,10 @@ def test_cuda_backend_exports_cuda_host_only_on_request(build_dir):
     plugin = build_dir / "lib" / "libpinstage_backend_cuda.so"
     if not fake.exists() or not plugin.exists():
         pytest.skip("cuda plugin or fake CUDA runtime not built (PINSTAGE_CUDA off)")
+    import torch
+    if torch.version.cuda:  # its script imports torch first: torch loads its own libcudart
+        pytest.skip(f"this torch is built for CUDA {torch.version.cuda}; its runtime would "
+                    "load before the fake one")
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
         filter(None, [str(fake.parent), env.get("LD_LIBRARY_PATH")]))

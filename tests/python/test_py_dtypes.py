@@ -53,13 +53,13 @@ def torch_dtypes():
 
 
 def documented_dtypes():
-    """The allocator's dtype list in docs/python.md, with the float8 kinds this torch has."""
+    """The allocator's dtype list in docs/python.md, with the optional kinds this torch has."""
     text = " ".join(DOC.read_text().split())
-    m = re.search(r"`dtype` must be one of ([a-z0-9_, ]+?)(?:; also ([a-z0-9_ ]+?) on a torch "
+    m = re.search(r"`dtype` must be one of ([a-z0-9_, ]+?)(?:; also ([a-z0-9_, ]+?) on a torch "
                   r"that has them)? \(else `InvalidArgumentError`\)", text)
     assert m, "docs/python.md lost its PinnedTorchAllocator dtype sentence"
     always = [n.strip() for n in m.group(1).split(",")]
-    optional = [n.strip() for n in (m.group(2) or "").split(" and ") if n.strip()]
+    optional = [n.strip() for n in re.split(r",| and ", m.group(2) or "") if n.strip()]
     return set(always) | {n for n in optional if hasattr(torch, n)}
 
 
@@ -84,11 +84,11 @@ def howto_dtypes():
     """The dtypes docs/howto-stage-torch.md says TaskArgs accepts (it once said five)."""
     text = " ".join(HOWTO.read_text().split())
     m = re.search(r"tensors of the dtypes ([a-z0-9_, ]+?) and ([a-z0-9_]+) \(also "
-                  r"([a-z0-9_ ]+?) on a torch that has them\), contiguous and on the CPU, "
+                  r"([a-z0-9_, ]+?) on a torch that has them\), contiguous and on the CPU, "
                   r"are accepted", text)
     assert m, "docs/howto-stage-torch.md lost its TaskArgs dtype sentence"
     always = [n.strip() for n in m.group(1).split(",")] + [m.group(2)]
-    optional = [n.strip() for n in m.group(3).split(" and ")]
+    optional = [n.strip() for n in re.split(r",| and ", m.group(3)) if n.strip()]
     return set(always) | {n for n in optional if hasattr(torch, n)}
 
 
