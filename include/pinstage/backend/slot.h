@@ -48,7 +48,7 @@ class LastError {
     bool cut = false;
     for (const std::string_view part : {a, b, c}) {
       const std::size_t take = std::min(part.size(), kCapacity - 1 - n);
-      std::memcpy(text_ + n, part.data(), take);
+      if (take != 0) std::memcpy(text_ + n, part.data(), take);  // an empty view's data() is null
       n += take;
       cut = cut || take < part.size();
     }
