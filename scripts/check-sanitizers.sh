@@ -72,6 +72,6 @@ end
 # Every libFuzzer target (fuzz/) under ASan+UBSan, from the checked-in seeds.
 begin "fuzz"
 for target in $("$root/scripts/fuzz.sh" --list); do
-  "$root/scripts/fuzz.sh" "$target" "${PINSTAGE_FUZZ_BUDGET:-300000runs}" "$root/build-fuzz"
+  "$root/scripts/fuzz.sh" "$target" "${PINSTAGE_FUZZ_BUDGET:-100000runs}" "$root/build-fuzz"
 done
 end
