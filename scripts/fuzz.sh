@@ -23,9 +23,9 @@ if [[ $budget =~ ^([1-9][0-9]*)s?$ ]]; then
 elif [[ $budget =~ ^([1-9][0-9]*)runs$ ]]; then
   # Capped in time too (PINSTAGE_FUZZ_MAX_SECONDS, 90): as its corpus grows a target's
   # inputs grow, and the header target fell from 13,000 to 500 executions a second.
-  cap=${PINSTAGE_FUZZ_MAX_SECONDS:-90}
+  runs=${BASH_REMATCH[1]} cap=${PINSTAGE_FUZZ_MAX_SECONDS:-90}
   [[ $cap =~ ^[1-9][0-9]*$ ]] || { echo "PINSTAGE_FUZZ_MAX_SECONDS must be a whole number > 0, got '$cap'" >&2; exit 2; }
-  limit=(-runs="${BASH_REMATCH[1]}" -max_total_time="$cap") what="of ${BASH_REMATCH[1]} asked (at most $cap s)"
+  limit=(-runs="$runs" -max_total_time="$cap") what="of $runs asked (at most $cap s)"
 else
   echo "BUDGET must be seconds (60, 60s) or executions (100000runs), got '$budget'" >&2; exit 2
 fi
