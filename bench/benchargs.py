@@ -1,5 +1,9 @@
-"""Argument conventions shared by the bench/ scripts."""
+"""Conventions shared by the bench/ scripts: --dry-run, and --json written atomically."""
 import argparse
+import json
+import os
+import pathlib
+import tempfile
 
 
 def add_dry_run(ap: argparse.ArgumentParser) -> None:
@@ -14,3 +18,21 @@ def dry_run_done(args: argparse.Namespace) -> bool:
     if args.dry_run:
         print("dry run: arguments parsed; nothing was run")
     return args.dry_run
+
+
+def write_json_atomically(path, doc):
+    """Writes `doc` as JSON to `path` through a temp file and a rename: a reader sees the old
+    file or the new one, never a part."""
+    path = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp-", dir=path.resolve().parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

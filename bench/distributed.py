@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from benchargs import add_dry_run, dry_run_done
+from benchargs import add_dry_run, dry_run_done, write_json_atomically
 
 HERE = pathlib.Path(__file__).resolve()
 LAUNCH = ["--standalone", "--redirects", "2", "--tee", "2", "--monitor_interval", "0.1"]
@@ -144,7 +144,7 @@ def main():
                   flush=True)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if a.json:
-        pathlib.Path(a.json).write_text(json.dumps(everything, indent=1))
+        write_json_atomically(a.json, everything)
     return 0
 
 

@@ -27,7 +27,7 @@ import sys
 import time
 
 import torch
-from benchargs import add_dry_run, dry_run_done
+from benchargs import add_dry_run, dry_run_done, write_json_atomically
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -154,7 +154,7 @@ def main():
         print(f"{layers:>6} {nbytes:>15,} {t_torch:>9.3f} {t_ours:>11.3f} {t_torch / t_ours:>8.1f}x "
               f"{t_floor:>14.3f} {t_ours / t_floor:>8.2f}x {t_pop:>11.3f} {t_ours / t_pop:>11.2f}x")
     if a.json:
-        pathlib.Path(a.json).write_text(json.dumps(record, indent=2))
+        write_json_atomically(a.json, record)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ the same copy a device upload does on sim, measured alone: one thread (what one 
 upload uses) and every thread. GB/s = 10^9 bytes/s.
 """
 import argparse
-import json
 import os
 import pathlib
 import sys
@@ -22,7 +21,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from distributed import write_checkpoint  # noqa: E402 (the same checkpoint and plan)
-from benchargs import add_dry_run, dry_run_done  # noqa: E402 (bench/ is on sys.path)
+from benchargs import add_dry_run, dry_run_done, write_json_atomically  # noqa: E402 (bench/ is on sys.path)
 
 
 def group(pinstage, devices, link_gbps):
@@ -140,9 +139,8 @@ def main():
     print(f"  tp 2 / tp 1 time: {loads[2][0] / loads[1][0]:.2f}")
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
     if a.json:
-        pathlib.Path(a.json).write_text(json.dumps(
-            {"bind": {f"{k[0]}:{k[1]}": v for k, v in binds.items()}, "host_copy": limit,
-             "load": loads}, indent=1))
+        write_json_atomically(a.json, {"bind": {f"{k[0]}:{k[1]}": v for k, v in binds.items()},
+                                       "host_copy": limit, "load": loads})
     return 0
 
 

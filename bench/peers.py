@@ -67,7 +67,7 @@ import sys
 import tempfile
 import time
 
-from benchargs import add_dry_run, dry_run_done
+from benchargs import add_dry_run, dry_run_done, write_json_atomically
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PEERS = ["safetensors", "safetensors_pread", "fastsafetensors", "fastsafetensors_buffered",
@@ -375,22 +375,6 @@ def run_block(a, build, extra):
                                        key=lambda d: d.metadata["Name"].lower())}
     run.update(extra)
     return run
-
-
-def write_json_atomically(path, doc):
-    path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp-", dir=path.resolve().parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def picture(doc, out):
