@@ -1,22 +1,34 @@
 // Plugin SDK: slots a device plugin writes the same way whatever its runtime (cuda, acl),
-// as templates over the plugin's traits `P`, so each is written once:
-//   using P::Ctx = ps_device_ctx, with `mu` (a mutex guarding the fields below),
-//     `capacity` (backend::CapacityLedger), `faults` (backend::FaultCountdowns) and `pin_stats`;
+// as templates over the plugin's traits `P`, so each is written once. What `P` gives:
+//   using P::Ctx = ps_device_ctx, with `device`, `config` (backend::PinConfig), `capacity`
+//     (backend::CapacityLedger), `faults` (backend::FaultCountdowns), `mu` and `pin_stats`;
 //   static int P::guarded(body)         the plugin's guarded() (slot.h);
 //   static void P::require_ctx(ctx)     refuses a NULL context;
-//   static int P::copy(ctx, dst, src, bytes, flags, stream, to_device)   its one copy
-//     dispatch (stream NULL: synchronous);
-//   static constexpr const char* P::kPinStatsName   its pin_stats extension's name.
+//   P::Scope                            made from a ctx, makes its device current for a slot
+//     (cuda: SlotScope; acl: aclrtSetCurrentContext);
+//   static void P::copy_body(ctx, dst, src, bytes, flags, stream, to_device, what)   its one
+//     copy dispatch, arguments checked and scope entered (stream NULL: synchronous);
+//   static void* P::device_alloc(ctx, bytes)   the vendor allocation, reserved in the ledger;
+//   static std::unique_ptr<ps_stream> P::new_stream(ctx), and P::new_event(ctx);
+//   static void P::sync_stream(ctx, s), P::record_event(ctx, e, s), P::sync_event(ctx, e);
+//   static void P::pin(ctx, bytes, out)  fills out->ptr/handle with pinned host memory;
+//   using P::PinStats, P::PinStatsFn; static constexpr const char* P::kPinStatsName   its
+//     pin_stats extension (the struct, the documented function type, the name).
 // A plugin's table names them: `.mem_info = slots::mem_info<CudaSlots>`.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 
+#include "pinstage/backend/capacity.h"
+#include "pinstage/backend/pin_mode.h"
 #include "pinstage/backend/platform_abi.h"
 #include "pinstage/backend/slot.h"
+#include "pinstage/log.h"
 
 namespace pinstage::backend::slots {
 
@@ -51,14 +63,81 @@ int pin_stats(typename P::Ctx* ctx, Stats* out) {
   });
 }
 
+inline std::string dev_name(int device) { return "device " + std::to_string(device); }
+
+// Sets the context's capacity when it is made: the device's free memory (what the vendor
+// allocator can still give; the total would approve sizes it then refuses), or less when
+// `requested` (plan_capacity, one rule for every plugin). Logs "<backend>: device N
+// <describe()>T MiB (F free), capacity C MiB, pinned_mode=M"; `describe` runs only then.
+template <class Ctx, class Describe>
+void set_capacity(Ctx* ctx, uint64_t requested, uint64_t free_bytes, uint64_t total_bytes,
+                  const char* backend, Describe&& describe) {
+  ctx->capacity.set_capacity(plan_capacity(requested, free_bytes));
+  if (pinstage::log_level() > pinstage::LogLevel::info) return;
+  pinstage::log(pinstage::LogLevel::info,
+                std::string(backend) + ": " + dev_name(ctx->device) + " " + describe() +
+                    std::to_string(total_bytes >> 20) + " MiB (" +
+                    std::to_string(free_bytes >> 20) + " free), capacity " +
+                    std::to_string(ctx->capacity.capacity() >> 20) +
+                    " MiB, pinned_mode=" + pinned_mode_name(ctx->config.pinned_mode));
+}
+
+// device_malloc and host_alloc_pinned: `*out` holds no pointer unless `body` (run in the
+// device's scope) gave one.
+template <class P, class Body>
+int allocation_slot(typename P::Ctx* ctx, size_t bytes, ps_allocation* out, const char* slot,
+                    ps_fault_kind fault, Body&& body) {
+  return P::guarded([&] {
+    P::require_ctx(ctx);
+    if (out == nullptr)
+      fail(PS_ERR_INVALID_ARGUMENT, std::string(slot) + ": output pointer is NULL");
+    *out = ps_allocation{nullptr, bytes, nullptr};
+    if (bytes == 0) fail(PS_ERR_INVALID_ARGUMENT, std::string(slot) + ": cannot allocate 0 bytes");
+    ctx->faults.maybe_fail(fault, slot);
+    const typename P::Scope scope(ctx);
+    body();
+  });
+}
+
+// Reserves in the ledger before the vendor call, gives it back if that fails.
+template <class P>
+int device_malloc(typename P::Ctx* ctx, size_t bytes, ps_allocation* out) {
+  return allocation_slot<P>(ctx, bytes, out, "device_malloc", PS_FAULT_DEVICE_MALLOC, [&] {
+    ctx->capacity.reserve(
+        bytes, "device_malloc of " + std::to_string(bytes) + " bytes on " + dev_name(ctx->device));
+    try {
+      out->ptr = P::device_alloc(ctx, bytes);
+    } catch (...) {
+      ctx->capacity.release(bytes);
+      throw;
+    }
+  });
+}
+
+// The one copy dispatch's checks (a 0-byte copy does nothing) and fault hook.
+template <class P>
+int copy(typename P::Ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags,
+         ps_stream* stream, bool to_device) {
+  const char* what = to_device ? "host-to-device copy" : "device-to-host copy";
+  return P::guarded([&] {
+    P::require_ctx(ctx);
+    require(dst != nullptr && src != nullptr, to_device ? "host-to-device copy: a pointer is NULL"
+                                                        : "device-to-host copy: a pointer is NULL");
+    if (bytes == 0) return;
+    ctx->faults.maybe_fail(to_device ? PS_FAULT_COPY_H2D : PS_FAULT_COPY_D2H, what);
+    const typename P::Scope scope(ctx);
+    P::copy_body(ctx, dst, src, bytes, flags, stream, to_device, what);
+  });
+}
+
 template <class P>
 int copy_h2d(typename P::Ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags) {
-  return P::copy(ctx, dst, src, bytes, flags, nullptr, true);
+  return copy<P>(ctx, dst, src, bytes, flags, nullptr, true);
 }
 
 template <class P>
 int copy_d2h(typename P::Ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags) {
-  return P::copy(ctx, dst, src, bytes, flags, nullptr, false);
+  return copy<P>(ctx, dst, src, bytes, flags, nullptr, false);
 }
 
 // The async copies need their stream: a NULL one is refused, never taken as synchronous.
@@ -70,7 +149,92 @@ int copy_async(typename P::Ctx* ctx, void* dst, const void* src, size_t bytes, u
       fail(PS_ERR_INVALID_ARGUMENT, kToDevice ? "host-to-device async copy: stream is NULL"
                                               : "device-to-host async copy: stream is NULL");
     });
-  return P::copy(ctx, dst, src, bytes, flags, stream, kToDevice);
+  return copy<P>(ctx, dst, src, bytes, flags, stream, kToDevice);
+}
+
+// stream_create and event_create: `*out` is NULL unless `make` made the object.
+template <class P, class Handle, class Make>
+int create_handle(typename P::Ctx* ctx, Handle** out, const char* message, Make&& make) {
+  return P::guarded([&] {
+    P::require_ctx(ctx);
+    require(out != nullptr, message);
+    *out = nullptr;
+    const typename P::Scope scope(ctx);
+    *out = make().release();
+  });
+}
+
+template <class P>
+int stream_create(typename P::Ctx* ctx, ps_stream** out) {
+  return create_handle<P>(ctx, out, "stream_create: output pointer is NULL",
+                          [ctx] { return P::new_stream(ctx); });
+}
+
+template <class P>
+int event_create(typename P::Ctx* ctx, ps_event** out) {
+  return create_handle<P>(ctx, out, "event_create: output pointer is NULL",
+                          [ctx] { return P::new_event(ctx); });
+}
+
+// A slot on a stream or an event of the context: `message` when `ok` is false (a NULL
+// argument), else `body` in the device's scope.
+template <class P, class Body>
+int on_handle(typename P::Ctx* ctx, bool ok, const char* message, Body&& body) {
+  return P::guarded([&] {
+    P::require_ctx(ctx);
+    require(ok, message);
+    const typename P::Scope scope(ctx);
+    body();
+  });
+}
+
+template <class P>
+int stream_sync(typename P::Ctx* ctx, ps_stream* stream) {
+  return on_handle<P>(ctx, stream != nullptr, "stream_sync: stream is NULL",
+                      [&] { P::sync_stream(ctx, stream); });
+}
+
+template <class P>
+int event_record(typename P::Ctx* ctx, ps_event* event, ps_stream* stream) {
+  return on_handle<P>(ctx, event != nullptr && stream != nullptr,
+                      "event_record: event or stream is NULL",
+                      [&] { P::record_event(ctx, event, stream); });
+}
+
+template <class P>
+int event_sync(typename P::Ctx* ctx, ps_event* event) {
+  return on_handle<P>(ctx, event != nullptr, "event_sync: event is NULL",
+                      [&] { P::sync_event(ctx, event); });
+}
+
+template <class P>
+int host_alloc_pinned(typename P::Ctx* ctx, size_t bytes, ps_allocation* out) {
+  return allocation_slot<P>(ctx, bytes, out, "host_alloc_pinned", PS_FAULT_HOST_ALLOC,
+                            [&] { P::pin(ctx, bytes, *out); });
+}
+
+// A plugin that only stages data: its pinned memory is page-locked, copies may be async,
+// and it runs no host callables (device memory is not host memory).
+template <class P>
+int get_capabilities(typename P::Ctx* ctx, ps_capabilities* out) {
+  return P::guarded([&] {
+    P::require_ctx(ctx);
+    require(out != nullptr, "get_capabilities: output pointer is NULL");
+    *out = ps_capabilities{
+        .pinned_is_page_locked = 1,
+        .async_copy = 1,
+        .execute = 0,
+        .device_memory_is_host = 0,
+    };
+  });
+}
+
+// The one extension: P::kPinStatsName, with its documented signature P::PinStatsFn.
+template <class P>
+void* get_proc_address(const char* name) {
+  if (name == nullptr || std::strcmp(name, P::kPinStatsName) != 0) return nullptr;
+  const typename P::PinStatsFn fn = pin_stats<P, typename P::PinStats>;
+  return reinterpret_cast<void*>(fn);
 }
 
 }  // namespace pinstage::backend::slots

@@ -182,6 +182,34 @@ void maybe_fault(ps_device_ctx* ctx, ps_fault_kind kind, const char* what) {
   ctx->faults.maybe_fail(kind, what);
 }
 
+// Note [Process, device, context]: the scope of a slot that calls the runtime.
+struct CtxScope {
+  explicit CtxScope(const ps_device_ctx* ctx) { use_ctx(ctx); }
+};
+
+// What the shared slot bodies (pinstage/backend/device_slots.h) need of this plugin.
+struct AclSlots {
+  using Ctx = ps_device_ctx;
+  using Scope = CtxScope;
+  using PinStats = ps_acl_pin_stats;
+  using PinStatsFn = ps_acl_pin_stats_fn;  // the documented signature
+  static constexpr const char* kPinStatsName = PS_ACL_PIN_STATS_NAME;
+  template <class Body>
+  static int guarded(Body&& body) noexcept {
+    return ::guarded(std::forward<Body>(body));
+  }
+  static void require_ctx(ps_device_ctx* ctx) { ::require_ctx(ctx); }
+  static void copy_body(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+                        uint32_t flags, ps_stream* stream, bool to_device, const char* what);
+  static void* device_alloc(ps_device_ctx* ctx, size_t bytes);
+  static std::unique_ptr<ps_stream> new_stream(ps_device_ctx* ctx);
+  static std::unique_ptr<ps_event> new_event(ps_device_ctx* ctx);
+  static void sync_stream(ps_device_ctx* ctx, ps_stream* stream);
+  static void record_event(ps_device_ctx* ctx, ps_event* event, ps_stream* stream);
+  static void sync_event(ps_device_ctx* ctx, ps_event* event);
+  static void pin(ps_device_ctx* ctx, size_t bytes, ps_allocation& out);
+};
+
 // ---- retry list (Note [Releases that failed]) ----
 
 // Takes `ptr` off the retry list (the runtime hands it back now).
@@ -284,12 +312,7 @@ void open_device(ps_device_ctx* ctx, uint64_t requested, bool& device_set) {
   size_t free_bytes = 0, total_bytes = 0;
   check(rt.aclrtGetMemInfo(acl::ACL_HBM_MEM, &free_bytes, &total_bytes),
         "aclrtGetMemInfo(ACL_HBM_MEM) on device " + dev);
-  ctx->capacity.set_capacity(pinstage::backend::plan_capacity(requested, free_bytes));
-  pinstage::log(pinstage::LogLevel::info,
-                "acl: device " + dev + " has " + std::to_string(total_bytes >> 20) + " MiB (" +
-                    std::to_string(free_bytes >> 20) + " free), capacity " +
-                    std::to_string(ctx->capacity.capacity() >> 20) + " MiB, pinned_mode=" +
-                    pinstage::backend::pinned_mode_name(ctx->config.pinned_mode));
+  slots::set_capacity(ctx, requested, free_bytes, total_bytes, "acl", [] { return "has "; });
 }
 
 // ---- releases, shared by the slots and the retry at teardown ----
@@ -510,25 +533,14 @@ int acl_destroy_context(ps_device_ctx* ctx) {
   });
 }
 
-int acl_device_malloc(ps_device_ctx* ctx, size_t bytes, ps_allocation* out) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(out != nullptr, "device_malloc: output pointer is NULL");
-    *out = ps_allocation{nullptr, bytes, nullptr};
-    require(bytes > 0, "device_malloc: cannot allocate 0 bytes");
-    maybe_fault(ctx, PS_FAULT_DEVICE_MALLOC, "device_malloc");
-    use_ctx(ctx);
-    ctx->capacity.reserve(
-        bytes, "device_malloc of " + std::to_string(bytes) + " bytes on " + dev_name(ctx));
-    void* ptr = nullptr;
-    const aclError code = runtime().aclrtMalloc(&ptr, bytes, acl::ACL_MEM_MALLOC_HUGE_FIRST);
-    if (code != acl::ACL_SUCCESS) {
-      ctx->capacity.release(bytes);
-      check(code, "aclrtMalloc(" + std::to_string(bytes) +
-                      " bytes, ACL_MEM_MALLOC_HUGE_FIRST) on " + dev_name(ctx));
-    }
-    out->ptr = ptr;
+// The ledger has reserved `bytes` (slots::device_malloc).
+void* AclSlots::device_alloc(ps_device_ctx* ctx, size_t bytes) {
+  void* ptr = nullptr;
+  check(runtime().aclrtMalloc(&ptr, bytes, acl::ACL_MEM_MALLOC_HUGE_FIRST), [&] {
+    return "aclrtMalloc(" + std::to_string(bytes) + " bytes, ACL_MEM_MALLOC_HUGE_FIRST) on " +
+           dev_name(ctx);
   });
+  return ptr;
 }
 
 int acl_device_free(ps_device_ctx* ctx, const ps_allocation* allocation) {
@@ -556,57 +568,33 @@ void corrupt_middle_byte(const ps_device_ctx* ctx, void* dst, size_t bytes) {
 // One copy: synchronous (aclrtMemcpy) when `stream` is null, else aclrtMemcpyAsync when
 // the host side is pinned (Note [Pinned ranges]: the runtime's PS_COPY_HOST_PINNED flag).
 // destMax is `bytes` (see the top).
-int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags,
-            ps_stream* stream, bool to_device) {
-  const char* what = to_device ? "host-to-device copy" : "device-to-host copy";
-  return guarded([&] {
-    require_ctx(ctx);
-    require(dst != nullptr && src != nullptr, to_device ? "host-to-device copy: a pointer is NULL"
-                                                        : "device-to-host copy: a pointer is NULL");
-    if (bytes == 0) return;
-    maybe_fault(ctx, to_device ? PS_FAULT_COPY_H2D : PS_FAULT_COPY_D2H, what);
-    use_ctx(ctx);
-    const Runtime& rt = runtime();
-    const auto kind = to_device ? acl::ACL_MEMCPY_HOST_TO_DEVICE : acl::ACL_MEMCPY_DEVICE_TO_HOST;
-    auto desc = [&](const char* call) {
-      return std::string(call) + " (" + what + " of " + std::to_string(bytes) + " bytes on " +
-             dev_name(ctx) + ")";
-    };
-    if (stream != nullptr && (flags & PS_COPY_HOST_PINNED) != 0) {
+void AclSlots::copy_body(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+                         uint32_t flags, ps_stream* stream, bool to_device, const char* what) {
+  const Runtime& rt = runtime();
+  const auto kind = to_device ? acl::ACL_MEMCPY_HOST_TO_DEVICE : acl::ACL_MEMCPY_DEVICE_TO_HOST;
+  auto desc = [&](const char* call) {
+    return std::string(call) + " (" + what + " of " + std::to_string(bytes) + " bytes on " +
+           dev_name(ctx) + ")";
+  };
+  if (stream != nullptr && (flags & PS_COPY_HOST_PINNED) != 0) {
+    check(
+        rt.aclrtMemcpyAsync(dst, bytes, src, bytes, kind, stream->stream),
+        [&] { return desc("aclrtMemcpyAsync"); }, PS_ERR_COPY_FAILED);
+  } else {
+    if (stream != nullptr)  // pageable: keep the stream's order, then copy synchronously
       check(
-          rt.aclrtMemcpyAsync(dst, bytes, src, bytes, kind, stream->stream),
-          [&] { return desc("aclrtMemcpyAsync"); }, PS_ERR_COPY_FAILED);
-    } else {
-      if (stream != nullptr)  // pageable: keep the stream's order, then copy synchronously
-        check(
-            rt.aclrtSynchronizeStream(stream->stream),
-            [&] { return desc("aclrtSynchronizeStream before aclrtMemcpy"); }, PS_ERR_COPY_FAILED);
-      check(
-          rt.aclrtMemcpy(dst, bytes, src, bytes, kind), [&] { return desc("aclrtMemcpy"); },
-          PS_ERR_COPY_FAILED);
-    }
-    if (to_device && fault_hits(ctx, PS_FAULT_CORRUPT_H2D)) {
-      if (stream != nullptr)
-        check(rt.aclrtSynchronizeStream(stream->stream), desc("aclrtSynchronizeStream"));
-      corrupt_middle_byte(ctx, dst, bytes);
-    }
-  });
+          rt.aclrtSynchronizeStream(stream->stream),
+          [&] { return desc("aclrtSynchronizeStream before aclrtMemcpy"); }, PS_ERR_COPY_FAILED);
+    check(
+        rt.aclrtMemcpy(dst, bytes, src, bytes, kind), [&] { return desc("aclrtMemcpy"); },
+        PS_ERR_COPY_FAILED);
+  }
+  if (to_device && fault_hits(ctx, PS_FAULT_CORRUPT_H2D)) {
+    if (stream != nullptr)
+      check(rt.aclrtSynchronizeStream(stream->stream), desc("aclrtSynchronizeStream"));
+    corrupt_middle_byte(ctx, dst, bytes);
+  }
 }
-
-// What the shared slot bodies (pinstage/backend/device_slots.h) need of this plugin.
-struct AclSlots {
-  using Ctx = ps_device_ctx;
-  template <class Body>
-  static int guarded(Body&& body) noexcept {
-    return ::guarded(std::forward<Body>(body));
-  }
-  static void require_ctx(ps_device_ctx* ctx) { ::require_ctx(ctx); }
-  static int copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t flags,
-                  ps_stream* stream, bool to_device) {
-    return do_copy(ctx, dst, src, bytes, flags, stream, to_device);
-  }
-  static constexpr const char* kPinStatsName = PS_ACL_PIN_STATS_NAME;
-};
 
 // Device-side work (ABI v5). A copy is aclrtMemcpyAsync(ACL_MEMCPY_DEVICE_TO_DEVICE) on
 // `stream`, or aclrtMemcpy without one. A fill is aclrtMemsetAsync; without a stream it
@@ -671,16 +659,10 @@ int acl_memset_async(ps_device_ctx* ctx, void* dst, int value, size_t bytes, ps_
   });
 }
 
-int acl_stream_create(ps_device_ctx* ctx, ps_stream** out) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(out != nullptr, "stream_create: output pointer is NULL");
-    *out = nullptr;
-    use_ctx(ctx);
-    auto s = std::make_unique<ps_stream>();
-    check(runtime().aclrtCreateStream(&s->stream), "aclrtCreateStream on " + dev_name(ctx));
-    *out = s.release();
-  });
+std::unique_ptr<ps_stream> AclSlots::new_stream(ps_device_ctx* ctx) {
+  auto s = std::make_unique<ps_stream>();
+  check(runtime().aclrtCreateStream(&s->stream), "aclrtCreateStream on " + dev_name(ctx));
+  return s;
 }
 
 int acl_stream_destroy(ps_device_ctx* ctx, ps_stream* stream) {
@@ -692,27 +674,16 @@ int acl_stream_destroy(ps_device_ctx* ctx, ps_stream* stream) {
   });
 }
 
-int acl_stream_sync(ps_device_ctx* ctx, ps_stream* stream) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(stream != nullptr, "stream_sync: stream is NULL");
-    use_ctx(ctx);
-    check(
-        runtime().aclrtSynchronizeStream(stream->stream),
-        [ctx] { return "aclrtSynchronizeStream on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
-  });
+void AclSlots::sync_stream(ps_device_ctx* ctx, ps_stream* stream) {
+  check(
+      runtime().aclrtSynchronizeStream(stream->stream),
+      [ctx] { return "aclrtSynchronizeStream on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
 }
 
-int acl_event_create(ps_device_ctx* ctx, ps_event** out) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(out != nullptr, "event_create: output pointer is NULL");
-    *out = nullptr;
-    use_ctx(ctx);
-    auto e = std::make_unique<ps_event>();
-    check(runtime().aclrtCreateEvent(&e->event), "aclrtCreateEvent on " + dev_name(ctx));
-    *out = e.release();
-  });
+std::unique_ptr<ps_event> AclSlots::new_event(ps_device_ctx* ctx) {
+  auto e = std::make_unique<ps_event>();
+  check(runtime().aclrtCreateEvent(&e->event), "aclrtCreateEvent on " + dev_name(ctx));
+  return e;
 }
 
 int acl_event_destroy(ps_device_ctx* ctx, ps_event* event) {
@@ -724,25 +695,15 @@ int acl_event_destroy(ps_device_ctx* ctx, ps_event* event) {
   });
 }
 
-int acl_event_record(ps_device_ctx* ctx, ps_event* event, ps_stream* stream) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(event != nullptr && stream != nullptr, "event_record: event or stream is NULL");
-    use_ctx(ctx);
-    check(runtime().aclrtRecordEvent(event->event, stream->stream),
-          [ctx] { return "aclrtRecordEvent on " + dev_name(ctx); });
-  });
+void AclSlots::record_event(ps_device_ctx* ctx, ps_event* event, ps_stream* stream) {
+  check(runtime().aclrtRecordEvent(event->event, stream->stream),
+        [ctx] { return "aclrtRecordEvent on " + dev_name(ctx); });
 }
 
-int acl_event_sync(ps_device_ctx* ctx, ps_event* event) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(event != nullptr, "event_sync: event is NULL");
-    use_ctx(ctx);
-    check(
-        runtime().aclrtSynchronizeEvent(event->event),
-        [ctx] { return "aclrtSynchronizeEvent on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
-  });
+void AclSlots::sync_event(ps_device_ctx* ctx, ps_event* event) {
+  check(
+      runtime().aclrtSynchronizeEvent(event->event),
+      [ctx] { return "aclrtSynchronizeEvent on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
 }
 
 // ---- pinned host memory ----
@@ -812,38 +773,30 @@ void count_pinning(ps_device_ctx* ctx, ps_acl_pin_mode mode, size_t bytes, doubl
   s.last_seconds = seconds;
 }
 
-int acl_host_alloc_pinned(ps_device_ctx* ctx, size_t bytes, ps_allocation* out) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(out != nullptr, "host_alloc_pinned: output pointer is NULL");
-    *out = ps_allocation{nullptr, bytes, nullptr};
-    require(bytes > 0, "host_alloc_pinned: cannot allocate 0 bytes");
-    maybe_fault(ctx, PS_FAULT_HOST_ALLOC, "host_alloc_pinned");
-    use_ctx(ctx);
-    const pinstage::Stopwatch watch;
-    ps_acl_pin_mode mode = PS_ACL_PIN_MALLOC_HOST;
-    bool skip_register;
-    {
-      std::lock_guard lock(ctx->mu);
-      skip_register = ctx->register_unsupported;
+void AclSlots::pin(ps_device_ctx* ctx, size_t bytes, ps_allocation& out) {
+  const pinstage::Stopwatch watch;
+  ps_acl_pin_mode mode = PS_ACL_PIN_MALLOC_HOST;
+  bool skip_register;
+  {
+    std::lock_guard lock(ctx->mu);
+    skip_register = ctx->register_unsupported;
+  }
+  if (pinstage::backend::choose_pinned_mode(ctx->config, bytes) == PinnedMode::reg) {
+    std::unique_ptr<RegisteredPages> record;
+    if (!skip_register) record = pin_by_register(ctx, bytes);
+    if (record) {
+      mode = PS_ACL_PIN_REGISTER;
+      out.ptr = record->pages.data;
+      out.handle = record.release();
+    } else {
+      mode = PS_ACL_PIN_FALLBACK;
+      pinstage::log(pinstage::LogLevel::info,
+                    "acl: aclrtHostRegister answered ACL_ERROR_RT_FEATURE_NOT_SUPPORT on " +
+                        dev_name(ctx) + "; pinned memory falls back to aclrtMallocHost");
     }
-    if (pinstage::backend::choose_pinned_mode(ctx->config, bytes) == PinnedMode::reg) {
-      std::unique_ptr<RegisteredPages> record;
-      if (!skip_register) record = pin_by_register(ctx, bytes);
-      if (record) {
-        mode = PS_ACL_PIN_REGISTER;
-        out->ptr = record->pages.data;
-        out->handle = record.release();
-      } else {
-        mode = PS_ACL_PIN_FALLBACK;
-        pinstage::log(pinstage::LogLevel::info,
-                      "acl: aclrtHostRegister answered ACL_ERROR_RT_FEATURE_NOT_SUPPORT on " +
-                          dev_name(ctx) + "; pinned memory falls back to aclrtMallocHost");
-      }
-    }
-    if (out->ptr == nullptr) out->ptr = pin_by_malloc_host(ctx, bytes);
-    count_pinning(ctx, mode, bytes, watch.seconds());
-  });
+  }
+  if (out.ptr == nullptr) out.ptr = pin_by_malloc_host(ctx, bytes);
+  count_pinning(ctx, mode, bytes, watch.seconds());
 }
 
 int acl_host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
@@ -857,52 +810,30 @@ int acl_host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
   });
 }
 
-int acl_get_capabilities(ps_device_ctx* ctx, ps_capabilities* out) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(out != nullptr, "get_capabilities: output pointer is NULL");
-    *out = ps_capabilities{
-        .pinned_is_page_locked = 1,
-        .async_copy = 1,
-        .execute = 0,  // no host callables: a scene on acl checks integrity only
-        .device_memory_is_host = 0,
-    };
-  });
-}
-
-void* acl_get_proc_address(const char* name) {
-  if (name != nullptr && std::strcmp(name, PS_ACL_PIN_STATS_NAME) == 0) {
-    const ps_acl_pin_stats_fn fn =
-        slots::pin_stats<AclSlots, ps_acl_pin_stats>;  // the documented signature
-    return reinterpret_cast<void*>(fn);
-  }
-  return nullptr;
-}
-
 constexpr ps_platform_api kApi = {
     .api_version = PINSTAGE_PLATFORM_API_VERSION,
     .name = "acl",
     .last_error = acl_last_error,
-    .get_proc_address = acl_get_proc_address,
+    .get_proc_address = slots::get_proc_address<AclSlots>,
     .create_context = acl_create_context,
     .destroy_context = acl_destroy_context,
-    .device_malloc = acl_device_malloc,
+    .device_malloc = slots::device_malloc<AclSlots>,
     .device_free = acl_device_free,
     .copy_h2d = slots::copy_h2d<AclSlots>,
     .copy_d2h = slots::copy_d2h<AclSlots>,
-    .stream_create = acl_stream_create,
+    .stream_create = slots::stream_create<AclSlots>,
     .stream_destroy = acl_stream_destroy,
-    .stream_sync = acl_stream_sync,
+    .stream_sync = slots::stream_sync<AclSlots>,
     .copy_h2d_async = slots::copy_async<AclSlots, true>,
     .copy_d2h_async = slots::copy_async<AclSlots, false>,
-    .event_create = acl_event_create,
+    .event_create = slots::event_create<AclSlots>,
     .event_destroy = acl_event_destroy,
-    .event_record = acl_event_record,
-    .event_sync = acl_event_sync,
-    .host_alloc_pinned = acl_host_alloc_pinned,
+    .event_record = slots::event_record<AclSlots>,
+    .event_sync = slots::event_sync<AclSlots>,
+    .host_alloc_pinned = slots::host_alloc_pinned<AclSlots>,
     .host_free_pinned = acl_host_free_pinned,
     .mem_info = slots::mem_info<AclSlots>,
-    .get_capabilities = acl_get_capabilities,
+    .get_capabilities = slots::get_capabilities<AclSlots>,
     .host_execute = nullptr,  // the acl backend only stages data
     .inject_fault = slots::inject_fault<AclSlots>,
     .copy_d2d_async = acl_copy_d2d_async,

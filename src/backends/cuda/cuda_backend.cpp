@@ -310,6 +310,29 @@ void corrupt_middle_byte(void* dst, size_t bytes, cudaStream_t s) {
   check(cudaStreamSynchronize(s), "cudaStreamSynchronize (corrupt_h2d fault)");
 }
 
+// What the shared slot bodies (pinstage/backend/device_slots.h) need of this plugin.
+struct CudaSlots {
+  using Ctx = ps_device_ctx;
+  using Scope = SlotScope;
+  using PinStats = ps_cuda_pin_stats;
+  using PinStatsFn = ps_cuda_pin_stats_fn;  // the documented signature
+  static constexpr const char* kPinStatsName = PS_CUDA_PIN_STATS_NAME;
+  template <class Body>
+  static int guarded(Body&& body) noexcept {
+    return ::guarded(std::forward<Body>(body));
+  }
+  static void require_ctx(ps_device_ctx* ctx) { ::require_ctx(ctx); }
+  static void copy_body(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+                        uint32_t flags, ps_stream* stream, bool to_device, const char* what);
+  static void* device_alloc(ps_device_ctx* ctx, size_t bytes);
+  static std::unique_ptr<ps_stream> new_stream(ps_device_ctx* ctx);
+  static std::unique_ptr<ps_event> new_event(ps_device_ctx* ctx);
+  static void sync_stream(ps_device_ctx* ctx, ps_stream* stream);
+  static void record_event(ps_device_ctx* ctx, ps_event* event, ps_stream* stream);
+  static void sync_event(ps_device_ctx* ctx, ps_event* event);
+  static void pin(ps_device_ctx* ctx, size_t bytes, ps_allocation& out);
+};
+
 std::string fmt(const char* format, double value) {
   char buf[64];
   std::snprintf(buf, sizeof buf, format, value);
@@ -353,20 +376,6 @@ void require_device(int device_id) {
     fail(PS_ERR_NO_DEVICE, "CUDA device " + std::to_string(device_id) + " does not exist: " +
                                std::to_string(count) + " device(s) visible (ids 0.." +
                                std::to_string(count - 1) + "; see CUDA_VISIBLE_DEVICES)");
-}
-
-void log_context(const ps_device_ctx* ctx, size_t free_bytes, size_t total_bytes,
-                 uint64_t capacity) {
-  if (pinstage::log_level() > pinstage::LogLevel::info) return;
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, ctx->device) == cudaSuccess)
-    pinstage::log(
-        pinstage::LogLevel::info,
-        "cuda: " + dev_name(ctx) + " is " + prop.name + ", " + std::to_string(total_bytes >> 20) +
-            " MiB (" + std::to_string(free_bytes >> 20) + " free), capacity " +
-            std::to_string(capacity >> 20) +
-            " MiB, pinned_mode=" + pinstage::backend::pinned_mode_name(ctx->config.pinned_mode));
-  (void)cudaGetLastError();
 }
 
 // The backend's keys: the pin-mode ones (pin_mode.h) and sysfs_root, where the NUMA
@@ -416,15 +425,19 @@ CudaOptions parse_options(const ps_context_options* options, const char* slot) {
 
 const char* cuda_last_error() { return t_last_error.c_str(); }
 
-// The capacity: the device's free memory when the context is made (what cudaMalloc can
-// still give; the total would approve sizes it then refuses), or less when asked.
-uint64_t plan_capacity(ps_device_ctx* ctx, const ps_context_options* options) {
+// The capacity from cudaMemGetInfo's free memory (slots::set_capacity), logged with the
+// device's name.
+void plan_capacity(ps_device_ctx* ctx, const ps_context_options* options) {
   size_t free_bytes = 0, total_bytes = 0;
   check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo on " + dev_name(ctx));
-  const uint64_t requested = options != nullptr ? options->device_capacity_bytes : 0;
-  const uint64_t capacity = pinstage::backend::plan_capacity(requested, free_bytes);
-  log_context(ctx, free_bytes, total_bytes, capacity);
-  return capacity;
+  slots::set_capacity(ctx, options != nullptr ? options->device_capacity_bytes : 0, free_bytes,
+                      total_bytes, "cuda", [ctx] {
+                        cudaDeviceProp prop{};
+                        if (cudaGetDeviceProperties(&prop, ctx->device) == cudaSuccess)
+                          return std::string("is ") + prop.name + ", ";
+                        (void)cudaGetLastError();
+                        return std::string("has ");
+                      });
 }
 
 int cuda_create_context(int device_id, const ps_context_options* options, ps_device_ctx** out) {
@@ -440,7 +453,7 @@ int cuda_create_context(int device_id, const ps_context_options* options, ps_dev
     ctx->device = device_id;
     ctx->config = parsed.pin;
     const DeviceSwitch device(device_id, true);
-    ctx->capacity.set_capacity(plan_capacity(ctx.get(), options));
+    plan_capacity(ctx.get(), options);
     *out = ctx.release();
   });
 }
@@ -537,24 +550,12 @@ int cuda_destroy_context(ps_device_ctx* ctx) {
   });
 }
 
-int cuda_device_malloc(ps_device_ctx* ctx, size_t bytes, ps_allocation* out) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(out != nullptr, "device_malloc: output pointer is NULL");
-    *out = ps_allocation{nullptr, bytes, nullptr};
-    require(bytes > 0, "device_malloc: cannot allocate 0 bytes");
-    maybe_fault(ctx, PS_FAULT_DEVICE_MALLOC, "device_malloc");
-    const SlotScope scope(ctx);
-    ctx->capacity.reserve(
-        bytes, "device_malloc of " + std::to_string(bytes) + " bytes on " + dev_name(ctx));
-    void* ptr = nullptr;
-    const cudaError_t err = cudaMalloc(&ptr, bytes);
-    if (err != cudaSuccess) {
-      ctx->capacity.release(bytes);
-      check(err, "cudaMalloc of " + std::to_string(bytes) + " bytes on " + dev_name(ctx));
-    }
-    out->ptr = ptr;
-  });
+// The ledger has reserved `bytes` (slots::device_malloc).
+void* CudaSlots::device_alloc(ps_device_ctx* ctx, size_t bytes) {
+  void* ptr = nullptr;
+  check(cudaMalloc(&ptr, bytes),
+        "cudaMalloc of " + std::to_string(bytes) + " bytes on " + dev_name(ctx));
+  return ptr;
 }
 
 // The runtime hands each allocation back exactly once: `allocation` is one this context
@@ -576,52 +577,27 @@ int cuda_device_free(ps_device_ctx* ctx, const ps_allocation* allocation) {
 
 // One copy: queued on `stream`, or (null) on a stream borrowed from the pool and waited
 // for (Note [Streams of synchronous copies]). The runtime has checked that the device
-// side lies inside one allocation of this context.
-int do_copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, ps_stream* stream,
-            bool to_device) {
-  const char* what = to_device ? "host-to-device copy" : "device-to-host copy";
-  return guarded([&] {
-    require_ctx(ctx);
-    require(dst != nullptr && src != nullptr, to_device ? "host-to-device copy: a pointer is NULL"
-                                                        : "device-to-host copy: a pointer is NULL");
-    if (bytes == 0) return;
-    maybe_fault(ctx, to_device ? PS_FAULT_COPY_H2D : PS_FAULT_COPY_D2H, what);
-    const SlotScope scope(ctx);
-    std::optional<CopyStream> borrowed;
-    if (stream == nullptr) borrowed.emplace(ctx);
-    const cudaStream_t s = stream != nullptr ? stream->stream : borrowed->get();
-    const auto kind = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
-    auto desc = [&] {
-      return std::string(what) + " of " + std::to_string(bytes) + " bytes on " + dev_name(ctx);
-    };
+// side lies inside one allocation of this context. `flags` are not needed: the CUDA
+// driver finds pinned ranges itself.
+void CudaSlots::copy_body(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+                          uint32_t /*flags*/, ps_stream* stream, bool to_device, const char* what) {
+  std::optional<CopyStream> borrowed;
+  if (stream == nullptr) borrowed.emplace(ctx);
+  const cudaStream_t s = stream != nullptr ? stream->stream : borrowed->get();
+  const auto kind = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  auto desc = [&] {
+    return std::string(what) + " of " + std::to_string(bytes) + " bytes on " + dev_name(ctx);
+  };
+  check(
+      cudaMemcpyAsync(dst, src, bytes, kind, s), [&] { return "cudaMemcpyAsync " + desc(); },
+      PS_ERR_COPY_FAILED);
+  if (stream == nullptr)
     check(
-        cudaMemcpyAsync(dst, src, bytes, kind, s), [&] { return "cudaMemcpyAsync " + desc(); },
+        cudaStreamSynchronize(s), [&] { return "cudaStreamSynchronize after " + desc(); },
         PS_ERR_COPY_FAILED);
-    if (stream == nullptr)
-      check(
-          cudaStreamSynchronize(s), [&] { return "cudaStreamSynchronize after " + desc(); },
-          PS_ERR_COPY_FAILED);
-    if (to_device && fault_hits(ctx, PS_FAULT_CORRUPT_H2D)) corrupt_middle_byte(dst, bytes, s);
-  });
+  if (to_device && fault_hits(ctx, PS_FAULT_CORRUPT_H2D)) corrupt_middle_byte(dst, bytes, s);
 }
 
-// What the shared slot bodies (pinstage/backend/device_slots.h) need of this plugin.
-struct CudaSlots {
-  using Ctx = ps_device_ctx;
-  template <class Body>
-  static int guarded(Body&& body) noexcept {
-    return ::guarded(std::forward<Body>(body));
-  }
-  static void require_ctx(ps_device_ctx* ctx) { ::require_ctx(ctx); }
-  static int copy(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes, uint32_t /*flags*/,
-                  ps_stream* stream, bool to_device) {
-    return do_copy(ctx, dst, src, bytes, stream,
-                   to_device);  // the driver finds pinned ranges itself
-  }
-  static constexpr const char* kPinStatsName = PS_CUDA_PIN_STATS_NAME;
-};
-
-// The copy flags are not needed here: the CUDA driver finds pinned ranges itself.
 // Device-side work (ABI v5): `enqueue(s)` queues it on `stream`, or (null) on a stream
 // borrowed from the pool and waited for, as the synchronous copies do. The runtime has
 // checked the ranges (inside allocations of this context, not overlapping, bytes > 0).
@@ -666,24 +642,18 @@ int cuda_memset_async(ps_device_ctx* ctx, void* dst, int value, size_t bytes, ps
   });
 }
 
-int cuda_stream_create(ps_device_ctx* ctx, ps_stream** out) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(out != nullptr, "stream_create: output pointer is NULL");
-    *out = nullptr;
-    const SlotScope scope(ctx);
-    auto s = std::make_unique<ps_stream>();
-    check(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking),
-          "cudaStreamCreateWithFlags on " + dev_name(ctx));
-    try {
-      std::unique_lock lock(ctx->streams_mu);
-      ctx->streams.push_back(s->stream);
-    } catch (...) {
-      (void)cudaStreamDestroy(s->stream);
-      throw;
-    }
-    *out = s.release();
-  });
+std::unique_ptr<ps_stream> CudaSlots::new_stream(ps_device_ctx* ctx) {
+  auto s = std::make_unique<ps_stream>();
+  check(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking),
+        "cudaStreamCreateWithFlags on " + dev_name(ctx));
+  try {
+    std::unique_lock lock(ctx->streams_mu);
+    ctx->streams.push_back(s->stream);
+  } catch (...) {
+    (void)cudaStreamDestroy(s->stream);
+    throw;
+  }
+  return s;
 }
 
 int cuda_stream_destroy(ps_device_ctx* ctx, ps_stream* stream) {
@@ -706,29 +676,18 @@ int cuda_stream_destroy(ps_device_ctx* ctx, ps_stream* stream) {
   });
 }
 
-int cuda_stream_sync(ps_device_ctx* ctx, ps_stream* stream) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(stream != nullptr, "stream_sync: stream is NULL");
-    const SlotScope scope(ctx);
-    check(
-        cudaStreamSynchronize(stream->stream),
-        [ctx] { return "cudaStreamSynchronize on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
-  });
+void CudaSlots::sync_stream(ps_device_ctx* ctx, ps_stream* stream) {
+  check(
+      cudaStreamSynchronize(stream->stream),
+      [ctx] { return "cudaStreamSynchronize on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
 }
 
-int cuda_event_create(ps_device_ctx* ctx, ps_event** out) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(out != nullptr, "event_create: output pointer is NULL");
-    *out = nullptr;
-    const SlotScope scope(ctx);
-    auto e = std::make_unique<ps_event>();
-    // Timing off: these events only order work, and untimed events are cheaper.
-    check(cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming),
-          "cudaEventCreateWithFlags on " + dev_name(ctx));
-    *out = e.release();
-  });
+std::unique_ptr<ps_event> CudaSlots::new_event(ps_device_ctx* ctx) {
+  auto e = std::make_unique<ps_event>();
+  // Timing off: these events only order work, and untimed events are cheaper.
+  check(cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming),
+        "cudaEventCreateWithFlags on " + dev_name(ctx));
+  return e;
 }
 
 int cuda_event_destroy(ps_device_ctx* ctx, ps_event* event) {
@@ -741,25 +700,15 @@ int cuda_event_destroy(ps_device_ctx* ctx, ps_event* event) {
   });
 }
 
-int cuda_event_record(ps_device_ctx* ctx, ps_event* event, ps_stream* stream) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(event != nullptr && stream != nullptr, "event_record: event or stream is NULL");
-    const SlotScope scope(ctx);
-    check(cudaEventRecord(event->event, stream->stream),
-          [ctx] { return "cudaEventRecord on " + dev_name(ctx); });
-  });
+void CudaSlots::record_event(ps_device_ctx* ctx, ps_event* event, ps_stream* stream) {
+  check(cudaEventRecord(event->event, stream->stream),
+        [ctx] { return "cudaEventRecord on " + dev_name(ctx); });
 }
 
-int cuda_event_sync(ps_device_ctx* ctx, ps_event* event) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(event != nullptr, "event_sync: event is NULL");
-    const SlotScope scope(ctx);
-    check(
-        cudaEventSynchronize(event->event),
-        [ctx] { return "cudaEventSynchronize on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
-  });
+void CudaSlots::sync_event(ps_device_ctx* ctx, ps_event* event) {
+  check(
+      cudaEventSynchronize(event->event),
+      [ctx] { return "cudaEventSynchronize on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
 }
 
 int cuda_event_query(ps_device_ctx* ctx, ps_event* event) {
@@ -887,30 +836,22 @@ void record_pinning(ps_device_ctx* ctx, const ps_cuda_pin_stats& last) noexcept 
   }
 }
 
-int cuda_host_alloc_pinned(ps_device_ctx* ctx, size_t bytes, ps_allocation* out) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(out != nullptr, "host_alloc_pinned: output pointer is NULL");
-    *out = ps_allocation{nullptr, bytes, nullptr};
-    require(bytes > 0, "host_alloc_pinned: cannot allocate 0 bytes");
-    maybe_fault(ctx, PS_FAULT_HOST_ALLOC, "host_alloc_pinned");
-    const SlotScope scope(ctx);
-    const std::string desc = "pinning " + std::to_string(bytes) + " bytes for " + dev_name(ctx);
-    ps_cuda_pin_stats last{};
-    last.last_bytes = bytes;
-    const pinstage::Stopwatch watch;
-    if (pinstage::backend::choose_pinned_mode(ctx->config, bytes) == PinnedMode::alloc) {
-      last.last_mode = PS_CUDA_PIN_ALLOC;
-      out->ptr = pin_by_alloc(bytes, desc);
-    } else {
-      last.last_mode = PS_CUDA_PIN_REGISTER;
-      std::unique_ptr<RegisteredPages> record = pin_by_register(ctx, bytes, desc, last);
-      out->ptr = record->pages.data;
-      out->handle = record.release();
-    }
-    last.last_seconds = watch.seconds();
-    record_pinning(ctx, last);
-  });
+void CudaSlots::pin(ps_device_ctx* ctx, size_t bytes, ps_allocation& out) {
+  const std::string desc = "pinning " + std::to_string(bytes) + " bytes for " + dev_name(ctx);
+  ps_cuda_pin_stats last{};
+  last.last_bytes = bytes;
+  const pinstage::Stopwatch watch;
+  if (pinstage::backend::choose_pinned_mode(ctx->config, bytes) == PinnedMode::alloc) {
+    last.last_mode = PS_CUDA_PIN_ALLOC;
+    out.ptr = pin_by_alloc(bytes, desc);
+  } else {
+    last.last_mode = PS_CUDA_PIN_REGISTER;
+    std::unique_ptr<RegisteredPages> record = pin_by_register(ctx, bytes, desc, last);
+    out.ptr = record->pages.data;
+    out.handle = record.release();
+  }
+  last.last_seconds = watch.seconds();
+  record_pinning(ctx, last);
 }
 
 // Note [Release waits for copies]: every stream of the context has finished.
@@ -967,54 +908,30 @@ int cuda_host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
   });
 }
 
-int cuda_get_capabilities(ps_device_ctx* ctx, ps_capabilities* out) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(out != nullptr, "get_capabilities: output pointer is NULL");
-    *out = ps_capabilities{
-        .pinned_is_page_locked = 1,
-        .async_copy = 1,
-        .execute = 0,  // no host callables: device memory is not host memory
-        .device_memory_is_host = 0,
-    };
-  });
-}
-
-// ---- extensions (include/pinstage/backend/cuda_ext.h) ----
-
-void* cuda_get_proc_address(const char* name) {
-  if (name != nullptr && std::strcmp(name, PS_CUDA_PIN_STATS_NAME) == 0) {
-    const ps_cuda_pin_stats_fn fn =
-        slots::pin_stats<CudaSlots, ps_cuda_pin_stats>;  // the documented signature
-    return reinterpret_cast<void*>(fn);
-  }
-  return nullptr;
-}
-
 constexpr ps_platform_api kApi = {
     .api_version = PINSTAGE_PLATFORM_API_VERSION,
     .name = "cuda",
     .last_error = cuda_last_error,
-    .get_proc_address = cuda_get_proc_address,
+    .get_proc_address = slots::get_proc_address<CudaSlots>,
     .create_context = cuda_create_context,
     .destroy_context = cuda_destroy_context,
-    .device_malloc = cuda_device_malloc,
+    .device_malloc = slots::device_malloc<CudaSlots>,
     .device_free = cuda_device_free,
     .copy_h2d = slots::copy_h2d<CudaSlots>,
     .copy_d2h = slots::copy_d2h<CudaSlots>,
-    .stream_create = cuda_stream_create,
+    .stream_create = slots::stream_create<CudaSlots>,
     .stream_destroy = cuda_stream_destroy,
-    .stream_sync = cuda_stream_sync,
+    .stream_sync = slots::stream_sync<CudaSlots>,
     .copy_h2d_async = slots::copy_async<CudaSlots, true>,
     .copy_d2h_async = slots::copy_async<CudaSlots, false>,
-    .event_create = cuda_event_create,
+    .event_create = slots::event_create<CudaSlots>,
     .event_destroy = cuda_event_destroy,
-    .event_record = cuda_event_record,
-    .event_sync = cuda_event_sync,
-    .host_alloc_pinned = cuda_host_alloc_pinned,
+    .event_record = slots::event_record<CudaSlots>,
+    .event_sync = slots::event_sync<CudaSlots>,
+    .host_alloc_pinned = slots::host_alloc_pinned<CudaSlots>,
     .host_free_pinned = cuda_host_free_pinned,
     .mem_info = slots::mem_info<CudaSlots>,
-    .get_capabilities = cuda_get_capabilities,
+    .get_capabilities = slots::get_capabilities<CudaSlots>,
     .host_execute = nullptr,  // the cuda backend only stages data
     .inject_fault = slots::inject_fault<CudaSlots>,
     .event_query = cuda_event_query,
