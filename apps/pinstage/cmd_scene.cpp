@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -73,21 +74,12 @@ double print_memory(const ReportArgs& args, const SceneReport& report, bool devi
 nlohmann::ordered_json report_json(const SceneReport& report, double peak_rss) {
   nlohmann::ordered_json rounds = nlohmann::ordered_json::array();
   for (const SceneRound& r : report.rounds) {
-    nlohmann::ordered_json phases;
-    for (size_t p = 0; p < kBindPhaseCount; ++p)
-      phases[bind_phase_name(static_cast<BindPhase>(p))] = r.bind.phase_seconds[p];
-    rounds.push_back({{"round", r.index},
-                      {"ok", r.ok()},
-                      {"failure", r.failure},
-                      {"bind_seconds", r.bind.total_seconds},
-                      {"staging_seconds", r.bind.staging_seconds()},
-                      {"upload_gbps", r.bind.upload_gbps()},
-                      {"uploaded_bytes", r.bind.uploaded_bytes},
-                      {"downloaded_bytes", r.bind.downloaded_bytes},
-                      {"stayed_bytes", r.bind.stayed_bytes},
-                      {"phases", phases},
-                      {"check_seconds", r.check_seconds},
-                      {"golden_compared", r.comparison.has_value()}});
+    nlohmann::ordered_json round = {{"round", r.index}, {"ok", r.ok()}, {"failure", r.failure}};
+    put_fields(round, report_fields(r.bind));  // the BindReport's totals, as Python names them
+    put_fields(round["phases"], phase_fields(r.bind.phase_seconds));
+    round["check_seconds"] = r.check_seconds;
+    round["golden_compared"] = r.comparison.has_value();
+    rounds.push_back(std::move(round));
   }
   return {{"scene", report.scene},
           {"storage", report.storage},

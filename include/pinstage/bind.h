@@ -13,6 +13,7 @@
 
 #include "pinstage/error.h"
 #include "pinstage/export.h"
+#include "pinstage/report.h"
 #include "pinstage/tensor.h"
 #include "pinstage/worker.h"
 #include "pinstage/worker_group.h"
@@ -136,6 +137,16 @@ struct PINSTAGE_API BindReport {
   // A multi-line readable report: the summary, the phases and one row per tensor.
   std::string to_string() const;
 };
+
+// The one serialiser of a bind's phases: seconds keyed by bind_phase_name, in phase order
+// (the bench's and the scene's JSON "phases", Python's BindReport.phase_seconds).
+PINSTAGE_API ReportFields phase_fields(const std::array<double, kBindPhaseCount>& phase_seconds);
+// A BindReport's totals as fields, in this order: total_seconds, staging_seconds,
+// upload_gbps, download_gbps, layout, device_bytes, device_allocations, uploaded_count,
+// uploaded_bytes, downloaded_count, downloaded_bytes, ring_count, ring_bytes, executed,
+// step, stayed_count, stayed_bytes (the member names). The phases are phase_fields and
+// the tensors their own rows; neither is here.
+PINSTAGE_API ReportFields report_fields(const BindReport& r);
 
 // A bind that failed: which step and which tensor (empty when the step concerns no one
 // tensor, e.g. the arena allocation or the execute step). code() is the cause's code.

@@ -23,19 +23,19 @@ import torch
 from . import _pinstage
 from ._pinstage import InvalidArgumentError, Worker
 
-_DTYPES = {
-    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
-    "I32": torch.int32, "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F32": torch.float32, "F64": torch.float64,
-    # 1-byte floats: torch's own dtype where this torch has it, else their raw bytes as
-    # uint8 of the same shape (Debian's torch 2.x predates float8).
-    "F8_E4M3": getattr(torch, "float8_e4m3fn", torch.uint8),
-    "F8_E5M2": getattr(torch, "float8_e5m2", torch.uint8),
+# Each safetensors dtype by torch's name for it. Where this torch has no such dtype, the
+# 1-byte floats come as their raw bytes (uint8 of the same shape: Debian's torch 2.x
+# predates float8), and the wider unsigned ints (torch 2.3 and newer) are refused by
+# _torch_dtype.
+_TORCH_NAMES = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "I32": "int32",
+    "I64": "int64", "F16": "float16", "BF16": "bfloat16", "F32": "float32",
+    "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "U16": "uint16", "U32": "uint32", "U64": "uint64",
 }
-# Wider unsigned ints where this torch has them (2.3 and newer); an older torch has no
-# dtype for them, and _torch_dtype says so.
-_DTYPES.update({name: getattr(torch, attr) for name, attr in
-                (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")) if hasattr(torch, attr)})
+_DTYPES = {name: getattr(torch, attr, torch.uint8 if name.startswith("F8_") else None)
+           for name, attr in _TORCH_NAMES.items()}
+_DTYPES = {name: dtype for name, dtype in _DTYPES.items() if dtype is not None}
 
 
 def _torch_dtype(name, tensor):
@@ -219,7 +219,19 @@ def _read_into(checkpoint, worker, names, tensors, options, who, progress=None):
                                        **options)
 
 
-class safe_open:  # noqa: N801 (the safetensors name)
+class _ReadCounter:
+    """What safe_open and SafeSlice share: `read_bytes`, the bytes read from the files so
+    far (a safe_open's counts its get_tensor calls and every slice's)."""
+
+    _read_bytes = 0
+
+    @property
+    def read_bytes(self):
+        """int: bytes this object read from the files so far."""
+        return self._read_bytes
+
+
+class safe_open(_ReadCounter):  # noqa: N801 (the safetensors name)
     """A checkpoint opened for reading tensors one at a time into `worker`'s pinned memory.
 
     `framework`: "pt" (torch tensors) or "numpy" ("np": NumPy arrays), both views of the
@@ -238,12 +250,6 @@ class safe_open:  # noqa: N801 (the safetensors name)
         self._options = _options("safe_open", threads, chunk_bytes, verify, False)
         self._checkpoint = _pinstage._Checkpoint(path, "safe_open")
         self._worker = worker
-        self._read_bytes = 0
-
-    @property
-    def read_bytes(self):
-        """int: bytes read from the files so far, by get_tensor and every slice."""
-        return self._read_bytes
 
     def __enter__(self):
         return self
@@ -333,7 +339,7 @@ def _slice_dims(index, shape, name):
     return dims, tuple(out)
 
 
-class SafeSlice:
+class SafeSlice(_ReadCounter):
     """One tensor of a safe_open, read in part: [index] reads the index's bytes alone
     (rows: one range; columns: one range per row) into fresh pinned memory. `read_bytes`
     counts what this object read from the files."""
@@ -342,12 +348,6 @@ class SafeSlice:
         self._owner = owner
         self._name = name
         self._info = info
-        self._read_bytes = 0
-
-    @property
-    def read_bytes(self):
-        """int: bytes this slice object read from the files so far."""
-        return self._read_bytes
 
     def get_shape(self):
         """The whole tensor's shape, as a list."""

@@ -9,7 +9,6 @@
 #include <string>
 #include <tuple>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "args.h"
@@ -21,13 +20,6 @@
 #include "pinstage/safetensors.h"
 
 namespace pinstage::python {
-
-py::dict fields_dict(const ReportFields& fields) {
-  py::dict d;
-  for (const ReportField& f : fields)
-    std::visit([&](const auto& value) { d[py::str(f.key)] = value; }, f.value);
-  return d;
-}
 
 py::dict report_dict(const LoadReport& r) { return fields_dict(report_fields(r)); }
 

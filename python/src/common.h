@@ -2,23 +2,21 @@
 // and Note [Python view lifetime] in worker.cpp for how views keep memory alive.
 #pragma once
 
-#include <cxxabi.h>
 #include <pybind11/pybind11.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "dlpack.h"
 #include "pinstage/error.h"
+#include "pinstage/python/binding.h"
+#include "pinstage/report.h"
 #include "pinstage/worker.h"
-
-namespace py = pybind11;
 
 namespace pinstage {
 class Binder;
@@ -29,55 +27,6 @@ struct BindOptions;
 namespace pinstage::python {
 
 struct PyBuffer;
-
-// Something that hands out views of a worker's pinned memory: a PinnedHostBuffer, or task
-// args generated into pinned memory. Its views are counted (under the GIL) so finalize()
-// and close() can refuse while any view could still point at the memory.
-struct ViewHolder {
-  virtual ~ViewHolder() = default;
-  int64_t views = 0;
-  int64_t args_views = 0;  // of `views`, those TaskArgs hold (named by finalize()'s refusal)
-  int64_t read_views = 0;  // of `views`, those running checkpoint reads hold (named too)
-  int64_t copy_views = 0;  // of `views`, those pending async copies hold (named too)
-  // What finalize()'s refusal calls this holder.
-  virtual std::string holder_name() const { return "TaskArgs"; }
-};
-
-// Releases the GIL for a C++ call. A daemon thread that takes the GIL back while the
-// interpreter finalizes is ended by CPython (< 3.14) with pthread_exit, a forced unwind.
-// Unwinding would run the caller's destructors (py::object references, busy counts)
-// without the GIL, racing with finalization (TSan saw it), so the thread is parked
-// instead, as CPython 3.14 does itself; the process exits around it. Never use it in a
-// destructor: destructors keep the GIL instead.
-//
-// Tests can hold a call inside that GIL-free window on a latch: the hook that
-// pinstage._pinstage._set_gil_release_hook installs runs (the GIL taken back for it) right
-// after every release, in the releasing thread, so a race is opened deterministically.
-class GilReleased {
- public:
-  GilReleased() : hook_(gil_release_hook()), state_(PyEval_SaveThread()) {
-    if (hook_ != nullptr) run_gil_release_hook(hook_);
-  }
-  ~GilReleased() {
-    try {
-      PyEval_RestoreThread(state_);
-    } catch (abi::__forced_unwind&) {
-      for (;;) pause();
-    }
-  }
-  GilReleased(const GilReleased&) = delete;
-  GilReleased& operator=(const GilReleased&) = delete;
-
- private:
-  // A new reference to the installed hook, or null (read under the GIL).
-  static PyObject* gil_release_hook();
-  // Calls the hook with the GIL taken back, then drops the reference; an exception it
-  // raises is reported as unraisable, never thrown into the C++ call.
-  static void run_gil_release_hook(PyObject* hook);
-
-  PyObject* hook_;
-  PyThreadState* state_;
-};
 
 // The Python Worker: the C++ Worker plus what Python holds of its memory.
 struct PyWorker {
@@ -192,6 +141,9 @@ inline bool interpreter_usable() {
 // Error(invalid_argument) naming `what` for another type or a value outside int64.
 int64_t int_arg(const py::handle& value, const std::string& what);
 
+// A library report's fields (pinstage/report.h) as a dict, in their order.
+py::dict fields_dict(const ReportFields& fields);
+
 // A path argument: a str, or an os.PathLike whose fspath is a str (TypeError naming `what`
 // otherwise: "load_file(): path must be str or os.PathLike, not int"). A NUL in it is
 // Error(invalid_argument) (require_no_nul).
@@ -201,19 +153,17 @@ std::string path_arg(const py::handle& value, const std::string& what);
 // m.safetensors).
 void require_no_nul(const std::string& path, const std::string& what);
 
-// Docstrings. pybind11's own signature lines are off (module.cpp): they name C++ types
-// and inspect cannot read them. Each def passes method_doc/function_doc instead, from a
-// typed line "name(a: int, b: str = 'x') -> T" and a text. The result starts with the
-// untyped signature in CPython's __text_signature__ form ("name(self, a, b='x')\n--\n\n"),
-// which inspect.signature() and help() read, then the typed line, then the text.
-// The text lives as long as the process (pybind11 takes a const char*; module init runs
-// once, under the GIL).
-const char* signed_doc(std::string_view typed, std::string_view text, bool method);
-inline const char* method_doc(std::string_view typed, std::string_view text = {}) {
-  return signed_doc(typed, text, true);
-}
-inline const char* function_doc(std::string_view typed, std::string_view text = {}) {
-  return signed_doc(typed, text, false);
+// __dlpack__(stream=None, *, max_version=None, dl_device=None, copy=None), the array API's
+// keywords, on `cls` (PinnedHostBuffer, DeviceBuffer); `text` says what `fn` exports.
+template <class Class, class Fn>
+void def_dlpack(Class& cls, Fn&& fn, const char* text) {
+  cls.def("__dlpack__", std::forward<Fn>(fn), py::arg("stream") = py::none(), py::kw_only(),
+          py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
+          py::arg("copy") = py::none(),
+          method_doc("__dlpack__(stream: Any = None, *, max_version: tuple[int, int] | None = "
+                     "None, dl_device: tuple[int, int] | None = None, copy: bool | None = "
+                     "None) -> types.CapsuleType",
+                     text));
 }
 
 // Exception classes (pinstage.Error and its subclasses), created at import.

@@ -306,12 +306,15 @@ py::capsule device_dlpack(py::object self, const py::object& stream, const py::o
 
 // DeviceBuffer: a worker's device memory.
 void bind_device_buffer(py::module_& m) {
-  py::class_<PyDeviceBuffer>(m, "DeviceBuffer",
-                             "Device memory of a Worker (Worker.alloc_device); the source or "
-                             "target of copy_to_device_async and copy_to_host_async.")
-      .def_property_readonly(
-          "nbytes", [](const PyDeviceBuffer& d) { return d.nbytes; },
-          "int: the size asked for (kept after close()).")
+  py::class_<PyDeviceBuffer> c(m, "DeviceBuffer",
+                               "Device memory of a Worker (Worker.alloc_device); the source or "
+                               "target of copy_to_device_async and copy_to_host_async.");
+  def_dlpack(c, &device_dlpack,
+             "The device memory as a DLPack uint8 tensor, no copy: on cuda a torch CUDA tensor "
+             "(torch.from_dlpack), on sim a CPU one (its device memory is host RAM), on acl "
+             "kDLExtDev. BufferError while async copies are pending; close() refuses while a "
+             "view lives.");
+  c.def_readonly("nbytes", &PyDeviceBuffer::nbytes, "int: the size asked for (kept after close()).")
       .def_property_readonly(
           "device_ptr",
           [](const PyDeviceBuffer& d) {
@@ -322,22 +325,10 @@ void bind_device_buffer(py::module_& m) {
       .def_property_readonly(
           "closed", [](const PyDeviceBuffer& d) { return !d.open(); },
           "bool: the memory was released (close(), or the worker's finalize()).")
-      .def_property_readonly(
-          "pending_copies", [](const PyDeviceBuffer& d) { return d.pending; },
-          "int: async copies not yet known complete (close() refuses while any are).")
-      .def_property_readonly(
-          "worker", [](const PyDeviceBuffer& d) { return d.worker_obj; },
-          "Worker: the worker whose device memory this is.")
-      .def("__dlpack__", &device_dlpack, py::arg("stream") = py::none(), py::kw_only(),
-           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
-           py::arg("copy") = py::none(),
-           method_doc("__dlpack__(stream: Any = None, *, max_version: tuple[int, int] | None = "
-                      "None, dl_device: tuple[int, int] | None = None, copy: bool | None = "
-                      "None) -> types.CapsuleType",
-                      "The device memory as a DLPack uint8 tensor, no copy: on cuda a torch "
-                      "CUDA tensor (torch.from_dlpack), on sim a CPU one (its device memory "
-                      "is host RAM), on acl kDLExtDev. BufferError while async copies are "
-                      "pending; close() refuses while a view lives."))
+      .def_readonly("pending_copies", &PyDeviceBuffer::pending,
+                    "int: async copies not yet known complete (close() refuses while any are).")
+      .def_readonly("worker", &PyDeviceBuffer::worker_obj,
+                    "Worker: the worker whose device memory this is.")
       .def(
           "__dlpack_device__",
           [](const PyDeviceBuffer& d) {
@@ -371,14 +362,10 @@ void bind_copy_event(py::module_& m) {
            method_doc("query() -> bool",
                       "True when the copy is complete, without waiting (then as after "
                       "wait()); raises the copy's error."))
-      .def_property_readonly(
-          "done", [](const PyCopyEvent& e) { return e.done; },
-          "bool: wait() returned or query() said True: the memory is free to use.")
-      .def_property_readonly(
-          "direction", [](const PyCopyEvent& e) { return e.direction; },
-          "str: 'to_device' or 'to_host'.")
-      .def_property_readonly(
-          "nbytes", [](const PyCopyEvent& e) { return e.nbytes; }, "int: the bytes copied.")
+      .def_readonly("done", &PyCopyEvent::done,
+                    "bool: wait() returned or query() said True: the memory is free to use.")
+      .def_readonly("direction", &PyCopyEvent::direction, "str: 'to_device' or 'to_host'.")
+      .def_readonly("nbytes", &PyCopyEvent::nbytes, "int: the bytes copied.")
       .def("__repr__", [](const PyCopyEvent& e) {
         return "<pinstage.CopyEvent " + e.direction + " " + std::to_string(e.nbytes) + " bytes " +
                (e.done ? "done" : "pending") + ">";

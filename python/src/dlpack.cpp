@@ -50,9 +50,8 @@ void bind_lease(py::module_& m) {
                     "One counted view of a PinnedHostBuffer: the object a memoryview's .obj "
                     "(and torch.frombuffer) holds. The memory stays allocated while it lives.",
                     py::is_final())
-      .def_property_readonly(
-          "buffer", [](const Lease& l) { return l.owner; },
-          "The PinnedHostBuffer (or TaskArgs) whose memory this export views.")
+      .def_readonly("buffer", &Lease::owner,
+                    "The PinnedHostBuffer (or TaskArgs) whose memory this export views.")
       .def("__repr__", [](const Lease& l) {
         return "<pinstage.BufferExport of " + py::repr(l.owner).cast<std::string>() + ">";
       });

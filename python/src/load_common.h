@@ -13,8 +13,6 @@
 
 namespace pinstage::python {
 
-// A library report's fields (pinstage/report.h) as a dict, in their order.
-py::dict fields_dict(const ReportFields& fields);
 // A LoadReport as a dict: its report_fields() (docs/loading.md, "The load report").
 py::dict report_dict(const LoadReport& r);
 

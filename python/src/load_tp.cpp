@@ -23,6 +23,8 @@ namespace pinstage::python {
 
 namespace {
 
+using namespace py::literals;
+
 // Pinned storages Python will own: each one a PinnedHostBuffer of the worker, kept here
 // (a Storage holds only its address) until the load succeeded and they are handed to
 // Python; a failed load releases them with this object. A 0-byte storage gets one byte,
@@ -59,14 +61,10 @@ py::dict tp_report_dict(const TpHostLoad& load) {
   d["strided"] = r.strided;
   d["unused_rules"] = r.unused_rules;
   py::list ranks;
-  for (const TpRankReport& rank : r.ranks) {
-    py::dict one;
-    one["bytes"] = rank.bytes;
-    one["direct_bytes"] = rank.direct_bytes;
-    one["scatter_bytes"] = rank.scatter_bytes;
-    one["shared_bytes"] = rank.shared_bytes;
-    ranks.append(one);
-  }
+  for (const TpRankReport& rank : r.ranks)
+    ranks.append(py::dict("bytes"_a = rank.bytes, "direct_bytes"_a = rank.direct_bytes,
+                          "scatter_bytes"_a = rank.scatter_bytes,
+                          "shared_bytes"_a = rank.shared_bytes));
   d["ranks"] = ranks;
   d["load"] = report_dict(r.load);
   return d;
@@ -98,26 +96,25 @@ py::tuple load_tp(const Checkpoint& c, const TpPlan& plan, int tp, const py::obj
   py::list ranks;
   for (const std::vector<TpTensor>& rank : load.ranks) {
     py::list slices;
-    for (const TpTensor& t : rank) {
-      py::dict s;
-      s["name"] = t.info.name;
-      s["dtype"] = t.info.dtype;
-      s["shape"] = py::tuple(py::cast(t.shape));
-      s["dim"] = t.dim;
-      s["begin"] = t.begin;
-      s["bytes"] = t.bytes;
-      s["rule"] = t.rule;
-      s["staged"] = t.staged;
-      s["buffer"] = index.at(t.storage->data());
-      slices.append(s);
-    }
+    for (const TpTensor& t : rank)
+      slices.append(py::dict("name"_a = t.info.name, "dtype"_a = t.info.dtype,
+                             "shape"_a = py::tuple(py::cast(t.shape)), "dim"_a = t.dim,
+                             "begin"_a = t.begin, "bytes"_a = t.bytes, "rule"_a = t.rule,
+                             "staged"_a = t.staged, "buffer"_a = index.at(t.storage->data())));
     ranks.append(slices);
   }
   return py::make_tuple(buffers, ranks, tp_report_dict(load));
 }
 
-// The builder methods return the plan itself, so calls chain as in C++.
-TpPlan& plan_of(const py::object& self) { return self.cast<TpPlan&>(); }
+// A builder method of TpPlan for Python: it returns the plan itself (the same Python
+// object), so calls chain as in C++.
+template <class... A>
+auto builder(TpPlan& (TpPlan::*method)(A...)) {
+  return [method](py::object self, A... a) {
+    (self.cast<TpPlan&>().*method)(std::move(a)...);
+    return self;
+  };
+}
 
 // TpPlan's readers (the JSON form) and queries.
 void def_tp_plan_queries(py::class_<TpPlan>& cls) {
@@ -145,67 +142,26 @@ void bind_tp_plan(py::module_& m) {
   py::class_<TpPlan> cls(m, "TpPlan",
                          "Which tensors a tensor-parallel load splits, and along which dim: rules "
                          "tried in order, the first match deciding, and a default (replicate).");
-  cls.def(py::init<>(), method_doc("__init__() -> None",
-                                   "An empty plan: every tensor "
-                                   "replicated."))
-      .def(
-          "split",
-          [](py::object self, std::string g, int d) {
-            plan_of(self).split(std::move(g), d);
-            return self;
-          },
-          py::arg("glob"), py::arg("dim"),
-          method_doc("split(glob: str, dim: int) -> TpPlan",
-                     "Tensors whose whole name matches glob ('*' any run, '?' one character) "
-                     "are split along dim (negative counts from the last)."))
-      .def(
-          "replicate",
-          [](py::object self, std::string g) {
-            plan_of(self).replicate(std::move(g));
-            return self;
-          },
-          py::arg("glob"), method_doc("replicate(glob: str) -> TpPlan"))
-      .def(
-          "split_regex",
-          [](py::object self, std::string r, int d) {
-            plan_of(self).split_regex(std::move(r), d);
-            return self;
-          },
-          py::arg("regex"), py::arg("dim"),
-          method_doc("split_regex(regex: str, dim: int) -> TpPlan",
-                     "As split, with an ECMAScript regex matching the whole name."))
-      .def(
-          "replicate_regex",
-          [](py::object self, std::string r) {
-            plan_of(self).replicate_regex(std::move(r));
-            return self;
-          },
-          py::arg("regex"), method_doc("replicate_regex(regex: str) -> TpPlan"))
-      .def(
-          "default_split",
-          [](py::object self, int d) {
-            plan_of(self).default_split(d);
-            return self;
-          },
-          py::arg("dim"),
-          method_doc("default_split(dim: int) -> TpPlan",
-                     "Tensors no rule matches are split along dim."))
-      .def(
-          "default_replicate",
-          [](py::object self) {
-            plan_of(self).default_replicate();
-            return self;
-          },
-          method_doc("default_replicate() -> TpPlan"))
-      .def(
-          "expect_tp",
-          [](py::object self, int tp) {
-            plan_of(self).expect_tp(tp);
-            return self;
-          },
-          py::arg("tp"),
-          method_doc("expect_tp(tp: int) -> TpPlan",
-                     "The tp the plan was written for: a load with another is refused."))
+  cls.def(py::init<>(), method_doc("__init__() -> None", "An empty plan: every tensor replicated."))
+      .def("split", builder(&TpPlan::split), py::arg("glob"), py::arg("dim"),
+           method_doc("split(glob: str, dim: int) -> TpPlan",
+                      "Tensors whose whole name matches glob ('*' any run, '?' one character) "
+                      "are split along dim (negative counts from the last)."))
+      .def("replicate", builder(&TpPlan::replicate), py::arg("glob"),
+           method_doc("replicate(glob: str) -> TpPlan"))
+      .def("split_regex", builder(&TpPlan::split_regex), py::arg("regex"), py::arg("dim"),
+           method_doc("split_regex(regex: str, dim: int) -> TpPlan",
+                      "As split, with an ECMAScript regex matching the whole name."))
+      .def("replicate_regex", builder(&TpPlan::replicate_regex), py::arg("regex"),
+           method_doc("replicate_regex(regex: str) -> TpPlan"))
+      .def("default_split", builder(&TpPlan::default_split), py::arg("dim"),
+           method_doc("default_split(dim: int) -> TpPlan",
+                      "Tensors no rule matches are split along dim."))
+      .def("default_replicate", builder(&TpPlan::default_replicate),
+           method_doc("default_replicate() -> TpPlan"))
+      .def("expect_tp", builder(&TpPlan::expect_tp), py::arg("tp"),
+           method_doc("expect_tp(tp: int) -> TpPlan",
+                      "The tp the plan was written for: a load with another is refused."))
       .def(
           "__len__", [](const TpPlan& p) { return p.rules().size(); },
           method_doc("__len__() -> int", "The number of rules."));

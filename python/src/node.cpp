@@ -20,6 +20,8 @@ namespace pinstage::python {
 
 namespace {
 
+using namespace py::literals;
+
 // A WorkerGroup over the Python Workers in `workers` (a list it holds).
 struct PyGroup {
   PyGroup(py::list workers_, int threads) : workers(std::move(workers_)) {
@@ -98,15 +100,9 @@ py::tuple group_load_tp(PyGroup& g, const Checkpoint& c, const TpPlan& plan, int
   report["total_s"] = load.total_s;
   report["read_s"] = load.host.load.read_s;
   py::list uploads;
-  for (const TpDeviceReport& u : load.uploads) {
-    py::dict one;
-    one["device"] = u.device;
-    one["bytes"] = u.bytes;
-    one["tensors"] = u.tensors;
-    one["upload_s"] = u.upload_s;
-    one["gbps"] = u.gbps();
-    uploads.append(one);
-  }
+  for (const TpDeviceReport& u : load.uploads)
+    uploads.append(py::dict("device"_a = u.device, "bytes"_a = u.bytes, "tensors"_a = u.tensors,
+                            "upload_s"_a = u.upload_s, "gbps"_a = u.gbps()));
   report["uploads"] = uploads;
   return py::make_tuple(ranks, report);
 }

@@ -15,6 +15,8 @@ namespace pinstage::python {
 
 namespace {
 
+using namespace py::literals;
+
 // The scene's BindOptions from a dict of the Binder's keywords (execute and verify_upload
 // are the run's own).
 BindOptions scene_bind_options(const py::object& bind) {
@@ -146,14 +148,9 @@ void bind_reports(py::module_& m) {
 
 py::list params_of(const std::string& name) {
   py::list out;
-  for (const SceneParam& p : find_scene(name)->params()) {
-    py::dict d;
-    d["name"] = p.name;
-    d["help"] = p.help;
-    d["default"] = p.default_value;
-    d["size"] = p.size;
-    out.append(d);
-  }
+  for (const SceneParam& p : find_scene(name)->params())
+    out.append(py::dict("name"_a = p.name, "help"_a = p.help, "default"_a = p.default_value,
+                        "size"_a = p.size));
   return out;
 }
 

@@ -6,10 +6,13 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <climits>
+#include <iterator>
 #include <optional>
 #include <type_traits>
 #include <utility>
+#include <variant>
 
 #include "args.h"
 #include "bind_options.h"
@@ -19,6 +22,23 @@
 #include "pinstage/tensor.h"
 
 namespace pinstage::python {
+
+PyArgs::PyArgs(TaskArgs args_, py::object worker_obj_, PyWorker* worker_)
+    : args(std::move(args_)), worker_obj(std::move(worker_obj_)), worker(worker_) {
+  if (worker != nullptr) worker->holders.insert(this);
+}
+
+PyArgs::~PyArgs() {
+  if (worker != nullptr) worker->holders.erase(this);
+}
+
+void PyArgs::require_usable(const std::string& what) const {
+  if (worker != nullptr && !worker->worker.initialized())
+    throw Error(ErrorCode::finalized,
+                what +
+                    ": these task args were generated in the pinned memory of a worker that "
+                    "has since been finalized; generate them again on a live worker");
+}
 
 namespace {
 
@@ -32,71 +52,54 @@ std::shared_ptr<void> python_owner(py::object object) {
   });
 }
 
+// Each dtype as torch names it (str(dtype) without "torch.") and as DLPack codes it: the
+// allocator's set, which TaskArgs takes and hands out. fp8 goes out as uint8, raw storage:
+// DLPack 1.0 has no fp8 code.
+struct DTypeNames {
+  DType dtype;
+  const char* torch;
+  DLDataType dl;
+};
+constexpr DTypeNames kDTypes[] = {
+    {DType::f32, "float32", {kDLFloat, 32, 1}},
+    {DType::f64, "float64", {kDLFloat, 64, 1}},
+    {DType::f16, "float16", {kDLFloat, 16, 1}},
+    {DType::bf16, "bfloat16", {kDLBfloat, 16, 1}},
+    {DType::i8, "int8", {kDLInt, 8, 1}},
+    {DType::i16, "int16", {kDLInt, 16, 1}},
+    {DType::i32, "int32", {kDLInt, 32, 1}},
+    {DType::i64, "int64", {kDLInt, 64, 1}},
+    {DType::u8, "uint8", {kDLUInt, 8, 1}},
+    {DType::boolean, "bool", {kDLBool, 8, 1}},
+    {DType::f8_e4m3, "float8_e4m3fn", {kDLUInt, 8, 1}},
+    {DType::f8_e5m2, "float8_e5m2", {kDLUInt, 8, 1}},
+    {DType::u16, "uint16", {kDLUInt, 16, 1}},
+    {DType::u32, "uint32", {kDLUInt, 32, 1}},
+    {DType::u64, "uint64", {kDLUInt, 64, 1}},
+};
+
+// A row for every DType (u64 is the last): a new dtype fails here until it has one.
+static_assert(std::size(kDTypes) == static_cast<size_t>(DType::u64) + 1);
+
 DLDataType dl_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::bf16:
-      return {kDLBfloat, 16, 1};
-    case DType::f16:
-      return {kDLFloat, 16, 1};
-    case DType::f32:
-      return {kDLFloat, 32, 1};
-    case DType::i32:
-      return {kDLInt, 32, 1};
-    case DType::i64:
-      return {kDLInt, 64, 1};
-    case DType::boolean:
-      return {kDLBool, 8, 1};
-    case DType::u8:
-      return {kDLUInt, 8, 1};
-    case DType::i8:
-      return {kDLInt, 8, 1};
-    case DType::i16:
-      return {kDLInt, 16, 1};
-    case DType::f64:
-      return {kDLFloat, 64, 1};
-    case DType::f8_e4m3:
-    case DType::f8_e5m2:
-      return {kDLUInt, 8, 1};  // raw storage: DLPack 1.0 has no fp8 code
-    case DType::u16:
-      return {kDLUInt, 16, 1};
-    case DType::u32:
-      return {kDLUInt, 32, 1};
-    case DType::u64:
-      return {kDLUInt, 64, 1};
-  }
+  for (const DTypeNames& d : kDTypes)
+    if (d.dtype == dtype) return d.dl;
   throw Error(ErrorCode::internal, "unknown dtype");
 }
 
-// The torch dtypes TaskArgs takes (str(dtype) without "torch."), the allocator's set.
-constexpr std::pair<const char*, DType> kTorchDTypes[] = {{"float32", DType::f32},
-                                                          {"float64", DType::f64},
-                                                          {"float16", DType::f16},
-                                                          {"bfloat16", DType::bf16},
-                                                          {"int8", DType::i8},
-                                                          {"int16", DType::i16},
-                                                          {"int32", DType::i32},
-                                                          {"int64", DType::i64},
-                                                          {"uint8", DType::u8},
-                                                          {"bool", DType::boolean},
-                                                          {"float8_e4m3fn", DType::f8_e4m3},
-                                                          {"float8_e5m2", DType::f8_e5m2},
-                                                          {"uint16", DType::u16},
-                                                          {"uint32", DType::u32},
-                                                          {"uint64", DType::u64}};
-
 std::optional<DType> dtype_from_torch(const std::string& name) {
-  for (const auto& [torch_name, dtype] : kTorchDTypes)
-    if (name == std::string("torch.") + torch_name) return dtype;
+  for (const DTypeNames& d : kDTypes)
+    if (name == std::string("torch.") + d.torch) return d.dtype;
   return std::nullopt;
 }
 
-// "float32, float64, ...": the dtypes this torch has of kTorchDTypes, for the refusal.
+// "float32, float64, ...": the dtypes this torch has of kDTypes, for the refusal.
 std::string torch_dtype_names(const py::object& torch) {
   std::string out;
-  for (const auto& [torch_name, dtype] : kTorchDTypes) {
-    if (!py::hasattr(torch, torch_name)) continue;  // float8, uint16..64: newer torch only
+  for (const DTypeNames& d : kDTypes) {
+    if (!py::hasattr(torch, d.torch)) continue;  // float8, uint16..64: newer torch only
     out += out.empty() ? "" : ", ";
-    out += torch_name;
+    out += d.torch;
   }
   return out;
 }
@@ -287,9 +290,7 @@ void def_resident_properties(py::class_<PyResidentBinder>& c) {
           "check_writes",
           [](const PyResidentBinder& b) { return b.binder && b.binder->check_writes(); },
           "bool: the undeclared-write check is on.")
-      .def_property_readonly(
-          "worker", [](const PyResidentBinder& b) { return b.worker_obj; },
-          "Worker: the binder's worker.");
+      .def_readonly("worker", &PyResidentBinder::worker_obj, "Worker: the binder's worker.");
 }
 
 // ResidentBinder(worker, args, check_writes=None, **options).
@@ -433,12 +434,10 @@ void bind_task_args(py::module_& m) {
       .def_property_readonly(
           "input_count", [](const PyArgs& a) { return a.args.input_count(); },
           "int: the number of tensors a bind uploads.")
-      .def_property_readonly(
-          "worker", [](const PyArgs& a) { return a.worker_obj; },
-          "Worker | None: the worker whose pinned memory holds the tensors, if any.")
-      .def_property_readonly(
-          "live_views", [](const PyArgs& a) { return a.views; },
-          "int: views of this TaskArgs' pinned memory still alive.")
+      .def_readonly("worker", &PyArgs::worker_obj,
+                    "Worker | None: the worker whose pinned memory holds the tensors, if any.")
+      .def_readonly("live_views", &PyArgs::views,
+                    "int: views of this TaskArgs' pinned memory still alive.")
       .def(
           "summary", [](const PyArgs& a) { return a.args.summary(); },
           method_doc("summary() -> str", "'20 tensors, 19 inputs, 40,859,999,040 bytes'."))
@@ -482,51 +481,56 @@ void bind_tensor_bind_report(py::module_& m) {
       });
 }
 
+// The docstrings of BindReport's totals, by report_fields() key.
+constexpr std::pair<const char*, const char*> kBindReportDocs[] = {
+    {"total_seconds", "float: the whole bind."},
+    {"staging_seconds",
+     "float: every phase but execute (alloc, upload, verify, download, release): what staging "
+     "the arguments cost."},
+    {"upload_gbps", "float: uploaded bytes / upload phase time, in GB/s."},
+    {"download_gbps", "float: downloaded bytes / download phase time, in GB/s."},
+    {"layout", "str: 'arena' (one device allocation) or 'per_tensor'."},
+    {"device_bytes", "int: device memory the bind allocated."},
+    {"device_allocations", "int: device allocations the bind made."},
+    {"uploaded_count", "int: tensors uploaded."},
+    {"uploaded_bytes", "int: bytes uploaded."},
+    {"downloaded_count", "int: tensors downloaded."},
+    {"downloaded_bytes", "int: bytes downloaded."},
+    {"ring_count", "int: tensors that went through the staging ring."},
+    {"ring_bytes", "int: bytes that went through the staging ring."},
+    {"executed", "bool: the backend ran the task between upload and download."},
+    {"step", "int: a ResidentBinder step's number (1-based); 0 for a one-shot bind."},
+    {"stayed_count", "int: inputs that stayed on the device instead of being uploaded."},
+    {"stayed_bytes", "int: their bytes."},
+};
+
+// One read-only property per field of report_fields(BindReport), the library's one
+// serialiser, so Python names exactly the keys the CLI's JSON writes.
+void def_bind_report_fields(py::class_<BindReport>& c) {
+  const ReportFields fields = report_fields(BindReport{});
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const auto* doc = std::find_if(std::begin(kBindReportDocs), std::end(kBindReportDocs),
+                                   [&](const auto& d) { return fields[i].key == d.first; });
+    if (doc == std::end(kBindReportDocs))
+      throw Error(ErrorCode::internal, "BindReport." + fields[i].key + " has no docstring");
+    c.def_property_readonly(
+        doc->first,
+        [i](const BindReport& r) {
+          return std::visit([](const auto& v) { return py::cast(v); }, report_fields(r)[i].value);
+        },
+        doc->second);
+  }
+}
+
 // BindReport: the phases and totals of one bind or step.
 void bind_bind_report(py::module_& m) {
-  py::class_<BindReport>(m, "BindReport", "What one Binder.run did and how long each part took.")
-      .def_property_readonly(
-          "phase_seconds",
-          [](const BindReport& r) {
-            py::dict d;
-            for (size_t p = 0; p < kBindPhaseCount; ++p)
-              d[bind_phase_name(static_cast<BindPhase>(p))] = r.phase_seconds[p];
-            return d;
-          },
-          "dict[str, float]: seconds per phase (docs/bind.md); 0 for a "
-          "phase that did not run.")
-      .def_readonly("total_seconds", &BindReport::total_seconds, "float: the whole bind.")
+  py::class_<BindReport> c(m, "BindReport", "What one Binder.run did and how long each part took.");
+  c.def_property_readonly(
+       "phase_seconds",
+       [](const BindReport& r) { return fields_dict(phase_fields(r.phase_seconds)); },
+       "dict[str, float]: seconds per phase (docs/bind.md); 0 for a phase that did not run.")
       .def_readonly("tensors", &BindReport::tensors,
                     "list[TensorBindReport]: one per tensor, in argument order.")
-      .def_property_readonly(
-          "layout", [](const BindReport& r) { return device_layout_name(r.layout); },
-          "str: 'arena' (one device allocation) or 'per_tensor'.")
-      .def_readonly("device_bytes", &BindReport::device_bytes,
-                    "int: device memory the bind allocated.")
-      .def_readonly("device_allocations", &BindReport::device_allocations,
-                    "int: device allocations the bind made.")
-      .def_readonly("uploaded_count", &BindReport::uploaded_count, "int: tensors uploaded.")
-      .def_readonly("uploaded_bytes", &BindReport::uploaded_bytes, "int: bytes uploaded.")
-      .def_readonly("downloaded_count", &BindReport::downloaded_count, "int: tensors downloaded.")
-      .def_readonly("downloaded_bytes", &BindReport::downloaded_bytes, "int: bytes downloaded.")
-      .def_readonly("ring_count", &BindReport::ring_count,
-                    "int: tensors that went through the staging ring.")
-      .def_readonly("ring_bytes", &BindReport::ring_bytes,
-                    "int: bytes that went through the staging ring.")
-      .def_readonly("executed", &BindReport::executed,
-                    "bool: the backend ran the task between upload and download.")
-      .def_readonly("step", &BindReport::step,
-                    "int: a ResidentBinder step's number (1-based); 0 for a one-shot bind.")
-      .def_readonly("stayed_count", &BindReport::stayed_count,
-                    "int: inputs that stayed on the device instead of being uploaded.")
-      .def_readonly("stayed_bytes", &BindReport::stayed_bytes, "int: their bytes.")
-      .def_property_readonly("staging_seconds", &BindReport::staging_seconds,
-                             "float: every phase but execute (alloc, upload, verify, download, "
-                             "release): what staging the arguments cost.")
-      .def_property_readonly("upload_gbps", &BindReport::upload_gbps,
-                             "float: uploaded bytes / upload phase time, in GB/s.")
-      .def_property_readonly("download_gbps", &BindReport::download_gbps,
-                             "float: downloaded bytes / download phase time, in GB/s.")
       .def("summary", &BindReport::summary,
            method_doc("summary() -> str",
                       "'19 of 20 tensors uploaded (inputs), 40,859,999,040 bytes'."))
@@ -534,6 +538,7 @@ void bind_bind_report(py::module_& m) {
            method_doc("__str__() -> str", "The per-tensor table and the phases."))
       .def("__repr__",
            [](const BindReport& r) { return "<pinstage.BindReport " + r.summary() + ">"; });
+  def_bind_report_fields(c);
 }
 
 // Binder, and the generator behind PinnedTorchAllocator.randn.
@@ -568,8 +573,7 @@ void bind_binder(py::module_& m) {
                      "Uploads args, runs the task where the backend can, downloads the "
                      "outputs; the GIL is released meanwhile. BindError names the phase and "
                      "tensor of a failure."))
-      .def_property_readonly(
-          "worker", [](const PyBinder& b) { return b.worker_obj; }, "Worker: the Binder's worker.")
+      .def_readonly("worker", &PyBinder::worker_obj, "Worker: the Binder's worker.")
       .def_property_readonly(
           "staging_bytes",
           [](const PyBinder& b) { return b.binder ? b.binder->staging_bytes() : 0; },

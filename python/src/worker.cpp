@@ -27,6 +27,7 @@
 #include <climits>
 #include <sstream>
 #include <thread>
+#include <variant>
 
 #include "args.h"
 #include "common.h"
@@ -300,6 +301,21 @@ int64_t int_arg(const py::handle& value, const std::string& what) {
     throw Error(ErrorCode::invalid_argument, what + " = " + py::repr(value).cast<std::string>() +
                                                  " is out of range (int64: [-2**63, 2**63 - 1])");
   return v;
+}
+
+Busy::Busy(PyWorker* worker) : worker_(worker) {
+  if (worker_ != nullptr) ++worker_->busy;
+}
+
+Busy::~Busy() {
+  if (worker_ != nullptr) --worker_->busy;
+}
+
+py::dict fields_dict(const ReportFields& fields) {
+  py::dict d;
+  for (const ReportField& f : fields)
+    std::visit([&](const auto& value) { d[py::str(f.key)] = value; }, f.value);
+  return d;
 }
 
 void require_no_nul(const std::string& path, const std::string& what) {
@@ -707,9 +723,8 @@ void def_worker_memory(py::class_<PyWorker>& c) {
       .def_property_readonly(
           "open_buffers", [](const PyWorker& w) { return w.buffers.size(); },
           "int: PinnedHostBuffers of this worker not yet closed.")
-      .def_property_readonly(
-          "busy_calls", [](const PyWorker& w) { return w.busy; },
-          "int: calls running without the GIL on this worker's memory.")
+      .def_readonly("busy_calls", &PyWorker::busy,
+                    "int: calls running without the GIL on this worker's memory.")
       .def("alloc_pinned_host", &alloc_pinned, py::arg("nbytes"),
            method_doc("alloc_pinned_host(nbytes: int) -> PinnedHostBuffer",
                       "A new PinnedHostBuffer of nbytes (>= 1) bytes; the GIL is released "
@@ -755,8 +770,7 @@ void bind_worker_class(py::class_<PyWorker>& c) {
       .def_property_readonly(
           "backend_path", [](const PyWorker& w) { return w.worker.backend().path; },
           "str: the plugin file loaded ('' before init).")
-      .def_property_readonly(
-          "device_id", [](const PyWorker& w) { return w.device_id; }, "int: the device.")
+      .def_readonly("device_id", &PyWorker::device_id, "int: the device.")
       .def_property_readonly(
           "capabilities", [](const PyWorker& w) { return w.worker.capabilities(); },
           "Capabilities: what the backend can do.")
@@ -773,21 +787,16 @@ void bind_worker_class(py::class_<PyWorker>& c) {
 }
 
 void bind_buffer_class(py::class_<PyBuffer>& c) {
-  c.def_property_readonly(
-       "nbytes", [](const PyBuffer& b) { return b.nbytes; },
-       "int: the size asked for (kept after close()).")
+  c.def_readonly("nbytes", &PyBuffer::nbytes, "int: the size asked for (kept after close()).")
       .def(
           "__len__", [](const PyBuffer& b) { return b.nbytes; },
           method_doc("__len__() -> int", "nbytes."))
       .def_property_readonly(
           "closed", [](const PyBuffer& b) { return !b.open(); },
           "bool: the memory was released (close(), or the worker's finalize()).")
-      .def_property_readonly(
-          "live_views", [](const PyBuffer& b) { return b.views; },
-          "int: views of the buffer still alive (close() refuses while any are).")
-      .def_property_readonly(
-          "worker", [](const PyBuffer& b) { return b.worker_obj; },
-          "Worker: the worker whose memory this is.")
+      .def_readonly("live_views", &PyBuffer::views,
+                    "int: views of the buffer still alive (close() refuses while any are).")
+      .def_readonly("worker", &PyBuffer::worker_obj, "Worker: the worker whose memory this is.")
       .def("close", &PyBuffer::close,
            method_doc("close() -> None",
                       "Releases the memory now; BufferError while views "
@@ -806,15 +815,6 @@ void bind_buffer_class(py::class_<PyBuffer>& c) {
           method_doc("__exit__(exc_type: Any, exc: Any, tb: Any) -> bool",
                      "close(); with an exception on its way and views still alive, leaves "
                      "the buffer open."))
-      .def("__dlpack__", &buffer_dlpack, py::arg("stream") = py::none(), py::kw_only(),
-           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
-           py::arg("copy") = py::none(),
-           method_doc("__dlpack__(stream: Any = None, *, max_version: tuple[int, int] | None = "
-                      "None, dl_device: tuple[int, int] | None = None, copy: bool | None = "
-                      "None) -> types.CapsuleType",
-                      "A DLPack capsule of the bytes: 'dltensor_versioned' (DLPack 1.0) when "
-                      "max_version >= (1, 0), else 'dltensor'; copy=True gives a private "
-                      "copy."))
       .def(
           "__dlpack_device__",
           [](const PyBuffer& b) {
@@ -826,6 +826,9 @@ void bind_buffer_class(py::class_<PyBuffer>& c) {
         return std::string("<pinstage.PinnedHostBuffer nbytes=") + std::to_string(b.nbytes) +
                (b.open() ? "" : " closed") + " views=" + std::to_string(b.views) + ">";
       });
+  def_dlpack(c, &buffer_dlpack,
+             "A DLPack capsule of the bytes: 'dltensor_versioned' (DLPack 1.0) when "
+             "max_version >= (1, 0), else 'dltensor'; copy=True gives a private copy.");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 
@@ -268,8 +269,8 @@ json groups_json(const BenchResult& r) {
       for (size_t i = 0; i < run.binds.size(); ++i) {
         const RoundRecord& rec = run.binds[i];
         json phases;
-        for (size_t p = 0; p < kBindPhaseCount; ++p)
-          phases[bind_phase_name(static_cast<BindPhase>(p))] = rec.phase_seconds[p];
+        for (const ReportField& f : phase_fields(rec.phase_seconds))
+          phases[f.key] = std::get<double>(f.value);
         binds.push_back({{"round", i + 1},
                          {"cold", rec.cold},
                          {"dropped", rec.cold && !r.config.keep_cold},

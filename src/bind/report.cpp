@@ -74,6 +74,33 @@ double BindReport::staging_seconds() const noexcept {
   return sum;
 }
 
+ReportFields phase_fields(const std::array<double, kBindPhaseCount>& phase_seconds) {
+  ReportFields fields;
+  for (size_t p = 0; p < kBindPhaseCount; ++p)
+    fields.push_back({bind_phase_name(static_cast<BindPhase>(p)), phase_seconds[p]});
+  return fields;
+}
+
+ReportFields report_fields(const BindReport& r) {
+  return {{"total_seconds", r.total_seconds},
+          {"staging_seconds", r.staging_seconds()},
+          {"upload_gbps", r.upload_gbps()},
+          {"download_gbps", r.download_gbps()},
+          {"layout", std::string(device_layout_name(r.layout))},
+          {"device_bytes", r.device_bytes},
+          {"device_allocations", uint64_t{r.device_allocations}},
+          {"uploaded_count", uint64_t{r.uploaded_count}},
+          {"uploaded_bytes", r.uploaded_bytes},
+          {"downloaded_count", uint64_t{r.downloaded_count}},
+          {"downloaded_bytes", r.downloaded_bytes},
+          {"ring_count", uint64_t{r.ring_count}},
+          {"ring_bytes", r.ring_bytes},
+          {"executed", r.executed},
+          {"step", int64_t{r.step}},
+          {"stayed_count", uint64_t{r.stayed_count}},
+          {"stayed_bytes", r.stayed_bytes}};
+}
+
 std::string BindReport::summary() const {
   std::string text = std::to_string(uploaded_count) + " of " + std::to_string(tensors.size()) +
                      " tensors uploaded (inputs), " + format_thousands(uploaded_bytes) + " bytes";

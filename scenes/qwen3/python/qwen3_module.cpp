@@ -1,13 +1,14 @@
 // pinstage.qwen3: the Qwen3-14B decode scene's own Python submodule (constants, fixture,
-// golden, comparison, run_scene), compiled into the _pinstage extension and registered
-// with it when the extension loads. See docs/python.md.
+// golden, comparison, run_scene), compiled into the _pinstage extension
+// (pinstage_add_python_scene in CMakeLists.txt) and registered with it when the extension
+// loads. It uses only the module's public binding header. See docs/python.md.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <climits>
 
-#include "args.h"
-#include "common.h"
+#include "pinstage/names.h"
+#include "pinstage/python/binding.h"
 #include "pinstage/qwen3/scene.h"
 
 namespace pinstage::python {
@@ -25,25 +26,11 @@ qwen3::Config make_config(int64_t layers, int64_t seq_len, int64_t seed, int64_t
 
 namespace {
 
-const char* fill_name(qwen3::Fill fill) {
-  switch (fill) {
-    case qwen3::Fill::normal:
-      return "normal";
-    case qwen3::Fill::seq_lens:
-      return "seq_lens";
-    case qwen3::Fill::block_table:
-      return "block_table";
-    case qwen3::Fill::slot_mapping:
-      return "slot_mapping";
-    case qwen3::Fill::rope_cos:
-      return "rope_cos";
-    case qwen3::Fill::rope_sin:
-      return "rope_sin";
-    case qwen3::Fill::zeros:
-      return "zeros";
-  }
-  return "unknown";
-}
+using namespace py::literals;
+
+// In qwen3::Fill order.
+constexpr const char* kFillNames[] = {"normal",   "seq_lens", "block_table", "slot_mapping",
+                                      "rope_cos", "rope_sin", "zeros"};
 
 void bind_constants(py::module_& m) {
   m.attr("NUM_HEADS") = qwen3::kNumHeads;
@@ -66,19 +53,12 @@ void bind_constants(py::module_& m) {
 
 py::list specs_list(int64_t layers, int64_t seq_len, int64_t seed) {
   py::list out;
-  for (const auto& s : qwen3::tensor_specs(make_config(layers, seq_len, seed, 0))) {
-    py::dict d;
-    d["name"] = s.name;
-    d["dtype"] = dtype_name(s.dtype);
-    d["shape"] = py::tuple(py::cast(s.shape));
-    d["direction"] = direction_name(s.dir);
-    d["fill"] = fill_name(s.fill);
-    d["std"] = s.std;
-    d["bias"] = s.bias;
-    d["layers"] = s.layers;
-    d["nbytes"] = s.nbytes;
-    out.append(d);
-  }
+  for (const auto& s : qwen3::tensor_specs(make_config(layers, seq_len, seed, 0)))
+    out.append(py::dict("name"_a = s.name, "dtype"_a = dtype_name(s.dtype),
+                        "shape"_a = py::tuple(py::cast(s.shape)),
+                        "direction"_a = direction_name(s.dir),
+                        "fill"_a = enum_name(s.fill, kFillNames, "unknown"), "std"_a = s.std,
+                        "bias"_a = s.bias, "layers"_a = s.layers, "nbytes"_a = s.nbytes));
   return out;
 }
 
