@@ -16,6 +16,7 @@
 #include "pinstage/atomic_file.h"
 #include "pinstage/clock.h"
 #include "pinstage/error.h"
+#include "pinstage/load_plan.h"
 #include "pinstage/settings.h"
 #include "pinstage/worker_group.h"
 
@@ -163,13 +164,39 @@ std::string plural(size_t n, const char* noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
-void add_checkpoint_read_options(CLI::App& cmd, std::string& path, int& threads, int64_t& chunk_mib,
+CheckpointLoadOptions CheckpointArgs::load_options() const {
+  CheckpointLoadOptions o;
+  o.threads = threads;
+  o.chunk_bytes = static_cast<uint64_t>(chunk_mib) << 20;
+  return o;
+}
+
+void CheckpointArgs::write(nlohmann::ordered_json doc, const Worker* worker) const {
+  write_report(report, std::move(doc), collect_run_info(worker, command_options(*cmd)));
+}
+
+void add_checkpoint_read_options(CLI::App& cmd, CheckpointArgs& args,
                                  const std::string& threads_help) {
-  cmd.add_option("PATH", path, "A .safetensors file, or a directory of shards")->required();
-  add_integer_option(cmd, "--threads", threads, threads_help + ", 0..1024 (0 = all cores)", 0, 1024)
+  constexpr int64_t kMaxChunkMib = static_cast<int64_t>(kLoadMaxChunkBytes >> 20);
+  cmd.add_option("PATH", args.path, "A .safetensors file, or a directory of shards")->required();
+  add_integer_option(cmd, "--threads", args.threads,
+                     threads_help + ", 0.." + std::to_string(kLoadMaxThreads) + " (0 = all cores)",
+                     0, kLoadMaxThreads)
       ->capture_default_str();
-  add_integer_option(cmd, "--chunk-mib", chunk_mib, "MiB per pread, 1..4096", 1, 4096)
+  add_integer_option(cmd, "--chunk-mib", args.chunk_mib,
+                     "MiB per pread, 1.." + std::to_string(kMaxChunkMib), 1, kMaxChunkMib)
       ->capture_default_str();
+}
+
+void add_checkpoint_args(CLI::App& cmd, CheckpointArgs& args, const CheckpointHelp& help) {
+  args.cmd = &cmd;
+  add_checkpoint_read_options(cmd, args, help.threads);
+  add_backend_args(cmd, args.backend);
+  add_devices_option(cmd, args.devices, help.devices);
+  add_integer_option(cmd, "--tp", args.tp,
+                     "Tensor-parallel ranks, 1.." + std::to_string(kTpMaxRanks) + ": " + help.tp, 1,
+                     kTpMaxRanks);
+  cmd.add_option("--plan", args.plan, help.plan);
 }
 
 void add_backend_args(CLI::App& cmd, BackendArgs& args) {

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "pinstage/checkpoint.h"
 #include "pinstage/error.h"
 #include "pinstage/report.h"
 #include "pinstage/run_info.h"
@@ -95,11 +96,6 @@ CLI::Option* add_integer_option(CLI::App& cmd, const std::string& flag, T& value
   return cmd.add_option(flag, value, help)->transform(integer_validator(flag, min, max));
 }
 
-// A checkpoint's PATH, --threads (0..1024, 0 = all cores) and --chunk-mib (MiB per pread,
-// 1..4096): what load, bench load and hash share. `threads_help` says what the threads do.
-void add_checkpoint_read_options(CLI::App& cmd, std::string& path, int& threads, int64_t& chunk_mib,
-                                 const std::string& threads_help);
-
 // "1 tensor", "3 tensors".
 std::string plural(size_t n, const char* noun);
 
@@ -128,6 +124,52 @@ std::vector<int> device_ids(const DeviceArgs& args, const BackendArgs& backend);
 int single_device(const DeviceArgs& args, const BackendArgs& backend, const std::string& command);
 // "0,1": the ids as the option takes them.
 std::string join_ids(const std::vector<int>& ids);
+
+// What load, bench load and hash share: the checkpoint and how it is read, the backend, the
+// devices, the tensor-parallel split and the report. One declaration (below) gives every
+// command the same flags, with the library's ranges (checkpoint.h) and defaults.
+struct CheckpointArgs {
+  std::string path;
+  int threads = 0;
+  int64_t chunk_mib = static_cast<int64_t>(CheckpointLoadOptions{}.chunk_bytes >> 20);
+  BackendArgs backend;
+  DeviceArgs devices;
+  int tp = 0;        // 0: not tensor-parallel
+  std::string plan;  // --plan FILE; none: every tensor replicated
+  ReportArgs report;
+  CLI::App* cmd = nullptr;
+  // threads and chunk_bytes; the ranges were checked while parsing.
+  CheckpointLoadOptions load_options() const;
+  // write_report with the run block of this command (and `worker`'s backend, when given).
+  void write(nlohmann::ordered_json doc, const Worker* worker) const;
+};
+// What a command's options do there.
+struct CheckpointHelp {
+  std::string threads;  // "Reader threads"
+  std::string devices;  // what several devices do
+  std::string tp;       // what N ranks do
+  std::string plan;     // what the plan file is for
+};
+// PATH, --threads (0 = all cores) and --chunk-mib (MiB per pread): what hash reads with.
+void add_checkpoint_read_options(CLI::App& cmd, CheckpointArgs& args,
+                                 const std::string& threads_help);
+// The read options, --backend, --backend-option, --devices, --tp N and --plan FILE: what
+// load and bench load share.
+void add_checkpoint_args(CLI::App& cmd, CheckpointArgs& args, const CheckpointHelp& help);
+// Registers `name` under `parent` with add_checkpoint_args and --json/--quiet, bound to a new
+// Args (a CheckpointArgs) that the callback passes to `run`; the command then adds its own
+// options to args->cmd.
+template <typename Args>
+std::shared_ptr<Args> add_checkpoint_command(CLI::App& parent, const std::string& name,
+                                             const std::string& about, const CheckpointHelp& help,
+                                             void (*run)(Args&)) {
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = parent.add_subcommand(name, about);
+  add_checkpoint_args(*cmd, *args, help);
+  add_report_options(*cmd, args->report);
+  cmd->callback([args, run] { run(*args); });
+  return args;
+}
 // Every option of `cmd` for the "run" block: the command path, then each option's
 // value as given, or its default ("" when it has none).
 std::vector<std::pair<std::string, std::string>> command_options(const CLI::App& cmd);

@@ -32,18 +32,9 @@ namespace pinstage::cli {
 
 namespace {
 
-struct BenchLoadArgs {
-  std::string path;
-  BackendArgs backend;
-  DeviceArgs devices;
+struct BenchLoadArgs : CheckpointArgs {
   int rounds = 3;
-  int threads = 0;
-  int64_t chunk_mib = 8;
   bool no_cold = false;
-  int tp = 0;        // 0: no tensor-parallel arm
-  std::string plan;  // its plan file; none: every tensor replicated
-  ReportArgs report;
-  CLI::App* cmd = nullptr;
 };
 
 // Drops every file from the page cache; returns the fraction of its pages still resident
@@ -354,9 +345,7 @@ void run_bench_load(BenchLoadArgs& a) {
   Worker worker;
   worker.init(a.backend.name, ids[0], wo);
   PinnedAllocator pinned(worker);
-  CheckpointLoadOptions o;
-  o.threads = a.threads;
-  o.chunk_bytes = static_cast<uint64_t>(a.chunk_mib) << 20;
+  const CheckpointLoadOptions o = a.load_options();
   const uint64_t bytes = c.total_bytes();
   const MappedPages scratch = map_pages(std::max<uint64_t>(bytes, 1));
   const MappedPages copy_dst = map_pages(std::max<uint64_t>(bytes, 1));
@@ -412,7 +401,7 @@ void run_bench_load(BenchLoadArgs& a) {
   if (fastest_devices) doc["tp_devices"] = device_figures(*fastest_devices, text_out(a.report));
   unmap_pages(scratch);
   unmap_pages(copy_dst);
-  write_report(a.report, doc, collect_run_info(&worker, command_options(*a.cmd)));
+  a.write(std::move(doc), &worker);
   for (size_t i = 0; group && i < group->size(); ++i) finish_worker(group->worker(i));
   finish_worker(worker);
 }
@@ -420,33 +409,21 @@ void run_bench_load(BenchLoadArgs& a) {
 }  // namespace
 
 void add_bench_load_command(CLI::App& bench) {
-  auto a = std::make_shared<BenchLoadArgs>();
-  CLI::App* q = bench.add_subcommand(
-      "load",
+  const auto a = add_checkpoint_command<BenchLoadArgs>(
+      bench, "load",
       "Checkpoint loading: read()+copy, mmap+copy, pinstage into pinned memory and onto "
-      "the device, warm and cold, next to raw parallel pread and all-core memcpy");
-  a->cmd = q;
-  add_checkpoint_read_options(*q, a->path, a->threads, a->chunk_mib, "Reader and copy threads");
-  add_backend_args(*q, a->backend);
-  add_devices_option(*q, a->devices,
-                     "several ids (or --tp with --devices) add the tp_devices arm: the "
-                     "tensor-parallel load onto them, rank r on the r-th device, with per-device "
-                     "read and upload figures");
-  add_integer_option(*q, "--rounds", a->rounds,
+      "the device, warm and cold, next to raw parallel pread and all-core memcpy",
+      {"Reader and copy threads",
+       "several ids (or --tp with --devices) add the tp_devices arm: the tensor-parallel load "
+       "onto them, rank r on the r-th device, with per-device read and upload figures",
+       "add the tp_load arm (every byte read once for all ranks) and its per-rank figures; with "
+       "--devices it must equal the device count",
+       "The tp_load arm's plan file (docs/loading.md); without one every tensor is replicated"},
+      run_bench_load);
+  add_integer_option(*a->cmd, "--rounds", a->rounds,
                      "Rounds; each runs every arm warm then cold, 1..1000", 1, 1000)
       ->capture_default_str();
-
-  q->add_flag("--no-cold", a->no_cold, "Skip the cold (page cache dropped) runs");
-  add_integer_option(*q, "--tp", a->tp,
-                     "Tensor-parallel ranks, 1..1024: add the tp_load arm (every byte read once "
-                     "for all ranks) and its per-rank figures; with --devices it must equal the "
-                     "device count",
-                     1, kTpMaxRanks);
-  q->add_option("--plan", a->plan,
-                "The tp_load arm's plan file (docs/loading.md); without one every tensor is "
-                "replicated");
-  add_report_options(*q, a->report);
-  q->callback([a] { run_bench_load(*a); });
+  a->cmd->add_flag("--no-cold", a->no_cold, "Skip the cold (page cache dropped) runs");
 }
 
 }  // namespace pinstage::cli

@@ -17,27 +17,16 @@ namespace pinstage::cli {
 
 namespace {
 
-struct LoadArgs {
-  std::string path;
-  BackendArgs backend;
-  DeviceArgs devices;
+struct LoadArgs : CheckpointArgs {
   std::string to = "host";
-  int threads = 0;
-  int64_t chunk_mib = 8;
-  int64_t ring_mib = 64;
+  int64_t ring_mib = static_cast<int64_t>(CheckpointLoadOptions{}.ring_bytes >> 20);
   bool direct = false;
   std::string verify;  // "", "all" or "if-present"
-  int tp = 0;          // 0: not a tensor-parallel load
-  std::string plan;    // --plan FILE
-  ReportArgs report;
-  CLI::App* cmd = nullptr;
 };
 
 // The options' ranges were checked while parsing (add_integer_option).
 CheckpointLoadOptions load_options(const LoadArgs& a) {
-  CheckpointLoadOptions o;
-  o.threads = a.threads;
-  o.chunk_bytes = static_cast<uint64_t>(a.chunk_mib) << 20;
+  CheckpointLoadOptions o = a.CheckpointArgs::load_options();
   o.ring_bytes = static_cast<uint64_t>(a.ring_mib) << 20;
   o.direct = a.direct;
   o.verify = !a.verify.empty();
@@ -284,8 +273,7 @@ void run_device_tp_load(LoadArgs& a, CheckpointLoadOptions& o, const WorkerOptio
     for (int rule : load.host.unused_rules)
       chatter(a.report, "note: %s matched no tensor\n", plan.describe(rule).c_str());
     print_device_report(text_out(a.report), c, load);  // the result: --quiet keeps it
-    write_report(a.report, device_report_json(c, plan, a, load),
-                 collect_run_info(&group.worker(0), command_options(*a.cmd)));
+    a.write(device_report_json(c, plan, a, load), &group.worker(0));
   }
   for (size_t i = 0; i < group.size(); ++i) finish_worker(group.worker(i));
 }
@@ -308,8 +296,7 @@ void run_tp_load(LoadArgs& a, CheckpointLoadOptions& o, const WorkerOptions& wo)
     for (int rule : load.report.unused_rules)
       chatter(a.report, "note: %s matched no tensor\n", plan.describe(rule).c_str());
     print_tp_report(text_out(a.report), c, load);  // the result: --quiet keeps it
-    write_report(a.report, tp_report_json(c, plan, a, load),
-                 collect_run_info(&worker, command_options(*a.cmd)));
+    a.write(tp_report_json(c, plan, a, load), &worker);
   }
   finish_worker(worker);
 }
@@ -336,74 +323,59 @@ void run_load(LoadArgs& a) {
   }
   bar.clear();
   print_report(text_out(a.report), c, r, a.to);  // the result: --quiet keeps it
-  write_report(a.report, report_json(c, r, a.to),
-               collect_run_info(&worker, command_options(*a.cmd)));
+  a.write(report_json(c, r, a.to), &worker);
   finish_worker(worker);
 }
 
 }  // namespace
 
 void add_load_command(CLI::App& app) {
-  auto a = std::make_shared<LoadArgs>();
-  CLI::App* q = app.add_subcommand(
-      "load",
+  const auto a = add_checkpoint_command<LoadArgs>(
+      app, "load",
       "Load a checkpoint (a .safetensors file or a directory of shards) into pinned "
       "host memory or onto the device (--devices: tensor-parallel onto several); prints "
-      "bytes, seconds and GB/s per phase");
-  a->cmd = q;
-  add_checkpoint_read_options(*q, a->path, a->threads, a->chunk_mib, "Reader threads");
-  add_backend_args(*q, a->backend);
-  add_devices_option(*q, a->devices,
-                     "several ids (or --tp/--plan with --devices) load tensor-parallel, rank r "
-                     "onto the r-th device, reading the checkpoint once");
-  q->add_option("--to", a->to, "host (pinned memory) or device (streamed through the ring)")
+      "bytes, seconds and GB/s per phase",
+      {"Reader threads",
+       "several ids (or --tp/--plan with --devices) load tensor-parallel, rank r onto the r-th "
+       "device, reading the checkpoint once",
+       "load each rank's share into pinned host memory, reading every byte of the checkpoint "
+       "once; with --devices, onto the devices (then it must equal the device count)",
+       "A tensor-parallel plan file (docs/loading.md): which tensors are split along which dim; "
+       "without one every tensor is replicated"},
+      run_load);
+  CLI::App& q = *a->cmd;
+  q.add_option("--to", a->to, "host (pinned memory) or device (streamed through the ring)")
       ->transform(kLowerCase)
       ->check(CLI::IsMember({"host", "device"}))
       ->capture_default_str();
-  add_integer_option(*q, "--ring-mib", a->ring_mib,
-                     "Pinned MiB of the staging ring (--to device), 1..65536", 1, 65536)
+  constexpr int64_t kMaxRingMib = static_cast<int64_t>(kLoadMaxRingBytes >> 20);
+  add_integer_option(
+      q, "--ring-mib", a->ring_mib,
+      "Pinned MiB of the staging ring (--to device), 1.." + std::to_string(kMaxRingMib), 1,
+      kMaxRingMib)
       ->capture_default_str();
-  q->add_flag("--direct", a->direct, "O_DIRECT reads (falls back, with a message, where refused)");
-  q->add_flag("--verify{all}", a->verify,
-              "Check every tensor's recorded xxh3-64 (on --to device, as read back from the "
-              "device); a tensor without one is an error. --verify=if-present checks those "
-              "that have one")
+  q.add_flag("--direct", a->direct, "O_DIRECT reads (falls back, with a message, where refused)");
+  q.add_flag("--verify{all}", a->verify,
+             "Check every tensor's recorded xxh3-64 (on --to device, as read back from the "
+             "device); a tensor without one is an error. --verify=if-present checks those "
+             "that have one")
       ->check(CLI::IsMember({"all", "if-present"}));
-  add_integer_option(*q, "--tp", a->tp,
-                     "Tensor-parallel ranks, 1..1024: load each rank's share into pinned host "
-                     "memory, reading every byte of the checkpoint once; with --devices, onto "
-                     "the devices (then it must equal the device count)",
-                     1, kTpMaxRanks);
-  q->add_option("--plan", a->plan,
-                "A tensor-parallel plan file (docs/loading.md): which tensors are split along "
-                "which dim; without one every tensor is replicated");
-  add_report_options(*q, a->report);
-  q->callback([a] { run_load(*a); });
 }
 
 void add_hash_command(CLI::App& app) {
-  struct HashArgs {
-    std::string path;
-    int threads = 0;
-    int64_t chunk_mib = 8;
-    ReportArgs report;
-    CLI::App* cmd = nullptr;
-  };
-  auto a = std::make_shared<HashArgs>();
+  auto a = std::make_shared<CheckpointArgs>();
   CLI::App* q = app.add_subcommand(
       "hash",
       "Record every tensor's xxh3-64 in a sidecar next to a checkpoint whose writer recorded "
       "none (a Hugging Face checkpoint), so that load --verify checks it from then on");
   a->cmd = q;
-  add_checkpoint_read_options(*q, a->path, a->threads, a->chunk_mib, "Reader threads");
+  add_checkpoint_read_options(*q, *a, "Reader threads");
   add_report_options(*q, a->report);
   q->callback([a] {
     check_report_args(a->report);
     const Checkpoint c = Checkpoint::open(a->path);
     check_out_option("the sidecar", hash_sidecar_path(c.path()));
-    CheckpointLoadOptions o;
-    o.threads = a->threads;
-    o.chunk_bytes = static_cast<uint64_t>(a->chunk_mib) << 20;
+    const CheckpointLoadOptions o = a->load_options();
     HashReport r;
     {
       ProgressTicker ticker(a->report, "hashing " + format_bytes(c.total_bytes()));
@@ -414,14 +386,13 @@ void add_hash_command(CLI::App& app) {
                  r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds / 1e9 : 0.0,
                  r.already_recorded ? "; the hashes its writer recorded match" : "");
     chatter(a->report, "sidecar: %s (load --verify reads it)\n", r.sidecar.c_str());
-    write_report(a->report,
-                 {{"path", c.path()},
-                  {"tensors", r.tensors},
-                  {"bytes", r.bytes},
-                  {"already_recorded", r.already_recorded},
-                  {"seconds", r.seconds},
-                  {"sidecar", r.sidecar}},
-                 collect_run_info(nullptr, command_options(*a->cmd)));
+    a->write({{"path", c.path()},
+              {"tensors", r.tensors},
+              {"bytes", r.bytes},
+              {"already_recorded", r.already_recorded},
+              {"seconds", r.seconds},
+              {"sidecar", r.sidecar}},
+             nullptr);
   });
 }
 

@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "pinstage/error.h"
 #include "pinstage/files.h"
+#include "pinstage/names.h"
 #include "pinstage/worker.h"
 
 namespace pinstage::cli {
@@ -126,19 +127,8 @@ void add_plot_command(CLI::App& app) {
 // ("A.json: config.arms is missing", "A.json: config.arms is a number, not an array").
 enum class Kind { object, array, string, number };
 
-const char* kind_name(Kind kind) {
-  switch (kind) {
-    case Kind::object:
-      return "an object";
-    case Kind::array:
-      return "an array";
-    case Kind::string:
-      return "a string";
-    case Kind::number:
-      return "a number";
-  }
-  return "?";
-}
+// In the enum's order.
+constexpr const char* kKindNames[] = {"an object", "an array", "a string", "a number"};
 
 // "a number", "an array", "null": what the value at a path is.
 std::string what_it_is(const nlohmann::json& value) {
@@ -156,7 +146,7 @@ const nlohmann::json& checked(const nlohmann::json& value, const std::string& fi
   if (!ok)
     throw Error(ErrorCode::invalid_argument, file + ": " + (where.empty() ? "the report" : where) +
                                                  " is " + what_it_is(value) + ", not " +
-                                                 kind_name(kind));
+                                                 enum_name(kind, kKindNames));
   return value;
 }
 

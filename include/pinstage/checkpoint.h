@@ -103,10 +103,17 @@ class PINSTAGE_API Checkpoint {
   std::vector<std::pair<std::string, std::string>> metadata_;
 };
 
+// The bounds of CheckpointLoadOptions: every load and hash_checkpoint refuses a value
+// outside them (Error(invalid_argument)), and the CLI's --threads, --chunk-mib and
+// --ring-mib take their ranges from here.
+inline constexpr int kLoadMaxThreads = 1024;                       // threads: 0..1024
+inline constexpr uint64_t kLoadMaxChunkBytes = uint64_t{4} << 30;  // chunk_bytes: 1..4 GiB
+inline constexpr uint64_t kLoadMaxRingBytes = uint64_t{64} << 30;  // ring_bytes: ..64 GiB
+
 // How a checkpoint is read.
 struct CheckpointLoadOptions {
-  int threads = 0;                           // reader threads; 0 = all cores; at most 1024
-  uint64_t chunk_bytes = uint64_t{8} << 20;  // one pread; > 0
+  int threads = 0;                           // reader threads; 0 = all cores
+  uint64_t chunk_bytes = uint64_t{8} << 20;  // one pread
   // O_DIRECT reads (page cache bypassed) in aligned chunks through a per-thread aligned
   // bounce buffer, since tensors start anywhere in a file. Where the file system refuses
   // O_DIRECT, the load falls back to buffered reads and says so in the report.

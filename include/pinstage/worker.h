@@ -260,6 +260,9 @@ class PINSTAGE_API QueueHandle {
 
  private:
   friend class Worker;
+  QueueHandle(std::shared_ptr<runtime::WorkerState> owner, void* handle) noexcept
+      : owner_(std::move(owner)), handle_(handle) {}
+
   std::shared_ptr<runtime::WorkerState> owner_;
   void* handle_ = nullptr;  // ps_stream* or ps_event*; null without async copies
 };

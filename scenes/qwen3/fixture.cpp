@@ -187,16 +187,10 @@ std::vector<TensorSpec> tensor_specs(const Config& config) {
 }
 
 Sizes sizes(const Config& config) {
-  Sizes s;
-  for (const TensorSpec& spec : tensor_specs(config)) {
-    ++s.tensors;
-    s.total_bytes += spec.nbytes;
-    if (spec.dir != Direction::out) {
-      ++s.input_tensors;
-      s.input_bytes += spec.nbytes;
-    }
-  }
-  return s;
+  std::vector<SceneTensor> tensors;
+  for (const TensorSpec& spec : tensor_specs(config))
+    tensors.push_back({spec.name, spec.dtype, spec.shape, spec.dir, spec.nbytes});
+  return task_sizes(tensors);  // counted as every scene's are
 }
 
 TaskArgs make_args(HostAllocator& allocator, const Config& config) {

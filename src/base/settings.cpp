@@ -5,7 +5,9 @@
 // naming the variable and what it accepts; nothing falls back to a default silently.
 #include "pinstage/settings.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <limits>
 
 #include "pinstage/backend/platform_abi.h"
@@ -201,32 +203,27 @@ std::vector<FaultSetting> setting_sim_faults() {
 }
 
 void check_settings() {
+  // The settings read by a typed reader (or, a path, as text); every other one is a
+  // choice among the words of its `accepts`.
+  struct Reader {
+    Setting id;
+    void (*read)();
+  };
+  static constexpr Reader kReaders[] = {
+      {Setting::num_threads, [] { setting_num_threads(); }},
+      {Setting::sim_device_capacity, [] { setting_sim_device_capacity(); }},
+      {Setting::host_cache_max, [] { setting_host_cache_max(); }},
+      {Setting::sim_fault, [] { setting_sim_faults(); }},
+      // Any non-empty path; the acl backend reports a bad one.
+      {Setting::acl_library, [] { setting_text(Setting::acl_library); }},
+  };
   for (const auto& s : kSettings) {
-    switch (s.id) {
-      case Setting::log:
-      case Setting::gen_isa:
-      case Setting::golden_isa:
-      case Setting::pin_policy:
-      case Setting::host_huge_pages:
-      case Setting::resident_check:
-        setting_choice(s.id);
-        break;
-      case Setting::num_threads:
-        setting_num_threads();
-        break;
-      case Setting::sim_device_capacity:
-        setting_sim_device_capacity();
-        break;
-      case Setting::host_cache_max:
-        setting_host_cache_max();
-        break;
-      case Setting::sim_fault:
-        setting_sim_faults();
-        break;
-      case Setting::acl_library:
-        setting_text(s.id);  // any non-empty path; the acl backend reports a bad one
-        break;
-    }
+    const auto* r = std::find_if(std::begin(kReaders), std::end(kReaders),
+                                 [&](const Reader& x) { return x.id == s.id; });
+    if (r != std::end(kReaders))
+      r->read();
+    else
+      setting_choice(s.id);
   }
 }
 

@@ -19,6 +19,7 @@
 #include "pinstage/atomic_file.h"
 #include "pinstage/error.h"
 #include "pinstage/files.h"
+#include "pinstage/names.h"
 #include "pinstage/safetensors.h"
 #include "tensor/strict_json.h"
 
@@ -118,15 +119,8 @@ std::vector<std::string> shard_files(const std::string& dir) {
 }  // namespace
 
 const char* checkpoint_layout_name(CheckpointLayout layout) {
-  switch (layout) {
-    case CheckpointLayout::single_file:
-      return "single_file";
-    case CheckpointLayout::indexed_directory:
-      return "indexed_directory";
-    case CheckpointLayout::shard_directory:
-      return "shard_directory";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"single_file", "indexed_directory", "shard_directory"};
+  return enum_name(layout, kNames);
 }
 
 CheckpointIndex parse_checkpoint_index(std::string_view text, const std::string& source) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "checkpoint/hash_sidecar.h"
+#include "checkpoint/load_internal.h"
 #include "pinstage/atomic_file.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/clock.h"
@@ -45,11 +46,8 @@ const nlohmann::json& member(const nlohmann::json& obj, const char* key, const s
 
 void only_keys(const nlohmann::json& obj, std::initializer_list<const char*> keys,
                const std::string& path, const std::string& where) {
-  for (const auto& item : obj.items()) {
-    bool known = false;
-    for (const char* k : keys) known = known || item.key() == k;
-    if (!known) sidecar_error(path, where + " has an unknown key " + shown(item.key()));
-  }
+  if (const auto key = detail::unknown_key(obj, keys))
+    sidecar_error(path, where + " has an unknown key " + shown(*key));
 }
 
 uint64_t whole_number(const nlohmann::json& v, const std::string& path, const std::string& where) {
@@ -141,10 +139,7 @@ void apply_hash_sidecar(const std::string& checkpoint_path,
 }  // namespace detail
 
 HashReport hash_checkpoint(const Checkpoint& checkpoint, const CheckpointLoadOptions& options) {
-  if (options.chunk_bytes == 0)
-    throw Error(ErrorCode::invalid_argument, "hash_checkpoint: chunk_bytes must be > 0");
-  if (options.threads < 0 || options.threads > 1024)
-    throw Error(ErrorCode::invalid_argument, "hash_checkpoint: threads must be in [0, 1024]");
+  detail::check_load_options(options, false, "hash_checkpoint");
   const Stopwatch clock;
   const auto& files = checkpoint.files();
   std::vector<int> fds(files.size(), -1);

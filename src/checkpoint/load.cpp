@@ -30,7 +30,6 @@ namespace pinstage {
 namespace {
 
 constexpr uint64_t kDirectAlign = 4096;  // O_DIRECT offset, length and address alignment
-constexpr int kMaxThreads = 1024;
 
 [[noreturn]] void read_error(const std::string& path, const std::string& what) {
   throw Error(ErrorCode::io, "checkpoint file '" + path + "': " + what);
@@ -40,17 +39,23 @@ constexpr int kMaxThreads = 1024;
 
 namespace detail {
 
-void check_load_options(const CheckpointLoadOptions& o, bool device) {
-  if (o.threads < 0 || o.threads > kMaxThreads)
-    throw Error(ErrorCode::invalid_argument, "checkpoint load: threads is " +
-                                                 std::to_string(o.threads) + "; it must be in 0.." +
-                                                 std::to_string(kMaxThreads) + " (0 = all cores)");
-  if (o.chunk_bytes == 0)
-    throw Error(ErrorCode::invalid_argument, "checkpoint load: the chunk size must be > 0 bytes");
+void check_load_options(const CheckpointLoadOptions& o, bool device, const char* what) {
+  const std::string prefix = std::string(what) + ": ";
+  if (o.threads < 0 || o.threads > kLoadMaxThreads)
+    throw Error(ErrorCode::invalid_argument,
+                prefix + "threads is " + std::to_string(o.threads) + "; it must be in 0.." +
+                    std::to_string(kLoadMaxThreads) + " (0 = all cores)");
+  if (o.chunk_bytes == 0 || o.chunk_bytes > kLoadMaxChunkBytes)
+    throw Error(ErrorCode::invalid_argument,
+                prefix + "the chunk size is " + std::to_string(o.chunk_bytes) +
+                    " bytes; it must be in 1.." + std::to_string(kLoadMaxChunkBytes));
+  if (device && o.ring_bytes > kLoadMaxRingBytes)
+    throw Error(ErrorCode::invalid_argument,
+                prefix + "the staging ring is " + std::to_string(o.ring_bytes) +
+                    " bytes; it must be at most " + std::to_string(kLoadMaxRingBytes));
   if (device && (o.ring_buffers < 2 || o.ring_bytes / std::max<size_t>(o.ring_buffers, 1) == 0))
     throw Error(ErrorCode::invalid_argument,
-                "checkpoint load: the staging ring needs at least 2 buffers of at least 1 byte, "
-                "got " +
+                prefix + "the staging ring needs at least 2 buffers of at least 1 byte, got " +
                     std::to_string(o.ring_buffers) + " buffers in " + std::to_string(o.ring_bytes) +
                     " bytes");
 }

@@ -11,9 +11,10 @@
 
 namespace pinstage::detail {
 
-// Error(invalid_argument) for threads outside 0..1024, a chunk of 0 bytes and (device) a
-// ring of fewer than 2 buffers.
-void check_load_options(const CheckpointLoadOptions& options, bool device);
+// Error(invalid_argument), its message starting with `what`, for a value outside the bounds
+// of checkpoint.h (kLoadMax*) and (device) a ring of fewer than 2 buffers.
+void check_load_options(const CheckpointLoadOptions& options, bool device,
+                        const char* what = "checkpoint load");
 // verify without verify_if_present: Error(invalid_argument) when some tensor has no
 // recorded hash, naming how many and the first.
 void check_verifiable(const Checkpoint& checkpoint,

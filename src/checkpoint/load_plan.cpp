@@ -136,11 +136,8 @@ namespace {
 
 void only_keys(const nlohmann::json& obj, std::initializer_list<const char*> keys,
                const std::string& source, const std::string& where) {
-  for (const auto& item : obj.items()) {
-    bool known = false;
-    for (const char* k : keys) known = known || item.key() == k;
-    if (!known) plan_error(source, where + " has an unknown key " + shown(item.key()));
-  }
+  if (const auto key = detail::unknown_key(obj, keys))
+    plan_error(source, where + " has an unknown key " + shown(*key));
 }
 
 // A whole JSON number in [lo, hi] (true, 1.0 and "1" are not).

@@ -45,14 +45,22 @@ bool AllocationTable::has(EntryKind kind, const void* ptr) const {
   return entries_[index(kind)].count(reinterpret_cast<uintptr_t>(ptr)) != 0;
 }
 
-std::vector<ps_allocation> AllocationTable::take_all(EntryKind kind) {
-  auto& map = entries_[index(kind)];
+namespace {
+
+// Empties a list and its byte count, returning its entries in address order.
+std::vector<ps_allocation> drain(std::map<uintptr_t, ps_allocation>& map, uint64_t& bytes) {
   std::vector<ps_allocation> all;
   all.reserve(map.size());
   for (const auto& [addr, entry] : map) all.push_back(entry);
   map.clear();
-  bytes_[index(kind)] = 0;
+  bytes = 0;
   return all;
+}
+
+}  // namespace
+
+std::vector<ps_allocation> AllocationTable::take_all(EntryKind kind) {
+  return drain(entries_[index(kind)], bytes_[index(kind)]);
 }
 
 void AllocationTable::add_failed(EntryKind kind, const ps_allocation& entry) {
@@ -61,13 +69,7 @@ void AllocationTable::add_failed(EntryKind kind, const ps_allocation& entry) {
 }
 
 std::vector<ps_allocation> AllocationTable::take_failed(EntryKind kind) {
-  auto& map = failed_[index(kind)];
-  std::vector<ps_allocation> all;
-  all.reserve(map.size());
-  for (const auto& [addr, entry] : map) all.push_back(entry);
-  map.clear();
-  failed_bytes_[index(kind)] = 0;
-  return all;
+  return drain(failed_[index(kind)], failed_bytes_[index(kind)]);
 }
 
 }  // namespace pinstage::runtime

@@ -386,18 +386,12 @@ void Worker::copy_to_host(void* dst, const DeviceBuffer& src, size_t src_offset,
 
 Stream Worker::create_stream() {
   const runtime::CallGuard guard = enter();
-  Stream stream;
-  stream.owner_ = state_;
-  stream.handle_ = create_queue_handle(*state_, QueueKind::stream);
-  return stream;
+  return Stream(state_, create_queue_handle(*state_, QueueKind::stream));
 }
 
 Event Worker::create_event() {
   const runtime::CallGuard guard = enter();
-  Event event;
-  event.owner_ = state_;
-  event.handle_ = create_queue_handle(*state_, QueueKind::event);
-  return event;
+  return Event(state_, create_queue_handle(*state_, QueueKind::event));
 }
 
 void Worker::copy_to_device_async(const DeviceBuffer& dst, size_t dst_offset, const void* src,

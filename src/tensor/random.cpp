@@ -160,10 +160,50 @@ float float_of(uint32_t u) {
   return f;
 }
 
+// ---- the polynomials, on one float or on 16 lanes (F = float or f32x16) -------------
+// One copy for the scalar reference and the portable vector path, so the two cannot drift
+// (-ffp-contract=off keeps each operation rounded alone). The AVX-512 path, in intrinsics,
+// stays the independent check that tests run against the scalar one.
+
+// s * q of the log: s = (m - 1) / (m + 1), q = Q0 + Q1 s^2 + Q2 s^4.
+template <typename F>
+__attribute__((always_inline)) inline void log_poly(const F& m, F& out) {
+  const F s = (m - 1.0f) / (m + 1.0f);
+  const F s2 = s * s;
+  F q = s2 * kQ2 + kQ1;
+  q = q * s2 + kQ0;
+  out = s * q;
+}
+
+// sin and cos of `an` in [-pi/4, pi/4].
+template <typename F>
+__attribute__((always_inline)) inline void sin_cos_poly(const F& an, F& sn, F& cs) {
+  const F a2 = an * an;
+  F ps = a2 * kS7 + kS5;
+  ps = ps * a2 + kS3;
+  sn = an + an * (a2 * ps);
+  F pc = a2 * kC6 + kC4;
+  pc = pc * a2 + kC2;
+  cs = pc * a2 + 1.0f;
+}
+
+template <typename F>
+__attribute__((always_inline)) inline void add_bias(F& v0, F& v1, float bias) {
+  if (bias != 0.0f) {
+    v0 = v0 + bias;
+    v1 = v1 + bias;
+  }
+}
+
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+
 // ---- scalar reference ------------------------------------------------------------
-// The intentional scalar twin of portable_math() below (and of the AVX-512 path): the
-// same operations in the same order on one pair, so tests can check every vector path
-// against it element by element. The repetition is the point; keep them in step.
+// The scalar twin of portable_math() below (and of the AVX-512 path): the same operations
+// in the same order on one pair, so tests can check every vector path against it element
+// by element.
 // The two stored values (half 0 and half 1) of the pair with hash words a and b.
 void scalar_pair(uint32_t a, uint32_t b, float sd, float bias, float* v0, float* v1) {
   // Radius.
@@ -171,43 +211,28 @@ void scalar_pair(uint32_t a, uint32_t b, float sd, float bias, float* v0, float*
   const int32_t bits = static_cast<int32_t>(bits_of(f));
   const int32_t e = (bits - kSqrtHalfBits) >> 23;
   const float m = float_of(static_cast<uint32_t>(bits - (e << 23)));
-  const float s = (m - 1.0f) / (m + 1.0f);
-  const float s2 = s * s;
-  float q = s2 * kQ2 + kQ1;
-  q = q * s2 + kQ0;
+  float t2;
+  log_poly(m, t2);
   const float t1 = static_cast<float>(24 - e) * kTwoLn2;
-  const float t2 = s * q;
   const float w = t1 + t2;
   const float rs = __builtin_sqrtf(w) * sd;
   // Angle.
   const uint32_t ta = b + (1u << 29);
   const uint32_t tb = b + (3u << 29);
   const float an = static_cast<float>(static_cast<int32_t>(b << 2) >> 2) * kAngleUnit;
-  const float a2 = an * an;
-  float ps = a2 * kS7 + kS5;
-  ps = ps * a2 + kS3;
-  const float sn = an + an * (a2 * ps);
-  float pc = a2 * kC6 + kC4;
-  pc = pc * a2 + kC2;
-  const float cs = pc * a2 + 1.0f;
+  float sn, cs;
+  sin_cos_poly(an, sn, cs);
   const bool swap = (ta & 0x40000000u) != 0;
   const uint32_t c = bits_of(swap ? sn : cs) ^ (tb & 0x80000000u);
   const uint32_t sv = bits_of(swap ? cs : sn) ^ (ta & 0x80000000u);
   float r0 = rs * float_of(c);
   float r1 = rs * float_of(sv);
-  if (bias != 0.0f) {
-    r0 = r0 + bias;
-    r1 = r1 + bias;
-  }
+  add_bias(r0, r1, bias);
   *v0 = r0;
   *v1 = r1;
 }
 
 // ---- portable vector path (GCC vector extensions, 16 lanes) -------------------------
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
 
 // The f32 math of one block from its hash words, stored at `out` (32 elements).
 template <bool kBf16>
@@ -217,12 +242,9 @@ __attribute__((always_inline)) inline void portable_math(const u32x16& a, const 
   const i32x16 bits = (i32x16)f;
   const i32x16 e = (bits - kSqrtHalfBits) >> 23;
   const f32x16 m = (f32x16)(bits - (e << 23));
-  const f32x16 s = (m - 1.0f) / (m + 1.0f);
-  const f32x16 s2 = s * s;
-  f32x16 q = s2 * kQ2 + kQ1;
-  q = q * s2 + kQ0;
+  f32x16 t2;
+  log_poly(m, t2);
   const f32x16 t1 = __builtin_convertvector(24 - e, f32x16) * kTwoLn2;
-  const f32x16 t2 = s * q;
   const f32x16 w = t1 + t2;
   f32x16 r;
   for (int l = 0; l < 16; ++l) r[l] = __builtin_sqrtf(w[l]);
@@ -230,22 +252,14 @@ __attribute__((always_inline)) inline void portable_math(const u32x16& a, const 
   const u32x16 ta = b + (1u << 29);
   const u32x16 tb = b + (3u << 29);
   const f32x16 an = __builtin_convertvector(((i32x16)(b << 2)) >> 2, f32x16) * kAngleUnit;
-  const f32x16 a2 = an * an;
-  f32x16 ps = a2 * kS7 + kS5;
-  ps = ps * a2 + kS3;
-  const f32x16 sn = an + an * (a2 * ps);
-  f32x16 pc = a2 * kC6 + kC4;
-  pc = pc * a2 + kC2;
-  const f32x16 cs = pc * a2 + 1.0f;
+  f32x16 sn, cs;
+  sin_cos_poly(an, sn, cs);
   const i32x16 swap = (i32x16)(ta & 0x40000000u) != 0;
   const u32x16 c = (swap ? (u32x16)sn : (u32x16)cs) ^ (tb & 0x80000000u);
   const u32x16 sv = (swap ? (u32x16)cs : (u32x16)sn) ^ (ta & 0x80000000u);
   f32x16 v0 = rs * (f32x16)c;
   f32x16 v1 = rs * (f32x16)sv;
-  if (bias != 0.0f) {
-    v0 = v0 + bias;
-    v1 = v1 + bias;
-  }
+  add_bias(v0, v1, bias);
   if constexpr (kBf16) {
     u32x16 b0 = (u32x16)v0, b1 = (u32x16)v1;
     b0 = (b0 + 0x7fffu + ((b0 >> 16) & 1u)) >> 16;
@@ -390,37 +404,50 @@ __attribute__((target(PINSTAGE_AVX512), always_inline)) inline void avx512_value
   }
 }
 
-// Software bf16 rounding (or f32 output) on AVX-512F/BW.
-template <bool kBf16, bool kBias>
-__attribute__((target(PINSTAGE_AVX512))) void avx512_blocks(void* out, uint64_t blk0,
-                                                            uint64_t nblocks, const Keys& k,
-                                                            float sd, float bias) {
+// Every block's values from the hash stream, handed to `store(blk, v0, v1)`: the one loop of
+// both AVX-512 outputs. `store` carries the caller's target (a lambda has none of its own).
+template <bool kBias, typename Store>
+__attribute__((target(PINSTAGE_AVX512), always_inline)) inline void avx512_each_block(
+    uint64_t blk0, uint64_t nblocks, const Keys& k, float sd, float bias, const Store& store) {
   Avx512Hash h = avx512_hash_init(blk0, k);
   for (uint64_t blk = 0; blk < nblocks; ++blk) {
     __m512i a, b;
     avx512_hash_next(h, a, b);
     __m512 v0, v1;
     avx512_values(a, b, sd, bias, kBias, v0, v1);
-    if constexpr (kBf16) {
-      const __m512i one_i = _mm512_set1_epi32(1);
-      const __m512i bias7 = _mm512_set1_epi32(0x7fff);
-      __m512i h0 = _mm512_castps_si512(v0), h1 = _mm512_castps_si512(v1);
-      h0 = _mm512_add_epi32(_mm512_add_epi32(h0, bias7),
-                            _mm512_and_si512(_mm512_srli_epi32(h0, 16), one_i));
-      h1 = _mm512_add_epi32(_mm512_add_epi32(h1, bias7),
-                            _mm512_and_si512(_mm512_srli_epi32(h1, 16), one_i));
-      // The high 16 bits of every lane of h0, then of h1.
-      const __m512i odd_words =
-          _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
-                           27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-      _mm512_storeu_si512(static_cast<uint16_t*>(out) + blk * kBlock,
-                          _mm512_permutex2var_epi16(h0, odd_words, h1));
-    } else {
-      auto* o = static_cast<float*>(out) + blk * kBlock;
-      _mm512_storeu_ps(o, v0);
-      _mm512_storeu_ps(o + 16, v1);
-    }
+    store(blk, v0, v1);
   }
+}
+
+// Software bf16 rounding (or f32 output) on AVX-512F/BW.
+template <bool kBf16, bool kBias>
+__attribute__((target(PINSTAGE_AVX512))) void avx512_blocks(void* out, uint64_t blk0,
+                                                            uint64_t nblocks, const Keys& k,
+                                                            float sd, float bias) {
+  avx512_each_block<kBias>(
+      blk0, nblocks, k, sd, bias,
+      [out](uint64_t blk, const __m512& v0, const __m512& v1)
+          __attribute__((target(PINSTAGE_AVX512))) {
+            if constexpr (kBf16) {
+              const __m512i one_i = _mm512_set1_epi32(1);
+              const __m512i bias7 = _mm512_set1_epi32(0x7fff);
+              __m512i h0 = _mm512_castps_si512(v0), h1 = _mm512_castps_si512(v1);
+              h0 = _mm512_add_epi32(_mm512_add_epi32(h0, bias7),
+                                    _mm512_and_si512(_mm512_srli_epi32(h0, 16), one_i));
+              h1 = _mm512_add_epi32(_mm512_add_epi32(h1, bias7),
+                                    _mm512_and_si512(_mm512_srli_epi32(h1, 16), one_i));
+              // The high 16 bits of every lane of h0, then of h1.
+              const __m512i odd_words =
+                  _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
+                                   31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+              _mm512_storeu_si512(static_cast<uint16_t*>(out) + blk * kBlock,
+                                  _mm512_permutex2var_epi16(h0, odd_words, h1));
+            } else {
+              auto* o = static_cast<float*>(out) + blk * kBlock;
+              _mm512_storeu_ps(o, v0);
+              _mm512_storeu_ps(o + 16, v1);
+            }
+          });
 }
 
 // bf16 output rounded by VCVTNE2PS2BF16 (round to nearest even, like the software
@@ -429,15 +456,13 @@ __attribute__((target(PINSTAGE_AVX512))) void avx512_blocks(void* out, uint64_t 
 template <bool kBias>
 __attribute__((target(PINSTAGE_AVX512 ",avx512bf16"))) void avx512bf16_blocks(
     void* out, uint64_t blk0, uint64_t nblocks, const Keys& k, float sd, float bias) {
-  Avx512Hash h = avx512_hash_init(blk0, k);
-  for (uint64_t blk = 0; blk < nblocks; ++blk) {
-    __m512i a, b;
-    avx512_hash_next(h, a, b);
-    __m512 v0, v1;
-    avx512_values(a, b, sd, bias, kBias, v0, v1);
-    _mm512_storeu_si512(static_cast<uint16_t*>(out) + blk * kBlock,
-                        (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
-  }
+  avx512_each_block<kBias>(
+      blk0, nblocks, k, sd, bias,
+      [out](uint64_t blk, const __m512& v0, const __m512& v1)
+          __attribute__((target(PINSTAGE_AVX512 ",avx512bf16"))) {
+            _mm512_storeu_si512(static_cast<uint16_t*>(out) + blk * kBlock,
+                                (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+          });
 }
 #pragma GCC diagnostic pop
 #endif  // PINSTAGE_GEN_X86

@@ -119,4 +119,14 @@ Json parse_strict_json(std::string_view text, const std::string& what, int max_d
   return sax.take();
 }
 
+std::optional<std::string> unknown_key(const nlohmann::json& obj,
+                                       std::initializer_list<const char*> keys) {
+  for (const auto& item : obj.items()) {
+    bool known = false;
+    for (const char* k : keys) known = known || item.key() == k;
+    if (!known) return item.key();
+  }
+  return std::nullopt;
+}
+
 }  // namespace pinstage::detail

@@ -2,7 +2,9 @@
 // index: one parser with the guards both need (internal to libpinstage).
 #pragma once
 
+#include <initializer_list>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -22,5 +24,10 @@ struct StrictJsonError {
 // would silently shadow the first), and invalid JSON. `what` names the document in the
 // message ("the header", "the index").
 nlohmann::json parse_strict_json(std::string_view text, const std::string& what, int max_depth);
+
+// The first key of the object `obj` that is not one of `keys`, or nullopt: the check every
+// file format with a closed set of keys makes (the hash sidecar, the tensor-parallel plan).
+std::optional<std::string> unknown_key(const nlohmann::json& obj,
+                                       std::initializer_list<const char*> keys);
 
 }  // namespace pinstage::detail
