@@ -36,25 +36,18 @@
 # step failed, 2 when refused before starting, 3 when no GPU is usable.
 set -uo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${OUT:-$ROOT/gpu-check-out}"
-BUILD="${PINSTAGE_CHECK_BUILD:-$ROOT/build-gpu}"
+# shellcheck source=scripts/lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+check_settings gpu 10
 DEPS="${PINSTAGE_CHECK_DEPS:-$ROOT/.deps}"
-LAYERS="${PINSTAGE_CHECK_LAYERS:-10}"
-GROUPS_N="${PINSTAGE_CHECK_GROUPS:-3}"
-ROUNDS="${PINSTAGE_CHECK_ROUNDS:-4}"
 PIN_MIB="${PINSTAGE_CHECK_PIN_MIB:-4096}"  # 4 GiB: the pool's cold vs warm figure (issue 20)
 LINK_MIB="${PINSTAGE_CHECK_LINK_MIB:-1024}"
 PREFAULT_MIB="${PINSTAGE_CHECK_PREFAULT_MIB:-2048}"
-JOBS="${PINSTAGE_CHECK_JOBS:-$(nproc)}"
 BUDGET="${PINSTAGE_CHECK_BUDGET_S:-420}"
-PREBUILT="${PINSTAGE_CHECK_PREBUILT:-0}"
 FAKE_GPU="${PINSTAGE_CHECK_FAKE_GPU:-}"
 CTEST_ARGS="${PINSTAGE_CHECK_CTEST_ARGS:--L ^(cuda|requires_gpu)$}"
 BENCH_TASK="${PINSTAGE_CHECK_BENCH_TASK:-qwen3-decode --layers $LAYERS}"
 MARK=".pinstage-gpu-check"
-
-refuse() { echo "gpu-check: $*" >&2; exit 2; }
 
 # Refused at once, before any output folder or build: minutes of a lent GPU must not go
 # on a build that cannot work.
@@ -63,9 +56,7 @@ if [ "$PREBUILT" != 1 ] && { [ ! -f "$DEPS/include/nlohmann/json.hpp" ] ||
   refuse "no $DEPS with include/nlohmann and include/CLI: run scripts/vendor-deps.sh on" \
     "the development machine and carry .deps/ along with the tree (docs/cuda.md)"
 fi
-for n in "$LAYERS" "$GROUPS_N" "$ROUNDS" "$PIN_MIB" "$LINK_MIB" "$PREFAULT_MIB" "$BUDGET"; do
-  [[ "$n" =~ ^[1-9][0-9]*$ ]] || refuse "every PINSTAGE_CHECK_* size must be a whole number >= 1, got '$n'"
-done
+whole_sizes "$LAYERS" "$GROUPS_N" "$ROUNDS" "$PIN_MIB" "$LINK_MIB" "$PREFAULT_MIB" "$BUDGET"
 # $OUT starts empty, so old results are never summarised as new.
 if [ -d "$OUT" ] && [ -n "$(ls -A "$OUT")" ]; then
   [ -f "$OUT/$MARK" ] || refuse "$OUT is not empty and was not made by this script: choose another OUT"

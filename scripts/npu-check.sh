@@ -19,19 +19,10 @@
 # failed, 2 when refused before starting, 3 when no Ascend runtime or device is usable.
 set -uo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${OUT:-$ROOT/npu-check-out}"
-BUILD="${PINSTAGE_CHECK_BUILD:-$ROOT/build-npu}"
-LAYERS="${PINSTAGE_CHECK_LAYERS:-40}"
-GROUPS_N="${PINSTAGE_CHECK_GROUPS:-3}"
-ROUNDS="${PINSTAGE_CHECK_ROUNDS:-4}"
-JOBS="${PINSTAGE_CHECK_JOBS:-$(nproc)}"
-PREBUILT="${PINSTAGE_CHECK_PREBUILT:-0}"
-
-refuse() { echo "npu-check: $*" >&2; exit 2; }
-for n in "$LAYERS" "$GROUPS_N" "$ROUNDS" "$JOBS"; do
-  [[ "$n" =~ ^[1-9][0-9]*$ ]] || refuse "every PINSTAGE_CHECK_* size must be a whole number >= 1, got '$n'"
-done
+# shellcheck source=scripts/lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+check_settings npu 40
+whole_sizes "$LAYERS" "$GROUPS_N" "$ROUNDS" "$JOBS"
 if [ -n "${PINSTAGE_ACL_LIBRARY:-}" ]; then
   echo "npu-check: note: PINSTAGE_ACL_LIBRARY=$PINSTAGE_ACL_LIBRARY is used for every step"
 fi

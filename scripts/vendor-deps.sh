@@ -8,16 +8,15 @@
 # Sources can be overridden: JSON_INCLUDE=/path CLI11_INCLUDE=/path GTEST_SRC=/path.
 set -euo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-dest="$root/.deps"
+# shellcheck source=scripts/lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+dest="$ROOT/.deps"
 json_src="${JSON_INCLUDE:-/usr/include}/nlohmann"
 cli_src="${CLI11_INCLUDE:-/usr/include}/CLI"
 gtest_src="${GTEST_SRC:-/usr/src/googletest}"
 
-die() { echo "vendor-deps: $*" >&2; exit 1; }
-
-[ -f "$json_src/json.hpp" ] || die "no nlohmann/json at $json_src (apt install nlohmann-json3-dev, or set JSON_INCLUDE)"
-[ -f "$cli_src/CLI.hpp" ] || die "no CLI11 at $cli_src (apt install libcli11-dev, or set CLI11_INCLUDE)"
+[ -f "$json_src/json.hpp" ] || fail 1 "no nlohmann/json at $json_src (apt install nlohmann-json3-dev, or set JSON_INCLUDE)"
+[ -f "$cli_src/CLI.hpp" ] || fail 1 "no CLI11 at $cli_src (apt install libcli11-dev, or set CLI11_INCLUDE)"
 
 mkdir -p "$dest/include"
 rm -rf "$dest/include/nlohmann" "$dest/include/CLI" "$dest/googletest"
