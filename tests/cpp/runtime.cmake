@@ -51,7 +51,4 @@ pinstage_add_gtest(test_runtime_concurrency
 add_dependencies(test_runtime_concurrency pinstage_backend_sim)
 
 # The fault sweep (issue 14): every backend call of a bind and a scene run fails in turn.
-pinstage_add_gtest(test_fault_sweep
-  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fault_sweep.cpp
-  LABELS runtime faults)
-add_dependencies(test_fault_sweep pinstage_backend_sim)
+pinstage_sim_gtest(test_fault_sweep LABELS runtime faults)

@@ -13,7 +13,4 @@ pinstage_add_gtest(test_fixture
   LABELS tensor)
 add_dependencies(test_fixture pinstage_backend_sim)
 
-pinstage_add_gtest(test_safetensors
-  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_safetensors.cpp
-  LABELS tensor)
-add_dependencies(test_safetensors pinstage_backend_sim)
+pinstage_sim_gtest(test_safetensors LABELS tensor)
