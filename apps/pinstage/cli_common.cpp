@@ -263,6 +263,11 @@ std::vector<std::pair<std::string, std::string>> command_options(const CLI::App&
   return all;
 }
 
+void keep_until_exit(std::shared_ptr<void> values) {
+  static std::vector<std::shared_ptr<void>> kept;  // the CLI parses on one thread
+  kept.push_back(std::move(values));
+}
+
 void finish_worker(Worker& worker) {
   worker.finalize();
   if (const uint64_t n = worker.free_failures(); n > 0)

@@ -153,6 +153,17 @@ struct CheckpointHelp {
 // PATH, --threads (0 = all cores) and --chunk-mib (MiB per pread): what hash reads with.
 void add_checkpoint_read_options(CLI::App& cmd, CheckpointArgs& args,
                                  const std::string& threads_help);
+// Keeps `values` until the program exits. A command's option values are owned there, not
+// by its callback alone: --dry-run replaces every callback, which would free them while
+// CLI11 still writes into them.
+void keep_until_exit(std::shared_ptr<void> values);
+// A new T for a command's option values, kept until exit (keep_until_exit).
+template <typename T>
+std::shared_ptr<T> command_values() {
+  auto values = std::make_shared<T>();
+  keep_until_exit(values);
+  return values;
+}
 // The read options, --backend, --backend-option, --devices, --tp N and --plan FILE: what
 // load and bench load share.
 void add_checkpoint_args(CLI::App& cmd, CheckpointArgs& args, const CheckpointHelp& help);
@@ -163,7 +174,7 @@ template <typename Args>
 std::shared_ptr<Args> add_checkpoint_command(CLI::App& parent, const std::string& name,
                                              const std::string& about, const CheckpointHelp& help,
                                              void (*run)(Args&)) {
-  auto args = std::make_shared<Args>();
+  auto args = command_values<Args>();
   CLI::App* cmd = parent.add_subcommand(name, about);
   add_checkpoint_args(*cmd, *args, help);
   add_report_options(*cmd, args->report);

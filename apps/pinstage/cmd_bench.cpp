@@ -322,7 +322,7 @@ void add_scene_bench(CLI::App& bench, const std::shared_ptr<const Scene>& scene)
     SceneValues values;
     int steps = 1;
   };
-  auto args = std::make_shared<Args>();
+  auto args = command_values<Args>();
   CLI::App* q = bench.add_subcommand(
       scene->name(), "A/B benchmark: bind the " + scene->name() +
                          " arguments from pageable vs pinned (vs staged) host memory, in "
@@ -356,7 +356,7 @@ void add_synthetic_bench(CLI::App& bench) {
     int64_t tensors = 4;
     std::string bytes = "64M";
   };
-  auto args = std::make_shared<Args>();
+  auto args = command_values<Args>();
   CLI::App* q = bench.add_subcommand(
       "synthetic", "A/B benchmark of a synthetic task: --tensors IN tensors of --bytes each");
   add_common_options(*q, args->common);

@@ -88,7 +88,7 @@ void run_demo(const DemoArgs& a) {
 
 void add_demo_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("demo", "Allocate, copy and finalize on a backend");
-  auto a = std::make_shared<DemoArgs>();
+  auto a = command_values<DemoArgs>();
   a->cmd = cmd;
   add_backend_args(*cmd, a->backend);
   add_devices_option(*cmd, a->devices, "demo takes one id");

@@ -262,7 +262,7 @@ void add_fixture_command(CLI::App& app) {
   CLI::App* fixture = app.add_subcommand("fixture", "Build a scene's arguments (fixture)");
   fixture->require_subcommand(1);
   for (const auto& scene : registered_scenes()) {
-    auto args = std::make_shared<FixtureArgs>();
+    auto args = command_values<FixtureArgs>();
     CLI::App* q = fixture->add_subcommand(
         scene->name(), scene->description() + ": prints bytes, seconds and GB/s");
     add_scene_options(*q, *scene, args->values, SizeDefault::automatic);

@@ -170,7 +170,7 @@ void run_info(const ReportArgs& report, const CLI::App& cmd) {
 void add_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "info", "Backends found (and whether a device is usable) and this machine's memory facts");
-  auto report = std::make_shared<ReportArgs>();
+  auto report = command_values<ReportArgs>();
   add_report_options(*cmd, *report);
   cmd->callback([cmd, report] { run_info(*report, *cmd); });
 }

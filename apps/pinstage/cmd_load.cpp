@@ -363,7 +363,7 @@ void add_load_command(CLI::App& app) {
 }
 
 void add_hash_command(CLI::App& app) {
-  auto a = std::make_shared<CheckpointArgs>();
+  auto a = command_values<CheckpointArgs>();
   CLI::App* q = app.add_subcommand(
       "hash",
       "Record every tensor's xxh3-64 in a sidecar next to a checkpoint whose writer recorded "

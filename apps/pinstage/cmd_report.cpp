@@ -98,7 +98,7 @@ void add_plot_command(CLI::App& app) {
     std::string out;
     ReportArgs json;
   };
-  auto a = std::make_shared<Args>();
+  auto a = command_values<Args>();
   CLI::App* cmd = app.add_subcommand(
       "plot",
       "Draw a report: an A/B bench (latency, upload GB/s and phases per arm), a bench load "
@@ -334,7 +334,7 @@ void add_bench_compare_command(CLI::App& bench) {
     std::vector<std::string> files;
     ReportArgs report;
   };
-  auto a = std::make_shared<Args>();
+  auto a = command_values<Args>();
   CLI::App* cmd = bench.add_subcommand(
       "compare", "Side-by-side change between two bench reports, the options that differ first");
   cmd->add_option("REPORTS", a->files, "A.json B.json")

@@ -186,7 +186,7 @@ void add_scene_command(CLI::App& app) {
   auto* scene_cmd = app.add_subcommand("scene", "Run a scene end to end and check it");
   scene_cmd->require_subcommand(1);
   for (const auto& scene : registered_scenes()) {
-    auto a = std::make_shared<SceneArgs>();
+    auto a = command_values<SceneArgs>();
     auto* cmd = scene_cmd->add_subcommand(scene->name(), scene->description());
     a->cmd = cmd;
     add_backend_args(*cmd, a->backend);

@@ -125,6 +125,21 @@ TEST(Cli, FixtureSizeOnlyDefaultsToTheWholeModel) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["layers"], 40);
 }
 
+// --dry-run replaces every command's callback; the values CLI11 writes into while parsing
+// must outlive it (they were owned by the callback alone once: a use after free that
+// crashed `bench load` and that ASan reports).
+TEST(Cli, DryRunParsesEveryValueOfACommand) {
+  for (const std::string line :
+       {"bench load /nonexistent/ckpt --rounds 2 --threads 2 --json -",
+        "load /nonexistent/ckpt --threads 2 --chunk-mib 4 --to device",
+        "scene qwen3-decode --layers 2",
+        "fixture qwen3-decode --layers 2 --seq-len 64 --out /nonexistent/x", "demo"}) {
+    const Result r = run("--dry-run " + line);
+    ASSERT_EQ(r.status, 0) << line << "\n" << r.all;
+    EXPECT_NE(r.out.find("parsed; nothing was run"), std::string::npos) << line << "\n" << r.all;
+  }
+}
+
 TEST(Cli, SceneJsonAndCaseInsensitiveChoices) {
   const Result r = run(std::string(kSmallScene) + " --storage PINNED --upload Direct --json -");
   ASSERT_EQ(r.status, 0) << r.all;
