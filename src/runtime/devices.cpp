@@ -9,6 +9,7 @@
 #include "pinstage/log.h"
 #include "pinstage/pages.h"
 #include "pinstage/worker.h"
+#include "runtime/given_once.h"
 #include "runtime/plugin.h"
 #include "runtime/worker_state.h"
 
@@ -24,9 +25,9 @@ ps_context_options context_options(const WorkerOptions& options, int host_numa_n
                                    std::vector<ps_config_entry>& entries) {
   entries.clear();
   for (const auto& [key, value] : options.config) {
-    for (const auto& e : entries)
-      if (key == e.key)
-        throw Error(ErrorCode::invalid_argument, "backend option '" + key + "' is given twice");
+    detail::check_given_once(
+        entries, [&](const ps_config_entry& e) { return key == e.key; },
+        "backend option '" + key + "'");
     entries.push_back({key.c_str(), value.c_str()});
   }
   return ps_context_options{.device_capacity_bytes = options.device_capacity_bytes,

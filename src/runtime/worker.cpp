@@ -33,6 +33,7 @@
 #include "pinstage/log.h"
 #include "pinstage/pages.h"
 #include "pinstage/settings.h"
+#include "runtime/given_once.h"
 #include "runtime/worker_state.h"
 
 namespace pinstage {
@@ -67,9 +68,9 @@ void add_backend_option(BackendConfig& config, std::string_view key_equals_value
     throw Error(ErrorCode::invalid_argument,
                 "backend option '" + std::string(key_equals_value) + "' is not key=value");
   std::string key(key_equals_value.substr(0, eq));
-  for (const auto& [k, v] : config)
-    if (k == key)
-      throw Error(ErrorCode::invalid_argument, "backend option '" + key + "' is given twice");
+  detail::check_given_once(
+      config, [&](const auto& entry) { return entry.first == key; },
+      "backend option '" + key + "'");
   config.emplace_back(std::move(key), std::string(key_equals_value.substr(eq + 1)));
 }
 

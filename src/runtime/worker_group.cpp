@@ -7,13 +7,14 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
-#include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "pinstage/settings.h"
+#include "runtime/given_once.h"
 
 namespace pinstage {
 
@@ -60,11 +61,9 @@ std::vector<int> parse_device_list(std::string_view text, const std::vector<Devi
         begin, comma == std::string_view::npos ? std::string_view::npos : comma - begin);
     const int id = static_cast<int>(
         parse_integer(item, 0, 1 << 20, "device list '" + std::string(text) + "': item"));
-    for (int seen : ids)
-      if (seen == id)
-        throw Error(ErrorCode::invalid_argument, "device list '" + std::string(text) +
-                                                     "': device " + std::to_string(id) +
-                                                     " is given twice");
+    detail::check_given_once(
+        ids, [&](int seen) { return seen == id; },
+        "device list '" + std::string(text) + "': device " + std::to_string(id));
     check_usable(find_device(devices, id));
     ids.push_back(id);
     if (comma == std::string_view::npos) break;
@@ -97,11 +96,10 @@ WorkerGroup::WorkerGroup(const std::string& backend, const std::vector<int>& dev
   const std::vector<DeviceInfo> listed = list_devices(backend, options.worker);
   std::vector<int> ids = devices;
   if (ids.empty()) ids = parse_device_list("all", listed);
-  std::set<int> seen;
-  for (int id : ids)
-    if (!seen.insert(id).second)
-      throw Error(ErrorCode::invalid_argument,
-                  "WorkerGroup: device " + std::to_string(id) + " is given twice");
+  for (size_t i = 0; i < ids.size(); ++i)
+    detail::check_given_once(
+        std::span(ids.data(), i), [&](int seen) { return seen == ids[i]; },
+        "WorkerGroup: device " + std::to_string(ids[i]));
   const std::vector<int> threads = split_threads(options.threads, ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     try {
@@ -125,17 +123,18 @@ WorkerGroup::WorkerGroup(const std::string& backend, const std::vector<int>& dev
 
 WorkerGroup::WorkerGroup(const std::vector<Worker*>& members, int threads)
     : state_(std::make_unique<State>()) {
-  std::set<std::pair<std::string, int>> seen;
   for (size_t i = 0; i < members.size(); ++i) {
     if (members[i] == nullptr)
       throw Error(ErrorCode::invalid_argument,
                   "WorkerGroup: member " + std::to_string(i) + " is null");
     require_chip_worker(*members[i], "WorkerGroup");
     const Worker& w = *members[i];
-    if (!seen.insert({w.backend().name, w.device_id()}).second)
-      throw Error(ErrorCode::invalid_argument, "WorkerGroup: device " +
-                                                   std::to_string(w.device_id()) + " of '" +
-                                                   w.backend().name + "' is given twice");
+    detail::check_given_once(
+        std::span(members.data(), i),
+        [&](const Worker* m) {
+          return m->device_id() == w.device_id() && m->backend().name == w.backend().name;
+        },
+        "WorkerGroup: device " + std::to_string(w.device_id()) + " of '" + w.backend().name + "'");
   }
   const std::vector<int> split = split_threads(threads, members.size());
   for (size_t i = 0; i < members.size(); ++i) {
