@@ -34,8 +34,8 @@ struct BenchArgs {
   bool keep_cold = false;
   bool no_baseline = false;
   bool no_plot = false;
-  size_t staging_buffers = 4;
-  size_t staging_buffer_mib = 8;
+  size_t staging_buffers = BindOptions{}.staging_buffers;  // the library's defaults
+  size_t staging_buffer_mib = BindOptions{}.staging_buffer_bytes >> 20;
   const CLI::App* cmd = nullptr;  // for the report's option list
 };
 
@@ -268,12 +268,17 @@ void add_common_options(CLI::App& q, BenchArgs& args) {
   q.add_flag("--keep-cold", args.keep_cold,
              "Keep the first (cold) bind of every arm in the statistics");
   q.add_flag("--no-baseline", args.no_baseline, "Skip the plain memcpy baseline rounds");
-  // BindOptions' ranges (validate in bind.h), checked here while parsing.
-  add_integer_option(q, "--staging-buffers", args.staging_buffers,
-                     "Staging ring buffers (staged arm), 1..64", 1, 64)
+  // BindOptions' ranges (bind.h, the ones validate() enforces), checked here while parsing.
+  constexpr size_t kMaxMib = kBindMaxStagingBufferBytes >> 20;
+  add_integer_option(
+      q, "--staging-buffers", args.staging_buffers,
+      "Staging ring buffers (staged arm), 1.." + std::to_string(kBindMaxStagingBuffers), 1,
+      static_cast<int64_t>(kBindMaxStagingBuffers))
       ->capture_default_str();
-  add_integer_option(q, "--staging-buffer-mib", args.staging_buffer_mib,
-                     "Size of each staging buffer in MiB (staged arm), 1..1024", 1, 1024)
+  add_integer_option(
+      q, "--staging-buffer-mib", args.staging_buffer_mib,
+      "Size of each staging buffer in MiB (staged arm), 1.." + std::to_string(kMaxMib), 1,
+      static_cast<int64_t>(kMaxMib))
       ->capture_default_str();
   add_report_options(q, args.report);
   q.add_flag("--no-plot", args.no_plot, "Do not draw the PNG next to the --json report");

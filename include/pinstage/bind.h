@@ -70,6 +70,12 @@ struct BindOptions {
 #undef PINSTAGE_BIND_OPTION_MEMBER_
 };
 
+// The upper bounds validate() enforces (each lower bound is 1), for a front end that checks
+// while it parses: the CLI's --staging-buffers and --staging-buffer-mib.
+inline constexpr size_t kBindMaxStagingBuffers = 64;
+inline constexpr size_t kBindMaxStagingBufferBytes = size_t{1} << 30;
+inline constexpr size_t kBindMaxArenaAlignment = 4096;
+
 // Throws Error(invalid_argument) naming the bad option and its valid range.
 PINSTAGE_API void validate(const BindOptions& options);
 

@@ -321,13 +321,11 @@ void BindRun::fail(const std::exception& e) {
 }  // namespace detail
 
 void validate(const BindOptions& options) {
-  constexpr size_t kMaxStagingBuffers = 64;
-  constexpr size_t kMaxStagingBufferBytes = size_t{1} << 30;
-  if (options.staging_buffers < 1 || options.staging_buffers > kMaxStagingBuffers)
+  if (options.staging_buffers < 1 || options.staging_buffers > kBindMaxStagingBuffers)
     throw Error(ErrorCode::invalid_argument,
                 "BindOptions.staging_buffers is " + std::to_string(options.staging_buffers) +
                     "; it must be in [1, 64] (2 or more let host and device copies overlap)");
-  if (options.staging_buffer_bytes < 1 || options.staging_buffer_bytes > kMaxStagingBufferBytes)
+  if (options.staging_buffer_bytes < 1 || options.staging_buffer_bytes > kBindMaxStagingBufferBytes)
     throw Error(ErrorCode::invalid_argument,
                 "BindOptions.staging_buffer_bytes is " +
                     format_thousands(options.staging_buffer_bytes) +
@@ -336,7 +334,7 @@ void validate(const BindOptions& options) {
     throw Error(ErrorCode::invalid_argument,
                 "BindOptions.chunk_bytes is 0; it must be at least 1 (default 1 GiB)");
   const size_t a = options.arena_alignment;
-  if (a < 1 || a > 4096 || (a & (a - 1)) != 0)
+  if (a < 1 || a > kBindMaxArenaAlignment || (a & (a - 1)) != 0)
     throw Error(ErrorCode::invalid_argument,
                 "BindOptions.arena_alignment is " + std::to_string(a) +
                     "; it must be a power of two in [1, 4096] (default 256)");
