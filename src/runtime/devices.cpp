@@ -24,11 +24,12 @@ const Plugin& acquire_plugin(const std::string& backend, const WorkerOptions& op
 ps_context_options context_options(const WorkerOptions& options, int host_numa_node,
                                    std::vector<ps_config_entry>& entries) {
   entries.clear();
-  for (const auto& [key, value] : options.config) {
+  for (const auto& entry : options.config) {
+    const std::string& key = entry.first;  // not a binding: clang 14's lambdas cannot take one
     detail::check_given_once(
         entries, [&](const ps_config_entry& e) { return key == e.key; },
         "backend option '" + key + "'");
-    entries.push_back({key.c_str(), value.c_str()});
+    entries.push_back({key.c_str(), entry.second.c_str()});
   }
   return ps_context_options{.device_capacity_bytes = options.device_capacity_bytes,
                             .config = entries.data(),
