@@ -3,6 +3,9 @@
 # number of executions:
 #   scripts/fuzz.sh TARGET BUDGET [BUILD_DIR]   BUDGET: 60 or 60s (seconds), 100000runs
 #   scripts/fuzz.sh --list                      the targets that exist
+#   scripts/fuzz.sh --build [BUILD_DIR]         configure and build every target
+# With PINSTAGE_FUZZ_BUILT=1 a run does not build (the caller did, with --build): several
+# runs at once then never share a ninja.
 # A run count is steadier for CI (the same work whatever the machine's load); seconds
 # suit a long search by hand.
 # Configures and builds fuzz/ with clang in BUILD_DIR (default <root>/build-fuzz) when
@@ -13,6 +16,20 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 if [ "${1:-}" = "--list" ]; then
   for f in "$root"/fuzz/fuzz_*.cpp; do basename "$f" .cpp; done
+  exit 0
+fi
+configure() {
+  [ ! -f "$1/build.ninja" ] || return 0
+  source "$root/scripts/ccache-env.sh"
+  cmake -S "$root/fuzz" -B "$1" -G Ninja -DCMAKE_CXX_COMPILER=clang++ "${launcher[@]}" \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+    >"$1.configure.log" 2>&1 || { cat "$1.configure.log"; exit 1; }
+}
+if [ "${1:-}" = "--build" ]; then
+  build=${2:-$root/build-fuzz}
+  configure "$build"
+  mapfile -t targets < <("$0" --list)
+  ninja -C "$build" --quiet "${targets[@]}"
   exit 0
 fi
 [ $# -ge 2 ] || { echo "usage: $0 TARGET BUDGET [BUILD_DIR] | --list" >&2; exit 2; }
@@ -30,13 +47,10 @@ else
   echo "BUDGET must be seconds (60, 60s) or executions (100000runs), got '$budget'" >&2; exit 2
 fi
 
-if [ ! -f "$build/build.ninja" ]; then
-  source "$root/scripts/ccache-env.sh"
-  cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ "${launcher[@]}" \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build.configure.log" 2>&1 \
-    || { cat "$build.configure.log"; exit 1; }
+if [ "${PINSTAGE_FUZZ_BUILT:-}" != 1 ]; then
+  configure "$build"
+  ninja -C "$build" --quiet "$target"
 fi
-ninja -C "$build" "$target" >/dev/null
 
 work="$build/corpus/$target" findings="$build/findings"
 mkdir -p "$work" "$findings"

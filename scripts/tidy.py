@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Runs clang-tidy over files, one process a core, skipping a file whose last clean run
+had the same input.
+
+    scripts/tidy.py BUILD_DIR [--checks CHECKS] FILE...
+
+A clean file is remembered under ${XDG_CACHE_HOME:-~/.cache}/pinstage/tidy by a hash of
+its preprocessed text with comments (so every header it includes, and each NOLINT), the
+.clang-tidy files that apply to it, --checks and clang-tidy's version. A warm CI run then tidies only what changed: the
+cold run costs minutes (CLI11's and pybind11's headers), the warm one seconds. Files with
+findings are never remembered. Exits 1 if any file has a finding, printing them.
+"""
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+
+
+def config_files(source: pathlib.Path, root: pathlib.Path):
+    """The .clang-tidy files from the source's folder up to the tree's root."""
+    found, folder = [], source.parent
+    while True:
+        if (folder / ".clang-tidy").is_file():
+            found.append(folder / ".clang-tidy")
+        if folder == root or folder == folder.parent:
+            return found
+        folder = folder.parent
+
+
+def preprocessed(entry, root: pathlib.Path) -> bytes:
+    """The file's text after the preprocessor, with its build's flags: comments kept (a
+    NOLINT is one) and line markers too (line counts are a check), the tree's folder
+    taken out of them so that any clone of the same text has the same key."""
+    args = entry["arguments"] if "arguments" in entry else shlex.split(entry["command"])
+    out = args.index("-o")
+    args = args[:out] + args[out + 2:]  # no object file: -E writes to stdout
+    done = subprocess.run(args + ["-E", "-C"], cwd=entry["directory"], capture_output=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"preprocessing {entry['file']} failed:\n{done.stderr.decode()}")
+    return done.stdout.replace(str(root).encode(), b"<root>")
+
+
+def key(entry, source, root, checks, version) -> str:
+    h = hashlib.sha256(version.encode())
+    h.update(checks.encode() + b"\0" + str(source.relative_to(root)).encode() + b"\0")
+    for config in config_files(source, root):
+        h.update(config.read_bytes())
+    h.update(preprocessed(entry, root))
+    return h.hexdigest()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("build")
+    parser.add_argument("--checks", default="")
+    parser.add_argument("files", nargs="+")
+    a = parser.parse_args()
+    root = pathlib.Path(__file__).resolve().parent.parent
+    build = pathlib.Path(a.build).resolve()
+    entries = {str(pathlib.Path(e["file"]).resolve()): e
+               for e in json.loads((build / "compile_commands.json").read_text())}
+    version = subprocess.run(["clang-tidy", "--version"], capture_output=True,
+                             text=True, check=True).stdout
+    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
+    cache = cache / "pinstage" / "tidy"
+    cache.mkdir(parents=True, exist_ok=True)
+    extra = [f"--checks={a.checks}"] if a.checks else []
+
+    def one(name):
+        source = (root / name).resolve()
+        entry = entries.get(str(source))
+        if entry is None:
+            return name, False, f"{name}: not in {build}/compile_commands.json\n"
+        mark = cache / key(entry, source, root, a.checks, version)
+        if mark.exists():
+            return name, True, None
+        done = subprocess.run(["clang-tidy", "-p", str(build), "--quiet", *extra, str(source)],
+                              capture_output=True, text=True)
+        if done.returncode == 0:
+            mark.touch()
+            return name, False, None
+        return name, False, done.stdout + done.stderr
+
+    failed, cached = 0, 0
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        for name, hit, finding in pool.map(one, a.files):
+            cached += hit
+            if finding is not None:
+                failed += 1
+                lines = [ln for ln in finding.splitlines() if "warnings generated" not in ln]
+                print("\n".join(lines), flush=True)
+    print(f"tidy.py: {len(a.files)} files, {cached} unchanged since a clean run, "
+          f"{failed} with findings")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
