@@ -3,9 +3,13 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
+#include <fstream>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "pinstage/error.h"
@@ -51,6 +55,16 @@ inline std::vector<unsigned char> pattern(size_t n, unsigned seed) {
   std::vector<unsigned char> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 2654435761u + seed) >> 7);
   return v;
+}
+
+// A sparse file at `p` whose 8-byte length claims a safetensors header of `header_bytes`
+// and whose size holds it: the header limit's test without writing the header. False when
+// the file could not be sized.
+inline bool write_claimed_header(const std::string& p, uint64_t header_bytes) {
+  std::string len(8, '\0');
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((header_bytes >> (8 * i)) & 0xff);
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << len;
+  return ::truncate(p.c_str(), static_cast<off_t>(8 + header_bytes)) == 0;
 }
 
 // The Error `fn` throws; fails the test when it throws none.

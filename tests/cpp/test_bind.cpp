@@ -336,29 +336,26 @@ TEST_P(BindFailure, ReleasesEverythingAndNamesTheStep) {
   expect_nothing_held(pinned_before);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Faults, BindFailure,
-    ::testing::Values(FailureCase{"arena_alloc", FaultKind::device_malloc, 1, DeviceLayout::arena,
-                                  UploadPath::direct, BindPhase::device_alloc, ""},
-                      FailureCase{"per_tensor_alloc_3", FaultKind::device_malloc, 3,
-                                  DeviceLayout::per_tensor, UploadPath::direct,
-                                  BindPhase::device_alloc, "bias"},
-                      // The ring's buffers share one pool segment: its one host_alloc.
-                      FailureCase{"ring_alloc", FaultKind::host_alloc, 1, DeviceLayout::arena,
-                                  UploadPath::staged, BindPhase::device_alloc, ""},
-                      FailureCase{"upload_1", FaultKind::copy_h2d, 1, DeviceLayout::arena,
-                                  UploadPath::direct, BindPhase::upload, "w"},
-                      FailureCase{"upload_2", FaultKind::copy_h2d, 2, DeviceLayout::per_tensor,
-                                  UploadPath::direct, BindPhase::upload, "cache"},
-                      FailureCase{"upload_3_staged", FaultKind::copy_h2d, 3, DeviceLayout::arena,
-                                  UploadPath::staged, BindPhase::upload, "bias"},
-                      FailureCase{"execute", FaultKind::execute, 1, DeviceLayout::arena,
-                                  UploadPath::direct, BindPhase::execute, ""},
-                      FailureCase{"download_1", FaultKind::copy_d2h, 1, DeviceLayout::arena,
-                                  UploadPath::direct, BindPhase::download, "cache"},
-                      FailureCase{"download_2", FaultKind::copy_d2h, 2, DeviceLayout::per_tensor,
-                                  UploadPath::staged, BindPhase::download, "out"}),
-    [](const auto& info) { return std::string(info.param.label); });
+// Every step a fault can stop a bind at, a case a line.
+std::vector<FailureCase> failure_cases() {
+  using enum DeviceLayout;
+  using enum UploadPath;
+  using K = FaultKind;
+  using P = BindPhase;
+  return {{"arena_alloc", K::device_malloc, 1, arena, direct, P::device_alloc, ""},
+          {"per_tensor_alloc_3", K::device_malloc, 3, per_tensor, direct, P::device_alloc, "bias"},
+          // The ring's buffers share one pool segment: its one host_alloc.
+          {"ring_alloc", K::host_alloc, 1, arena, staged, P::device_alloc, ""},
+          {"upload_1", K::copy_h2d, 1, arena, direct, P::upload, "w"},
+          {"upload_2", K::copy_h2d, 2, per_tensor, direct, P::upload, "cache"},
+          {"upload_3_staged", K::copy_h2d, 3, arena, staged, P::upload, "bias"},
+          {"execute", K::execute, 1, arena, direct, P::execute, ""},
+          {"download_1", K::copy_d2h, 1, arena, direct, P::download, "cache"},
+          {"download_2", K::copy_d2h, 2, per_tensor, staged, P::download, "out"}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, BindFailure, ::testing::ValuesIn(failure_cases()),
+                         [](const auto& info) { return std::string(info.param.label); });
 
 // verify_upload reads every uploaded tensor back and catches a corrupted upload (the
 // sim fault hook flips the middle byte of the nth host-to-device copy), naming it.

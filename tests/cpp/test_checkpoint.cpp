@@ -124,9 +124,10 @@ class CheckpointTest : public test::TempDirTest {
  protected:
   CheckpointTest() : TempDirTest("ckpt") {}
 
-  // Three shards of every_dtype() with an index.
-  std::string indexed(const std::string& name = "model") {
-    const std::string d = path(name);
+  // Three shards of every_dtype() with an index, which `edit` may change before it is
+  // written (a test of a bad index).
+  std::string indexed(const std::function<void(nlohmann::ordered_json&)>& edit = {}) {
+    const std::string d = path("model");
     fs::create_directories(d);
     const auto all = every_dtype();
     nlohmann::ordered_json index = {{"metadata", {{"total_size", 0}}},
@@ -138,8 +139,17 @@ class CheckpointTest : public test::TempDirTest {
       write_raw(d + "/" + shard, part, s * 6);
       for (const Raw& r : part) index["weight_map"][r.name] = shard;
     }
+    if (edit) edit(index);
     write_bytes(d + "/" + kCheckpointIndexName, index.dump());
     return d;
+  }
+
+  // m.safetensors of `count` U8 tensors w0, w1, ... of `bytes` each, opened.
+  Checkpoint u8_file(int count, int64_t bytes) {
+    std::vector<Raw> raws;
+    for (int i = 0; i < count; ++i) raws.push_back({"w" + std::to_string(i), "U8", {bytes}});
+    write_raw(path("m.safetensors"), raws);
+    return Checkpoint::open(path("m.safetensors"));
   }
 };
 
@@ -529,10 +539,7 @@ TEST_F(CheckpointTest, DeviceLoadDefaultRingIs64MiB) {
 // `done` increase to the total; an exception it throws stops the load as a failed read
 // does, with no further call and nothing left allocated.
 TEST_F(CheckpointTest, ProgressIsMonotonicAndItsExceptionStopsTheLoad) {
-  std::vector<Raw> raws;
-  for (int i = 0; i < 8; ++i) raws.push_back({"w" + std::to_string(i), "U8", {1 << 16}});
-  write_raw(path("m.safetensors"), raws);
-  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  const Checkpoint c = u8_file(8, 1 << 16);
   Worker worker;
   worker.init("sim");
   PinnedAllocator pinned(worker);
@@ -566,10 +573,7 @@ TEST_F(CheckpointTest, ProgressIsMonotonicAndItsExceptionStopsTheLoad) {
 }
 
 TEST_F(CheckpointTest, ReadFaultLeavesNothingAllocatedOrLocked) {
-  std::vector<Raw> raws;
-  for (int i = 0; i < 4; ++i) raws.push_back({"w" + std::to_string(i), "U8", {1 << 20}});
-  write_raw(path("m.safetensors"), raws);
-  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  const Checkpoint c = u8_file(4, 1 << 20);
   ASSERT_EQ(::truncate(path("m.safetensors").c_str(), static_cast<off_t>(c.files()[0].size - 10)),
             0);
   Worker worker;
@@ -598,10 +602,7 @@ TEST_F(CheckpointTest, ReadFaultLeavesNothingAllocatedOrLocked) {
 }
 
 TEST_F(CheckpointTest, UploadFaultLeavesNothingAllocatedOrLocked) {
-  std::vector<Raw> raws;
-  for (int i = 0; i < 4; ++i) raws.push_back({"w" + std::to_string(i), "U8", {1 << 20}});
-  write_raw(path("m.safetensors"), raws);
-  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  const Checkpoint c = u8_file(4, 1 << 20);
   Worker worker;
   worker.init("sim");
   const uint64_t locked = locked_kib();
@@ -695,10 +696,7 @@ TEST_F(CheckpointTest, DeviceVerifyReadsBackWhatItChecksAndCountsTheRest) {
 // The nth upload flips a byte on the device after the host side hashed clean: only a
 // check of what arrived sees it.
 TEST_F(CheckpointTest, DeviceVerifyCatchesACopyThatDamagedBytesOnTheDevice) {
-  std::vector<Raw> raws;
-  for (int i = 0; i < 3; ++i) raws.push_back({"w" + std::to_string(i), "U8", {64 << 10}});
-  write_raw(path("m.safetensors"), raws);
-  const Checkpoint c = Checkpoint::open(path("m.safetensors"));
+  const Checkpoint c = u8_file(3, 64 << 10);
   Worker worker;
   worker.init("sim");
   CheckpointLoadOptions o;
@@ -910,27 +908,20 @@ TEST_F(CheckpointTest, TruncatedShard) {
 }
 
 TEST_F(CheckpointTest, IndexPutsATensorInTheWrongShard) {
-  const std::string d = indexed();
-  auto index = nlohmann::ordered_json::parse(read_bytes(d + "/" + kCheckpointIndexName));
-  index["weight_map"]["u8"] = "model-00002-of-00003.safetensors";
-  write_bytes(d + "/" + kCheckpointIndexName, index.dump());
+  const std::string d =
+      indexed([](auto& index) { index["weight_map"]["u8"] = "model-00002-of-00003.safetensors"; });
   expect_error([&] { Checkpoint::open(d); },
                {"model-00001-of-00003.safetensors", "'u8'", "model-00002-of-00003"});
 }
 
 TEST_F(CheckpointTest, ShardHoldsATensorTheIndexDoesNotList) {
-  const std::string d = indexed();
-  auto index = nlohmann::ordered_json::parse(read_bytes(d + "/" + kCheckpointIndexName));
-  index["weight_map"].erase("i16");
-  write_bytes(d + "/" + kCheckpointIndexName, index.dump());
+  const std::string d = indexed([](auto& index) { index["weight_map"].erase("i16"); });
   expect_error([&] { Checkpoint::open(d); }, {"'i16'", "does not match the index"});
 }
 
 TEST_F(CheckpointTest, IndexListsATensorNoShardHolds) {
-  const std::string d = indexed();
-  auto index = nlohmann::ordered_json::parse(read_bytes(d + "/" + kCheckpointIndexName));
-  index["weight_map"]["ghost"] = "model-00001-of-00003.safetensors";
-  write_bytes(d + "/" + kCheckpointIndexName, index.dump());
+  const std::string d = indexed(
+      [](auto& index) { index["weight_map"]["ghost"] = "model-00001-of-00003.safetensors"; });
   expect_error([&] { Checkpoint::open(d); }, {"'ghost'", "model-00001-of-00003", "does not hold"});
 }
 
@@ -976,12 +967,7 @@ TEST_F(CheckpointTest, UnknownDtype) {
 }
 
 TEST_F(CheckpointTest, HeaderTooLarge) {
-  const uint64_t n = uint64_t{101} << 20;
-  std::string len(8, '\0');
-  uint64_t v = n;
-  for (int i = 0; i < 8; ++i, v >>= 8) len[i] = static_cast<char>(v & 0xff);
-  write_bytes(path("m.safetensors"), len);
-  ASSERT_EQ(::truncate(path("m.safetensors").c_str(), static_cast<off_t>(8 + n)), 0);
+  ASSERT_TRUE(test::write_claimed_header(path("m.safetensors"), uint64_t{101} << 20));
   expect_error([&] { Checkpoint::open(path("m.safetensors")); }, {"m.safetensors", "100 MiB"});
 }
 

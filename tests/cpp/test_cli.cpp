@@ -175,6 +175,11 @@ TEST(Cli, BackendOptionIsParsedStrictly) {
 // work. `rest` makes the command otherwise cheap, or failing in another way (`--json ''`
 // where an accepted value would start a long run).
 TEST(Cli, EveryNumericOptionIsParsedStrictly) {
+  // The rests that several rows share, and the int range most counts take.
+  const char* tiny = "--tensors 1 --bytes 4K --quiet";
+  const char* staged = "--tensors 1 --bytes 4K --arms staged --quiet";
+  const char* scene = "--layers 1 --seq-len 64 --skip-golden --quiet --json ''";
+  const int64_t int_max = 2147483647;
   const struct {
     const char* command;
     const char* option;
@@ -182,12 +187,10 @@ TEST(Cli, EveryNumericOptionIsParsedStrictly) {
     const char* rest;
   } options[] = {
       {"demo", "--mib", 1, 1 << 20, ""},
-      {"bench synthetic", "--groups", 1, 2147483647, "--tensors 1 --bytes 4K --quiet"},
-      {"bench synthetic", "--rounds", 1, 2147483647, "--tensors 1 --bytes 4K --quiet"},
-      {"bench synthetic", "--staging-buffers", 1, 64,
-       "--tensors 1 --bytes 4K --arms staged --quiet"},
-      {"bench synthetic", "--staging-buffer-mib", 1, 1024,
-       "--tensors 1 --bytes 4K --arms staged --quiet"},
+      {"bench synthetic", "--groups", 1, int_max, tiny},
+      {"bench synthetic", "--rounds", 1, int_max, tiny},
+      {"bench synthetic", "--staging-buffers", 1, 64, staged},
+      {"bench synthetic", "--staging-buffer-mib", 1, 1024, staged},
       {"bench synthetic", "--tensors", 1, 65536, "--bytes 4K --quiet"},
       {"bench qwen3-decode", "--seq-len", INT64_MIN, INT64_MAX, "--layers 1 --quiet"},
       {"bench load /nonexistent", "--rounds", 1, 1000, "--quiet"},
@@ -197,11 +200,9 @@ TEST(Cli, EveryNumericOptionIsParsedStrictly) {
       {"load /nonexistent", "--chunk-mib", 1, 4096, "--quiet"},
       {"load /nonexistent", "--ring-mib", 1, 65536, "--quiet"},
       {"fixture qwen3-decode", "--threads", 0, 4096, "--layers 1 --size-only --quiet"},
-      {"fixture qwen3-decode", "--repeat", 1, 2147483647, "--layers 1 --quiet --json ''"},
-      {"scene qwen3-decode", "--threads", 0, 4096,
-       "--layers 1 --seq-len 64 --skip-golden --quiet --json ''"},
-      {"scene qwen3-decode", "--rounds", 1, 2147483647,
-       "--layers 1 --seq-len 64 --skip-golden --quiet --json ''"},
+      {"fixture qwen3-decode", "--repeat", 1, int_max, "--layers 1 --quiet --json ''"},
+      {"scene qwen3-decode", "--threads", 0, 4096, scene},
+      {"scene qwen3-decode", "--rounds", 1, int_max, scene},
   };
   for (const auto& o : options) {
     const std::string range = "[" + std::to_string(o.min) + ", " + std::to_string(o.max) + "]";

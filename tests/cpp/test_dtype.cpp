@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 
 #include "pinstage/dtype.h"
 #include "pinstage/safetensors.h"
@@ -26,25 +27,14 @@ uint32_t bits(float f) {
 }
 
 TEST(DType, SizesAndNames) {
-  EXPECT_EQ(dtype_size(DType::bf16), 2u);
-  EXPECT_EQ(dtype_size(DType::f16), 2u);
-  EXPECT_EQ(dtype_size(DType::f32), 4u);
-  EXPECT_EQ(dtype_size(DType::i32), 4u);
-  EXPECT_EQ(dtype_size(DType::i64), 8u);
-  // The raw-storage dtypes complete the safetensors set.
-  EXPECT_EQ(dtype_size(DType::boolean), 1u);
-  EXPECT_EQ(dtype_size(DType::u8), 1u);
-  EXPECT_EQ(dtype_size(DType::i8), 1u);
-  EXPECT_EQ(dtype_size(DType::i16), 2u);
-  EXPECT_EQ(dtype_size(DType::f64), 8u);
-  EXPECT_EQ(dtype_size(DType::f8_e4m3), 1u);
-  EXPECT_EQ(dtype_size(DType::f8_e5m2), 1u);
-  EXPECT_EQ(dtype_size(DType::u16), 2u);  // the unsigned ones safetensors and torch 2.3+ write
-  EXPECT_EQ(dtype_size(DType::u32), 4u);
-  EXPECT_EQ(dtype_size(DType::u64), 8u);
-  for (DType d : {DType::bf16, DType::f16, DType::f32, DType::i32, DType::i64, DType::boolean,
-                  DType::u8, DType::i8, DType::i16, DType::f64, DType::f8_e4m3, DType::f8_e5m2,
-                  DType::u16, DType::u32, DType::u64}) {
+  // Every dtype with its size; the raw-storage ones (boolean on) complete the safetensors
+  // set, u16 to u64 the unsigned ones safetensors and torch 2.3+ write.
+  const std::pair<DType, size_t> sizes[] = {
+      {DType::bf16, 2},    {DType::f16, 2},     {DType::f32, 4}, {DType::i32, 4}, {DType::i64, 8},
+      {DType::boolean, 1}, {DType::u8, 1},      {DType::i8, 1},  {DType::i16, 2}, {DType::f64, 8},
+      {DType::f8_e4m3, 1}, {DType::f8_e5m2, 1}, {DType::u16, 2}, {DType::u32, 4}, {DType::u64, 8}};
+  for (const auto& [d, size] : sizes) {
+    EXPECT_EQ(dtype_size(d), size) << dtype_name(d);
     EXPECT_EQ(parse_dtype(dtype_name(d)), d);
     EXPECT_EQ(parse_dtype(dtype_safetensors_name(d)), d);
     EXPECT_EQ(safetensors_dtype_size(dtype_safetensors_name(d)), dtype_size(d));

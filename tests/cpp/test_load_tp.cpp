@@ -13,6 +13,7 @@
 #include <fstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "pinstage/checkpoint.h"
@@ -285,53 +286,43 @@ TEST(TpPlan, ParsesTheJsonForm) {
 TEST(TpPlan, EveryBadPlanFileIsRefusedByName) {
   const std::string head = R"({"format": "pinstage.tp_plan/1", )";
   const std::string pre = "tp plan 'p.json': ";
-  EXPECT_EQ(parse_error(head + R"("rules": [], "rule": []})"),
-            pre + "the plan has an unknown key 'rule'");
-  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": 0, "dim": 1}]})"),
-            pre + "rule 1 has an unknown key 'dim'");
-  EXPECT_EQ(parse_error(head + R"("rules": [], "tp": 2, "tp": 4})"),
-            pre + "the plan repeats the key 'tp'");
-  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": 0, "split": 1}]})"),
-            pre + "the plan repeats the key 'split' inside one object");
-  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": 64}]})"),
-            pre + "rule 1: \"split\" is 64; it must be in [-64, 63]");
-  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": -65}]})"),
-            pre + "rule 1: \"split\" is -65; it must be in [-64, 63]");
-  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": 1.0}]})"),
-            pre + "rule 1: \"split\" is not a whole number (it must be in [-64, 63])");
-  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": true}]})"),
-            pre + "rule 1: \"split\" is not a whole number (it must be in [-64, 63])");
-  EXPECT_EQ(parse_error(head + R"("rules": [], "tp": 0})"),
-            pre + "\"tp\" is 0; it must be in [1, 1024]");
-  EXPECT_EQ(parse_error(head + R"("rules": [], "tp": 18446744073709551615})"),
-            pre + "\"tp\" is 18446744073709551615; it must be in [1, 1024]");
-  EXPECT_EQ(parse_error(head + R"("rules": [], "tp": 1025})"),
-            pre + "\"tp\" is 1025; it must be in [1, 1024]");
-  EXPECT_EQ(parse_error(head + R"("rules": [], "tp": "2"})"),
-            pre + "\"tp\" is not a whole number (it must be in [1, 1024])");
-  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "regex": "a", "split": 0}]})"),
-            pre + "rule 1 has both \"match\" and \"regex\"; give one");
-  EXPECT_EQ(parse_error(head + R"("rules": [{"split": 0}]})"),
-            pre + "rule 1 has neither \"match\" (a glob) nor \"regex\"");
-  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a"}]})"),
-            pre + "rule 1 has neither \"split\" nor \"replicate\"");
-  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": 0, "replicate": true}]})"),
-            pre + "rule 1 has both \"split\" and \"replicate\"; give one");
-  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "replicate": false}]})"),
-            pre + "rule 1: \"replicate\" must be true (a rule that splits says \"split\": DIM)");
-  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "", "split": 0}]})"),
-            pre + "rule 1: \"match\" is empty");
-  EXPECT_EQ(parse_error(head + R"("rules": [{"match": 3, "split": 0}]})"),
-            pre + "rule 1: \"match\" is not a string");
-  EXPECT_EQ(parse_error(head + R"("rules": [{"match": "a", "split": 0}, "b"]})"),
-            pre + "rule 2 is not an object");
-  EXPECT_EQ(parse_error(head + R"("rules": {}})"),
-            pre + "it has no \"rules\" array (an empty one replicates everything)");
+  // Each plan's body after the format key, and the refusal that names its fault.
+  const std::pair<const char*, const char*> refused[] = {
+      {R"("rules": [], "rule": []})", "the plan has an unknown key 'rule'"},
+      {R"("rules": [{"match": "a", "split": 0, "dim": 1}]})", "rule 1 has an unknown key 'dim'"},
+      {R"("rules": [], "tp": 2, "tp": 4})", "the plan repeats the key 'tp'"},
+      {R"("rules": [{"match": "a", "split": 0, "split": 1}]})",
+       "the plan repeats the key 'split' inside one object"},
+      {R"("rules": [{"match": "a", "split": 64}]})",
+       "rule 1: \"split\" is 64; it must be in [-64, 63]"},
+      {R"("rules": [{"match": "a", "split": -65}]})",
+       "rule 1: \"split\" is -65; it must be in [-64, 63]"},
+      {R"("rules": [{"match": "a", "split": 1.0}]})",
+       "rule 1: \"split\" is not a whole number (it must be in [-64, 63])"},
+      {R"("rules": [{"match": "a", "split": true}]})",
+       "rule 1: \"split\" is not a whole number (it must be in [-64, 63])"},
+      {R"("rules": [], "tp": 0})", "\"tp\" is 0; it must be in [1, 1024]"},
+      {R"("rules": [], "tp": 18446744073709551615})",
+       "\"tp\" is 18446744073709551615; it must be in [1, 1024]"},
+      {R"("rules": [], "tp": 1025})", "\"tp\" is 1025; it must be in [1, 1024]"},
+      {R"("rules": [], "tp": "2"})", "\"tp\" is not a whole number (it must be in [1, 1024])"},
+      {R"("rules": [{"match": "a", "regex": "a", "split": 0}]})",
+       "rule 1 has both \"match\" and \"regex\"; give one"},
+      {R"("rules": [{"split": 0}]})", "rule 1 has neither \"match\" (a glob) nor \"regex\""},
+      {R"("rules": [{"match": "a"}]})", "rule 1 has neither \"split\" nor \"replicate\""},
+      {R"("rules": [{"match": "a", "split": 0, "replicate": true}]})",
+       "rule 1 has both \"split\" and \"replicate\"; give one"},
+      {R"("rules": [{"match": "a", "replicate": false}]})",
+       "rule 1: \"replicate\" must be true (a rule that splits says \"split\": DIM)"},
+      {R"("rules": [{"match": "", "split": 0}]})", "rule 1: \"match\" is empty"},
+      {R"("rules": [{"match": 3, "split": 0}]})", "rule 1: \"match\" is not a string"},
+      {R"("rules": [{"match": "a", "split": 0}, "b"]})", "rule 2 is not an object"},
+      {R"("rules": {}})", "it has no \"rules\" array (an empty one replicates everything)"},
+      {R"("rules": [], "default": {"split": 0, "x": 1}})", "the default has an unknown key 'x'"},
+      {R"("rules": [], "default": "replicate"})", "\"default\" is not an object"},
+  };
+  for (const auto& [body, why] : refused) EXPECT_EQ(parse_error(head + body), pre + why) << body;
   EXPECT_EQ(parse_error(R"({"rules": []})"), pre + "its \"format\" is not \"pinstage.tp_plan/1\"");
-  EXPECT_EQ(parse_error(head + R"("rules": [], "default": {"split": 0, "x": 1}})"),
-            pre + "the default has an unknown key 'x'");
-  EXPECT_EQ(parse_error(head + R"("rules": [], "default": "replicate"})"),
-            pre + "\"default\" is not an object");
   EXPECT_EQ(parse_error("[]"), pre + "the plan is not a JSON object");
   EXPECT_NE(parse_error("{").find(pre + "the plan is not valid JSON"), std::string::npos);
   EXPECT_NE(parse_error(head + R"("rules": [{"regex": "(", "split": 0}]})")

@@ -234,12 +234,7 @@ TEST_F(Safetensors, MalformedFilesAreRefusedWithNothingAllocated) {
 
 TEST_F(Safetensors, HeaderOverTheFormatLimit) {
   // A sparse file large enough to hold a 101 MiB header.
-  const uint64_t n = uint64_t{101} << 20;
-  std::string len(8, '\0');
-  uint64_t v = n;
-  for (int i = 0; i < 8; ++i, v >>= 8) len[i] = static_cast<char>(v & 0xff);
-  write_file(path("huge.safetensors"), len);
-  ASSERT_EQ(::truncate(path("huge.safetensors").c_str(), static_cast<off_t>(8 + n)), 0);
+  ASSERT_TRUE(test::write_claimed_header(path("huge.safetensors"), uint64_t{101} << 20));
   CountingAllocator alloc;
   const Error e = error_of([&] { load_safetensors(path("huge.safetensors"), alloc); });
   EXPECT_EQ(e.code(), ErrorCode::io);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <utility>
 
 #include "pinstage/tensor.h"
 #include "pinstage/worker.h"
@@ -47,14 +48,16 @@ TEST(Shape, CheckedNbytes) {
 }
 
 TEST(Format, Thousands) {
-  EXPECT_EQ(format_thousands(0), "0");
-  EXPECT_EQ(format_thousands(999), "999");
-  EXPECT_EQ(format_thousands(1000), "1,000");
-  EXPECT_EQ(format_thousands(12345), "12,345");
-  EXPECT_EQ(format_thousands(123456), "123,456");
-  EXPECT_EQ(format_thousands(1027153728), "1,027,153,728");
-  EXPECT_EQ(format_thousands(40859999040ull), "40,859,999,040");
-  EXPECT_EQ(format_thousands(std::numeric_limits<uint64_t>::max()), "18,446,744,073,709,551,615");
+  const std::pair<uint64_t, const char*> cases[] = {
+      {0, "0"},
+      {999, "999"},
+      {1000, "1,000"},
+      {12345, "12,345"},
+      {123456, "123,456"},
+      {1027153728, "1,027,153,728"},
+      {40859999040ull, "40,859,999,040"},
+      {std::numeric_limits<uint64_t>::max(), "18,446,744,073,709,551,615"}};
+  for (const auto& [n, text] : cases) EXPECT_EQ(format_thousands(n), text) << n;
 }
 
 TEST(Direction, NamesRoundTrip) {
