@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lock_test_util.h"
@@ -126,22 +127,16 @@ std::string run_tiny_scene(Worker& worker) {
 
 // What the message of a failure injected into `kind` must name: the failed step.
 const char* step_text(FaultKind kind) {
-  switch (kind) {
-    case FaultKind::device_malloc:
-      return "device malloc";
-    case FaultKind::host_alloc:
-      return "pinned host alloc";
-    case FaultKind::copy_h2d:
-      return "host-to-device";
-    case FaultKind::copy_d2h:
-      return "device-to-host";
-    case FaultKind::execute:
-      return "execute 'fault_sweep.double'";
-    case FaultKind::corrupt_h2d:
-      return "differs from the host bytes";
-    default:
-      return nullptr;  // a refused free is not an error of the run (counted instead)
-  }
+  static const std::pair<FaultKind, const char*> steps[] = {
+      {FaultKind::device_malloc, "device malloc"},
+      {FaultKind::host_alloc, "pinned host alloc"},
+      {FaultKind::copy_h2d, "host-to-device"},
+      {FaultKind::copy_d2h, "device-to-host"},
+      {FaultKind::execute, "execute 'fault_sweep.double'"},
+      {FaultKind::corrupt_h2d, "differs from the host bytes"}};
+  for (const auto& [k, text] : steps)
+    if (k == kind) return text;
+  return nullptr;  // a refused free is not an error of the run (counted instead)
 }
 
 // A run, then the host memory pool's cache handed back: the pool's segments are the

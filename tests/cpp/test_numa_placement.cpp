@@ -99,12 +99,18 @@ bool may_run_on(int cpu) {
   return sched_getaffinity(0, sizeof set, &set) == 0 && CPU_ISSET(cpu, &set);
 }
 
+// The sim's options for two devices, device 0 on node 0 and device 1 on node 1.
+WorkerOptions two_node_sim() {
+  WorkerOptions options;
+  options.config = {{"devices", "2"}, {"numa_nodes", "0,1"}};
+  return options;
+}
+
 TEST(NumaPlacement, ThroughTheSeamAWorkerOfNodeOneBindsAndFaultsEverySegmentThere) {
   if (!may_run_on(0) || !may_run_on(1)) GTEST_SKIP() << "needs CPUs 0 and 1";
   TwoNodes host;
   const Installed installed(&host);
-  WorkerOptions options;
-  options.config = {{"devices", "2"}, {"numa_nodes", "0,1"}};
+  WorkerOptions options = two_node_sim();
   options.host_cache_limit_bytes = 0;  // a segment per request
   const DeviceInfo device = list_devices("sim", options)[1];
   ASSERT_EQ(device.numa_node, 1);
@@ -153,8 +159,7 @@ TEST(NumaPlacement, ThroughTheSeamEachWorkerGoesToItsOwnNode) {
   if (!may_run_on(0) || !may_run_on(1)) GTEST_SKIP() << "needs CPUs 0 and 1";
   TwoNodes host;
   const Installed installed(&host);
-  WorkerOptions options;
-  options.config = {{"devices", "2"}, {"numa_nodes", "0,1"}};
+  WorkerOptions options = two_node_sim();
   Worker unplaced;
   unplaced.init("sim", 0, options);
   PinnedHostBuffer a = unplaced.alloc_pinned_host(1 << 20);

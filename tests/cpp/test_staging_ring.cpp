@@ -22,6 +22,20 @@ std::vector<unsigned char> pattern(size_t bytes, size_t salt) {
   return v;
 }
 
+// A ring of `count` buffers of `buffer` bytes on a stream of its own, a device buffer of
+// `bytes`, and `bytes` of pattern(salt) to move: where the fault tests start.
+struct RingSetup {
+  RingSetup(Worker& w, size_t count, size_t buffer, size_t bytes, size_t salt)
+      : stream(w.create_stream()),
+        ring(w, stream, count, buffer),
+        dev(w.alloc_device(bytes)),
+        src(pattern(bytes, salt)) {}
+  Stream stream;
+  StagingRing ring;
+  DeviceBuffer dev;
+  const std::vector<unsigned char> src;
+};
+
 class StagingRingTest : public ::testing::Test {
  protected:
   void SetUp() override { worker.init("sim"); }
@@ -116,10 +130,8 @@ TEST_F(StagingRingTest, ReusesItsBuffersAndHoldsExactlyKTimesTheBufferSize) {
 // once ring and memory are gone the worker holds nothing.
 TEST_F(StagingRingTest, InjectedCopyFaultSurfacesAndLeaksNothing) {
   {
-    Stream stream = worker.create_stream();
-    StagingRing ring(worker, stream, 2, 64);
-    DeviceBuffer dev = worker.alloc_device(1000);
-    const auto src = pattern(1000, 2);
+    RingSetup setup(worker, 2, 64, 1000, 2);
+    auto& [stream, ring, dev, src] = setup;
 
     worker.inject_fault(FaultKind::copy_h2d, 5);  // the 5th of 16 pieces
     try {
@@ -165,10 +177,8 @@ TEST_F(StagingRingTest, InjectedCopyFaultSurfacesAndLeaksNothing) {
 // An arrival callback that throws stops drain(); the pieces still pending are dropped,
 // not handed to anyone later, and the ring goes on working.
 TEST_F(StagingRingTest, AThrowingArrivalDropsThePendingOnes) {
-  Stream stream = worker.create_stream();
-  StagingRing ring(worker, stream, 4, 10);
-  DeviceBuffer dev = worker.alloc_device(40);
-  const auto src = pattern(40, 3);
+  RingSetup setup(worker, 4, 10, 40, 3);
+  auto& [stream, ring, dev, src] = setup;
   worker.copy_to_device(dev, 0, src.data(), src.size());
   int calls = 0;
   auto throw_on_second = [&](size_t, const unsigned char*, size_t) {
