@@ -387,23 +387,17 @@ TEST_F(SimDriver, PacedCopiesStayBitExact) {
 }
 
 TEST(SimOptions, BadOptionsAreRefusedNamingTheKey) {
-  const std::pair<BackendConfig, std::string> cases[] = {
-      {{{"bounce_chnk", "2M"}}, "unknown key 'bounce_chnk'"},
-      {{{"bounce_chunk", "2X"}}, "bounce_chunk='2X' is not valid"},
-      {{{"bounce_chunk", "1K"}}, "bounce_chunk='1K' is not valid"},
-      {{{"bounce_chunk", "2G"}}, "bounce_chunk='2G' is not valid"},
-      {{{"bounce_chunk", "0"}}, "bounce_chunk='0' is not valid"},
-      {{{"bounce_buffers", "0"}}, "bounce_buffers='0' is not valid"},
-      {{{"bounce_buffers", "65"}}, "bounce_buffers='65' is not valid"},
-      {{{"bounce_buffers", " 2"}}, "bounce_buffers=' 2' is not valid"},
-      {{{"link_gbps", "-1"}}, "link_gbps='-1' is not valid"},
-      {{{"link_gbps", "55.5"}}, "link_gbps='55.5' is not valid"},
-      {{{"link_gbps", "10001"}}, "link_gbps='10001' is not valid"},
-      {{{"link_gbps", ""}}, "link_gbps='' is not valid"},
-      {{{"dma_threads", "0"}}, "dma_threads='0' is not valid"},
-      {{{"dma_threads", "65"}}, "dma_threads='65' is not valid"},
-      {{{"dma_threads", "0x2"}}, "dma_threads='0x2' is not valid"},
-  };
+  // Each bad value of a known key alone: refused as KEY='VALUE' is not valid.
+  const std::pair<const char*, std::vector<const char*>> bad_values[] = {
+      {"bounce_chunk", {"2X", "1K", "2G", "0"}},
+      {"bounce_buffers", {"0", "65", " 2"}},
+      {"link_gbps", {"-1", "55.5", "10001", ""}},
+      {"dma_threads", {"0", "65", "0x2"}}};
+  std::vector<std::pair<BackendConfig, std::string>> cases = {
+      {{{"bounce_chnk", "2M"}}, "unknown key 'bounce_chnk'"}};
+  for (const auto& [key, values] : bad_values)
+    for (const char* v : values)
+      cases.push_back({{{key, v}}, std::string(key) + "='" + v + "' is not valid"});
   for (const auto& [config, message] : cases) {
     SCOPED_TRACE(message);
     Worker worker;
