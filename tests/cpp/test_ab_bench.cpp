@@ -426,6 +426,14 @@ TEST(AbPlan, SmallSizesAreWordedInAUnitThatShowsThem) {
                "synthetic needs 4.35 kB of device memory but the device holds 1.00 kB");
 }
 
+// The least run that still has more than one group and round to compare.
+BenchConfig two_by_two() {
+  BenchConfig c;
+  c.groups = 2;
+  c.rounds = 2;
+  return c;
+}
+
 // A small task (a few MB) so the full harness runs in well under a second.
 TaskArgs small_task(HostAllocator& alloc) {
   TaskArgs args;
@@ -440,9 +448,7 @@ TaskArgs small_task(HostAllocator& alloc) {
 TEST(AbRun, SmallRunProducesTableAndJson) {
   Worker worker;
   worker.init("sim");
-  BenchConfig c;
-  c.groups = 2;
-  c.rounds = 2;
+  BenchConfig c = two_by_two();
   c.arms = {Arm::pageable, Arm::staged, Arm::pinned};
   c.bind.staging_buffer_bytes = 1 << 20;
   size_t calls = 0, last_done = 0, total = 0;
@@ -555,9 +561,7 @@ TEST(AbSynthetic, RunsThroughTheGenericHarness) {
   worker.init("sim");
   const BenchTask task = synthetic_task(3, uint64_t{1} << 20);
   EXPECT_EQ(task.sizes(1).input_bytes, 3u << 20);
-  BenchConfig c;
-  c.groups = 2;
-  c.rounds = 2;
+  BenchConfig c = two_by_two();
   MemoryBudget b;
   b.host_available = available_memory_bytes();
   b.device_is_host = true;
