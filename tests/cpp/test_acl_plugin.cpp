@@ -53,6 +53,13 @@ class DoubleRules : public ::testing::Test {
     rt.aclFinalize();  // releases whatever a test left (a leak there is not this test's)
     fake_acl().reset();
   }
+  // A copy from `pageable` the double refuses with `code`, reporting only `kind`.
+  void expect_h2d_refused(void* dst, size_t dest_max, size_t count, aclError code,
+                          fake_acl_violation kind) {
+    EXPECT_EQ(rt.aclrtMemcpy(dst, dest_max, pageable.data(), count, ACL_MEMCPY_HOST_TO_DEVICE),
+              code);
+    expect_only(kind);
+  }
   // Exactly one violation, of `kind`.
   void expect_only(fake_acl_violation kind) {
     EXPECT_EQ(fake_acl().violations(kind), 1u) << fake_acl().all_violations();
@@ -75,22 +82,16 @@ TEST_F(DoubleRules, ACallFromAThreadWithNoContextIsRefused) {
 }
 
 TEST_F(DoubleRules, ACopyOfMoreThanDestMaxIsRefused) {
-  EXPECT_EQ(rt.aclrtMemcpy(dev, 8, pageable.data(), 16, ACL_MEMCPY_HOST_TO_DEVICE),
-            ACL_ERROR_INVALID_PARAM);
-  expect_only(FAKE_ACL_COPY_OVERFLOW);
+  expect_h2d_refused(dev, 8, 16, ACL_ERROR_INVALID_PARAM, FAKE_ACL_COPY_OVERFLOW);
 }
 
 TEST_F(DoubleRules, ACopyLeavingItsAllocationIsRefused) {
   auto* mid = static_cast<char*>(dev) + 32;
-  EXPECT_EQ(rt.aclrtMemcpy(mid, 64, pageable.data(), 64, ACL_MEMCPY_HOST_TO_DEVICE),
-            ACL_ERROR_RT_PARAM_INVALID);
-  expect_only(FAKE_ACL_COPY_OUTSIDE);
+  expect_h2d_refused(mid, 64, 64, ACL_ERROR_RT_PARAM_INVALID, FAKE_ACL_COPY_OUTSIDE);
 }
 
 TEST_F(DoubleRules, ADestMaxBeyondTheRealRoomIsRefused) {
-  EXPECT_EQ(rt.aclrtMemcpy(dev, 128, pageable.data(), 16, ACL_MEMCPY_HOST_TO_DEVICE),
-            ACL_ERROR_INVALID_PARAM);
-  expect_only(FAKE_ACL_DESTMAX_OVERSTATED);
+  expect_h2d_refused(dev, 128, 16, ACL_ERROR_INVALID_PARAM, FAKE_ACL_DESTMAX_OVERSTATED);
 }
 
 TEST_F(DoubleRules, AnAsyncCopyFromPageableMemoryIsRefused) {
@@ -188,9 +189,7 @@ TEST_F(DoubleRules, AsyncCopiesLandOnlyAtASynchronize) {
 
 TEST_F(DoubleRules, DeviceMemoryUsedFromAnotherDevicesContextIsRefused) {
   ASSERT_EQ(rt.aclrtSetDevice(1), ACL_SUCCESS);  // device 1's default context is current
-  EXPECT_EQ(rt.aclrtMemcpy(dev, 64, pageable.data(), 64, ACL_MEMCPY_HOST_TO_DEVICE),
-            ACL_ERROR_RT_PARAM_INVALID);
-  expect_only(FAKE_ACL_WRONG_DEVICE);
+  expect_h2d_refused(dev, 64, 64, ACL_ERROR_RT_PARAM_INVALID, FAKE_ACL_WRONG_DEVICE);
 }
 
 TEST_F(DoubleRules, AnOverlappingDeviceToDeviceCopyIsRefused) {
