@@ -149,6 +149,23 @@ FakeHazards fake_hazards() {
   return reinterpret_cast<FakeHazards>(dlsym(RTLD_DEFAULT, "pinstage_fake_cuda_hazards"));
 }
 
+// A pinned buffer of `bytes` filled from `seed`, a device buffer as large and a stream:
+// where the tests of a release under queued copies start. `expect` is the pinned bytes.
+struct QueuedCopies {
+  void set_up(ps_device_ctx* ctx, size_t bytes, uint64_t seed) {
+    const ps_platform_api& a = raw();
+    ASSERT_EQ(a.host_alloc_pinned(ctx, bytes, &pinned), PS_OK) << a.last_error();
+    ASSERT_EQ(a.device_malloc(ctx, bytes, &dev), PS_OK) << a.last_error();
+    fill(pinned.ptr, bytes, seed);
+    expect.resize(bytes);
+    fill(expect.data(), bytes, seed);
+    ASSERT_EQ(a.stream_create(ctx, &stream), PS_OK);
+  }
+  ps_allocation pinned{}, dev{};
+  ps_stream* stream = nullptr;
+  std::vector<unsigned char> expect;
+};
+
 class CudaGpu : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -568,14 +585,9 @@ TEST_F(CudaGpu, StreamDestroyWaitsForItsCopies) {
   Ctx ctx = make_ctx({{"pinned_mode", "register"}});
   const ps_platform_api& a = raw();
   const size_t bytes = size_t{1} << 20;
-  ps_allocation pinned{}, dev{};
-  ASSERT_EQ(a.host_alloc_pinned(ctx.get(), bytes, &pinned), PS_OK) << a.last_error();
-  ASSERT_EQ(a.device_malloc(ctx.get(), bytes, &dev), PS_OK) << a.last_error();
-  fill(pinned.ptr, bytes, 9);
-  std::vector<unsigned char> expect(bytes);
-  fill(expect.data(), bytes, 9);
-  ps_stream* stream = nullptr;
-  ASSERT_EQ(a.stream_create(ctx.get(), &stream), PS_OK);
+  QueuedCopies q;
+  ASSERT_NO_FATAL_FAILURE(q.set_up(ctx.get(), bytes, 9));
+  auto& [pinned, dev, stream, expect] = q;
   for (int i = 0; i < 4; ++i)
     ASSERT_EQ(a.copy_h2d_async(ctx.get(), dev.ptr, pinned.ptr, bytes, PS_COPY_HOST_PINNED, stream),
               PS_OK);
@@ -667,14 +679,9 @@ TEST_F(CudaGpu, PinnedReleaseWaitsForQueuedCopies) {
     Ctx ctx = make_ctx({{"pinned_mode", mode}});
     const ps_platform_api& a = raw();
     const size_t bytes = size_t{1} << 20;
-    ps_allocation pinned{}, dev{};
-    ASSERT_EQ(a.host_alloc_pinned(ctx.get(), bytes, &pinned), PS_OK) << a.last_error();
-    ASSERT_EQ(a.device_malloc(ctx.get(), bytes, &dev), PS_OK) << a.last_error();
-    fill(pinned.ptr, bytes, 21);
-    std::vector<unsigned char> expect(bytes);
-    fill(expect.data(), bytes, 21);
-    ps_stream* stream = nullptr;
-    ASSERT_EQ(a.stream_create(ctx.get(), &stream), PS_OK);
+    QueuedCopies q;
+    ASSERT_NO_FATAL_FAILURE(q.set_up(ctx.get(), bytes, 21));
+    auto& [pinned, dev, stream, expect] = q;
     const size_t hazards = fake_hazards() ? fake_hazards()() : 0;
     for (int i = 0; i < 4; ++i)
       ASSERT_EQ(
