@@ -329,6 +329,16 @@ void check_host_free(State& s, const char* call, const void* p, size_t n) {
   }
 }
 
+// Ends the host range of `ranges` that starts at `p` (cudaFreeHost's, cudaHostUnregister's)
+// once no queued copy uses it; false when none starts there. Caller holds s.mu.
+bool end_host_range(State& s, std::map<uintptr_t, Range>& ranges, const char* call, void* p) {
+  auto it = ranges.find(reinterpret_cast<uintptr_t>(p));
+  if (it == ranges.end()) return false;
+  check_host_free(s, call, p, it->second.bytes);
+  ranges.erase(it);
+  return true;
+}
+
 std::shared_ptr<FakeStream> lookup_stream(State& s, cudaStream_t st) {
   auto it = s.streams.find(st);
   return it == s.streams.end() ? nullptr : it->second;
@@ -678,10 +688,7 @@ cudaError_t cudaFreeHost(void* p) {
   if (p == nullptr) return cudaSuccess;
   State& s = state();
   std::lock_guard lock(s.mu);
-  auto it = s.host_alloc.find(reinterpret_cast<uintptr_t>(p));
-  if (it == s.host_alloc.end()) return fail(cudaErrorInvalidValue);
-  check_host_free(s, "cudaFreeHost", p, it->second.bytes);
-  s.host_alloc.erase(it);
+  if (!end_host_range(s, s.host_alloc, "cudaFreeHost", p)) return fail(cudaErrorInvalidValue);
   std::free(p);
   return cudaSuccess;
 }
@@ -704,10 +711,8 @@ cudaError_t cudaHostUnregister(void* p) {
   FAKE_ENTER("cudaHostUnregister");
   State& s = state();
   std::lock_guard lock(s.mu);
-  auto it = s.registered.find(reinterpret_cast<uintptr_t>(p));
-  if (it == s.registered.end()) return fail(cudaErrorHostMemoryNotRegistered);
-  check_host_free(s, "cudaHostUnregister", p, it->second.bytes);
-  s.registered.erase(it);
+  if (!end_host_range(s, s.registered, "cudaHostUnregister", p))
+    return fail(cudaErrorHostMemoryNotRegistered);
   return cudaSuccess;
 }
 
