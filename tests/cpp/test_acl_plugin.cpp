@@ -53,6 +53,12 @@ class DoubleRules : public ::testing::Test {
     rt.aclFinalize();  // releases whatever a test left (a leak there is not this test's)
     fake_acl().reset();
   }
+  // dev's 64 bytes into `before` while `s` may still run, into `after` once it is synced.
+  void read_around_sync(aclrtStream s, unsigned char* before, unsigned char* after) {
+    ASSERT_EQ(rt.aclrtMemcpy(before, 64, dev, 64, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+    ASSERT_EQ(rt.aclrtSynchronizeStream(s), ACL_SUCCESS);
+    ASSERT_EQ(rt.aclrtMemcpy(after, 64, dev, 64, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+  }
   // A copy from `pageable` the double refuses with `code`, reporting only `kind`.
   void expect_h2d_refused(void* dst, size_t dest_max, size_t count, aclError code,
                           fake_acl_violation kind) {
@@ -178,11 +184,9 @@ TEST_F(DoubleRules, AsyncCopiesLandOnlyAtASynchronize) {
   ASSERT_EQ(rt.aclrtMemcpy(dev, 64, pinned, 64, ACL_MEMCPY_HOST_TO_DEVICE), ACL_SUCCESS);
   std::memset(pinned, 0x44, 64);
   ASSERT_EQ(rt.aclrtMemcpyAsync(dev, 64, pinned, 64, ACL_MEMCPY_HOST_TO_DEVICE, s), ACL_SUCCESS);
-  unsigned char back[64];
-  ASSERT_EQ(rt.aclrtMemcpy(back, 64, dev, 64, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
-  EXPECT_EQ(back[0], 0x33);  // not yet
-  ASSERT_EQ(rt.aclrtSynchronizeStream(s), ACL_SUCCESS);
-  ASSERT_EQ(rt.aclrtMemcpy(back, 64, dev, 64, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+  unsigned char before[64], back[64];
+  ASSERT_NO_FATAL_FAILURE(read_around_sync(s, before, back));
+  EXPECT_EQ(before[0], 0x33);  // not yet
   EXPECT_EQ(back[0], 0x44);
   EXPECT_EQ(fake_acl().violations(-1), 0u) << fake_acl().all_violations();
 }
@@ -231,11 +235,9 @@ TEST_F(DoubleRules, MemsetsLandOnlyAtASynchronizeInStreamOrder) {
   auto* d = static_cast<char*>(dev);
   ASSERT_EQ(rt.aclrtMemsetAsync(d, 64, 0x1ab, 32, s), ACL_SUCCESS);  // the low byte counts
   ASSERT_EQ(rt.aclrtMemcpyAsync(d + 32, 32, d, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, s), ACL_SUCCESS);
-  unsigned char back[64];
-  ASSERT_EQ(rt.aclrtMemcpy(back, 64, dev, 64, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
-  EXPECT_EQ(back[0], 7);  // not yet
-  ASSERT_EQ(rt.aclrtSynchronizeStream(s), ACL_SUCCESS);
-  ASSERT_EQ(rt.aclrtMemcpy(back, 64, dev, 64, ACL_MEMCPY_DEVICE_TO_HOST), ACL_SUCCESS);
+  unsigned char before[64], back[64];
+  ASSERT_NO_FATAL_FAILURE(read_around_sync(s, before, back));
+  EXPECT_EQ(before[0], 7);  // not yet
   EXPECT_EQ(back[31], 0xab);
   EXPECT_EQ(back[47], 0xab);  // copied after the memset
   EXPECT_EQ(back[48], 7);
