@@ -883,7 +883,6 @@ TEST_F(CudaGpu, CapacityIsTheFreeMemory) {
 // error does not.
 TEST_F(CudaGpu, StickyErrorMakesEveryLaterCallSayTheContextIsUnusable) {
   const auto inject = fake_fn<FakeInject>("pinstage_fake_cuda_inject");
-  const auto clear = fake_fn<FakeVoid>("pinstage_fake_cuda_clear_sticky");
   REQUIRE_FAKE(inject);
   Worker worker;
   worker.init("cuda", 0);
@@ -918,7 +917,8 @@ TEST_F(CudaGpu, StickyErrorMakesEveryLaterCallSayTheContextIsUnusable) {
     EXPECT_TRUE(contains(e.what(), "cudaMemcpyAsync")) << e.what();
     EXPECT_TRUE(contains(e.what(), "cudaErrorIllegalAddress")) << e.what();
   }
-  clear();  // the fake only: lets the releases below succeed for TearDown's leak check
+  // The fake only: lets the releases below succeed for TearDown's leak check.
+  fake_fn<FakeVoid>("pinstage_fake_cuda_clear_sticky")();
   says_unusable([&] { worker.alloc_device(4096); }, "alloc_device after the error cleared");
   dev.reset();
   worker.finalize();
