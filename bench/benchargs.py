@@ -13,6 +13,13 @@ def add_dry_run(ap: argparse.ArgumentParser) -> None:
                     help="check the arguments and exit (the docs tests' check)")
 
 
+def add_build_and_rounds(ap: argparse.ArgumentParser, flag: str, default) -> None:
+    """The build folder option ``flag`` (PINSTAGE_BUILD_DIR, else ``default``) and --rounds
+    (3), which the torch comparison benches share."""
+    ap.add_argument(flag, default=os.environ.get("PINSTAGE_BUILD_DIR", default))
+    ap.add_argument("--rounds", type=int, default=3)
+
+
 def dry_run_done(args: argparse.Namespace) -> bool:
     """True, after saying so, when --dry-run was given: the caller then returns 0."""
     if args.dry_run:

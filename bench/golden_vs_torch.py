@@ -25,7 +25,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 import qwen3_torch_reference as ref  # noqa: E402
-from benchargs import add_dry_run, dry_run_done  # noqa: E402 (bench/ is sys.path[0])
+from benchargs import add_build_and_rounds, add_dry_run, dry_run_done  # noqa: E402 (bench/ is sys.path[0])
 
 
 def cpp_golden(tool, layers, seq_len, runs, out_dir=None):
@@ -39,10 +39,9 @@ def cpp_golden(tool, layers, seq_len, runs, out_dir=None):
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--build-dir", default=os.environ.get("PINSTAGE_BUILD_DIR", ROOT / "build"))
+    add_build_and_rounds(parser, "--build-dir", ROOT / "build")
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=3500)
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cpp-runs", type=int, default=3)
     add_dry_run(parser)
     opts = parser.parse_args()

@@ -24,7 +24,7 @@ import pathlib
 import struct
 import sys
 import time
-from benchargs import add_dry_run, dry_run_done
+from benchargs import add_build_and_rounds, add_dry_run, dry_run_done
 
 
 def shard_files(path):
@@ -60,8 +60,7 @@ def by_hand(files, torch, dtypes, pinned):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path")
-    ap.add_argument("--build", default=os.environ.get("PINSTAGE_BUILD_DIR", "build"))
-    ap.add_argument("--rounds", type=int, default=3)
+    add_build_and_rounds(ap, "--build", "build")
     ap.add_argument("--threads", type=int, default=0)
     add_dry_run(ap)
     a = ap.parse_args()
