@@ -6,11 +6,13 @@ own slices only; once per node, every file read by exactly one rank), the thread
 each rank recorded, and a rank made to fail named on every rank with no pinned memory and
 no /dev/shm segment left, a dead process's stale segment swept. Each job is bounded by a
 subprocess timeout. The docs' torchrun example runs here too (docs/distributed.md)."""
+import fcntl
 import json
 import os
 import pathlib
 import re
 import subprocess
+import tempfile
 
 import pytest
 
@@ -32,11 +34,19 @@ needs_torchrun = pytest.mark.skipif(not os.path.exists(TORCHRUN) or
                                     reason="needs /usr/bin/torchrun and torch.distributed")
 
 
+# --standalone's rendezvous is localhost:29400 for every job on the machine, so two suites
+# at once (scripts/test.sh runs two) take turns through this lock instead of one failing
+# with "Address already in use".
+LOCK = pathlib.Path(tempfile.gettempdir()) / "pinstage-torchrun-29400.lock"
+
+
 def torchrun(build_dir, nproc, *args, timeout=100, cwd=None):
     env = {k: v for k, v in os.environ.items() if k != "PINSTAGE_NUM_THREADS"}
     env["PYTHONPATH"] = str(build_dir / "python")
-    done = subprocess.run([TORCHRUN, *LAUNCH, f"--nproc_per_node={nproc}", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    with open(LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = subprocess.run([TORCHRUN, *LAUNCH, f"--nproc_per_node={nproc}", *map(str, args)],
+                              capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     return done
 
