@@ -34,19 +34,26 @@ needs_torchrun = pytest.mark.skipif(not os.path.exists(TORCHRUN) or
                                     reason="needs /usr/bin/torchrun and torch.distributed")
 
 
-# --standalone's rendezvous is localhost:29400 for every job on the machine, so two suites
-# at once (scripts/test.sh runs two) take turns through this lock instead of one failing
-# with "Address already in use".
-LOCK = pathlib.Path(tempfile.gettempdir()) / "pinstage-torchrun-29400.lock"
+# These tests use what the whole machine shares: --standalone's rendezvous port
+# (localhost:29400) and /dev/shm, where they plant a stale segment and then check that none
+# is left. Two suites at once (scripts/test.sh runs two) take turns, a test at a time,
+# through this lock instead of failing with "Address already in use" or on the other's
+# segment.
+LOCK = pathlib.Path(tempfile.gettempdir()) / "pinstage-test-distributed.lock"
+
+
+@pytest.fixture(autouse=True)
+def one_suite_at_a_time():
+    with open(LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def torchrun(build_dir, nproc, *args, timeout=100, cwd=None):
     env = {k: v for k, v in os.environ.items() if k != "PINSTAGE_NUM_THREADS"}
     env["PYTHONPATH"] = str(build_dir / "python")
-    with open(LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        done = subprocess.run([TORCHRUN, *LAUNCH, f"--nproc_per_node={nproc}", *map(str, args)],
-                              capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    done = subprocess.run([TORCHRUN, *LAUNCH, f"--nproc_per_node={nproc}", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     return done
 
