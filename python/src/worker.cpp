@@ -23,6 +23,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <sstream>
@@ -360,24 +361,44 @@ std::optional<int> host_numa_node_arg(const py::handle& value) {
   return static_cast<int>(node);
 }
 
+// Worker()'s keywords, one row each: the key and how its value sets WorkerOptions. The
+// error for an unknown key lists them from here.
+struct WorkerKeyword {
+  const char* key;
+  void (*set)(WorkerOptions&, const py::handle&);
+};
+constexpr WorkerKeyword kWorkerKeywords[] = {
+    {"device_capacity_bytes",
+     [](WorkerOptions& o, const py::handle& v) {
+       o.device_capacity_bytes = non_negative(v, "device_capacity_bytes");
+     }},
+    {"host_cache_limit_bytes",
+     [](WorkerOptions& o, const py::handle& v) {
+       o.host_cache_limit_bytes = non_negative(v, "host_cache_limit_bytes");
+     }},
+    {"plugin_path",
+     [](WorkerOptions& o, const py::handle& v) {
+       o.plugin_path = path_arg(v, "Worker option plugin_path");
+     }},
+    {"config", [](WorkerOptions& o, const py::handle& v) { o.config = backend_config(v); }},
+    {"host_numa_node",
+     [](WorkerOptions& o, const py::handle& v) { o.host_numa_node = host_numa_node_arg(v); }},
+};
+
 WorkerOptions parse_options(const py::kwargs& kwargs) {
   WorkerOptions options;
   for (auto item : kwargs) {
     const auto key = item.first.cast<std::string>();
-    if (key == "device_capacity_bytes")
-      options.device_capacity_bytes = non_negative(item.second, "device_capacity_bytes");
-    else if (key == "host_cache_limit_bytes")
-      options.host_cache_limit_bytes = non_negative(item.second, "host_cache_limit_bytes");
-    else if (key == "plugin_path")
-      options.plugin_path = path_arg(item.second, "Worker option plugin_path");
-    else if (key == "config")
-      options.config = backend_config(item.second);
-    else if (key == "host_numa_node")
-      options.host_numa_node = host_numa_node_arg(item.second);
-    else
-      throw py::type_error("Worker() got an unexpected option '" + key +
-                           "' (options: device_capacity_bytes, host_cache_limit_bytes, "
-                           "plugin_path, config, host_numa_node)");
+    const auto* row = std::find_if(std::begin(kWorkerKeywords), std::end(kWorkerKeywords),
+                                   [&](const WorkerKeyword& k) { return key == k.key; });
+    if (row == std::end(kWorkerKeywords)) {
+      std::string keys;
+      for (const WorkerKeyword& k : kWorkerKeywords)
+        keys += (keys.empty() ? "" : ", ") + std::string(k.key);
+      throw py::type_error("Worker() got an unexpected option '" + key + "' (options: " + keys +
+                           ")");
+    }
+    row->set(options, item.second);
   }
   return options;
 }
