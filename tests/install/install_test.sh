@@ -136,9 +136,14 @@ step_pkg_config() {  # <work> <version> <source> <c++ compiler>
   env -u LD_LIBRARY_PATH "$exe" "$2" "$p/$libdir/pinstage" || fail "the pkg-config consumer"
 }
 
+step_manifest() {  # <build> <work> <source>: docs/install.md's table lists every installed file
+  python3 "$3/tests/install/check_manifest.py" "$1/install_manifest.txt" "$(realpath "$2")/staged" \
+    "$3/docs/install.md" || fail "docs/install.md's table and the installed files differ"
+}
+
 step=${1:?step}
 shift
 case $step in
-  version | prefix | layout | cli | find_package | pkg_config) "step_$step" "$@" ;;
+  version | prefix | layout | manifest | cli | find_package | pkg_config) "step_$step" "$@" ;;
   *) fail "unknown step '$step'" ;;
 esac
