@@ -58,4 +58,10 @@ PINSTAGE_API void remove_temporary_files_on_signals();
 // Writes `text` to `path` atomically (AtomicFile, one write, commit).
 PINSTAGE_API void write_file_atomically(const std::string& path, std::string_view text);
 
+// Test seam (issue 41): every fsync the writer makes, the temporary file's before the
+// rename and the directory's after it, goes through `fn` when set (nullptr: ::fsync);
+// returns the one set before. A test counts the calls or fails one. Not for programs.
+using FsyncFunction = int (*)(int fd);
+PINSTAGE_API FsyncFunction set_atomic_file_fsync_for_tests(FsyncFunction fn) noexcept;
+
 }  // namespace pinstage

@@ -82,10 +82,18 @@ void remove_temps_and_reraise(int sig) {
   ::raise(sig);
 }
 
+// The fsync seam (set_atomic_file_fsync_for_tests): null is ::fsync.
+std::atomic<FsyncFunction> g_fsync{nullptr};
+
+int sync_file(int fd) {
+  const FsyncFunction fn = g_fsync.load();
+  return fn != nullptr ? fn(fd) : ::fsync(fd);
+}
+
 void fsync_directory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;  // the rename happened; a directory we cannot open is not an error
-  ::fsync(fd);
+  sync_file(fd);
   ::close(fd);
 }
 
@@ -161,7 +169,7 @@ void AtomicFile::write_at(uint64_t offset, const void* data, size_t bytes) {
 
 void AtomicFile::commit() {
   if (committed_) io_error(path_, "already committed");
-  if (::fsync(fd_) != 0) io_error(path_, "fsync failed: " + errno_text(errno));
+  if (sync_file(fd_) != 0) io_error(path_, "fsync failed: " + errno_text(errno));
   const int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0) io_error(path_, "close failed: " + errno_text(errno));
@@ -175,6 +183,10 @@ void AtomicFile::commit() {
   unregister_temp(temp_slot_);
   temp_slot_ = -1;
   fsync_directory(directory_of(path_));
+}
+
+FsyncFunction set_atomic_file_fsync_for_tests(FsyncFunction fn) noexcept {
+  return g_fsync.exchange(fn);
 }
 
 void write_file_atomically(const std::string& path, std::string_view text) {

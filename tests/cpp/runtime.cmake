@@ -52,3 +52,18 @@ add_dependencies(test_runtime_concurrency pinstage_backend_sim)
 
 # The fault sweep (issue 14): every backend call of a bind and a scene run fails in turn.
 pinstage_sim_gtest(test_fault_sweep LABELS runtime faults)
+
+# Issue 41's test gaps (test_gaps41.cpp): sim with a latch per stream (plugins/
+# held_streams.cpp) for the pool's two-stream test, next to the broken plugins.
+add_library(test_plugin_held_streams MODULE ${CMAKE_CURRENT_LIST_DIR}/plugins/held_streams.cpp)
+target_include_directories(test_plugin_held_streams PRIVATE ${PROJECT_SOURCE_DIR}/include)
+set_target_properties(test_plugin_held_streams PROPERTIES
+  LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/test_plugins OUTPUT_NAME held_streams PREFIX "lib")
+target_compile_definitions(test_plugin_held_streams PRIVATE
+  PINSTAGE_SIM_PLUGIN_PATH="$<TARGET_FILE:pinstage_backend_sim>")
+target_link_libraries(test_plugin_held_streams PRIVATE ${CMAKE_DL_LIBS})
+add_dependencies(test_plugin_held_streams pinstage_backend_sim)
+pinstage_sim_gtest(test_gaps41 LABELS runtime)
+target_compile_definitions(test_gaps41 PRIVATE
+  PINSTAGE_TEST_PLUGIN_DIR="${CMAKE_BINARY_DIR}/test_plugins")
+add_dependencies(test_gaps41 test_plugin_held_streams)
