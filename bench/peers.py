@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """pinstage against the loaders users pick today, side by side in one run: one Hugging Face
-sharded checkpoint into host memory, warm and cold page cache.
+sharded checkpoint into host memory, warm and cold page cache, every load in a fresh
+process, beside the floors of the same machine measured in the same run.
 
     /usr/bin/python3 bench/peers.py [--gib 2] [--rounds 3] [--dir DIR] [--arms A,B,...]
-                                    [--build build] [--json FILE] [--quick]
+                                    [--modes warm,cold] [--build build] [--json FILE]
+                                    [--quick]
 
 The peers live in the PyPI venv of requirements/peers.txt: run under another interpreter,
 the script makes or reuses it (scripts/venv.sh) and runs itself again there. The
@@ -12,10 +14,24 @@ save_torch_state_dict in shards of a quarter of it) goes to --dir, reused when i
 there, or to a temporary folder in /var/tmp removed at the end (not /tmp, which may be
 RAM: a cold read must reach the disk).
 
-Each round runs every arm warm (every page of every shard resident, checked with mincore)
-and cold (posix_fadvise(DONTNEED) on every shard, then mincore shows what is left), the
-arms' order rotated each round; the best of --rounds is reported (on a shared machine the
-best is the least disturbed run). The arms:
+Fresh processes. Every load runs in a new interpreter (this one, sys.executable), the
+script started again as `peers.py --child ARM --child-mode warm|cold --dir DIR --build B`:
+the child imports what the arm needs, makes the arm's pinstage worker, warms the shards
+(every page resident, checked with mincore) or drops them (fdatasync and
+posix_fadvise(DONTNEED), then mincore shows what is left), and only then times the load,
+from just before the loader's call to the moment its bytes are complete (for mmap views:
+one byte of every page touched). Not timed: the interpreter's start, the imports, the
+worker's creation, the warming or dropping, and after the load the digest (xxh3-64 of
+every tensor's bytes, which the parent compares with one reference digest of the files)
+and the release. The child prints one JSON line: seconds, its rusage over the load
+(faults, CPU), the digest, whether the tensors are pinned, pinstage's load report, the
+residency and /proc/meminfo's FileHugePages and ShmemHugePages before and after the
+warming or dropping. The parent runs each round every arm (and floor) warm and then cold,
+in an order rotated each round, and reports the best of --rounds (on a shared machine the
+best is the least disturbed run). An arm that raises, exits or loads other bytes is
+reported as failed (its error printed) and the run goes on; the exit status is then 1.
+
+The arms:
 
   safetensors         safetensors.torch.load_file per shard (backend "mmap", the default):
                       its tensors are views of a MAP_PRIVATE mapping of the file, so the
@@ -30,55 +46,104 @@ best is the least disturbed run). The arms:
                       every tensor taken from get_tensors() (owned=True: kept, no copy)
   torch_by_hand       per tensor, torch.empty(shape, dtype) and f.readinto() of its bytes
                       (one thread; torch's pin_memory() needs CUDA, absent here)
-  pinstage            pinstage.load_file(DIR, worker=w): pinned (sim: mapped, pre-faulted,
-                      mlocked), a worker with host_cache_limit_bytes=0, so every load maps
+  pinstage            pinstage.load_file(DIR, worker=w): pinned (sim: mapped, faulted,
+                      mlocked), a worker with host_cache_limit_bytes=0, so the load maps
                       fresh memory as the peers' loads do
   pinstage_thp        pinstage with PINSTAGE_HOST_HUGE_PAGES=thp (docs/settings.md): its
                       fresh pinned segments advised MADV_HUGEPAGE, 2 MiB faults instead of
                       4 KiB ones (runai's buffer gets transparent huge pages on its own)
-  pinstage_pooled     the same with the default pinned pool: a later load reuses the
-                      first one's pinned pages (what a process that reloads gets)
-  pinstage_direct     pinstage_pooled with direct=True: O_DIRECT reads (as fastsafetensors'
-                      default), which bypass the page cache
+  pinstage_pooled     a second load in one process: the default pinned pool, the child
+                      loads once (untimed), frees the tensors, warms or drops the shards
+                      again and times the second load, which reuses the first one's pinned
+                      pages (what a process that reloads gets; every other arm is a first
+                      load)
+  pinstage_direct     load_file(direct=True), default worker, first load: O_DIRECT reads
+                      (as fastsafetensors' default), which bypass the page cache
+  pinstage_map        load_file(mode="map", report=True), default worker: read-only views
+                      of the files' page cache pinned in place, nothing copied (pinning
+                      makes them resident, so nothing is touched after the call)
   pinstage_device     pinstage.load_to_device(DIR, worker=w) on sim: through the pinned
-                      ring into sim device memory (host RAM)
+                      ring into sim device memory (host RAM), host_cache_limit_bytes=0
+  pinstage_map_device load_to_device(mode="map"), the same worker: uploaded straight from
+                      the pinned file mapping
+
+The floors, each in a fresh process too, interleaved with the arms in every round:
+
+  floor_fault         fresh private anonymous memory of the checkpoint's tensor bytes
+                      (mmap), one byte of every 4 KiB page written from os.cpu_count()
+                      threads (NumPy strided stores, which release the GIL): GB/s of bytes
+                      faulted, what any loader into fresh memory pays at least (THP as the
+                      system's setting, printed). Run warm and cold.
+  floor_memcpy        an all-core memcpy of the same bytes, source and destination already
+                      faulted, np.copyto on one slice per thread (best of 3 copies in the
+                      child): the floor of any copy out of the page cache. Run warm; the
+                      warm arms' "floor" ratio is to it.
+  floor_fio           fio (Debian's package; skipped, and said so, when it is not
+                      installed) reading the same shard files, one job per file,
+                      --ioengine=libaio --direct=1 --bs=1M --iodepth=32 --rw=read
+                      --readonly, group_reporting, read bw of --output-format=json: what
+                      the disk gives. Run cold; the cold arms' "floor" ratio is to it.
 
 The Python API loads only into pinned memory (into= refuses pageable tensors), so there is
 no pinstage row into pageable memory: on this CPU-only host the pinned row does more than
-a pageable load (it also pre-faults and mlocks), and the peers cannot pin at all.
+a pageable load (it also faults and mlocks), and the peers cannot pin at all.
 
-Every arm's bytes are hashed (xxh3-64 per tensor) after its timing and compared with one
-reference digest of the files. GB/s = 10^9 bytes of tensor data per second. Output: a
-table with each arm's ratio to the best peer, FILE.json (atomically, with a `run` block:
-the CLI's plus every package version, the load average) and FILE.png beside it.
+GB/s = 10^9 bytes of tensor data per second. Output: a table with each arm's ratio to the
+best copying peer and to the mode's floor, the floors' rows, FILE.json (atomically, with
+a `run` block: the CLI's plus every package version, the load average) and FILE.png
+beside it.
 """
 import argparse
 import ctypes
 import gc
 import importlib.metadata
+import inspect
 import json
 import math
 import os
 import pathlib
 import resource
+import shutil
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 
 from benchargs import add_dry_run, dry_run_done, write_json_atomically
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PEERS = ["safetensors", "safetensors_pread", "fastsafetensors", "fastsafetensors_buffered",
          "runai", "torch_by_hand"]
-OURS = ["pinstage", "pinstage_thp", "pinstage_pooled", "pinstage_direct", "pinstage_device"]
+OURS = ["pinstage", "pinstage_thp", "pinstage_pooled", "pinstage_direct", "pinstage_map",
+        "pinstage_device", "pinstage_map_device"]
 # safetensors' default gives views of the file's mapping (the page cache itself, faulted in
 # as touched), not a copy in the process's memory: it is shown, but the ratios are to the
 # best peer that copies the bytes into memory of its own, as every other arm does.
 ZERO_COPY = {"safetensors"}
 ARMS = PEERS + OURS
+# The floors run in these modes; the arms' "floor" ratio of a mode is to FLOOR_OF[mode].
+FLOOR_MODES = {"floor_fault": ("warm", "cold"), "floor_memcpy": ("warm",),
+               "floor_fio": ("cold",)}
+FLOORS = list(FLOOR_MODES)
+FLOOR_OF = {"warm": "floor_memcpy", "cold": "floor_fio"}
+LABELS = {"safetensors": "zero-copy views of the page cache",
+          "pinstage_pooled": "second load in one process",
+          "pinstage_map": "read-only views of the page cache, pinned in place",
+          "pinstage_map_device": "uploaded from the pinned file mapping",
+          "floor_fault": "fresh anonymous pages, one byte per 4 KiB page, every core",
+          "floor_memcpy": "all-core memcpy, both sides already faulted",
+          "floor_fio": "fio O_DIRECT, 1 MiB blocks, iodepth 32, one job per shard"}
+# Which worker a pinstage arm loads with: "fresh" maps new memory at every load
+# (host_cache_limit_bytes=0), "pooled" is the default Worker().
+WORKER = {"pinstage": "fresh", "pinstage_thp": "fresh", "pinstage_device": "fresh",
+          "pinstage_map_device": "fresh", "pinstage_pooled": "pooled",
+          "pinstage_direct": "pooled", "pinstage_map": "pooled"}
+MARK = "peers.py child result: "
 GIB = 1 << 30
+PAGE = 4096
 
 
 def parse_args(argv=None):
@@ -93,6 +158,9 @@ def parse_args(argv=None):
     ap.add_argument("--json", help="write the report here (and the PNG beside it)")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: 0.25 GiB, 1 round (figures not meant to be kept)")
+    # The child: one load (or floor) in this fresh process, one JSON line on stdout.
+    ap.add_argument("--child", choices=ARMS + FLOORS, help=argparse.SUPPRESS)
+    ap.add_argument("--child-mode", choices=("warm", "cold"), help=argparse.SUPPRESS)
     add_dry_run(ap)
     a = ap.parse_args(argv)
     if a.quick:
@@ -108,6 +176,8 @@ def parse_args(argv=None):
         ap.error("--rounds must be >= 1 and --gib in (0, 64]")
     if a.json is not None and (not a.json or not pathlib.Path(a.json).resolve().parent.is_dir()):
         ap.error(f"--json {a.json!r}: the folder must exist")
+    if a.child and (not a.child_mode or not a.dir):
+        ap.error("--child needs --child-mode and --dir")
     return a
 
 
@@ -127,8 +197,6 @@ def into_the_venv():
         sys.exit(f"peers.py: {missing} is missing from the venv {venv}")
     print(f"peers.py: {missing} is not here; running under {python}", file=sys.stderr)
     os.execv(python, [python, __file__, *sys.argv[1:]])
-
-
 # --- the checkpoint --------------------------------------------------------------------
 
 def write_checkpoint(d, gib, torch, hub):
@@ -324,8 +392,68 @@ def with_env(key, value, fn):
             os.environ[key] = old
 
 
-def run_arm(arm, ctx):
-    d, files, pinstage = ctx["dir"], ctx["files"], ctx["pinstage"]
+def tensor_bytes(files):
+    return sum(e["data_offsets"][1] - e["data_offsets"][0]
+               for f in files for e in header(f)[1].values())
+
+
+def huge_folios():
+    """/proc/meminfo's FileHugePages and ShmemHugePages, kB: the page cache's huge folios
+    (machine-wide), which decide what mapping the page cache in place costs."""
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("FileHugePages", "ShmemHugePages"):
+                out[key + "_kB"] = int(rest.split()[0])
+    return out
+
+
+def prepare(mode, files):
+    """Warms or drops the shards; what was resident after, and the huge folios around it."""
+    before = huge_folios()
+    left = drop(files) if mode == "cold" else warm(files)
+    return {"resident": left, "folios_before": before, "folios_after": huge_folios()}
+
+
+# --- the child: one arm or floor in a fresh process -----------------------------------------
+
+def accepts(fn, keyword):
+    try:
+        return keyword in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def arm_context(arm, d, files):
+    """What the arm's load and digest need, imported and made before any timing."""
+    import torch
+    ctx = {"dir": d, "files": files, "torch": torch,
+           "dtypes": {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8,
+                      "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
+                      "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32,
+                      "F64": torch.float64}}
+    import pinstage
+    ctx["pinstage"] = pinstage
+    if arm in WORKER:
+        ctx["worker"] = (pinstage.Worker(host_cache_limit_bytes=0) if WORKER[arm] == "fresh"
+                         else pinstage.Worker())
+        # The load report where load_file offers it (report=True returns (tensors, report)).
+        ctx["report_kw"] = {"report": True} if accepts(pinstage.load_file, "report") else {}
+    elif arm.startswith("safetensors"):
+        import safetensors.torch  # noqa: F401
+    elif arm.startswith("fastsafetensors"):
+        import fastsafetensors  # noqa: F401
+    elif arm == "runai":
+        import runai_model_streamer  # noqa: F401
+    return ctx
+
+
+def loader(arm, ctx):
+    """The arm's load, a function of no arguments returning {name: tensor}, (tensors,
+    report) or a DeviceLoad."""
+    d, files = ctx["dir"], ctx["files"]
+    ps, w, kw = ctx["pinstage"], ctx.get("worker"), ctx.get("report_kw", {})
     return {
         "safetensors": lambda: arm_safetensors(files, ctx),
         "safetensors_pread": lambda: arm_safetensors(files, ctx, "pread"),
@@ -333,19 +461,34 @@ def run_arm(arm, ctx):
         "fastsafetensors_buffered": lambda: arm_fastsafetensors(files, ctx, False),
         "runai": lambda: arm_runai(files, ctx),
         "torch_by_hand": lambda: arm_by_hand(files, ctx),
-        "pinstage": lambda: pinstage.load_file(d, worker=ctx["fresh"]),
-        "pinstage_pooled": lambda: pinstage.load_file(d, worker=ctx["pooled"]),
+        "pinstage": lambda: ps.load_file(d, worker=w, **kw),
         "pinstage_thp": lambda: with_env("PINSTAGE_HOST_HUGE_PAGES", "thp", lambda:
-                                         pinstage.load_file(d, worker=ctx["fresh"])),
-        "pinstage_direct": lambda: pinstage.load_file(d, worker=ctx["pooled"], direct=True),
-        "pinstage_device": lambda: pinstage.load_to_device(d, worker=ctx["fresh"]),
-    }[arm]()
+                                         ps.load_file(d, worker=w, **kw)),
+        "pinstage_pooled": lambda: ps.load_file(d, worker=w, **kw),
+        "pinstage_direct": lambda: ps.load_file(d, worker=w, direct=True, **kw),
+        "pinstage_map": lambda: ps.load_file(d, worker=w, mode="map", report=True),
+        "pinstage_device": lambda: ps.load_to_device(d, worker=w),
+        "pinstage_map_device": lambda: ps.load_to_device(d, worker=w, mode="map"),
+    }[arm]
+
+
+def is_device(arm):
+    return arm.endswith("_device")
+
+
+def split_report(got, arm):
+    """(what was loaded, pinstage's load report or None)."""
+    if isinstance(got, tuple):
+        return got
+    if is_device(arm):
+        return got, dict(got.report)
+    return got, None
 
 
 def digest(got, arm, ctx):
     """{name: xxh3-64} of what an arm loaded."""
     x = ctx["pinstage"].xxh3_64
-    if arm == "pinstage_device":
+    if is_device(arm):
         return {n: x(got.to_bytes(n)) for n in got.keys()}
     torch = ctx["torch"]
     return {n: x(t.reshape(-1).view(torch.uint8).numpy()) for n, t in got.items()}
@@ -353,14 +496,366 @@ def digest(got, arm, ctx):
 
 def pinned_state(got, arm, ctx):
     """Whether the arm's tensors are in pinned memory: pinstage's or torch's own."""
-    if arm == "pinstage_device":
+    if is_device(arm):
         return "device"
     t = next(iter(got.values()))
-    return bool(ctx["pinstage"].is_pinned(t) or (ctx["torch"].cuda.is_available() and
-                                                  t.is_pinned()))
+    try:
+        return bool(ctx["pinstage"].is_pinned(t) or (ctx["torch"].cuda.is_available() and
+                                                      t.is_pinned()))
+    except Exception as e:  # a tensor kind is_pinned does not know yet
+        return f"unknown ({type(e).__name__}: {e})"
 
 
+def release(got, arm):
+    if isinstance(got, tuple):
+        got = got[0]
+    if is_device(arm):
+        got.close()
+    del got
+    gc.collect()
+
+
+def usage_between(r0, r1):
+    return {"minor_faults": r1.ru_minflt - r0.ru_minflt,
+            "major_faults": r1.ru_majflt - r0.ru_majflt,
+            "cpu_s": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime),
+            "sys_s": r1.ru_stime - r0.ru_stime}
+
+
+def child_arm(arm, mode, files, d):
+    """One timed load of `arm` in this process (pinstage_pooled: the second of two)."""
+    ctx = arm_context(arm, d, files)
+    load = loader(arm, ctx)
+    if arm == "pinstage_pooled":  # the first load fills the pool; the second is timed
+        release(load(), arm)
+    cache = prepare(mode, files)
+    gc.collect()
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    got = load()
+    seconds = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    tensors, report = split_report(got, arm)
+    out = {"ok": True, "seconds": seconds, "usage": usage_between(r0, r1),
+           "digest": digest(tensors, arm, ctx), "pinned": pinned_state(tensors, arm, ctx),
+           "report": report, **cache}
+    del tensors
+    release(got, arm)
+    if "worker" in ctx:
+        ctx["worker"].finalize()
+    return out
+# --- the floors ------------------------------------------------------------------------------
+
+def in_threads(fn, n, threads):
+    """fn(lo, hi) on `threads` page-aligned slices of [0, n), one thread each; seconds."""
+    step = -(-n // threads // PAGE) * PAGE
+    parts = [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+    ts = [threading.Thread(target=fn, args=p) for p in parts]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return time.perf_counter() - t0
+
+
+def thp_setting():
+    try:
+        text = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+        return text.split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "unknown"
+
+
+def floor_fault(n, threads):
+    """Fresh private anonymous pages, one byte of each 4 KiB page written by every core."""
+    import mmap
+
+    import numpy as np
+    m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    a = np.frombuffer(m, dtype=np.uint8)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+
+    def touch_pages(lo, hi):
+        a[lo:hi:PAGE] = 1  # a strided store: NumPy releases the GIL over it
+
+    seconds = in_threads(touch_pages, n, threads)
+    u = usage_between(r0, resource.getrusage(resource.RUSAGE_SELF))
+    del a
+    m.close()
+    return {"seconds": seconds, "gbps": n / seconds / 1e9, "usage": u,
+            "thp": thp_setting()}
+
+
+def floor_memcpy(n, threads, copies=3):
+    """An all-core copy of n bytes between already-faulted buffers; the best of `copies`."""
+    import numpy as np
+    src = np.ones(n, dtype=np.uint8)
+    dst = np.zeros(n, dtype=np.uint8)
+
+    def copy(lo, hi):
+        np.copyto(dst[lo:hi], src[lo:hi])  # releases the GIL
+
+    best = min(in_threads(copy, n, threads) for _ in range(copies))
+    if not np.array_equal(dst[::PAGE], src[::PAGE]):
+        raise RuntimeError("floor_memcpy: the copy differs from its source")
+    return {"seconds": best, "gbps": n / best / 1e9, "copies": copies}
+
+
+def fio_command(files):
+    cmd = ["fio", "--output-format=json", "--ioengine=libaio", "--direct=1", "--bs=1M",
+           "--iodepth=32", "--rw=read", "--readonly", "--group_reporting"]
+    for i, f in enumerate(files):
+        cmd += [f"--name=shard{i}", f"--filename={f}"]
+    return cmd
+
+
+def floor_fio(files):
+    """fio's O_DIRECT read of the shards: GB/s of bytes read (group_reporting's read bw)."""
+    cmd = fio_command(files)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"fio exited {done.returncode}: {done.stderr.strip()[-400:]}")
+    text = done.stdout[done.stdout.index("{"):]  # fio may print notes before the JSON
+    read = json.loads(text)["jobs"][0]["read"]
+    if not read["bw_bytes"]:
+        raise RuntimeError("fio read nothing")
+    return {"gbps": read["bw_bytes"] / 1e9, "seconds": read["runtime"] / 1e3,
+            "bytes": read["io_bytes"], "fio": subprocess.run(
+                ["fio", "--version"], capture_output=True, text=True).stdout.strip(),
+            "command": " ".join(cmd[:9]) + " --name=shardI --filename=SHARD..."}
+
+
+def child_floor(floor, mode, files):
+    cache = prepare(mode, files)
+    n, threads = tensor_bytes(files), os.cpu_count() or 1
+    if floor == "floor_fault":
+        out = floor_fault(n, threads)
+    elif floor == "floor_memcpy":
+        out = floor_memcpy(n, threads)
+    else:
+        out = floor_fio(files)
+    return {"ok": True, "bytes": out.pop("bytes", n), "threads": threads, **out, **cache}
+
+
+def child_main(a):
+    """--child: one arm or floor, its result as one JSON line on stdout; 1 if it failed."""
+    sys.path.insert(0, str(pathlib.Path(a.build).resolve() / "python"))
+    d = pathlib.Path(a.dir).resolve()
+    try:
+        files = shards(d)
+        if a.child in FLOORS:
+            result = child_floor(a.child, a.child_mode, files)
+        else:
+            result = child_arm(a.child, a.child_mode, files, d)
+    except Exception as e:
+        traceback.print_exc()
+        result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    print(MARK + json.dumps(result, default=str), flush=True)
+    return 0 if result["ok"] else 1
+# --- the parent: rounds of fresh processes ---------------------------------------------------
+
+def prepare_checkpoint(a):
+    """(the checkpoint's folder, the TemporaryDirectory to clean up or None); written when
+    the folder has none."""
+    tmp = None
+    if a.dir:
+        d = pathlib.Path(a.dir).resolve()
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="pinstage-peers-", dir="/var/tmp")
+        d = pathlib.Path(tmp.name)
+    if not (d / "model.safetensors.index.json").exists():
+        import huggingface_hub as hub
+        import torch
+        t0 = time.perf_counter()
+        write_checkpoint(d, a.gib, torch, hub)
+        print(f"wrote the checkpoint in {time.perf_counter() - t0:.1f} s: {d}", flush=True)
+    return d, tmp
+
+
+def jobs_of(a):
+    """{mode: the arms and floors run in it}; fio's floor only where fio is installed."""
+    have_fio = shutil.which("fio") is not None
+    if not have_fio and "cold" in a.modes:
+        print("peers.py: fio is not installed (Debian: apt-get install -y fio): the fio "
+              "floor (O_DIRECT, 1 MiB, iodepth 32) is SKIPPED; cold ratios to it are absent",
+              flush=True)
+    floors = [f for f in FLOORS if f != "floor_fio" or have_fio]
+    return {m: a.arms + [f for f in floors if m in FLOOR_MODES[f]] for m in a.modes}
+
+
+def run_child(job, mode, d, build, timeout):
+    """One fresh process for (job, mode); its JSON result ({"ok": False, "error"} if none)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", job, "--child-mode", mode,
+           "--dir", str(d), "--build", str(build)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"no result within {timeout:.0f} s (killed)"}
+    lines = [x for x in done.stdout.splitlines() if x.startswith(MARK)]
+    if not lines:
+        tail = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+        return {"ok": False, "error": f"the child exited {done.returncode} with no result: "
+                                      f"{tail}"}
+    return json.loads(lines[-1][len(MARK):])
+
+
+def check_digest(result, ref):
+    """Replaces the child's digest with digest_ok; a mismatch fails the run."""
+    got = result.pop("digest", None)
+    if not result["ok"] or got is None:
+        return
+    result["digest_ok"] = got == ref
+    if got != ref:
+        differ = sum(got.get(n) != h for n, h in ref.items()) + len(set(got) - set(ref))
+        result.update(ok=False, error=f"loaded other bytes than the files hold ({differ} of "
+                                      f"{len(ref)} tensors differ or are missing)")
+
+
+def say_run(r, mode, job, res, nbytes):
+    head = f"round {r + 1} {mode:4} {job:24}"
+    if not res["ok"]:
+        print(f"{head} FAILED: {res['error']}", file=sys.stderr, flush=True)
+        return
+    if job in FLOORS:
+        how = "fio" if job == "floor_fio" else f"{res['threads']} threads"
+        print(f"{head} {res['seconds']:7.3f} s {res['gbps']:6.2f} GB/s  (floor, {how})",
+              file=sys.stderr, flush=True)
+        return
+    u, s = res["usage"], res["seconds"]
+    rep = res.get("report") or {}
+    keys = [k for k in ("mode", "map_s", "pin_s", "alloc_s", "read_s") if k in rep]
+    note = ("  report: " + " ".join(f"{k}={rep[k]:.3f}" if isinstance(rep[k], float)
+                                    else f"{k}={rep[k]}" for k in keys)) if keys else ""
+    print(f"{head} {s:7.3f} s {nbytes / s / 1e9:6.2f} GB/s  CPU {u['cpu_s']:6.2f} s "
+          f"(sys {u['sys_s']:5.2f}), {u['minor_faults']:7d} minor faults  "
+          f"(resident before: {res['resident']:.1%}){note}", file=sys.stderr, flush=True)
+
+
+def say_folios(mode, res):
+    """The page cache's huge folios around the first child's warming or dropping."""
+    b, f = res["folios_before"], res["folios_after"]
+    what = "warming" if mode == "warm" else "dropping"
+    print(f"page cache folios, {mode}: FileHugePages {b.get('FileHugePages_kB')} -> "
+          f"{f.get('FileHugePages_kB')} kB, ShmemHugePages {b.get('ShmemHugePages_kB')} -> "
+          f"{f.get('ShmemHugePages_kB')} kB (/proc/meminfo, machine-wide, before and after "
+          f"{what} the shards)", flush=True)
+
+
+def run_rounds(a, d, build, ref, nbytes):
+    """{job: {mode: [child results]}}: every round, each mode, the jobs rotated."""
+    jobs = jobs_of(a)
+    runs = {j: {m: [] for m in a.modes} for m in a.modes for j in jobs[m]}
+    timeout = 300 + 240 * a.gib
+    folios = {}
+    for r in range(a.rounds):
+        for mode in a.modes:
+            js = jobs[mode]
+            for job in js[r % len(js):] + js[:r % len(js)]:
+                res = run_child(job, mode, d, build, timeout)
+                check_digest(res, ref)
+                res["round"] = r + 1
+                if mode not in folios and "folios_before" in res:
+                    folios[mode] = {"before": res["folios_before"],
+                                    "after": res["folios_after"]}
+                    say_folios(mode, res)
+                say_run(r, mode, job, res, nbytes)
+                runs[job][mode].append(res)
+    return runs, folios
 # --- the report --------------------------------------------------------------------------
+
+def best_run(runs, job, mode):
+    """The best successful run of (job, mode): the fastest load, the floor's highest GB/s."""
+    ok = [r for r in runs.get(job, {}).get(mode, []) if r["ok"]]
+    if not ok:
+        return None
+    if job in FLOORS:
+        return max(ok, key=lambda r: r["gbps"])
+    return min(ok, key=lambda r: r["seconds"])
+
+
+def summarize(a, runs, nbytes):
+    """GB/s of every arm's and floor's best run, the best copying peer per mode, and each
+    arm's ratios to that peer and to the mode's floor (warm: memcpy, cold: fio)."""
+    best = {arm: {} for arm in a.arms}
+    floors = {f: {} for f in FLOORS if f in runs}
+    for m in a.modes:
+        for arm in a.arms:
+            b = best_run(runs, arm, m)
+            if b is not None:
+                best[arm][m] = nbytes / b["seconds"] / 1e9
+        for f in floors:
+            b = best_run(runs, f, m)
+            if b is not None:
+                floors[f][m] = b["gbps"]
+    peers = [x for x in a.arms if x in PEERS and x not in ZERO_COPY]
+    best_peer = {}
+    for m in a.modes:
+        have = [x for x in peers if m in best[x]]
+        if have:
+            best_peer[m] = max(have, key=lambda x: best[x][m])
+    to_peer = {arm: {m: v / best[best_peer[m]][m] for m, v in by.items() if m in best_peer}
+               for arm, by in best.items()}
+    to_floor = {arm: {m: v / floors[FLOOR_OF[m]][m] for m, v in by.items()
+                      if m in floors.get(FLOOR_OF[m], {})} for arm, by in best.items()}
+    return {"best_gbps": best, "floors_gbps": floors, "best_peer": best_peer,
+            "ratio_to_best_peer": to_peer, "ratio_to_floor": to_floor}
+
+
+def cell(a, runs, s, arm, m):
+    if m not in s["best_gbps"][arm]:
+        failed = any(not r["ok"] for r in runs[arm][m])
+        return f"{'FAILED' if failed else '-':>11}" + " " * 30
+    b = best_run(runs, arm, m)
+    peer = s["ratio_to_best_peer"][arm].get(m)
+    floor = s["ratio_to_floor"][arm].get(m)
+    return (f"{s['best_gbps'][arm][m]:11.2f}" + (f"{peer:6.2f}x" if peer else f"{'-':>7}") +
+            (f"{floor:6.2f}x" if floor else f"{'-':>7}") +
+            f"{b['usage']['minor_faults']:9d}{b['usage']['cpu_s']:7.2f}")
+
+
+def print_table(a, runs, s, nbytes, files):
+    bp = s["best_peer"]
+    print(f"\n{nbytes / 1e9:.2f} GB in {len(files)} shards, into host memory, each load in a "
+          f"fresh process, best of {a.rounds}; peer = GB/s / the best copying peer's (warm: "
+          f"{bp.get('warm', '-')}, cold: {bp.get('cold', '-')}); floor = GB/s / the "
+          f"mode's floor (warm: floor_memcpy, cold: floor_fio); faults and CPU seconds of "
+          f"the best run")
+    print(f"{'arm':26}" + "".join(f"{m + ' GB/s':>11}{'peer':>7}{'floor':>7}{'faults':>9}"
+                                  f"{'CPU s':>7}" for m in a.modes) + "  pinned")
+    for arm in a.arms:
+        pinned = next((r["pinned"] for m in a.modes for r in runs[arm][m] if r["ok"]), "-")
+        note = f"  ({LABELS[arm]})" if arm in LABELS else ""
+        print(f"{arm:26}" + "".join(cell(a, runs, s, arm, m) for m in a.modes) +
+              f"  {pinned}{note}")
+    for f, by in s["floors_gbps"].items():
+        cells = "".join((f"{by[m]:11.2f}" if m in by else f"{'-':>11}") + " " * 30
+                        for m in a.modes)
+        b = next((best_run(runs, f, m) for m in a.modes if m in by), None) or {}
+        how = f", {b['threads']} threads" if f != "floor_fio" and "threads" in b else ""
+        how += f", THP {b['thp']}" if "thp" in b else ""
+        print(f"{f:26}{cells}  ({LABELS[f]}{how})")
+    if "floor_fio" not in s["floors_gbps"] and "cold" in a.modes:
+        print("floor_fio: SKIPPED, fio is not installed (apt-get install -y fio)")
+    for job, by in runs.items():
+        for m, rs in by.items():
+            for r in rs:
+                if not r["ok"]:
+                    print(f"FAILED: {job} ({m}, round {r['round']}): {r['error']}")
+
+
+def print_residency(runs, a):
+    arms = [r for arm in a.arms for m in ("cold",) if m in a.modes
+            for r in runs[arm][m] if "resident" in r]
+    if arms:
+        print(f"cold arms: at most {max(r['resident'] for r in arms):.2%} of the shards "
+              "resident before an arm")
+    arms = [r for arm in a.arms for m in ("warm",) if m in a.modes
+            for r in runs[arm][m] if "resident" in r]
+    if arms:
+        print(f"warm arms: at least {min(r['resident'] for r in arms):.2%} resident before "
+              "an arm")
+
 
 def run_block(a, build, extra):
     """The CLI's run block (pinstage info), plus the interpreter and every package."""
@@ -375,6 +870,46 @@ def run_block(a, build, extra):
                                        key=lambda d: d.metadata["Name"].lower())}
     run.update(extra)
     return run
+TIMED = ("each load in a fresh process; timed from just before the loader's call to its "
+         "bytes being complete (mmap views touched); not timed: interpreter start, imports, "
+         "worker creation, warming or dropping the page cache, digest, release")
+
+
+def document(a, runs, s, facts, folios):
+    """The JSON report: the summary, every run, the failures, the floors."""
+    arms = a.arms
+    ok = {j: {m: [r for r in rs if r["ok"]] for m, rs in by.items()} for j, by in runs.items()}
+    best_reports = {}
+    for arm in arms:
+        for m in a.modes:
+            b = best_run(runs, arm, m)
+            if b is not None and b.get("report") is not None:
+                best_reports.setdefault(arm, {})[m] = b["report"]
+    return {
+        **facts, "kind": "peers", "rounds": a.rounds, "modes": a.modes, "fresh_process": True,
+        "timed": TIMED,
+        "labels": {k: v for k, v in LABELS.items() if k in runs},
+        "seconds": {arm: {m: [r["seconds"] for r in ok[arm][m]] for m in a.modes}
+                    for arm in arms},
+        "usage": {arm: {m: [r["usage"] for r in ok[arm][m]] for m in a.modes}
+                  for arm in arms},
+        "zero_copy_arms": sorted(ZERO_COPY & set(arms)),
+        "pinned": {arm: next((r["pinned"] for m in a.modes for r in ok[arm][m]), None)
+                   for arm in arms},
+        "residency_before_arm": {m: [r["resident"] for arm in arms for r in runs[arm][m]
+                                     if "resident" in r] for m in a.modes},
+        "reports": best_reports,
+        "floor_of_mode": {m: FLOOR_OF[m] for m in a.modes},
+        "floor_runs": {f: {m: rs for m, rs in by.items() if rs}
+                       for f, by in runs.items() if f in FLOORS},
+        "fio_installed": shutil.which("fio") is not None,
+        "page_cache_folios": folios,
+        "failed": {j: {m: [r["error"] for r in rs if not r["ok"]] for m, rs in by.items()
+                       if any(not r["ok"] for r in rs)}
+                   for j, by in runs.items() if any(not r["ok"] for rs in by.values()
+                                                    for r in rs)},
+        **s,
+    }
 
 
 def picture(doc, out):
@@ -392,141 +927,75 @@ def picture(doc, out):
         ys = [doc["best_gbps"][arm].get(m, 0.0) for arm in arms]
         ax.bar(xs, ys, width, label=f"{m} page cache", color=colors[m],
                edgecolor=["black" if arm in OURS else "none" for arm in arms])
+        floor = doc["floor_of_mode"].get(m)
+        gbps = doc["floors_gbps"].get(floor, {}).get(m)
+        if gbps:
+            ax.axhline(gbps, color=colors[m], linestyle="--", linewidth=1,
+                       label=f"{floor} ({m}): {gbps:.2f}")
     ax.set_xticks(range(len(arms)))
     ax.set_xticklabels(arms, rotation=30, ha="right", fontsize="small")
     ax.set_ylabel("GB/s (10^9 bytes/s), best of %d" % doc["rounds"])
     ax.set_title(f"{doc['bytes'] / 1e9:.2f} GB HF sharded checkpoint into host memory "
-                 f"({doc['shards']} shards); pinstage outlined", fontsize="medium")
+                 f"({doc['shards']} shards), fresh processes; pinstage outlined",
+                 fontsize="medium")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     save_atomically(fig, out)
+
+
+def write_report(a, doc):
+    write_json_atomically(a.json, doc)
+    png = str(pathlib.Path(a.json).with_suffix(".png"))
+    try:
+        picture(doc, png)
+        print(f"report: {a.json}, picture: {png}")
+    except ImportError as e:
+        print(f"report: {a.json} (no picture: {e})")
+
+
+def say_load(when):
+    la = os.getloadavg()
+    print(f"load average {when} {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}, {os.cpu_count()} CPUs",
+          flush=True)
+    return la
 
 
 def main(argv=None):
     a = parse_args(argv)
     if dry_run_done(a):
         return 0
+    if a.child:
+        return child_main(a)
     into_the_venv()
     build = pathlib.Path(a.build).resolve()
     sys.path.insert(0, str(build / "python"))
-    import huggingface_hub as hub
-    import torch
-
     import pinstage
 
-    dtypes = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
-              "I32": torch.int32, "I64": torch.int64, "F16": torch.float16,
-              "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
-    load_start = os.getloadavg()
-    print(f"load average at start {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}, "
-          f"{os.cpu_count()} CPUs", flush=True)
-    tmp = None
-    if a.dir:
-        d = pathlib.Path(a.dir).resolve()
-    else:
-        tmp = tempfile.TemporaryDirectory(prefix="pinstage-peers-", dir="/var/tmp")
-        d = pathlib.Path(tmp.name)
+    load_start = say_load("at start")
+    d, tmp = prepare_checkpoint(a)
     try:
-        if not (d / "model.safetensors.index.json").exists():
-            t0 = time.perf_counter()
-            write_checkpoint(d, a.gib, torch, hub)
-            print(f"wrote the checkpoint in {time.perf_counter() - t0:.1f} s: {d}", flush=True)
         files = shards(d)
-        nbytes = sum(e["data_offsets"][1] - e["data_offsets"][0]
-                     for f in files for e in header(f)[1].values())
-        file_bytes = sum(os.path.getsize(f) for f in files)
+        nbytes = tensor_bytes(files)
         warm(files)
         ref = reference_digest(files, pinstage)
         print(f"checkpoint: {nbytes / 1e9:.3f} GB of tensors, {len(ref)} tensors, "
-              f"{len(files)} shards", flush=True)
-        ctx = {"dir": d, "files": files, "pinstage": pinstage, "torch": torch,
-               "dtypes": dtypes, "fresh": pinstage.Worker(host_cache_limit_bytes=0),
-               "pooled": pinstage.Worker()}
-        times = {arm: {m: [] for m in a.modes} for arm in a.arms}
-        usage = {arm: {m: [] for m in a.modes} for arm in a.arms}  # per run: faults, CPU s
-        residency = {m: [] for m in a.modes}
-        pinned = {}
-        for r in range(a.rounds):
-            order = a.arms[r % len(a.arms):] + a.arms[:r % len(a.arms)]
-            for mode in a.modes:
-                for arm in order:
-                    left = drop(files) if mode == "cold" else warm(files)
-                    residency[mode].append(left)
-                    gc.collect()
-                    r0 = resource.getrusage(resource.RUSAGE_SELF)
-                    t0 = time.perf_counter()
-                    got = run_arm(arm, ctx)
-                    seconds = time.perf_counter() - t0
-                    r1 = resource.getrusage(resource.RUSAGE_SELF)
-                    usage[arm][mode].append({
-                        "minor_faults": r1.ru_minflt - r0.ru_minflt,
-                        "major_faults": r1.ru_majflt - r0.ru_majflt,
-                        "cpu_s": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime),
-                        "sys_s": r1.ru_stime - r0.ru_stime})
-                    if digest(got, arm, ctx) != ref:
-                        sys.exit(f"peers.py: {arm} ({mode}) loaded different bytes than the "
-                                 "files hold")
-                    pinned[arm] = pinned_state(got, arm, ctx)
-                    if arm == "pinstage_device":
-                        got.close()
-                    del got
-                    times[arm][mode].append(seconds)
-                    u = usage[arm][mode][-1]
-                    print(f"round {r + 1} {mode:4} {arm:24} {seconds:7.3f} s "
-                          f"{nbytes / seconds / 1e9:6.2f} GB/s  CPU {u['cpu_s']:6.2f} s "
-                          f"(sys {u['sys_s']:5.2f}), {u['minor_faults']:7d} minor faults  "
-                          f"(resident before: {left:.1%})", file=sys.stderr, flush=True)
-        gc.collect()
-        ctx["fresh"].finalize()
-        ctx["pooled"].finalize()
+              f"{len(files)} shards; every arm and floor in a fresh process", flush=True)
+        runs, folios = run_rounds(a, d, build, ref, nbytes)
+        facts = {"bytes": nbytes, "file_bytes": sum(os.path.getsize(f) for f in files),
+                 "shards": len(files), "tensors": len(ref)}
     finally:
         if tmp is not None:
             tmp.cleanup()
-    load_end = os.getloadavg()
-    best = {arm: {m: nbytes / min(v) / 1e9 for m, v in by.items()} for arm, by in times.items()}
-    peers = [x for x in a.arms if x in PEERS and x not in ZERO_COPY]
-    best_peer = {m: max(peers, key=lambda x: best[x][m]) for m in a.modes} if peers else {}
-    print(f"\n{nbytes / 1e9:.2f} GB in {len(files)} shards, into host memory, best of "
-          f"{a.rounds}; ratio = GB/s / the best copying peer's (warm: "
-          f"{best_peer.get('warm', '-')}, cold: {best_peer.get('cold', '-')}); faults and CPU "
-          "seconds of the best run")
-    print(f"{'arm':26}" + "".join(f"{m + ' GB/s':>12}{'ratio':>8}{'faults':>9}{'CPU s':>7}"
-                                  for m in a.modes) + "  pinned")
-    for arm in a.arms:
-        cells = ""
-        for m in a.modes:
-            ratio = best[arm][m] / best[best_peer[m]][m] if peers else float("nan")
-            u = usage[arm][m][times[arm][m].index(min(times[arm][m]))]
-            cells += f"{best[arm][m]:12.2f}{ratio:7.2f}x{u['minor_faults']:9d}{u['cpu_s']:7.2f}"
-        note = "  (zero-copy views of the page cache)" if arm in ZERO_COPY else ""
-        print(f"{arm:26}{cells}  {pinned[arm]}{note}")
-    cold_left = max(residency["cold"]) if "cold" in residency else None
-    warm_min = min(residency["warm"]) if "warm" in residency else None
-    if cold_left is not None:
-        print(f"cold arms: at most {cold_left:.2%} of the shards resident before an arm")
-    if warm_min is not None:
-        print(f"warm arms: at least {warm_min:.2%} resident before an arm")
-    print(f"load average at the end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
+    s = summarize(a, runs, nbytes)
+    print_table(a, runs, s, nbytes, files)
+    print_residency(runs, a)
+    load_end = say_load("at the end")
     if a.json:
-        doc = {"run": run_block(a, build, {"load_average_start": load_start,
-                                           "load_average_end": load_end}),
-               "kind": "peers", "bytes": nbytes, "file_bytes": file_bytes,
-               "shards": len(files), "tensors": len(ref), "rounds": a.rounds,
-               "modes": a.modes, "seconds": times, "usage": usage, "best_gbps": best,
-               "zero_copy_arms": sorted(ZERO_COPY & set(a.arms)),
-               "best_peer": best_peer, "pinned": pinned,
-               "residency_before_arm": residency,
-               "ratio_to_best_peer": {arm: {m: best[arm][m] / best[best_peer[m]][m]
-                                            for m in a.modes} for arm in a.arms}
-               if peers else {}}
-        write_json_atomically(a.json, doc)
-        png = str(pathlib.Path(a.json).with_suffix(".png"))
-        try:
-            picture(doc, png)
-            print(f"report: {a.json}, picture: {png}")
-        except ImportError as e:
-            print(f"report: {a.json} (no picture: {e})")
-    return 0
+        facts["run"] = run_block(a, build, {"load_average_start": load_start,
+                                            "load_average_end": load_end})
+        write_report(a, document(a, runs, s, facts, folios))
+    failed = any(not r["ok"] for by in runs.values() for rs in by.values() for r in rs)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
