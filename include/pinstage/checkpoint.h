@@ -110,8 +110,26 @@ inline constexpr int kLoadMaxThreads = 1024;                       // threads: 0
 inline constexpr uint64_t kLoadMaxChunkBytes = uint64_t{4} << 30;  // chunk_bytes: 1..4 GiB
 inline constexpr uint64_t kLoadMaxRingBytes = uint64_t{64} << 30;  // ring_bytes: ..64 GiB
 
+// How a load gets the tensors' bytes (docs/loading.md, "Modes").
+//  copy: read into the worker's pinned pool memory (pread, or O_DIRECT with `direct`):
+//        writable tensors that own their bytes.
+//  map:  every file that holds a wanted tensor mapped read-only and pinned where it lies
+//        (Worker::map_file_pinned, the page cache itself): nothing is read or copied, and
+//        the tensors are read-only views that keep the mapping alive. Where the backend
+//        refuses to pin a file mapping, its tensors are copied into pinned pool memory and
+//        LoadReport::map_note says so.
+enum class LoadMode { copy, map };
+// LoadMode::map -> "map".
+PINSTAGE_API const char* load_mode_name(LoadMode mode);
+// "copy" / "map" (any case) -> the mode; Error(invalid_argument) naming both otherwise.
+PINSTAGE_API LoadMode parse_load_mode(std::string_view name);
+
 // How a checkpoint is read.
 struct CheckpointLoadOptions {
+  // Host loads through a worker (load_to_host(checkpoint, worker, ...)) and device loads:
+  // copy or map (LoadMode). map with direct is Error(invalid_argument): a mapping is the
+  // page cache, which direct bypasses. load_to_host(checkpoint, allocator) copies only.
+  LoadMode mode = LoadMode::copy;
   int threads = 0;                           // reader threads; 0 = all cores
   uint64_t chunk_bytes = uint64_t{8} << 20;  // one pread
   // O_DIRECT reads (page cache bypassed) in aligned chunks through a per-thread aligned
@@ -157,6 +175,10 @@ struct LoadReport {
   uint64_t peak_pinned_bytes = 0;      // worker's pinned bytes at the peak of the load
   int threads = 0;
   uint64_t chunk_bytes = 0;
+  std::string mode = "copy";  // load_mode_name of the load's mode
+  double map_s = 0;           // map mode: opening and mapping the files
+  double pin_s = 0;           // map mode: pinning them in place (the faults of a cold file too)
+  std::string map_note;       // map mode: why a file was copied instead ("" when none was)
   double gbps(double seconds) const {
     return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
   }
@@ -165,8 +187,8 @@ struct LoadReport {
 // Every field of `r`, in this order, with the rates it implies: bytes, tensors, files,
 // threads, chunk_bytes, total_s, total_gbps, alloc_s, read_s, read_gbps, verify_s,
 // upload_s, overlap, ring_pinned_bytes, peak_pinned_bytes, direct, direct_note,
-// verified, unverified, verify_readback_bytes. The CLI's `load` JSON and Python's
-// report dicts are these (docs/loading.md, "The load report").
+// verified, unverified, verify_readback_bytes, mode, map_s, pin_s, map_note. The CLI's `load` JSON
+// and Python's report dicts are these (docs/loading.md, "The load report").
 PINSTAGE_API ReportFields report_fields(const LoadReport& r);
 
 // A tensor in host memory: its description and its storage (exactly its bytes).
@@ -232,10 +254,23 @@ PINSTAGE_API LoadReport read_tensor_slice(const Checkpoint& checkpoint,
                                           const std::vector<SliceDim>& slice, void* dst,
                                           const CheckpointLoadOptions& options = {});
 
-// Allocates every tensor from `allocator` (exactly its bytes, one storage each) and reads
-// it there with read_checkpoint. On any error nothing stays allocated.
+// Allocates every tensor (or the tensors `names`, as load_to_host(checkpoint, worker)
+// selects them) from `allocator`, reserved once for all of them (exactly their bytes, one
+// storage each), and reads them there with read_checkpoint. Copy mode only. On any error
+// nothing stays allocated.
 PINSTAGE_API HostLoad load_to_host(const Checkpoint& checkpoint, HostAllocator& allocator,
-                                   const CheckpointLoadOptions& options = {});
+                                   const CheckpointLoadOptions& options = {},
+                                   const std::vector<std::string>* names = nullptr);
+
+// The one host load through a worker (what the CLI and Python's load_file, safe_open and
+// get_tensor call): the tensors `names` (nullptr: every tensor; Error(not_found) for a
+// name the checkpoint lacks, Error(invalid_argument) for one given twice, both before
+// anything is taken), in checkpoint order. copy mode reserves the pool once for all of
+// them (one segment on a cold pool), then allocates each exactly and reads; map mode maps
+// and pins the files (LoadMode). On any error nothing stays allocated, mapped or pinned.
+PINSTAGE_API HostLoad load_to_host(const Checkpoint& checkpoint, Worker& worker,
+                                   const CheckpointLoadOptions& options = {},
+                                   const std::vector<std::string>* names = nullptr);
 
 // The same tensors as TaskArgs (direction IN), sharing the storages; every safetensors
 // dtype maps onto a DType (raw storage for those pinstage does not compute on).
@@ -287,6 +322,10 @@ struct HashReport {
 // sidecar, atomically, replacing an older one. A tensor whose recorded hash differs from
 // its bytes is Error(mismatch) naming it, and nothing is written. Error(io) for a read.
 PINSTAGE_API HashReport hash_checkpoint(const Checkpoint& checkpoint,
+                                        const CheckpointLoadOptions& options = {});
+// The same for the checkpoint at `path`, opened without its sidecar: a stale or broken
+// sidecar is replaced, not refused (`pinstage hash`).
+PINSTAGE_API HashReport hash_checkpoint(const std::string& path,
                                         const CheckpointLoadOptions& options = {});
 
 // The index metadata key of the checkpoint-level digest the sharded writer records: the

@@ -187,6 +187,10 @@ PINSTAGE_API PinBudget read_pin_budget(bool memlock_applies, const PinBudgetFile
 PINSTAGE_API std::string pin_budget_refusal(uint64_t bytes, const PinBudget& budget);
 // VmLck of this process in bytes (/proc/self/status): memory really locked now.
 PINSTAGE_API uint64_t locked_memory_bytes();
+// Tests: every worker's pin budget comes from `source` instead of read_pin_budget (an
+// empty function: the live reading again), so a test can script what each reading sees.
+// Call it while no worker allocates.
+PINSTAGE_API void set_pin_budget_source(std::function<PinBudget(bool memlock_applies)> source);
 
 // Backend operations the fault hook can fail: the ABI's one list (PS_FAULT_KIND_LIST),
 // value for value. corrupt_h2d is not a failure: the nth upload flips one byte.
@@ -272,6 +276,40 @@ using Stream = QueueHandle<QueueKind::stream>;
 // Marks a point on a stream; waiting on it waits for the copies queued before it.
 using Event = QueueHandle<QueueKind::event>;
 
+// A file's bytes mapped read-only and pinned where they lie: the page cache itself, with
+// nothing read or copied (the `file` segment source, docs/worker.md "Segment sources";
+// docs/loading.md "Modes"). Made by Worker::map_file_pinned; shared by whatever
+// views it (a checkpoint's tensors). The last owner unpins it (while its worker lives:
+// finalize unpins it first, and the bytes then stay readable, unpinned) and unmaps it.
+// Writing through data() is a segfault: the mapping is PROT_READ.
+class PINSTAGE_API PinnedFileMapping {
+ public:
+  PinnedFileMapping(const PinnedFileMapping&) = delete;
+  PinnedFileMapping& operator=(const PinnedFileMapping&) = delete;
+  ~PinnedFileMapping();
+
+  const unsigned char* data() const noexcept { return data_; }  // the file's byte 0
+  uint64_t size() const noexcept { return size_; }              // the file's bytes, mapped
+  // True when the backend registered it (copies from it take the pinned path); false when
+  // it refused or has no host_register slot, and refusal() says why.
+  bool pinned() const noexcept { return pinned_; }
+  const std::string& refusal() const noexcept { return refusal_; }
+  double map_seconds() const noexcept { return map_seconds_; }  // open + mmap
+  double pin_seconds() const noexcept { return pin_seconds_; }  // host_register (faults + lock)
+
+ private:
+  friend class Worker;
+  PinnedFileMapping() = default;
+
+  std::weak_ptr<runtime::WorkerState> owner_;
+  unsigned char* data_ = nullptr;
+  uint64_t size_ = 0;
+  size_t map_bytes_ = 0;  // whole pages: what is mapped and registered
+  bool pinned_ = false;
+  std::string refusal_;
+  double map_seconds_ = 0, pin_seconds_ = 0;
+};
+
 // One bound argument handed to a backend callable.
 struct ExecArg {
   std::string name;
@@ -348,6 +386,19 @@ class PINSTAGE_API Worker {
   // True when [ptr, ptr + bytes) lies inside one live pinned buffer of this worker: the
   // one table of pinned ranges that copies, the Binder and the loader ask.
   bool is_pinned_host(const void* ptr, size_t bytes) const;
+
+  // Maps the file at `path` read-only (PROT_READ, MAP_SHARED: its page cache) and pins it
+  // in place through the backend's host_register (ABI v7) with PS_REGISTER_READ_ONLY; the
+  // range then counts as this worker's pinned memory (is_pinned_host, copy paths) until
+  // the mapping goes. `expect_bytes`: the size the caller validated (a checkpoint's), or
+  // UINT64_MAX to take the file as it is; a file of another size is Error(io) ("changed
+  // since it was opened"). A backend without the slot, or one that refuses this memory
+  // (PS_ERR_UNSUPPORTED: a driver without read-only registration), gives an unpinned
+  // mapping whose refusal() says why: the caller copies instead. Over the pin budget:
+  // Error(out_of_memory), or unpinned under PINSTAGE_PIN_POLICY=fallback. Error(io) for a
+  // file that cannot be opened or mapped, an empty one included.
+  std::shared_ptr<PinnedFileMapping> map_file_pinned(const std::string& path,
+                                                     uint64_t expect_bytes = UINT64_MAX);
 
   // Synchronous copies; [offset, offset+bytes) must lie inside the device buffer.
   void copy_to_device(const DeviceBuffer& dst, size_t dst_offset, const void* src, size_t bytes);

@@ -102,6 +102,69 @@ std::string read_index_text(const std::string& path) {
 }
 
 // The shard files of a directory without an index: every *.safetensors, sorted.
+// A shard named <prefix>-<k>-of-<n><suffix>.safetensors (Hugging Face's and our writer's
+// names), split into its parts; nullopt for any other name.
+struct NumberedShard {
+  std::string prefix, k, n, suffix;
+};
+
+bool all_digits(std::string_view s) {
+  return !s.empty() && s.size() <= 9 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::optional<NumberedShard> numbered_shard(const std::string& name) {
+  const size_t of = name.rfind("-of-");
+  const size_t dash = of == std::string::npos ? of : name.rfind('-', of == 0 ? 0 : of - 1);
+  if (of == std::string::npos || dash == std::string::npos || dash >= of) return std::nullopt;
+  size_t n_end = of + 4;
+  while (n_end < name.size() && name[n_end] >= '0' && name[n_end] <= '9') ++n_end;
+  NumberedShard s{name.substr(0, dash), name.substr(dash + 1, of - dash - 1),
+                  name.substr(of + 4, n_end - of - 4), name.substr(n_end)};
+  if (!all_digits(s.k) || !all_digits(s.n)) return std::nullopt;
+  return s;
+}
+
+// The names say how many shards there are: a directory holding some of a series must
+// hold them all, or the checkpoint would load short of tensors without a word.
+void check_numbered_shards(const std::string& dir, const std::vector<std::string>& paths) {
+  std::map<std::string, std::pair<NumberedShard, std::set<unsigned long>>> series;
+  for (const std::string& p : paths) {
+    const std::string name = fs::path(p).filename().string();
+    const std::optional<NumberedShard> s = numbered_shard(name);
+    if (!s) continue;
+    const unsigned long k = std::stoul(s->k), n = std::stoul(s->n);
+    if (k == 0 || k > n)
+      ckpt_error(dir, "shard " + shown(name) + " is numbered " +
+                          (k == 0 ? std::string("0 (shards count from 1)")
+                                  : "past its count of " + std::to_string(n)) +
+                          ": a stray file of another write? Move it out of the directory");
+    auto& entry = series[s->prefix + '\n' + s->n + '\n' + s->suffix];
+    entry.first = *s;
+    entry.second.insert(k);
+  }
+  for (const auto& [key, entry] : series) {
+    const auto& [s, have] = entry;
+    const unsigned long n = std::stoul(s.n);
+    if (have.size() == n) continue;
+    std::string missing;
+    size_t listed = 0;
+    for (unsigned long k = 1; k <= n && listed < 5; ++k) {
+      if (have.count(k)) continue;
+      std::string digits = std::to_string(k);
+      digits.insert(0, s.k.size() > digits.size() ? s.k.size() - digits.size() : 0, '0');
+      missing += (listed++ ? ", " : "") + shown(s.prefix + "-" + digits + "-of-" + s.n + s.suffix);
+    }
+    const size_t absent = n - have.size();
+    if (absent > listed) missing += " and " + std::to_string(absent - listed) + " more";
+    ckpt_error(dir, "the directory holds " + std::to_string(have.size()) + " of the " +
+                        std::to_string(n) + " shards of " +
+                        shown(s.prefix + "-*-of-" + s.n + s.suffix) + ": " + missing +
+                        (absent == 1 ? " is" : " are") +
+                        " missing (restore them, or give the shards you have as files)");
+  }
+}
+
 std::vector<std::string> shard_files(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
@@ -113,10 +176,26 @@ std::vector<std::string> shard_files(const std::string& dir) {
   if (out.empty())
     ckpt_error(dir, std::string("the directory holds neither ") + kCheckpointIndexName +
                         " nor any *.safetensors file");
+  check_numbered_shards(dir, out);
   return out;
 }
 
+// Set while open_checkpoint_without_sidecar runs on this thread.
+thread_local bool t_skip_sidecar = false;
+
 }  // namespace
+
+namespace detail {
+
+Checkpoint open_checkpoint_without_sidecar(const std::string& path) {
+  struct Skip {
+    Skip() { t_skip_sidecar = true; }
+    ~Skip() { t_skip_sidecar = false; }
+  } skip;
+  return Checkpoint::open(path);
+}
+
+}  // namespace detail
 
 const char* checkpoint_layout_name(CheckpointLayout layout) {
   static constexpr const char* kNames[] = {"single_file", "indexed_directory", "shard_directory"};
@@ -273,7 +352,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
     merge_metadata(c.metadata_, origin, index->metadata, path + "/" + kCheckpointIndexName);
   }
   for (const CheckpointFile& f : c.files_) merge_metadata(c.metadata_, origin, f.metadata, f.path);
-  detail::apply_hash_sidecar(path, c.files_, c.tensors_);
+  if (!t_skip_sidecar) detail::apply_hash_sidecar(path, c.files_, c.tensors_);
   return c;
 }
 
@@ -404,7 +483,11 @@ ReportFields report_fields(const LoadReport& r) {
           {"direct_note", r.direct_note},
           {"verified", r.verified},
           {"unverified", uint64_t{r.unverified}},
-          {"verify_readback_bytes", r.verify_readback_bytes}};
+          {"verify_readback_bytes", r.verify_readback_bytes},
+          {"mode", r.mode},
+          {"map_s", r.map_s},
+          {"pin_s", r.pin_s},
+          {"map_note", r.map_note}};
 }
 
 }  // namespace pinstage

@@ -12,6 +12,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -304,7 +305,8 @@ void check_verifiable(const Checkpoint& c, const std::vector<const CheckpointTen
                   "`pinstage hash " +
                   c.path() +
                   "` (a sidecar file), or verify only the "
-                  "tensors that have one with verify_if_present (CLI --verify=if-present)");
+                  "tensors that have one with verify_if_present (Python verify=\"if-present\", CLI "
+                  "--verify=if-present)");
 }
 
 }  // namespace detail
@@ -393,29 +395,42 @@ LoadReport read_checkpoint(const Checkpoint& c, const std::vector<ReadTarget>& t
   return r;
 }
 
-HostLoad load_to_host(const Checkpoint& c, HostAllocator& allocator,
-                      const CheckpointLoadOptions& o) {
+namespace detail {
+
+HostLoad copy_to_host(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors,
+                      HostAllocator& allocator, const CheckpointLoadOptions& o) {
   check_load_options(o, false);
-  std::vector<const CheckpointTensor*> all;
-  all.reserve(c.tensors().size());
-  for (const CheckpointTensor& t : c.tensors()) all.push_back(&t);
-  check_verifiable(c, all, o);  // before any memory is taken
+  check_verifiable(c, tensors, o);  // before any memory is taken
   const Stopwatch total;
   HostLoad out;
   std::vector<ReadTarget> targets;
   const Stopwatch alloc;
   std::vector<size_t> sizes;
-  for (const CheckpointTensor& t : c.tensors()) sizes.push_back(static_cast<size_t>(t.bytes));
+  sizes.reserve(tensors.size());
+  for (const CheckpointTensor* t : tensors) sizes.push_back(static_cast<size_t>(t->bytes));
   allocator.reserve(sizes);  // one pinned segment for the lot, or a cache hit when warm
-  for (const CheckpointTensor& t : c.tensors()) {
-    out.tensors.push_back({t, allocator.allocate(static_cast<size_t>(t.bytes))});
-    targets.push_back({&t, out.tensors.back().storage->data()});
+  out.tensors.reserve(tensors.size());
+  targets.reserve(tensors.size());
+  for (const CheckpointTensor* t : tensors) {
+    out.tensors.push_back({*t, allocator.allocate(static_cast<size_t>(t->bytes))});
+    targets.push_back({t, out.tensors.back().storage->data()});
   }
   const double alloc_s = alloc.seconds();
   out.report = read_checkpoint(c, targets, o);
   out.report.alloc_s = alloc_s;
   out.report.total_s = total.seconds();
   return out;
+}
+
+}  // namespace detail
+
+HostLoad load_to_host(const Checkpoint& c, HostAllocator& allocator, const CheckpointLoadOptions& o,
+                      const std::vector<std::string>* names) {
+  if (o.mode != LoadMode::copy)
+    throw Error(ErrorCode::invalid_argument,
+                "load_to_host(checkpoint, allocator): map mode needs the worker that pins the "
+                "mapping: call load_to_host(checkpoint, worker, options)");
+  return detail::copy_to_host(c, detail::selected(c, names, "load_to_host"), allocator, o);
 }
 
 TaskArgs to_task_args(const HostLoad& load) {
@@ -540,9 +555,15 @@ DeviceLoad load_selected(const Checkpoint& c, const std::vector<CheckpointTensor
                          Worker& worker, const CheckpointLoadOptions& o) {
   check_load_options(o, true);
   require_chip_worker(worker, "load_to_device");
+  std::string map_note;  // map mode, a file the backend would not pin: the ring copies
+  if (o.mode == LoadMode::map)
+    if (std::optional<DeviceLoad> mapped = detail::map_to_device(c, tensors, worker, o, &map_note))
+      return std::move(*mapped);
   const Stopwatch total;
   DeviceLoad out;
   LoadReport& r = out.report;
+  r.mode = load_mode_name(o.mode);
+  r.map_note = map_note;
   r.files = c.files().size();
   r.threads = thread_count(o);
   r.chunk_bytes = o.chunk_bytes;
@@ -609,20 +630,43 @@ DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointL
 
 DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointLoadOptions& o,
                           const std::vector<std::string>& names) {
+  return load_selected(c, detail::select_tensors(c, names, "load_to_device"), worker, o);
+}
+
+namespace detail {
+
+std::vector<CheckpointTensor> select_tensors(const Checkpoint& c,
+                                             const std::vector<std::string>& names,
+                                             const char* who) {
   std::vector<bool> chosen(c.tensors().size(), false);
   for (const std::string& name : names) {
     const CheckpointTensor& t = c.get(name);  // Error(not_found) naming it
     const auto index = static_cast<size_t>(&t - c.tensors().data());
     if (chosen[index])
       throw Error(ErrorCode::invalid_argument,
-                  "load_to_device: tensor '" + name.substr(0, 96) + "' is named twice");
+                  std::string(who) + ": tensor '" + name.substr(0, 96) + "' is named twice");
     chosen[index] = true;
   }
   std::vector<CheckpointTensor> tensors;
   tensors.reserve(names.size());
   for (size_t i = 0; i < chosen.size(); ++i)
     if (chosen[i]) tensors.push_back(c.tensors()[i]);
-  return load_selected(c, tensors, worker, o);
+  return tensors;
 }
+
+std::vector<const CheckpointTensor*> selected(const Checkpoint& c,
+                                              const std::vector<std::string>* names,
+                                              const char* who) {
+  std::vector<const CheckpointTensor*> out;
+  if (names == nullptr) {
+    out.reserve(c.tensors().size());
+    for (const CheckpointTensor& t : c.tensors()) out.push_back(&t);
+    return out;
+  }
+  for (const CheckpointTensor& t : select_tensors(c, *names, who)) out.push_back(c.find(t.name));
+  return out;
+}
+
+}  // namespace detail
 
 }  // namespace pinstage

@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "pinstage/checkpoint.h"
@@ -41,6 +43,28 @@ CheckpointLoadOptions part_options(const CheckpointLoadOptions& options, const u
 [[noreturn]] void hash_mismatch(const Checkpoint& checkpoint, const CheckpointTensor& tensor,
                                 uint64_t got);
 
+// The tensors `names` in checkpoint order: Error(not_found) for a name the checkpoint
+// lacks, Error(invalid_argument) (starting with `who`) for one given twice.
+std::vector<CheckpointTensor> select_tensors(const Checkpoint& checkpoint,
+                                             const std::vector<std::string>& names,
+                                             const char* who);
+// The checkpoint's own records of `names` in checkpoint order (nullptr: every tensor), as
+// select_tensors checks them.
+std::vector<const CheckpointTensor*> selected(const Checkpoint& checkpoint,
+                                              const std::vector<std::string>* names,
+                                              const char* who);
+// Allocates `tensors` from `allocator` (one reserve for all of them first) and reads them
+// there: load_to_host's copy mode over a selection. On any error nothing stays allocated.
+HostLoad copy_to_host(const Checkpoint& checkpoint,
+                      const std::vector<const CheckpointTensor*>& tensors, HostAllocator& allocator,
+                      const CheckpointLoadOptions& options);
+// Map mode's device load (map.cpp): the files mapped and pinned, each tensor uploaded from
+// its mapping with no ring. nullopt, with *note saying why, when a file could not be
+// pinned: the caller then loads through its ring, as copy mode does, and reports the note.
+std::optional<DeviceLoad> map_to_device(const Checkpoint& checkpoint,
+                                        const std::vector<CheckpointTensor>& tensors,
+                                        Worker& worker, const CheckpointLoadOptions& options,
+                                        std::string* note);
 // A tensor around a split dimension `dim` (>= 0): `outer` rows (the product of the
 // dimensions before it), each of `row_bytes`, holding the dimension's indices of
 // `inner_bytes` each. load_tp.cpp and load_tp_rank.cpp cut slices from it.

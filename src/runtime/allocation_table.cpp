@@ -59,6 +59,12 @@ std::vector<ps_allocation> drain(std::map<uintptr_t, ps_allocation>& map, uint64
 
 }  // namespace
 
+std::vector<ps_allocation> AllocationTable::snapshot(EntryKind kind) const {
+  std::vector<ps_allocation> all;
+  for (const auto& [addr, entry] : entries_[index(kind)]) all.push_back(entry);
+  return all;
+}
+
 std::vector<ps_allocation> AllocationTable::take_all(EntryKind kind) {
   return drain(entries_[index(kind)], bytes_[index(kind)]);
 }

@@ -15,9 +15,11 @@ namespace pinstage::runtime {
 // What an entry is. Streams and events are entries too (ptr = the handle, bytes = 0), so
 // finalize can release them before the context without the backend keeping a list.
 // pageable_host: a pinned request served with pageable memory the runtime mapped itself
-// (PINSTAGE_PIN_POLICY=fallback); it never goes to the backend.
-enum class EntryKind { pinned_host, device, stream, event, pageable_host };
-inline constexpr size_t kEntryKindCount = 5;
+// (PINSTAGE_PIN_POLICY=fallback); it never goes to the backend. registered_host: memory
+// the runtime mapped itself (a file's page cache) that the backend pinned in place through
+// host_register (ABI v7); released with host_unregister.
+enum class EntryKind { pinned_host, device, stream, event, pageable_host, registered_host };
+inline constexpr size_t kEntryKindCount = 6;
 
 // Not thread-safe by itself: WorkerState guards it with its mutex.
 class AllocationTable {
@@ -36,6 +38,8 @@ class AllocationTable {
   // The one range check: [ptr, ptr + bytes) lies inside one live entry of `kind`.
   bool contains(EntryKind kind, const void* ptr, size_t bytes) const;
   bool has(EntryKind kind, const void* ptr) const;
+  // Every live entry of `kind`, left in place.
+  std::vector<ps_allocation> snapshot(EntryKind kind) const;
   // Every live entry of `kind`, leaving none (finalize's reclaim).
   std::vector<ps_allocation> take_all(EntryKind kind);
   uint64_t bytes(EntryKind kind) const noexcept { return bytes_[index(kind)]; }

@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <functional>
+#include <mutex>
 #include <sstream>
 #include <string>
 
@@ -92,6 +94,26 @@ constexpr const char* kFallbackHint =
     "; or set PINSTAGE_PIN_POLICY=fallback to get pageable memory instead";
 
 }  // namespace
+
+namespace {
+std::mutex g_source_mu;
+std::function<PinBudget(bool)> g_source;  // set_pin_budget_source's; empty = live
+}  // namespace
+
+void set_pin_budget_source(std::function<PinBudget(bool)> source) {
+  std::lock_guard lock(g_source_mu);
+  g_source = std::move(source);
+}
+
+namespace detail {
+PinBudget current_pin_budget(bool memlock_applies) {
+  {
+    std::lock_guard lock(g_source_mu);
+    if (g_source) return g_source(memlock_applies);
+  }
+  return read_pin_budget(memlock_applies);
+}
+}  // namespace detail
 
 uint64_t locked_memory_bytes() {
   const std::string text = status_field("VmLck:");

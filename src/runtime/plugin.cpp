@@ -82,6 +82,9 @@ void check_required_slots(const ps_platform_api& api, const std::string& backend
   if ((api.device_count == nullptr) != (api.device_props == nullptr))
     fail(backend, path,
          "topology slots device_count and device_props must be both present or both NULL");
+  if ((api.host_register == nullptr) != (api.host_unregister == nullptr))
+    fail(backend, path,
+         "pinning slots host_register and host_unregister must be both present or both NULL");
 }
 
 Plugin load(const std::string& backend, const std::string& path) {

@@ -114,11 +114,7 @@ void WorkerState::free(MemoryKind kind, void* ptr) {
   check(status, "device free");
 }
 
-void* WorkerState::over_budget(size_t bytes) {
-  const std::string refusal = pin_budget_refusal(bytes, pin_budget());
-  if (refusal.empty()) return nullptr;
-  if (setting_choice(Setting::pin_policy).value_or("strict") != "fallback")
-    throw Error(ErrorCode::out_of_memory, name() + ": " + refusal);
+void* WorkerState::pageable_fallback(size_t bytes, const std::string& refusal) {
   MapOptions options;
   options.prefault = true;  // like pinned memory, resident from the start
   const MappedPages pages = map_pages(bytes, options);
@@ -170,8 +166,9 @@ namespace {
 
 // Releases what finalize took from the table, through the backend, logging failures.
 void release_all(WorkerState& s, EntryKind kind, const std::vector<ps_allocation>& left) {
-  static constexpr const char* kNames[] = {"pinned host segment", "device allocation", "stream",
-                                           "event", "pageable fallback allocation"};
+  static constexpr const char* kNames[] = {
+      "pinned host segment",          "device allocation",    "stream", "event",
+      "pageable fallback allocation", "registered host range"};
   if (left.empty()) return;
   const char* what = kNames[static_cast<size_t>(kind)];
   uint64_t bytes = 0;
@@ -190,6 +187,9 @@ void release_all(WorkerState& s, EntryKind kind, const std::vector<ps_allocation
         break;
       case EntryKind::event:
         status = s.api().event_destroy(s.ctx, static_cast<ps_event*>(a.ptr));
+        break;
+      case EntryKind::registered_host:  // unpinned only: its owner unmaps it (file_source.cpp)
+        status = s.api().host_unregister(s.ctx, a.ptr, a.bytes);
         break;
       case EntryKind::pageable_host: {
         const size_t mapped = round_up_to_pages(a.bytes);
@@ -247,7 +247,8 @@ void WorkerState::shutdown() noexcept {
   for (EntryKind kind : {EntryKind::stream, EntryKind::event})
     release_all(*this, kind, left[static_cast<size_t>(kind)]);
   for (ps_event* e : parked) api().event_destroy(ctx, e);  // the pool's own
-  for (EntryKind kind : {EntryKind::device, EntryKind::pinned_host, EntryKind::pageable_host})
+  for (EntryKind kind : {EntryKind::device, EntryKind::pinned_host, EntryKind::pageable_host,
+                         EntryKind::registered_host})
     release_all(*this, kind, left[static_cast<size_t>(kind)]);
   for (EntryKind kind : {EntryKind::device, EntryKind::pinned_host}) {
     const auto& again = retry[static_cast<size_t>(kind)];

@@ -2,11 +2,15 @@
 // See Note [Pinned memory lifecycle] in worker.cpp and Note [One allocation table].
 #pragma once
 
+#include <compare>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "pinstage/backend/platform_abi.h"
@@ -14,6 +18,11 @@
 #include "runtime/allocation_table.h"
 #include "runtime/host_memory/host_pool.h"
 #include "runtime/plugin.h"
+
+namespace pinstage::detail {
+// read_pin_budget, or what set_pin_budget_source installed (pin_budget.cpp).
+PinBudget current_pin_budget(bool memlock_applies);
+}  // namespace pinstage::detail
 
 namespace pinstage::runtime {
 
@@ -26,6 +35,15 @@ inline constexpr const char* kForkedMessage =
     "this Worker belongs to the process that initialized it; after fork() the child cannot "
     "use it (its device context, threads and pinned memory stay with the parent): create "
     "and init a new Worker in the child";
+
+// A file as map_file_pinned shares its mapping: the same inode, unchanged since.
+struct FileKey {
+  dev_t dev;
+  ino_t ino;
+  int64_t mtime_s, mtime_ns;
+  uint64_t size;
+  auto operator<=>(const FileKey&) const = default;
+};
 
 struct WorkerState {
   const Plugin* plugin = nullptr;
@@ -48,6 +66,8 @@ struct WorkerState {
   bool pins_with_mlock = false;     // the backend's device memory is host memory (sim)
   uint64_t free_failures = 0;       // releases the backend refused, ever (WorkerStats)
   uint64_t pageable_fallbacks = 0;  // pinned requests served pageable, ever
+  // Live file mappings (file_source.cpp), so a file's tensors share one pinned mapping.
+  std::map<FileKey, std::weak_ptr<PinnedFileMapping>> mapped_files;
 
   const ps_platform_api& api() const { return *plugin->api; }
   const std::string& name() const { return plugin->info.name; }
@@ -60,9 +80,14 @@ struct WorkerState {
   // The pool's side (host_memory.cpp). A block of `bytes`: from the cache, else from a
   // new segment, else (over the budget, PINSTAGE_PIN_POLICY=fallback) pageable memory.
   void* alloc_pinned(size_t bytes);
-  // Maps one segment of `bytes` (or of `minimum` when only that fits the pin budget) into
-  // the pool. Over the budget: Error(out_of_memory), or false under the fallback policy.
-  bool map_segment(size_t bytes, size_t minimum);
+  // The pin budget's one verdict for a segment of `bytes` (`minimum` when only that fits;
+  // `bytes` is then lowered to it): "" when it fits, else the refusal naming `requested`,
+  // the caller's own size. Wholly free cached segments are released before a refusal.
+  std::string pin_verdict(size_t& bytes, size_t minimum, size_t requested);
+  // Maps one segment of `bytes` (or of `minimum`, see pin_verdict) into the pool; ""
+  // when mapped. Over the budget: Error(out_of_memory), or, under the fallback policy, the
+  // refusal, which the caller acts on without reading the budget again.
+  std::string map_segment(size_t bytes, size_t minimum, size_t requested);
   // read_pin_budget for this worker's backend, with what its pool holds locked; takes `mu`.
   PinBudget pin_budget() const;
   // Releases the pool block at `ptr`; false when it is none.
@@ -79,9 +104,9 @@ struct WorkerState {
   // Error(<backend code>) when the backend refuses (the entry then waits in the table's
   // failed list for finalize's retry).
   void free(MemoryKind kind, void* ptr);
-  // A pinned request over the pin budget: throws the refusal (strict) or maps pageable
-  // memory for it (PINSTAGE_PIN_POLICY=fallback). Null when the request fits.
-  void* over_budget(size_t bytes);
+  // A pinned request the pin budget refused (`refusal`, under PINSTAGE_PIN_POLICY=fallback):
+  // pageable memory mapped for it, with a warning. Never null.
+  void* pageable_fallback(size_t bytes, const std::string& refusal);
   // Enters a stream or event handle in the table; destroy_handle takes it out and
   // releases it through the backend (a no-op after finalize).
   void add_handle(EntryKind kind, void* handle);

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -248,6 +250,38 @@ TEST_F(Conformance, DeviceCopiesAndFillsRefuseBadRangesAndValues) {
   EXPECT_EQ(read_back(worker, b), want);
 }
 
+// ABI v7: a read-only file mapping pinned in place is this worker's pinned memory (copies
+// from it are bit-exact, is_pinned_host sees it) until it goes; every in-tree backend has
+// host_register, and a register fault (kind host_alloc) leaves the mapping unpinned.
+TEST_F(Conformance, AReadOnlyFileMappingIsPinnedInPlaceUntilItGoes) {
+  ASSERT_NE(raw_api().host_register, nullptr) << kBackend << " has no host_register (ABI v7)";
+  const std::string path = ::testing::TempDir() + "pinstage_conf_map_" + kBackend;
+  const std::vector<unsigned char> bytes = pattern(3 * 4096 + 77, 5);
+  {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+    std::fclose(f);
+  }
+  const void* at = nullptr;
+  {
+    const std::shared_ptr<PinnedFileMapping> m = worker.map_file_pinned(path, bytes.size());
+    ASSERT_TRUE(m->pinned()) << m->refusal();
+    at = m->data();
+    EXPECT_TRUE(worker.is_pinned_host(m->data() + 100, bytes.size() - 100));
+    DeviceBuffer dev = worker.alloc_device(bytes.size());
+    worker.copy_to_device(dev, 0, m->data(), bytes.size());
+    std::vector<unsigned char> back(bytes.size());
+    worker.copy_to_host(back.data(), dev, 0, back.size());
+    EXPECT_EQ(back, bytes);
+  }
+  EXPECT_FALSE(worker.is_pinned_host(at, 1)) << "still pinned after its last owner went";
+  worker.inject_fault(FaultKind::host_alloc, 1);
+  EXPECT_EQ(error_of([&] { (void)worker.map_file_pinned(path, bytes.size()); }).code(),
+            ErrorCode::injected_fault);
+  std::remove(path.c_str());
+}
+
 TEST_F(Conformance, FaultHookFailsExactlyTheNthCallOfEachKind) {
   worker.inject_fault(FaultKind::device_malloc, 2);
   DeviceBuffer a = worker.alloc_device(4096);
@@ -378,6 +412,10 @@ TEST(ConformanceAbi, EverySlotRefusesNullArguments) {
   if (api.stream_create != nullptr) {
     EXPECT_EQ(api.stream_create(nullptr, nullptr), PS_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(api.event_create(nullptr, nullptr), PS_ERR_INVALID_ARGUMENT);
+  }
+  if (api.host_register != nullptr) {
+    EXPECT_EQ(api.host_register(nullptr, &a, 4096, 0), PS_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(api.host_unregister(nullptr, &a, 4096), PS_ERR_INVALID_ARGUMENT);
   }
   EXPECT_STREQ(ps_status_str(PS_ERR_OUT_OF_MEMORY), "PS_ERR_OUT_OF_MEMORY");
   EXPECT_STREQ(ps_status_str(-1234), "PS_ERR_UNKNOWN_STATUS");

@@ -5,3 +5,11 @@ pinstage_sim_gtest(test_checkpoint LABELS tensor checkpoint)
 
 # Tensor-parallel loading: plans, slices against a reference for tp 1..8, refusals.
 pinstage_sim_gtest(test_load_tp LABELS tensor checkpoint)
+
+# Issue 41's library defects: a plan regex on a million-character name, a stale hash
+# sidecar, a shard directory missing a shard, negative thread counts.
+pinstage_sim_gtest(test_defects41 LABELS tensor checkpoint)
+
+# Segment sources (issue 39): map mode (a checkpoint's page cache pinned in place through
+# host_register), the pin budget's one verdict, the pool's give-back before a refusal.
+pinstage_sim_gtest(test_segment_sources LABELS runtime checkpoint)

@@ -5,10 +5,13 @@
 //    makes its context current on every thread, tears down in order even when a step
 //    fails, falls back to aclrtMallocHost, and names the failing call in its errors.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -435,6 +438,43 @@ TEST_F(AclPlugin, RegisterFallsBackToMallocHostWhenUnsupported) {
   std::vector<unsigned char> back(src.size());
   worker.copy_to_host(back.data(), dev, 0, back.size());
   EXPECT_EQ(back, src);
+}
+
+// ABI v7's host_register on acl: a file mapping registered in place, page-aligned chunk by
+// chunk, unregistered when the mapping goes; a runtime that answers
+// ACL_ERROR_RT_FEATURE_NOT_SUPPORT gives an unpinned mapping that says why (the loader copies).
+TEST_F(AclPlugin, AFileMappingIsRegisteredInPlaceOrRefusedByName) {
+  const std::string path = ::testing::TempDir() + "pinstage_acl_map_" + std::to_string(::getpid());
+  const auto bytes = pattern((2 << 20) + 300, 4);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<long>(bytes.size()));
+  }
+  WorkerOptions options;
+  options.config = {{"register_chunk_mb", "1"}};
+  Worker worker;
+  worker.init("acl", 0, options);
+  {
+    const std::shared_ptr<PinnedFileMapping> m = worker.map_file_pinned(path, bytes.size());
+    ASSERT_TRUE(m->pinned()) << m->refusal();
+    EXPECT_EQ(fake_acl().live(0).registrations, 3u) << "1 MiB chunks of 2 MiB + 300 bytes";
+    DeviceBuffer dev = worker.alloc_device(bytes.size());
+    worker.copy_to_device(dev, 0, m->data(), bytes.size());
+    std::vector<unsigned char> back(bytes.size());
+    worker.copy_to_host(back.data(), dev, 0, back.size());
+    EXPECT_EQ(back, bytes);
+  }
+  EXPECT_EQ(fake_acl().live(0).registrations, 0u) << "left registered";
+  fake_acl().configure(2, uint64_t{1} << 30, 0, 0);  // aclrtHostRegister: FEATURE_NOT_SUPPORT
+  {
+    const std::shared_ptr<PinnedFileMapping> m = worker.map_file_pinned(path, bytes.size());
+    EXPECT_FALSE(m->pinned());
+    EXPECT_NE(m->refusal().find("aclrtHostRegister"), std::string::npos) << m->refusal();
+    EXPECT_FALSE(worker.is_pinned_host(m->data(), 1));
+  }
+  EXPECT_EQ(fake_acl().violations(-1), 0u) << fake_acl().all_violations();
+  worker.finalize();
+  std::remove(path.c_str());
 }
 
 TEST_F(AclPlugin, RegisterModeRegistersPageAlignedChunksAndCountsThem) {

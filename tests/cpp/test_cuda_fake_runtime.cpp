@@ -21,7 +21,9 @@
 //    finishes its copies afterwards, as the real one does.
 //  - cudaHostAlloc/cudaHostRegister/cudaPointerGetAttributes over tracked ranges, with
 //    the real error codes for double registration and unknown pointers. Registration
-//    needs readable and writable pages (/proc/self/maps) and at most
+//    needs readable and writable pages (/proc/self/maps), or readable ones with
+//    cudaHostRegisterReadOnly (a driver without it, pinstage_fake_cuda_set_read_only_register
+//    (0), answers cudaErrorNotSupported), and at most
 //    pinstage_fake_cuda_set_max_register() bytes per call (default: no limit).
 //  - cudaFreeHost or cudaHostUnregister of memory a queued copy still uses is a hazard:
 //    counted (pinstage_fake_cuda_hazards) and printed, then the copy is waited for so
@@ -248,6 +250,8 @@ struct State {
   size_t d2d_copies = 0;  // accepted cudaMemcpyAsync(cudaMemcpyDeviceToDevice)
   size_t memsets = 0;     // accepted cudaMemsetAsync
   size_t max_register = SIZE_MAX;
+  bool read_only_register = true;  // cudaDevAttrHostRegisterReadOnlySupported
+  size_t read_only_registrations = 0;
   std::vector<Injection> injections;
   cudaError_t sticky = cudaSuccess;
   std::map<int, DeviceModel> models;
@@ -346,7 +350,8 @@ std::shared_ptr<FakeStream> lookup_stream(State& s, cudaStream_t st) {
 
 // True when every byte of [p, p + n) lies in mappings that are readable and writable
 // (what page-locking needs; the real driver refuses read-only memory unless asked).
-bool writable(const void* p, size_t n) {
+// Every page of [p, p + n) is mapped readable (and writable when `write`).
+bool accessible(const void* p, size_t n, bool write) {
   std::ifstream maps("/proc/self/maps");
   uintptr_t need = reinterpret_cast<uintptr_t>(p);
   const uintptr_t end = need + n;
@@ -358,11 +363,14 @@ bool writable(const void* p, size_t n) {
     std::string perms;
     in >> std::hex >> lo >> dash >> hi >> perms;
     if (hi <= need) continue;
-    if (lo > need || perms.size() < 2 || perms[0] != 'r' || perms[1] != 'w') return false;
+    if (lo > need || perms.size() < 2 || perms[0] != 'r' || (write && perms[1] != 'w'))
+      return false;
     need = hi;
   }
   return need >= end;
 }
+
+bool writable(const void* p, size_t n) { return accessible(p, n, true); }
 
 // Maps `bytes` of device memory: a PROT_NONE view for the caller, a private one for the
 // fake's copies.
@@ -434,6 +442,19 @@ FAKE_API void pinstage_fake_cuda_set_max_register(size_t bytes) {
   State& s = state();
   std::lock_guard lock(s.mu);
   s.max_register = bytes;
+}
+
+// Whether cudaHostRegisterReadOnly is supported (default: yes); and how many read-only
+// registrations were made.
+FAKE_API void pinstage_fake_cuda_set_read_only_register(int supported) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  s.read_only_register = supported != 0;
+}
+FAKE_API size_t pinstage_fake_cuda_read_only_registrations() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  return s.read_only_registrations;
 }
 
 // The nth next call of the runtime function `call` (e.g. "cudaMemcpyAsync") fails with
@@ -693,17 +714,20 @@ cudaError_t cudaFreeHost(void* p) {
   return cudaSuccess;
 }
 
-cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
+cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int flags) {
   FAKE_ENTER("cudaHostRegister");
   if (p == nullptr || bytes == 0) return fail(cudaErrorInvalidValue);
   State& s = state();
   std::lock_guard lock(s.mu);
+  const bool read_only = (flags & cudaHostRegisterReadOnly) != 0;
+  if (read_only && !s.read_only_register) return fail(cudaErrorNotSupported);
   if (bytes > s.max_register) return fail(cudaErrorInvalidValue);
   if (overlaps(s.registered, p, bytes) || overlaps(s.host_alloc, p, bytes))
     return fail(cudaErrorHostMemoryAlreadyRegistered);
-  if (!writable(p, bytes)) return fail(cudaErrorInvalidValue);
+  if (!accessible(p, bytes, !read_only)) return fail(cudaErrorInvalidValue);
   s.registered.emplace(reinterpret_cast<uintptr_t>(p), Range{bytes, t_device});
   ++s.register_calls;
+  if (read_only) ++s.read_only_registrations;
   return cudaSuccess;
 }
 

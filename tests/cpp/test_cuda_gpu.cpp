@@ -1067,6 +1067,51 @@ TEST_F(CudaGpu, FakeDeviceMemoryIsNotHostMemory) {
   EXPECT_EQ(cudaFree(p), cudaSuccess);
 }
 
+// ABI v7's host_register on cuda: a checkpoint file's page cache mapped read-only and
+// registered in place with cudaHostRegisterReadOnly (the driver refuses read-only pages
+// without it), uploaded from as pinned memory; a driver without read-only registration
+// gives an unpinned mapping that says why, so the loader copies instead.
+TEST_F(CudaGpu, AReadOnlyFileMappingIsRegisteredInPlace) {
+  const auto read_only = fake_fn<FakeCount>("pinstage_fake_cuda_read_only_registrations");
+  const auto set_ro = fake_fn<void (*)(int)>("pinstage_fake_cuda_set_read_only_register");
+  REQUIRE_FAKE(read_only);
+  const std::string path = ::testing::TempDir() + "pinstage_cuda_map_" + std::to_string(getpid());
+  std::vector<unsigned char> bytes(3 * 4096 + 100);
+  fill(bytes.data(), bytes.size(), 9);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<long>(bytes.size()));
+  }
+  Worker worker;
+  worker.init("cuda");
+  {
+    const size_t before = read_only();
+    const std::shared_ptr<pinstage::PinnedFileMapping> m =
+        worker.map_file_pinned(path, bytes.size());
+    ASSERT_TRUE(m->pinned()) << m->refusal();
+    EXPECT_GT(read_only() - before, 0u) << "registered without cudaHostRegisterReadOnly";
+    EXPECT_TRUE(worker.is_pinned_host(m->data(), bytes.size()));
+    EXPECT_EQ(memory_type(m->data()), cudaMemoryTypeHost);
+    auto dev = worker.alloc_device(bytes.size());
+    worker.copy_to_device(dev, 0, m->data(), bytes.size());
+    std::vector<unsigned char> back(bytes.size());
+    worker.copy_to_host(back.data(), dev, 0, back.size());
+    EXPECT_EQ(back, bytes);
+  }
+  set_ro(0);
+  {
+    const std::shared_ptr<pinstage::PinnedFileMapping> m =
+        worker.map_file_pinned(path, bytes.size());
+    set_ro(1);
+    EXPECT_FALSE(m->pinned());
+    EXPECT_NE(m->refusal().find("not supported"), std::string::npos) << m->refusal();
+    EXPECT_FALSE(worker.is_pinned_host(m->data(), 1));
+    EXPECT_EQ(std::memcmp(m->data(), bytes.data(), bytes.size()), 0);
+  }
+  worker.finalize();
+  std::remove(path.c_str());
+}
+
 TEST_F(CudaGpu, FakeRegistrationNeedsWritablePages) {
   REQUIRE_FAKE(fake_hazards());
   void* ro = mmap(nullptr, 8192, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

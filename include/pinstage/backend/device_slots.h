@@ -12,6 +12,8 @@
 //   static std::unique_ptr<ps_stream> P::new_stream(ctx), and P::new_event(ctx);
 //   static void P::sync_stream(ctx, s), P::record_event(ctx, e, s), P::sync_event(ctx, e);
 //   static void P::pin(ctx, bytes, out)  fills out->ptr/handle with pinned host memory;
+//   static void P::register_range(ctx, ptr, bytes, read_only), P::unregister_range(ctx, ptr,
+//     bytes)   pins / unpins memory the runtime mapped (ABI v7), in the device's scope;
 //   using P::PinStats, P::PinStatsFn; static constexpr const char* P::kPinStatsName   its
 //     pin_stats extension (the struct, the documented function type, the name).
 // A plugin's table names them: `.mem_info = slots::mem_info<CudaSlots>`.
@@ -211,6 +213,31 @@ template <class P>
 int host_alloc_pinned(typename P::Ctx* ctx, size_t bytes, ps_allocation* out) {
   return allocation_slot<P>(ctx, bytes, out, "host_alloc_pinned", PS_FAULT_HOST_ALLOC,
                             [&] { P::pin(ctx, bytes, *out); });
+}
+
+// ABI v7 host_register: the range checks every backend makes, the host_alloc fault kind
+// (pinning is one concern, whoever mapped the memory), then the vendor call.
+template <class P>
+int host_register(typename P::Ctx* ctx, void* ptr, size_t bytes, uint32_t flags) {
+  return P::guarded([&] {
+    P::require_ctx(ctx);
+    require(ptr != nullptr && bytes > 0, "host_register: NULL pointer or 0 bytes");
+    require((flags & ~PS_REGISTER_READ_ONLY) == 0, "host_register: unknown flags");
+    ctx->faults.maybe_fail(PS_FAULT_HOST_ALLOC, "host_register");
+    const typename P::Scope scope(ctx);
+    P::register_range(ctx, ptr, bytes, (flags & PS_REGISTER_READ_ONLY) != 0);
+  });
+}
+
+template <class P>
+int host_unregister(typename P::Ctx* ctx, void* ptr, size_t bytes) {
+  return P::guarded([&] {
+    P::require_ctx(ctx);
+    require(ptr != nullptr && bytes > 0, "host_unregister: NULL pointer or 0 bytes");
+    ctx->faults.maybe_fail(PS_FAULT_HOST_FREE, "host_unregister");
+    const typename P::Scope scope(ctx);
+    P::unregister_range(ctx, ptr, bytes);
+  });
 }
 
 // A plugin that only stages data: its pinned memory is page-locked, copies may be async,

@@ -27,7 +27,10 @@
  * Version history: v4 added the copy flags (PS_COPY_HOST_PINNED) and event_query; v5
  * appends copy_d2d_async and memset_async at the table's end, so no older slot moves; v6
  * appends device_count and device_props (the devices and their topology) and
- * ps_context_options.host_numa_node (where the context's pinned memory is placed).
+ * ps_context_options.host_numa_node (where the context's pinned memory is placed); v7
+ * appends host_register and host_unregister: the runtime makes host memory (fresh
+ * anonymous pages, a read-only file mapping, a tmpfs segment) and the plugin only pins it
+ * (Note [Segment sources] in src/runtime/host_memory/).
  */
 #ifndef PINSTAGE_PLATFORM_ABI_H
 #define PINSTAGE_PLATFORM_ABI_H
@@ -40,7 +43,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change to the table's layout or to a slot's meaning. */
-#define PINSTAGE_PLATFORM_API_VERSION 6u
+#define PINSTAGE_PLATFORM_API_VERSION 7u
 #define PINSTAGE_PLATFORM_ENTRY_SYMBOL "pinstage_platform_entry"
 /* Marks the entry symbol: plugins build with hidden visibility and export only it. */
 #define PINSTAGE_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -182,6 +185,10 @@ typedef struct ps_allocation {
  * picks its copy path from this flag and keeps no pinned list of its own. */
 #define PS_COPY_HOST_PINNED 1u
 
+/* host_register flags (ABI v7). PS_REGISTER_READ_ONLY: the range is mapped read-only (a
+ * checkpoint file's page cache); the device only reads it (cudaHostRegisterReadOnly). */
+#define PS_REGISTER_READ_ONLY 1u
+
 /* A host callable run by host_execute; returns a ps_status. */
 typedef int (*ps_host_fn)(void* user);
 
@@ -270,6 +277,18 @@ typedef struct ps_platform_api {
    * fills `out` for a device id in [0, count). */
   int (*device_count)(const ps_context_options* options, int* out);
   int (*device_props)(int device_id, const ps_context_options* options, ps_device_props* out);
+
+  /* OPTIONAL pinning slots (ABI v7), both present or both NULL. host_register pins host
+   * memory the runtime mapped itself, in place: [ptr, ptr + bytes) is page-aligned,
+   * bytes > 0, and no part of it is registered already. On PS_OK the range is page-locked
+   * (or device-registered) until host_unregister gets the same ptr and bytes, exactly
+   * once; on failure nothing of it stays registered. `flags`: PS_REGISTER_READ_ONLY, or 0.
+   * sim: mlock/munlock; cuda: cudaHostRegister in pieces; acl: aclrtHostRegister. A
+   * backend that cannot register this kind of memory (a read-only file mapping, say)
+   * fails with PS_ERR_UNSUPPORTED and the reason in last_error; the runtime then copies
+   * into memory it can pin, and says so. */
+  int (*host_register)(ps_device_ctx* ctx, void* ptr, size_t bytes, uint32_t flags);
+  int (*host_unregister)(ps_device_ctx* ctx, void* ptr, size_t bytes);
 } ps_platform_api;
 
 typedef const ps_platform_api* (*ps_platform_entry_fn)(void);

@@ -331,6 +331,8 @@ struct CudaSlots {
   static void record_event(ps_device_ctx* ctx, ps_event* event, ps_stream* stream);
   static void sync_event(ps_device_ctx* ctx, ps_event* event);
   static void pin(ps_device_ctx* ctx, size_t bytes, ps_allocation& out);
+  static void register_range(ps_device_ctx* ctx, void* ptr, size_t bytes, bool read_only);
+  static void unregister_range(ps_device_ctx* ctx, void* ptr, size_t bytes);
 };
 
 std::string fmt(const char* format, double value) {
@@ -766,20 +768,50 @@ cudaError_t unregister_pieces(const RegisteredPages& record, size_t registered) 
   return first;
 }
 
-// cudaHostRegister of the record's range in pieces of at most chunk_bytes; on a failure
-// the pieces done are unregistered again and the error returned.
-cudaError_t register_pieces(const RegisteredPages& record) {
+// cudaHostRegister of the record's range in pieces of at most chunk_bytes (`flags` added to
+// cudaHostRegisterPortable); on a failure the pieces done are unregistered again and the
+// error returned.
+cudaError_t register_pieces(const RegisteredPages& record, unsigned int flags = 0) {
   auto* data = static_cast<unsigned char*>(record.pages.data);
   const size_t bytes = record.pages.bytes;
   for (size_t off = 0; off < bytes; off += record.chunk_bytes) {
     const size_t length = std::min(record.chunk_bytes, bytes - off);
-    const cudaError_t err = cudaHostRegister(data + off, length, cudaHostRegisterPortable);
+    const cudaError_t err = cudaHostRegister(data + off, length, cudaHostRegisterPortable | flags);
     if (err == cudaSuccess) continue;
     (void)cudaGetLastError();
     if (unregister_pieces(record, off) != cudaSuccess) (void)cudaGetLastError();
     return err;
   }
   return cudaSuccess;
+}
+
+void wait_for_streams(ps_device_ctx* ctx);
+
+// ABI v7: the runtime's memory registered in place, in the pieces register mode uses (the
+// driver takes seconds for one huge call). Read-only sources (the page cache of a
+// checkpoint) need cudaHostRegisterReadOnly: the driver refuses to pin them writable.
+// A driver without it answers cudaErrorNotSupported: PS_ERR_UNSUPPORTED, and the runtime
+// copies instead.
+void CudaSlots::register_range(ps_device_ctx* ctx, void* ptr, size_t bytes, bool read_only) {
+  RegisteredPages record;
+  record.pages.data = ptr;
+  record.pages.bytes = bytes;
+  record.chunk_bytes = ctx->config.register_chunk_bytes;
+  const cudaError_t err = register_pieces(record, read_only ? cudaHostRegisterReadOnly : 0);
+  const std::string what = std::string("cudaHostRegister") + (read_only ? "(ReadOnly)" : "") +
+                           " of " + std::to_string(bytes) + " bytes on " + dev_name(ctx);
+  if (err == cudaErrorNotSupported) fail(PS_ERR_UNSUPPORTED, "cuda: " + what + ": not supported");
+  check(err, [&] { return what; });
+}
+
+void CudaSlots::unregister_range(ps_device_ctx* ctx, void* ptr, size_t bytes) {
+  wait_for_streams(ctx);  // a queued copy may still read it (Note [Release waits for copies])
+  RegisteredPages record;
+  record.pages.data = ptr;
+  record.pages.bytes = bytes;
+  record.chunk_bytes = ctx->config.register_chunk_bytes;
+  check(unregister_pieces(record, bytes),
+        [&] { return "cudaHostUnregister of " + std::to_string(bytes) + " bytes"; });
 }
 
 // Register mode: the one pre-fault, MADV_DONTFORK, then cudaHostRegister in pieces
@@ -939,6 +971,8 @@ constexpr ps_platform_api kApi = {
     .memset_async = cuda_memset_async,
     .device_count = cuda_device_count,
     .device_props = cuda_device_props,
+    .host_register = slots::host_register<CudaSlots>,
+    .host_unregister = slots::host_unregister<CudaSlots>,
 };
 
 }  // namespace

@@ -459,6 +459,33 @@ int host_alloc_pinned(ps_device_ctx* raw, size_t bytes, ps_allocation* out) {
   });
 }
 
+// ABI v7: pins memory the runtime mapped (fresh anonymous pages, a read-only file
+// mapping) in place. mlock faults in what is not resident yet; a refusal leaves the range
+// usable, unlocked, as host_alloc_pinned does (the capability query says so). The fault
+// kinds are host_alloc and host_free: pinning is one concern whatever made the memory.
+int host_register(ps_device_ctx* raw, void* ptr, size_t bytes, uint32_t flags) {
+  return guarded([&] {
+    Context* ctx = as_ctx(raw);
+    require(ptr != nullptr && bytes > 0, "sim: host_register: NULL pointer or 0 bytes");
+    require(reinterpret_cast<uintptr_t>(ptr) % page_size() == 0 && bytes % page_size() == 0,
+            "sim: host_register: the range is not page-aligned");
+    require((flags & ~PS_REGISTER_READ_ONLY) == 0, "sim: host_register: unknown flags");
+    fault(ctx, PS_FAULT_HOST_ALLOC);
+    try_lock(ctx, ptr, bytes);
+  });
+}
+
+int host_unregister(ps_device_ctx* raw, void* ptr, size_t bytes) {
+  return guarded([&] {
+    Context* ctx = as_ctx(raw);
+    require(ptr != nullptr && bytes > 0, "sim: host_unregister: NULL pointer or 0 bytes");
+    fault(ctx, PS_FAULT_HOST_FREE);
+    // munlock of a range that was never locked (a refused lock) succeeds too.
+    if (munlock(ptr, bytes) != 0)
+      fail(PS_ERR_BACKEND, std::string("sim: munlock failed: ") + std::strerror(errno));
+  });
+}
+
 int host_free_pinned(ps_device_ctx* raw, const ps_allocation* a) {
   return guarded([&] {
     Context* ctx = as_ctx(raw);
@@ -586,6 +613,8 @@ constexpr ps_platform_api kApi = {
     .memset_async = memset_async,
     .device_count = device_count,
     .device_props = device_props,
+    .host_register = host_register,
+    .host_unregister = host_unregister,
 };
 
 }  // namespace

@@ -1,6 +1,17 @@
 // The worker's side of the host memory pool (Note [Host memory pool] in host_pool.cpp):
 // the backend calls around HostPool, made outside the worker's lock where they can take
 // long (mapping and pinning a segment, releasing one).
+//
+// Note [Segment sources]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Where pinned memory comes from is the runtime's decision; a plugin pins (kvikio's
+// BounceBufferPool<Allocator>, ATen's host allocator hooks):
+//  - vendor: host_alloc_pinned, the backend's own allocation: the pool's segments.
+//  - file: a file's page cache mapped read-only and pinned in place by host_register
+//    (ABI v7; file_source.cpp): map-mode loads. Entered as EntryKind::registered_host.
+// The pin budget's verdict is made once per request (pin_verdict) and acted on, so a
+// refusal is never read again into a "fits" (the old over_budget race). docs/worker.md,
+// "Segment sources", lists what is not moved yet (anonymous, shared).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -21,17 +32,39 @@ void WorkerState::recycle_reached_locked() {
   for (ps_event* e : done) api().event_destroy(ctx, e);
 }
 
-bool WorkerState::map_segment(size_t bytes, size_t minimum) {
-  const PinBudget budget = pin_budget();  // once per miss
-  std::string refusal = pin_budget_refusal(bytes, budget);
-  if (!refusal.empty() && minimum < bytes && pin_budget_refusal(minimum, budget).empty()) {
-    bytes = minimum;  // the 2 MiB rounding does not fit, the request itself does
-    refusal.clear();
+std::string WorkerState::pin_verdict(size_t& bytes, size_t minimum, size_t requested) {
+  PinBudget budget = pin_budget();
+  const auto fits = [&](size_t n) { return pin_budget_refusal(n, budget).empty(); };
+  const auto settle = [&] {
+    if (fits(bytes)) return true;
+    if (minimum < bytes && fits(minimum)) {
+      bytes = minimum;  // the 2 MiB rounding does not fit, the request itself does
+      return true;
+    }
+    return false;
+  };
+  if (settle()) return {};
+  // Cached segments nobody uses are given back before anyone is refused: they hold the
+  // budget for nothing. Only then is the budget read again.
+  std::vector<ps_allocation> idle;
+  {
+    std::lock_guard lock(mu);
+    idle = host.take_free_segments(UINT64_MAX);
   }
+  if (!idle.empty()) {
+    release_segments(idle, false);
+    budget = pin_budget();
+    if (settle()) return {};
+  }
+  return pin_budget_refusal(requested, budget);  // names what the caller asked for
+}
+
+std::string WorkerState::map_segment(size_t bytes, size_t minimum, size_t requested) {
+  std::string refusal = pin_verdict(bytes, minimum, requested);
   if (!refusal.empty()) {
     if (setting_choice(Setting::pin_policy).value_or("strict") != "fallback")
       throw Error(ErrorCode::out_of_memory, name() + ": " + refusal);
-    return false;
+    return refusal;  // acted on by the caller as it is: never read again (the race)
   }
   ps_allocation seg{nullptr, bytes, nullptr};
   const Stopwatch watch;
@@ -41,11 +74,11 @@ bool WorkerState::map_segment(size_t bytes, size_t minimum) {
     throw Error(ErrorCode::internal, name() + " returned a null pinned segment");
   std::lock_guard lock(mu);
   host.add_segment(seg, watch.seconds());
-  return true;
+  return {};
 }
 
 PinBudget WorkerState::pin_budget() const {
-  PinBudget budget = read_pin_budget(pins_with_mlock);
+  PinBudget budget = detail::current_pin_budget(pins_with_mlock);
   if (pins_with_mlock) {
     std::lock_guard lock(mu);
     budget.worker_locked_bytes = host.stats().reserved_bytes;
@@ -71,7 +104,8 @@ void* WorkerState::alloc_pinned(size_t bytes) {
     const size_t exact = host_cache_limit > 0 ? HostPool::block_bytes_for(bytes) : bytes;
     const size_t segment =
         attempt == 0 && host_cache_limit > 0 ? HostPool::segment_bytes_for(bytes) : exact;
-    if (!map_segment(segment, exact)) return over_budget(bytes);
+    if (const std::string refusal = map_segment(segment, exact, bytes); !refusal.empty())
+      return pageable_fallback(bytes, refusal);
   }
 }
 
@@ -149,7 +183,9 @@ bool WorkerState::free_pinned(void* ptr) {
 
 uint32_t WorkerState::host_flags(const void* host_ptr, size_t bytes, ps_stream* stream) {
   std::lock_guard lock(mu);
-  return host.note_use(host_ptr, bytes, stream) ? PS_COPY_HOST_PINNED : 0u;
+  if (host.note_use(host_ptr, bytes, stream)) return PS_COPY_HOST_PINNED;
+  // A file mapping pinned in place (file_source.cpp): its release syncs every stream.
+  return table.contains(EntryKind::registered_host, host_ptr, bytes) ? PS_COPY_HOST_PINNED : 0u;
 }
 
 }  // namespace runtime
@@ -184,19 +220,21 @@ void Worker::reserve_pinned_host(size_t bytes) {
   {
     std::lock_guard lock(state_->mu);
     state_->recycle_reached_locked();
-    const uint64_t cached = state_->host.cached_bytes();
-    if (cached >= want) return;  // what a load freed is what its next load asks for
-    shortfall = runtime::HostPool::block_bytes_for(want - cached);
+    // One free block that fits, not the cache's total: a load carves its tensors from one
+    // range, and scattered free pages would leave it mapping anyway.
+    if (state_->host.largest_cached() >= want) return;  // what a load freed, it asks for again
+    shortfall = want;
   }
   // Over the budget with PINSTAGE_PIN_POLICY=fallback nothing is reserved: each request
   // then takes its own way.
-  state_->map_segment(shortfall, shortfall);
+  (void)state_->map_segment(shortfall, shortfall, bytes);
 }
 
 bool Worker::is_pinned_host(const void* ptr, size_t bytes) const {
   const runtime::CallGuard guard = enter();
   std::lock_guard lock(state_->mu);
-  return state_->host.contains(ptr, bytes);
+  return state_->host.contains(ptr, bytes) ||
+         state_->table.contains(runtime::EntryKind::registered_host, ptr, bytes);
 }
 
 }  // namespace pinstage
