@@ -506,13 +506,10 @@ def pinned_state(got, arm, ctx):
         return f"unknown ({type(e).__name__}: {e})"
 
 
-def release(got, arm):
-    if isinstance(got, tuple):
-        got = got[0]
+def close_device(got, arm):
+    """A device load's buffers freed now (host tensors go with their last reference)."""
     if is_device(arm):
-        got.close()
-    del got
-    gc.collect()
+        (got[0] if isinstance(got, tuple) else got).close()
 
 
 def usage_between(r0, r1):
@@ -527,7 +524,9 @@ def child_arm(arm, mode, files, d):
     ctx = arm_context(arm, d, files)
     load = loader(arm, ctx)
     if arm == "pinstage_pooled":  # the first load fills the pool; the second is timed
-        release(load(), arm)
+        first = load()
+        del first  # its pinned pages go back to the pool, for the second load to reuse
+        gc.collect()
     cache = prepare(mode, files)
     gc.collect()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -539,8 +538,9 @@ def child_arm(arm, mode, files, d):
     out = {"ok": True, "seconds": seconds, "usage": usage_between(r0, r1),
            "digest": digest(tensors, arm, ctx), "pinned": pinned_state(tensors, arm, ctx),
            "report": report, **cache}
-    del tensors
-    release(got, arm)
+    close_device(got, arm)
+    del tensors, got
+    gc.collect()
     if "worker" in ctx:
         ctx["worker"].finalize()
     return out
@@ -712,10 +712,15 @@ def check_digest(result, ref):
                                       f"{len(ref)} tensors differ or are missing)")
 
 
+def short(error, limit=300):
+    """An error's first `limit` characters (the JSON report keeps it whole)."""
+    return error if len(error) <= limit else error[:limit] + f"... ({len(error)} characters)"
+
+
 def say_run(r, mode, job, res, nbytes):
     head = f"round {r + 1} {mode:4} {job:24}"
     if not res["ok"]:
-        print(f"{head} FAILED: {res['error']}", file=sys.stderr, flush=True)
+        print(f"{head} FAILED: {short(res['error'])}", file=sys.stderr, flush=True)
         return
     if job in FLOORS:
         how = "fio" if job == "floor_fio" else f"{res['threads']} threads"
@@ -841,7 +846,7 @@ def print_table(a, runs, s, nbytes, files):
         for m, rs in by.items():
             for r in rs:
                 if not r["ok"]:
-                    print(f"FAILED: {job} ({m}, round {r['round']}): {r['error']}")
+                    print(f"FAILED: {job} ({m}, round {r['round']}): {short(r['error'])}")
 
 
 def print_residency(runs, a):
