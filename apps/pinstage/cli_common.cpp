@@ -1,9 +1,12 @@
 // The shared command conventions (cli_common.h).
 #include "cli_common.h"
 
+#include <linux/magic.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -34,7 +37,28 @@ void add_report_options(CLI::App& cmd, ReportArgs& args) {
 namespace {
 
 // check_output_path, with the option that named the file in front of its message.
+// /proc, /sys and their kin take no report: a write there fails (or does something)
+// only after the run, so such a path is refused with the other up-front checks.
+void refuse_kernel_file_system(const char* flag, const std::string& path) {
+  struct statfs fs {};
+  if (::statfs(path.c_str(), &fs) != 0) {  // a new file: its directory's file system
+    const size_t slash = path.rfind('/');
+    const std::string dir =
+        slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+    if (::statfs(dir.c_str(), &fs) != 0) return;  // check_output_path names what is wrong
+  }
+  constexpr std::array<decltype(fs.f_type), 8> kKernel = {
+      PROC_SUPER_MAGIC, SYSFS_MAGIC,        DEBUGFS_MAGIC,       TRACEFS_MAGIC,
+      SECURITYFS_MAGIC, CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC, BPF_FS_MAGIC};
+  if (std::find(kKernel.begin(), kKernel.end(), fs.f_type) != kKernel.end())
+    throw Error(ErrorCode::invalid_argument,
+                std::string(flag) + ": '" + path +
+                    "' is on a kernel file system (/proc, /sys): not a place for files; "
+                    "give a path on a disk");
+}
+
 void check_named_output(const char* flag, const std::string& path) {
+  refuse_kernel_file_system(flag, path);
   try {
     check_output_path(path);
   } catch (const Error& e) {
@@ -217,6 +241,7 @@ void add_devices_option(CLI::App& cmd, DeviceArgs& args, const std::string& what
   cmd.add_option("--devices", args.list,
                  "Devices: 'all' (every usable one) or ids separated by commas (0,1); " + what +
                      ". Default: device 0")
+      ->transform(kLowerCase)  // 'ALL' as 'all', as every choice
       ->each([&args](const std::string&) { args.given = true; });
 }
 

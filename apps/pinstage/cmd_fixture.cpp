@@ -2,6 +2,7 @@
 // first-touch floor, optionally write them to a .safetensors file.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@
 #include "pinstage/scene.h"
 #include "pinstage/settings.h"
 #include "pinstage/worker.h"
+#include "shard_cleanup.h"
 
 namespace pinstage::cli {
 
@@ -151,9 +153,14 @@ void add_runs(nlohmann::ordered_json& report, const Runs& runs, bool first_touch
 
 void write_out(const FixtureArgs& a, const TaskArgs& args, nlohmann::ordered_json& report) {
   const Stopwatch clock;
-  if (!a.shard_size.empty())  // shards + model.safetensors.index.json (docs/loading.md)
-    report["shards"] =
-        save_sharded_checkpoint(args, a.out, parse_byte_count(a.shard_size, "--shard-size"));
+  if (!a.shard_size.empty()) {  // shards + model.safetensors.index.json (docs/loading.md)
+    const uint64_t shard_bytes = parse_byte_count(a.shard_size, "--shard-size");
+    std::error_code ec;
+    std::filesystem::create_directories(a.out, ec);  // save_sharded_checkpoint names a failure
+    std::optional<ShardCleanupOnSignal> cleanup;
+    if (!ec) cleanup.emplace(a.out);
+    report["shards"] = save_sharded_checkpoint(args, a.out, shard_bytes);
+  }
   const uint64_t file_bytes =
       a.shard_size.empty() ? save_safetensors(args, a.out) : args.total_bytes();
   const double s = clock.seconds();

@@ -359,6 +359,7 @@ void add_load_command(CLI::App& app) {
              "Check every tensor's recorded xxh3-64 (on --to device, as read back from the "
              "device); a tensor without one is an error. --verify=if-present checks those "
              "that have one")
+      ->transform(kLowerCase)
       ->check(CLI::IsMember({"all", "if-present"}));
 }
 
@@ -373,20 +374,19 @@ void add_hash_command(CLI::App& app) {
   add_report_options(*q, a->report);
   q->callback([a] {
     check_report_args(a->report);
-    const Checkpoint c = Checkpoint::open(a->path);
-    check_out_option("the sidecar", hash_sidecar_path(c.path()));
+    check_out_option("the sidecar", hash_sidecar_path(a->path));
     const CheckpointLoadOptions o = a->load_options();
     HashReport r;
     {
-      ProgressTicker ticker(a->report, "hashing " + format_bytes(c.total_bytes()));
-      r = hash_checkpoint(c, o);
+      ProgressTicker ticker(a->report, "hashing " + a->path);
+      r = hash_checkpoint(a->path, o);  // without the old sidecar: a stale one is replaced
     }
     std::fprintf(text_out(a->report), "hashed %s, %s in %.3f s (%.2f GB/s)%s\n",
                  plural(r.tensors, "tensor").c_str(), format_bytes(r.bytes).c_str(), r.seconds,
                  r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds / 1e9 : 0.0,
                  r.already_recorded ? "; the hashes its writer recorded match" : "");
     chatter(a->report, "sidecar: %s (load --verify reads it)\n", r.sidecar.c_str());
-    a->write({{"path", c.path()},
+    a->write({{"path", a->path},
               {"tensors", r.tensors},
               {"bytes", r.bytes},
               {"already_recorded", r.already_recorded},

@@ -187,9 +187,25 @@ struct CompareReport {
   std::vector<std::string> arms;  // config.arms, in run order
 };
 
+// What a report bench compare cannot compare is, or nullptr (an A/B bench's, or unknown).
+const char* other_report_kind(const nlohmann::json& doc) {
+  const auto kind = doc.find("kind");
+  if (kind != doc.end() && *kind == "steps")
+    return "a steps bench report (pinstage bench <scene> --steps N --json)";
+  const auto arms = doc.find("arms");
+  if (arms != doc.end() && arms->is_object() && doc.contains("targets"))
+    return "a bench load report (pinstage bench load --json)";
+  return nullptr;
+}
+
 CompareReport read_compare_report(const std::string& file) {
   CompareReport r{file, read_json(file), {}};
   checked(r.doc, file, "", Kind::object);
+  if (const char* kind = other_report_kind(r.doc))
+    throw Error(ErrorCode::invalid_argument,
+                file + " is " + kind +
+                    "; bench compare compares two A/B bench reports (pinstage bench <scene> "
+                    "--json or bench synthetic --json). Draw this one with pinstage plot");
   const nlohmann::json& config = required_key(r.doc, file, "", "config", Kind::object);
   const nlohmann::json& arms = required_key(config, file, "config", "arms", Kind::array);
   for (size_t i = 0; i < arms.size(); ++i)

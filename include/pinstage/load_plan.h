@@ -33,7 +33,9 @@ struct TpPattern;  // a compiled glob or regex (private)
 // One rule of a plan: a name pattern and what the tensors it matches get.
 struct TpRule {
   // A glob ('*' any run of characters, '?' one character, everything else itself) or,
-  // when `regex`, an ECMAScript regex; either must match the whole tensor name.
+  // when `regex`, a regex of the ECMAScript subset docs/loading.md lists ("Regex rules"),
+  // matched in time linear in the name and with no recursion on it; either must match
+  // the whole tensor name.
   std::string pattern;
   bool regex = false;
   // Split along this dimension (negative counts from the last: -1 is the last);
@@ -45,8 +47,8 @@ struct TpRule {
 // Which tensors are split, and along which dimension. Rules are tried in order and the
 // first match wins; a tensor no rule matches gets the default (replicate unless set).
 // The builders and the parser refuse the same things with Error(invalid_argument): an
-// empty pattern, a regex that does not compile, a dim outside [-kTpMaxDim, kTpMaxDim),
-// a tp outside [1, kTpMaxRanks].
+// empty pattern, a regex that does not compile or uses syntax outside the subset, a dim outside
+// [-kTpMaxDim, kTpMaxDim), a tp outside [1, kTpMaxRanks].
 class PINSTAGE_API TpPlan {
  public:
   TpPlan& split(std::string glob, int dim);

@@ -28,6 +28,7 @@ PINSTAGE_API std::vector<int> parse_device_list(std::string_view text,
 // How the threads of a group are split (docs/node.md, "Threads"): `total` threads (0 =
 // process_thread_count(): PINSTAGE_NUM_THREADS, else the affinity mask) over `devices`
 // teams, the first total % devices teams one thread more, and at least one each.
+// Error(invalid_argument) for a negative total (WorkerGroup's threads likewise).
 PINSTAGE_API std::vector<int> split_threads(int total, size_t devices);
 
 struct WorkerGroupOptions {

@@ -325,6 +325,7 @@ def _slice_dims(index, shape, name):
                 raise ValueError(f"get_slice({name!r}): dim {d}: the step must be >= 1 "
                                  f"(got {step}); slice the result to reverse it")
             count = len(range(start, stop, step))
+            step = min(step, max(size, 1))  # past the end either way; C++ takes an int64
             dims.append((start if count else 0, count, step))
             out.append(count)
         elif isinstance(i, bool) or not hasattr(type(i), "__index__"):

@@ -443,8 +443,13 @@ void bind_tp(py::module_& m) {
                      "Copies the rank's slices of whole tensors in memory into the buffers."));
   m.def(
       "xxh3_64",
-      [](const py::buffer& data) {
-        const Memory m = memory_of(data, false);
+      [](const py::object& data) {
+        if (!PyObject_CheckBuffer(data.ptr()))  // pybind11's overload error names no argument
+          throw Error(ErrorCode::invalid_argument,
+                      "xxh3_64: data must be a buffer (bytes, bytearray, memoryview, a "
+                      "contiguous NumPy array), got " +
+                          std::string(Py_TYPE(data.ptr())->tp_name));
+        const Memory m = memory_of(data.cast<py::buffer>(), false);
         GilReleased nogil;
         return xxh3_64(m.data, static_cast<size_t>(m.bytes));
       },

@@ -4,6 +4,7 @@
 // split_threads. See docs/node.md.
 #include <pybind11/stl.h>
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -137,10 +138,26 @@ void bind_node(py::module_& m) {
                      "'all' (every usable device) or '0,2' -> ids, checked against devices(): "
                      "InvalidArgumentError for an empty item, a repeated or unknown id, a "
                      "device that is not usable."));
-  m.def("split_threads", &split_threads, py::arg("total"), py::arg("devices"),
-        function_doc("split_threads(total: int, devices: int) -> list[int]",
-                     "total threads (0 = the process's) over devices teams, the remainder to "
-                     "the first, at least one each."));
+  m.def(
+      "split_threads",
+      [](const py::object& total, const py::object& devices) {
+        // Python ints of any size: out of C++'s range is InvalidArgumentError, by name.
+        const int64_t t = int_arg(total, "split_threads: total");
+        const int64_t d = int_arg(devices, "split_threads: devices");
+        if (t > std::numeric_limits<int>::max() || t < std::numeric_limits<int>::min())
+          throw Error(ErrorCode::invalid_argument,
+                      "split_threads: total is " + std::to_string(t) + "; it must be in [0, " +
+                          std::to_string(std::numeric_limits<int>::max()) + "]");
+        if (d < 0 || d > (int64_t{1} << 20))
+          throw Error(
+              ErrorCode::invalid_argument,
+              "split_threads: devices is " + std::to_string(d) + "; it must be in [0, 1048576]");
+        return split_threads(static_cast<int>(t), static_cast<size_t>(d));
+      },
+      py::arg("total"), py::arg("devices"),
+      function_doc("split_threads(total: int, devices: int) -> list[int]",
+                   "total threads (0 = the process's) over devices teams, the remainder to "
+                   "the first, at least one each."));
   py::class_<PyGroup>(m, "_WorkerGroup")
       .def(py::init<py::list, int>(), py::arg("workers"), py::arg("threads") = 0)
       .def_property_readonly("device_ids", [](const PyGroup& g) { return g.group->device_ids(); })

@@ -241,8 +241,23 @@ using PyResidentBinder = PyBinderOf<ResidentBinder>;
 void def_resident_copies(py::class_<PyResidentBinder>& c) {
   c.def(
        "download",
-       [](PyResidentBinder& b, const std::string& name, uint64_t offset,
-          std::optional<uint64_t> nbytes) {
+       [](PyResidentBinder& b, const std::string& name, const py::object& offset_obj,
+          const py::object& nbytes_obj) {
+         // Python ints of any size or sign: InvalidArgumentError naming the argument.
+         const int64_t at = int_arg(offset_obj, "ResidentBinder.download: offset");
+         if (at < 0)
+           throw Error(ErrorCode::invalid_argument,
+                       "ResidentBinder.download: offset must be >= 0, got " + std::to_string(at));
+         std::optional<uint64_t> nbytes;
+         if (!nbytes_obj.is_none()) {
+           const int64_t n = int_arg(nbytes_obj, "ResidentBinder.download: nbytes");
+           if (n < 0)
+             throw Error(ErrorCode::invalid_argument,
+                         "ResidentBinder.download: nbytes must be >= 1 (None: to the end), got " +
+                             std::to_string(n));
+           nbytes = static_cast<uint64_t>(n);
+         }
+         const auto offset = static_cast<uint64_t>(at);
          ResidentBinder& binder = b.get("ResidentBinder.download");
          Busy args_busy(b.args_worker);
          GilReleased nogil;

@@ -132,12 +132,18 @@ void PyWorker::require_no_views(const char* what) const {
   if (pending_copies > 0)
     throw py::buffer_error(std::string("cannot ") + what + ": " + std::to_string(pending_copies) +
                            " async copy(ies) are still pending; wait() their CopyEvents first");
-  int64_t holders_with_views = 0, views = 0;
+  int64_t holders_with_views = 0, views = 0, device_holders = 0;
   count_views(&holders_with_views, &views);
+  for (const ViewHolder* h : holders)  // a DeviceBuffer's DLPack export is no pinned buffer
+    if (h->views > 0 && h->holder_name() == "DeviceBuffer") ++device_holders;
+  const int64_t pinned = holders_with_views - device_holders;
+  const std::string held =
+      (pinned > 0 ? std::to_string(pinned) + " pinned buffer(s)" : std::string()) +
+      (pinned > 0 && device_holders > 0 ? " and " : "") +
+      (device_holders > 0 ? std::to_string(device_holders) + " device buffer(s)" : "");
   if (views > 0)
     throw py::buffer_error(
-        std::string("cannot ") + what + ": " + std::to_string(holders_with_views) +
-        " pinned buffer(s) still have " + std::to_string(views) +
+        std::string("cannot ") + what + ": " + held + " still have " + std::to_string(views) +
         " live view(s) (memoryview, NumPy array, torch tensor, DLPack "
         "capsule or TaskArgs): " +
         describe_views() + "; delete them first (del, then gc.collect() for cycles)");

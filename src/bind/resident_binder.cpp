@@ -182,7 +182,12 @@ void ResidentBinder::copy_on_device(std::string_view from, std::string_view to) 
     throw Error(ErrorCode::invalid_argument, who + ": '" + dst.name() +
                                                  "' is an OUT tensor; it is written by the "
                                                  "execute step, not fed");
-  if (src.nbytes() != dst.nbytes() || i == j)
+  if (i == j)
+    throw Error(ErrorCode::invalid_argument,
+                who +
+                    ": the source and the destination are the same tensor; give two tensors "
+                    "of the same size");
+  if (src.nbytes() != dst.nbytes())
     throw Error(ErrorCode::invalid_argument, who + ": the tensors must be two of the same size (" +
                                                  format_thousands(src.nbytes()) + " and " +
                                                  format_thousands(dst.nbytes()) + " bytes)");

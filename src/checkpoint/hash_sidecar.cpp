@@ -2,6 +2,7 @@
 // none (a Hugging Face checkpoint), so that `--verify` means something for it from then on.
 // Written by hash_checkpoint (`pinstage hash`), read by Checkpoint::open.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +55,54 @@ void only_keys(const nlohmann::json& obj, std::initializer_list<const char*> key
 uint64_t whole_number(const nlohmann::json& v, const std::string& path, const std::string& where) {
   if (!v.is_number_unsigned()) sidecar_error(path, where + " is not a whole number >= 0");
   return v.get<uint64_t>();
+}
+
+// What tells a re-saved file from the one hashed: a writer's save changes its size, its
+// modification time or (written anew and renamed, as writers do) its inode; damage in
+// place changes none of them.
+struct FileIdentity {
+  uint64_t bytes = 0, mtime_ns = 0, inode = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+
+FileIdentity identity_of(const struct stat& st) {
+  return {static_cast<uint64_t>(st.st_size),
+          static_cast<uint64_t>(st.st_mtim.tv_sec) * 1'000'000'000u +
+              static_cast<uint64_t>(st.st_mtim.tv_nsec),
+          static_cast<uint64_t>(st.st_ino)};
+}
+
+nlohmann::ordered_json identity_json(const FileIdentity& id) {
+  return {{"bytes", id.bytes}, {"mtime_ns", id.mtime_ns}, {"inode", id.inode}};
+}
+
+// The sidecar's optional "files" ({shard: {bytes, mtime_ns, inode}}, written since issue
+// 41): every file of the checkpoint must be there as it is now, or the sidecar is stale.
+void check_identities(const nlohmann::json& doc, const std::vector<CheckpointFile>& files,
+                      const std::string& path, const std::string& checkpoint_path) {
+  const auto it = doc.find("files");
+  if (it == doc.end()) return;  // an older sidecar: the layout checks alone
+  if (!it->is_object()) sidecar_error(path, "\"files\" is not an object");
+  for (const CheckpointFile& f : files) {
+    const std::string shard = fs::path(f.path).filename().string();
+    const auto entry = it->find(shard);
+    std::optional<FileIdentity> recorded;
+    if (entry != it->end()) {
+      const std::string where = "file " + shown(shard);
+      if (!entry->is_object()) sidecar_error(path, where + " is not an object");
+      only_keys(*entry, {"bytes", "mtime_ns", "inode"}, path, where);
+      recorded = FileIdentity{whole_number(member(*entry, "bytes", path, where), path, where),
+                              whole_number(member(*entry, "mtime_ns", path, where), path, where),
+                              whole_number(member(*entry, "inode", path, where), path, where)};
+    }
+    struct stat st {};
+    if (recorded && ::stat(f.path.c_str(), &st) == 0 && identity_of(st) == *recorded) continue;
+    throw Error(ErrorCode::io, "hash sidecar '" + path + "' is stale: " + shown(shard) +
+                                   (recorded ? " changed since it was recorded (its size, "
+                                               "modification time or inode differ)"
+                                             : " was not there when it was recorded") +
+                                   "; run `pinstage hash " + checkpoint_path + "` to replace it");
+  }
 }
 
 // xxh3-64 of one tensor, read with pread in chunks from an open file.
@@ -100,10 +150,11 @@ void apply_hash_sidecar(const std::string& checkpoint_path,
     sidecar_error(path, e.message);
   }
   if (!doc.is_object()) sidecar_error(path, "it is not a JSON object");
-  only_keys(doc, {"format", "tensors"}, path, "the sidecar");
+  only_keys(doc, {"format", "files", "tensors"}, path, "the sidecar");
   const nlohmann::json& format = member(doc, "format", path, "the sidecar");
   if (!format.is_string() || format.get<std::string>() != kFormat)
     sidecar_error(path, std::string("its format is not \"") + kFormat + "\"");
+  check_identities(doc, files, path, checkpoint_path);
   const nlohmann::json& list = member(doc, "tensors", path, "the sidecar");
   if (!list.is_object()) sidecar_error(path, "\"tensors\" is not an object");
   std::map<std::string, CheckpointTensor*> by_name;
@@ -138,23 +189,47 @@ void apply_hash_sidecar(const std::string& checkpoint_path,
 
 }  // namespace detail
 
+namespace {
+
+// The hash the checkpoint's writer recorded for `t` (its file's metadata), never one a
+// sidecar gave: a stale sidecar's hash is no evidence of damage.
+std::optional<uint64_t> writer_hash(const CheckpointFile& file, const CheckpointTensor& t) {
+  const std::string key = kSafetensorsXxh3Key + t.name;
+  for (const auto& [k, v] : file.metadata)
+    if (k == key) return parse_xxh3_hex(v);
+  return std::nullopt;
+}
+
+// Each file open for reading, with its identity as read.
+struct OpenFiles {
+  std::vector<int> fds;
+  nlohmann::ordered_json identities = nlohmann::ordered_json::object();
+  explicit OpenFiles(const std::vector<CheckpointFile>& files) : fds(files.size(), -1) {
+    for (size_t f = 0; f < files.size(); ++f) {
+      std::string why;
+      fds[f] = open_regular_file(files[f].path, O_RDONLY | O_CLOEXEC, &why);
+      struct stat st {};
+      if (fds[f] >= 0 && ::fstat(fds[f], &st) != 0) why = std::strerror(errno);
+      if (!why.empty() || fds[f] < 0)
+        throw Error(ErrorCode::io, "hash_checkpoint: '" + files[f].path + "': " + why);
+      identities[fs::path(files[f].path).filename().string()] = identity_json(identity_of(st));
+    }
+  }
+  ~OpenFiles() {
+    for (int fd : fds)
+      if (fd >= 0) ::close(fd);
+  }
+  OpenFiles(const OpenFiles&) = delete;
+  OpenFiles& operator=(const OpenFiles&) = delete;
+};
+
+}  // namespace
+
 HashReport hash_checkpoint(const Checkpoint& checkpoint, const CheckpointLoadOptions& options) {
   detail::check_load_options(options, false, "hash_checkpoint");
   const Stopwatch clock;
   const auto& files = checkpoint.files();
-  std::vector<int> fds(files.size(), -1);
-  struct Closer {
-    std::vector<int>& fds;
-    ~Closer() {
-      for (int fd : fds)
-        if (fd >= 0) ::close(fd);
-    }
-  } closer{fds};
-  for (size_t f = 0; f < files.size(); ++f) {
-    std::string why;
-    fds[f] = open_regular_file(files[f].path, O_RDONLY | O_CLOEXEC, &why);
-    if (fds[f] < 0) throw Error(ErrorCode::io, "hash_checkpoint: '" + files[f].path + "': " + why);
-  }
+  const OpenFiles open(files);
   const auto& tensors = checkpoint.tensors();
   std::vector<uint64_t> hashes(tensors.size());
   parallel_for(
@@ -163,7 +238,8 @@ HashReport hash_checkpoint(const Checkpoint& checkpoint, const CheckpointLoadOpt
         std::vector<char> buf;
         for (size_t i = begin; i < end; ++i) {
           const CheckpointTensor& t = tensors[i];
-          hashes[i] = hash_tensor(fds[t.file], t, options.chunk_bytes, buf, files[t.file].path);
+          hashes[i] =
+              hash_tensor(open.fds[t.file], t, options.chunk_bytes, buf, files[t.file].path);
         }
       },
       options.threads);
@@ -171,12 +247,13 @@ HashReport hash_checkpoint(const Checkpoint& checkpoint, const CheckpointLoadOpt
   nlohmann::ordered_json list = nlohmann::ordered_json::object();
   for (size_t i = 0; i < tensors.size(); ++i) {
     const CheckpointTensor& t = tensors[i];
-    if (t.xxh3 && *t.xxh3 != hashes[i])
+    const std::optional<uint64_t> recorded = writer_hash(files[t.file], t);
+    if (recorded && *recorded != hashes[i])
       throw Error(ErrorCode::mismatch,
                   "hash_checkpoint: tensor " + shown(t.name) + " of '" + files[t.file].path +
                       "' reads as xxh3 " + xxh3_hex(hashes[i]) + " but its recorded hash is " +
-                      xxh3_hex(*t.xxh3) + ": the file is damaged; no sidecar was written");
-    if (t.xxh3) ++report.already_recorded;
+                      xxh3_hex(*recorded) + ": the file is damaged; no sidecar was written");
+    if (recorded) ++report.already_recorded;
     list[t.name] = {{"file", fs::path(files[t.file].path).filename().string()},
                     {"offset", t.offset},
                     {"bytes", t.bytes},
@@ -185,10 +262,15 @@ HashReport hash_checkpoint(const Checkpoint& checkpoint, const CheckpointLoadOpt
   }
   report.tensors = tensors.size();
   report.sidecar = hash_sidecar_path(checkpoint.path());
-  const nlohmann::ordered_json doc = {{"format", kFormat}, {"tensors", list}};
+  const nlohmann::ordered_json doc = {
+      {"format", kFormat}, {"files", open.identities}, {"tensors", list}};
   write_file_atomically(report.sidecar, doc.dump(1) + "\n");
   report.seconds = clock.seconds();
   return report;
+}
+
+HashReport hash_checkpoint(const std::string& path, const CheckpointLoadOptions& options) {
+  return hash_checkpoint(detail::open_checkpoint_without_sidecar(path), options);
 }
 
 }  // namespace pinstage

@@ -3,11 +3,11 @@
 // checkpoint and refuses every split that cannot be made before any memory is taken.
 #include <algorithm>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "checkpoint/plan_regex.h"
 #include "pinstage/error.h"
 #include "pinstage/files.h"
 #include "pinstage/load_plan.h"
@@ -17,7 +17,7 @@ namespace pinstage {
 
 namespace detail {
 struct TpPattern {
-  std::optional<std::regex> re;  // set for a regex rule
+  std::optional<PlanRegex> re;  // set for a regex rule (linear in the name, no recursion)
 };
 }  // namespace detail
 
@@ -81,8 +81,8 @@ TpPlan& TpPlan::add(std::string pattern, bool regex, std::optional<int> dim) {
   auto compiled = std::make_shared<detail::TpPattern>();
   if (regex) {
     try {
-      compiled->re.emplace(pattern, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
+      compiled->re.emplace(pattern);
+    } catch (const std::invalid_argument& e) {
       plan_error("(built in code)",
                  where + ": regex " + shown(pattern) + " does not compile: " + e.what());
     }
@@ -118,8 +118,7 @@ TpPlan& TpPlan::expect_tp(int tp) {
 int TpPlan::match(std::string_view name) const {
   for (size_t i = 0; i < rules_.size(); ++i) {
     const TpRule& r = rules_[i];
-    const bool hit = r.regex ? std::regex_match(name.begin(), name.end(), *r.compiled->re)
-                             : glob_match(r.pattern, name);
+    const bool hit = r.regex ? r.compiled->re->full_match(name) : glob_match(r.pattern, name);
     if (hit) return static_cast<int>(i);
   }
   return -1;

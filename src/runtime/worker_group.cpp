@@ -72,7 +72,16 @@ std::vector<int> parse_device_list(std::string_view text, const std::vector<Devi
   return ids;
 }
 
+// A thread count as every thread option takes it: 0 (the process's) or more.
+static void check_thread_total(int total, const char* what) {
+  if (total < 0)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(what) + " is " + std::to_string(total) +
+                    "; it must be >= 0 (0 = the process's thread count)");
+}
+
 std::vector<int> split_threads(int total, size_t devices) {
+  check_thread_total(total, "split_threads: total");
   if (devices == 0) return {};
   if (total <= 0) total = process_thread_count();
   const auto n = static_cast<int>(devices);
@@ -100,6 +109,7 @@ WorkerGroup::WorkerGroup(const std::string& backend, const std::vector<int>& dev
     detail::check_given_once(
         std::span(ids.data(), i), [&](int seen) { return seen == ids[i]; },
         "WorkerGroup: device " + std::to_string(ids[i]));
+  check_thread_total(options.threads, "WorkerGroup: threads");
   const std::vector<int> threads = split_threads(options.threads, ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     try {
@@ -123,6 +133,7 @@ WorkerGroup::WorkerGroup(const std::string& backend, const std::vector<int>& dev
 
 WorkerGroup::WorkerGroup(const std::vector<Worker*>& members, int threads)
     : state_(std::make_unique<State>()) {
+  check_thread_total(threads, "WorkerGroup: threads");
   for (size_t i = 0; i < members.size(); ++i) {
     if (members[i] == nullptr)
       throw Error(ErrorCode::invalid_argument,

@@ -1065,7 +1065,9 @@ TEST_F(CheckpointTest, AHashSidecarMakesAnUnhashedCheckpointVerifiable) {
   EXPECT_TRUE(ok.report.verified);
   std::string damaged = read_bytes(f);  // one byte of "a" flipped, same layout
   damaged[c.get("a").offset + 100] ^= 1;
+  const auto when = fs::last_write_time(f);  // damage in place: the file's identity stays
   write_bytes(f, damaged);
+  fs::last_write_time(f, when);
   const Error e = test::error_of([&] { load_to_host(Checkpoint::open(f), pageable, verify); });
   EXPECT_NE(std::string(e.what()).find("tensor 'a' fails its integrity check"), std::string::npos)
       << e.what();
@@ -1090,7 +1092,9 @@ TEST_F(CheckpointTest, AHashFromTheWriterIsCheckedAndADamagedFileWritesNoSidecar
   const std::string sidecar = read_bytes(hash_sidecar_path(f));
   std::string damaged = read_bytes(f);
   damaged[Checkpoint::open(f).get("b").offset] ^= 0x40;
+  const auto when = fs::last_write_time(f);  // damage in place: the file's identity stays
   write_bytes(f, damaged);
+  fs::last_write_time(f, when);
   const Error e = test::error_of([&] { hash_checkpoint(Checkpoint::open(f)); });
   EXPECT_EQ(e.code(), ErrorCode::mismatch);
   EXPECT_NE(std::string(e.what()).find("tensor 'b'"), std::string::npos) << e.what();

@@ -2,6 +2,7 @@
 `--quiet` are accepted everywhere; `--json -` puts the JSON report alone on stdout and the
 text on stderr; `--quiet` drops progress and chatter, never the result."""
 import json
+import os
 import struct
 import subprocess
 
@@ -100,7 +101,9 @@ def test_hash_makes_an_unhashed_checkpoint_verifiable(cli, tmp_path):
     assert "matches the recorded one" in ok.stdout
     data = bytearray(ckpt.read_bytes())
     data[-1] ^= 1  # a damaged byte, same layout
-    ckpt.write_bytes(bytes(data))
+    mtime_ns = ckpt.stat().st_mtime_ns
+    ckpt.write_bytes(bytes(data))  # in place: same inode and size
+    os.utime(ckpt, ns=(mtime_ns, mtime_ns))  # damage leaves the time as it was
     bad = subprocess.run([str(cli), "load", str(ckpt), "--verify"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 1 and "tensor 'w' fails its integrity check" in bad.stderr
