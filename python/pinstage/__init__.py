@@ -9,6 +9,7 @@ The API reference is docs/python.md. Quick start:
 """
 import sys as _sys
 
+from . import _pinstage
 from ._pinstage import __version__ as _pinstage_version
 from ._pinstage import (  # noqa: F401
     Binder,
@@ -56,6 +57,9 @@ from ._pinstage import (  # noqa: F401
 _sys.modules[__name__ + ".qwen3"] = qwen3
 
 from . import scene  # noqa: E402,F401
+from .staging import PendingTensor  # noqa: E402,F401  (also adds Worker.to_device/to_host)
+
+DeviceLoad = _pinstage._DeviceLoad  # what load_to_device returns (tensor(name): a typed view)
 
 __version__ = _pinstage_version  # project(VERSION) in CMakeLists.txt, via libpinstage
 
@@ -103,5 +107,5 @@ __all__ = [
     "safe_open", "load_file", "load_to_device", "DeviceBuffer", "CopyEvent", "xxh3_64",
     "SafeSlice", "TpPlan", "tp_part", "load_tp", "TpLoad", "DeviceInfo", "devices",
     "WorkerGroup", "GroupBindReport", "load_to_devices", "TpDeviceLoad", "parse_device_list",
-    "split_threads",
+    "split_threads", "PendingTensor", "DeviceLoad",
 ]

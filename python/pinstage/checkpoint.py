@@ -401,13 +401,14 @@ def _into(into, checkpoint, who):
     return names, [into[n] for n in names]
 
 
-# device= spellings: torch's device type -> pinstage backend ("npu" is Ascend's torch_npu).
-_DEVICE_BACKENDS = {"sim": "sim", "cuda": "cuda", "npu": "acl"}
+# device= spellings are the backend names Worker(backend=) takes, and only those: Ascend's
+# is "acl" everywhere (torch_npu's "npu" is refused with that hint, as Worker refuses it).
+_DEVICE_BACKENDS = {"sim": "sim", "cuda": "cuda", "acl": "acl"}
 
 
 def _device(device, worker, who):
     """None for "cpu" (the worker's pinned host memory); else checks that `device`
-    ("sim:0", "cuda:1", "npu:0", "cuda" = index 0, or a torch.device) is `worker`'s device."""
+    ("sim:0", "cuda:1", "acl:0", "cuda" = index 0, or a torch.device) is `worker`'s device."""
     if isinstance(device, torch.device):
         device = str(device)
     if not isinstance(device, str):
@@ -416,6 +417,9 @@ def _device(device, worker, who):
         return None
     kind, sep, index = device.partition(":")
     forms = "'cpu', or TYPE[:INDEX] with TYPE one of " + ", ".join(_DEVICE_BACKENDS)
+    if kind == "npu":
+        forms = "pinstage's backend for Ascend NPUs is 'acl' (torch_npu's 'npu' is not a " \
+                f"pinstage name): pass device='acl{sep}{index}'"
     if kind not in _DEVICE_BACKENDS or (sep and not (index.isdigit() and index.isascii())):
         raise InvalidArgumentError(f"{who}(): device {device!r} is not a device: {forms} "
                                    "(e.g. 'cuda:1')")
@@ -473,7 +477,7 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
     the checkpoint) or a callable name -> bool (e.g. ``lambda n: fnmatch(n, "*.mlp.*")``).
 
     `device`: "cpu" (default) loads into pinned host memory; the worker's own device
-    ("sim:0", "cuda:1", "npu:0" for backends sim, cuda, acl) streams the tensors onto it
+    ("sim:0", "cuda:1", "acl:0": a backend name and index) streams the tensors onto it
     as load_to_device does (through a `ring_bytes` staging ring) and returns its result.
 
     `progress`: called as progress(done_bytes, total_bytes) after each chunk read, from the

@@ -13,6 +13,7 @@
 
 #include "args.h"
 #include "common.h"
+#include "device_load.h"
 #include "load_common.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/load_plan.h"
@@ -83,6 +84,7 @@ py::dict read_into(const Checkpoint& c, const std::vector<std::string>& names,
     targets.push_back({&t, b.buffer.data()});
     leases.push_back(std::make_unique<Lease>(buffers[i], &b, LeaseHolder::read));
     busy.push_back(std::make_unique<Busy>(b.worker));
+    b.name = t.name;  // finalize()'s refusal names the tensor a view of b holds
   }
   return read_with_progress(
       c, targets, load_options(threads, chunk_bytes, verify, verify_if_present, direct, 0),
@@ -170,12 +172,6 @@ py::dict read_slice(const Checkpoint& c, const std::string& name,
                         }));
 }
 
-// A device load kept alive from Python: the buffers, and the worker that owns them.
-struct PyDeviceLoad {
-  py::object worker_obj;  // declared first: released last
-  DeviceLoad load;
-};
-
 std::unique_ptr<PyDeviceLoad> to_device(const Checkpoint& c, py::object worker_obj, int threads,
                                         uint64_t chunk_bytes, bool verify, bool verify_if_present,
                                         bool direct, uint64_t ring_bytes,
@@ -184,12 +180,12 @@ std::unique_ptr<PyDeviceLoad> to_device(const Checkpoint& c, py::object worker_o
   PyWorker& w = as_worker(worker_obj, "load_to_device");
   CheckpointLoadOptions o =
       load_options(threads, chunk_bytes, verify, verify_if_present, direct, ring_bytes);
-  auto out = std::make_unique<PyDeviceLoad>();
-  out->worker_obj = worker_obj;
+  auto out = std::make_unique<PyDeviceLoad>(worker_obj, &w);
   Busy busy(&w);
   out->load = run_with_progress(o, progress, [&](const CheckpointLoadOptions& p) {
     return names ? load_to_device(c, w.worker, p, *names) : load_to_device(c, w.worker, p);
   });
+  out->note_first_touch();  // sim: the device pages this load faulted in (its report says)
   return out;
 }
 
@@ -200,10 +196,11 @@ const DeviceTensor& device_tensor(const PyDeviceLoad& d, const std::string& name
 }
 
 void bind_device_load(py::module_& m) {
-  py::class_<PyDeviceLoad>(m, "_DeviceLoad")
-      .def_property_readonly(
-          "report", [](const PyDeviceLoad& d) { return report_dict(d.load.report); },
-          "dict[str, Any]: the load's report (bytes, seconds, GB/s per phase).")
+  py::class_<PyDeviceLoad> cls(m, "_DeviceLoad");
+  bind_device_load_views(cls);
+  cls.def_property_readonly(
+         "report", [](const PyDeviceLoad& d) { return d.report(); },
+         "dict[str, Any]: the load's report (bytes, seconds, GB/s per phase).")
       .def(
           "keys",
           [](const PyDeviceLoad& d) {
@@ -237,9 +234,9 @@ void bind_device_load(py::module_& m) {
           },
           py::arg("name"),
           method_doc("to_bytes(name: str) -> bytes", "The tensor read back from the device."))
-      .def(
-          "close", [](PyDeviceLoad& d) { d.load.tensors.clear(); },
-          method_doc("close() -> None", "Frees the device memory now."));
+      .def("close", &PyDeviceLoad::close,
+           method_doc("close() -> None",
+                      "Frees the device memory now; BufferError while a tensor(name) view lives."));
 }
 
 void def_read_slice(py::class_<Checkpoint>& cls) {

@@ -75,7 +75,8 @@ struct PyBuffer : ViewHolder {
   py::object worker_obj;  // declared first: released last
   PyWorker* worker;
   PinnedHostBuffer buffer;
-  uint64_t nbytes;  // the size asked for; kept after close()
+  uint64_t nbytes;   // the size asked for; kept after close()
+  std::string name;  // the tensor a load read into it ("" if none): finalize() names it
 };
 
 // Open buffers by start address (all workers), to find out whether memory is pinned.
@@ -99,7 +100,7 @@ enum class LeaseHolder {
 // pinned memory, and what a checkpoint read holds on its buffers while it writes them.
 // Python type pinstage._pinstage.BufferExport.
 struct Lease {
-  Lease(py::object owner, ViewHolder* holder, LeaseHolder by);
+  Lease(py::object owner, ViewHolder* holder, LeaseHolder by, std::string label = {});
   ~Lease();
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
@@ -107,15 +108,22 @@ struct Lease {
   py::object owner;  // keeps the holder (and its worker) alive
   ViewHolder* holder;
   LeaseHolder by;
+  std::string label;  // the tensor name TaskArgs gave, for finalize()'s refusal
 };
 // A new Lease on `holder` (whose Python object is `owner`), as a Python object.
-py::object make_lease(py::object owner, ViewHolder* holder, LeaseHolder by = LeaseHolder::view);
+py::object make_lease(py::object owner, ViewHolder* holder, LeaseHolder by = LeaseHolder::view,
+                      std::string label = {});
+
+// The tensor names the live views of `holder` were given (a TaskArgs name, a DeviceLoad
+// tensor), one per view, sorted: what finalize()'s refusal names instead of an address.
+std::vector<std::string> view_labels(const ViewHolder* holder);
 
 // How export_dlpack shares the memory.
 struct DLPackRequest {
   bool versioned = false;  // DLPack >= 1.0 capsule ("dltensor_versioned")
   bool copy = false;       // a private copy (IS_COPIED); no view is counted
   bool read_only = false;
+  std::string label;  // the tensor's name, if known (view_labels)
 };
 
 // DLPack export of [data, ...) owned by `owner` (a Python object whose C++ side is
@@ -177,6 +185,13 @@ void bind_scene_run(py::module_& m);  // the scene registry's Python side (run_s
 // DeviceBuffer, CopyEvent and the Worker's alloc_device and async copies (device.cpp),
 // after bind_worker.
 void bind_device(py::module_& m);
+// "tensor 'a' (bfloat16 [4, 4])": the live views of holder, whose memory is [data, data +
+// nbytes) (nbytes 0: unknown), by their names (view_labels, `name`) and the dtype and shape
+// of the torch tensors and NumPy arrays over that memory; "" when nothing is known.
+std::string describe_live_tensors(const ViewHolder* holder, const void* data, uint64_t nbytes,
+                                  const std::string& name = {});
+// The device memory of a DeviceBuffer holder (device.cpp), or {nullptr, 0} for another holder.
+std::pair<const void*, uint64_t> device_range(const ViewHolder* holder);
 void bind_node(py::module_& m);  // node.cpp: WorkerGroup, group bind, load to devices
 // A Python DeviceBuffer owning `buffer`, device memory of the Worker `worker_obj`
 // (device.cpp): what Worker.alloc_device returns.

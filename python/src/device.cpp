@@ -25,6 +25,8 @@
 
 #include "args.h"
 #include "common.h"
+#include "device_load.h"
+#include "load_common.h"
 #include "pinstage/backend/sim_ext.h"
 
 namespace pinstage::python {
@@ -264,14 +266,62 @@ void hold_streams(PyWorker& w, bool hold) {
 // The DLPack device of the buffer's memory: sim's device memory is host RAM (kDLCPU),
 // cuda's is kDLCUDA and acl's kDLExtDev (DLPack names no Ascend NPU), with the worker's
 // device id.
-DLDevice dlpack_device_of(const PyDeviceBuffer& d) {
-  const Worker& w = d.worker->worker;
+DLDevice dlpack_device_of(const Worker& w) {
   if (w.capabilities().device_memory_is_host) return DLDevice{kDLCPU, 0};
   const std::string& name = w.backend().name;
   if (name == "cuda") return DLDevice{kDLCUDA, w.device_id()};
   if (name == "acl") return DLDevice{kDLExtDev, w.device_id()};
-  throw py::buffer_error("a DeviceBuffer of backend '" + name +
+  throw py::buffer_error("device memory of backend '" + name +
                          "' has no DLPack device type pinstage knows");
+}
+
+// A torch tensor of `dtype` and `shape` over the first bytes of a uint8 DLPack export
+// (no copy): the export counts one view of its holder for as long as the tensor's storage
+// lives. Refused on acl: torch has no DLPack device for an Ascend NPU (docs/acl.md,
+// "torch_npu").
+py::object typed_tensor(const py::capsule& flat_export, const DLDevice& device,
+                        const py::object& dtype, const py::object& shape, const std::string& who) {
+  if (device.device_type == kDLExtDev)
+    throw Error(ErrorCode::unsupported,
+                who +
+                    ": acl device memory is DLPack kDLExtDev, which torch cannot import; "
+                    "use its device_ptr with torch_npu or copy it to the host (docs/acl.md, "
+                    "\"torch_npu\")");
+  py::object torch = py::module_::import("torch");
+  return torch.attr("from_dlpack")(flat_export).attr("view")(dtype).attr("view")(shape);
+}
+
+// A tensor of no bytes shares no memory: a fresh empty one on the same device. (An export of
+// a null data pointer, which a 0-byte device tensor has, is never released by torch.)
+py::object empty_tensor(const DLDevice& device, const py::object& dtype, const py::object& shape,
+                        const std::string& who) {
+  if (device.device_type == kDLExtDev)
+    return typed_tensor(py::capsule(), device, dtype, shape, who);
+  const std::string where =
+      device.device_type == kDLCUDA ? "cuda:" + std::to_string(device.device_id) : "cpu";
+  return py::module_::import("torch").attr("empty")(shape, py::arg("dtype") = dtype,
+                                                    py::arg("device") = where);
+}
+
+// The bytes of `shape` elements of torch dtype `dtype`, checked (TypeError, ValueError).
+uint64_t typed_bytes(const py::object& dtype, const py::object& shape, const std::string& who) {
+  py::object torch = py::module_::import("torch");
+  if (!py::isinstance(dtype, torch.attr("dtype")))
+    throw py::type_error(who + ": dtype must be a torch.dtype, not " + type_name(dtype));
+  uint64_t count = 1;
+  for (const py::handle d : shape) {
+    const int64_t n = int_arg(d, who + ": shape");
+    if (n < 0)
+      throw Error(ErrorCode::invalid_argument,
+                  who + ": shape " + py::repr(shape).cast<std::string>() + " has a negative size");
+    if (n > 0 && count > (uint64_t{1} << 62) / static_cast<uint64_t>(n))
+      throw Error(ErrorCode::invalid_argument,
+                  who + ": shape " + py::repr(shape).cast<std::string>() + " is too large");
+    count *= static_cast<uint64_t>(n);
+  }
+  const auto itemsize =
+      torch.attr("empty")(py::tuple(), py::arg("dtype") = dtype).attr("element_size")();
+  return count * itemsize.cast<uint64_t>();
 }
 
 // DeviceBuffer.__dlpack__: the device memory itself, as uint8 [nbytes], no copy.
@@ -283,7 +333,7 @@ py::capsule device_dlpack(py::object self, const py::object& stream, const py::o
   if (d.pending > 0)
     throw py::buffer_error("DeviceBuffer.__dlpack__: " + std::to_string(d.pending) +
                            " async copy(ies) to or from it are pending; wait() them first");
-  const DLDevice device = dlpack_device_of(d);
+  const DLDevice device = dlpack_device_of(d.worker->worker);
   if (!dl_device.is_none()) {
     if (!py::isinstance<py::tuple>(dl_device) || py::len(dl_device) != 2)
       throw py::type_error("DeviceBuffer.__dlpack__: dl_device must be a (type, id) tuple");
@@ -302,6 +352,27 @@ py::capsule device_dlpack(py::object self, const py::object& stream, const py::o
   request.versioned = wants_versioned(max_version);
   return export_dlpack(self, &d, d.buffer.data(), DLDataType{kDLUInt, 8, 1},
                        {static_cast<int64_t>(d.nbytes)}, device, request);
+}
+
+// DeviceBuffer.as_tensor: the first bytes of the buffer as a typed tensor, no copy.
+py::object device_as_tensor(py::object self, const py::object& dtype, const py::object& shape) {
+  auto& d = self.cast<PyDeviceBuffer&>();
+  const std::string who = "DeviceBuffer.as_tensor";
+  d.require_open(who.c_str());
+  const uint64_t bytes = typed_bytes(dtype, shape, who);
+  if (bytes > d.nbytes)
+    throw Error(ErrorCode::invalid_argument,
+                who + ": " + py::str(dtype).cast<std::string>() + " " +
+                    py::repr(shape).cast<std::string>() + " needs " + std::to_string(bytes) +
+                    " bytes; the DeviceBuffer has " + std::to_string(d.nbytes));
+  if (d.pending > 0)
+    throw py::buffer_error(who + ": " + std::to_string(d.pending) +
+                           " async copy(ies) to or from it are pending; wait() them first");
+  const DLDevice device = dlpack_device_of(d.worker->worker);
+  if (bytes == 0) return empty_tensor(device, dtype, shape, who);
+  py::capsule flat = export_dlpack(self, &d, d.buffer.data(), DLDataType{kDLUInt, 8, 1},
+                                   {static_cast<int64_t>(bytes)}, device);
+  return typed_tensor(flat, device, dtype, shape, who);
 }
 
 // DeviceBuffer: a worker's device memory.
@@ -333,11 +404,18 @@ void bind_device_buffer(py::module_& m) {
           "__dlpack_device__",
           [](const PyDeviceBuffer& d) {
             d.require_open("DeviceBuffer.__dlpack_device__");
-            const DLDevice device = dlpack_device_of(d);
+            const DLDevice device = dlpack_device_of(d.worker->worker);
             return py::make_tuple(device.device_type, device.device_id);
           },
           method_doc("__dlpack_device__() -> tuple[int, int]",
                      "(kDLCPU, 0) on sim, (kDLCUDA, id) on cuda, (kDLExtDev, id) on acl."))
+      .def("as_tensor", &device_as_tensor, py::arg("dtype"), py::arg("shape"),
+           method_doc("as_tensor(dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor",
+                      "The first bytes of the buffer as a torch tensor of dtype and shape on "
+                      "the device's DLPack device (the CPU on sim), no copy; close() and "
+                      "finalize() refuse while it lives. acl: pinstage.Error, code 'unsupported' "
+                      "(torch has no "
+                      "DLPack device for an NPU)."))
       .def("close", &PyDeviceBuffer::close,
            method_doc("close() -> None",
                       "Frees the device memory now; idempotent. BufferError while async "
@@ -371,6 +449,8 @@ void bind_copy_event(py::module_& m) {
                (e.done ? "done" : "pending") + ">";
       });
 }
+
+py::object download(py::object self, uintptr_t address, uint64_t nbytes, const py::object& host);
 
 // The Worker's device-memory and async-copy methods.
 void bind_worker_copies(py::module_& m) {
@@ -411,12 +491,144 @@ void bind_worker_copies(py::module_& m) {
                      "DeviceBuffer, src_offset: int = 0) -> CopyEvent",
                      "Queues the download of len(dst) bytes of src from src_offset into dst "
                      "(contiguous, in this worker's pinned memory) and returns at once."))
+      .def("_download", &download, py::arg("address"), py::arg("nbytes"), py::arg("host"),
+           method_doc("_download(address: int, nbytes: int, host: torch.Tensor) -> CopyEvent "
+                      "| None",
+                      "Worker.to_host's copy: device memory at address into host (pinned)."))
       .def("_hold_streams", &hold_streams, py::arg("hold"),
            method_doc("_hold_streams(hold: bool) -> None",
                       "Tests, sim only: while held, queued copies wait (sim.hold_streams)."));
 }
 
+const DeviceTensor& load_tensor(const PyDeviceLoad& d, const std::string& name,
+                                const std::string& who) {
+  for (const DeviceTensor& t : d.load.tensors)
+    if (t.info.name == name) return t;
+  throw Error(ErrorCode::not_found,
+              who + ": the device load has no tensor '" + name + "'" +
+                  (d.load.tensors.empty() ? " (it is closed, or loaded nothing)" : ""));
+}
+
+// DeviceLoad.tensor(name): the checkpoint's dtype and shape over the tensor's device
+// memory, no copy; the export is labelled with the name, which finalize() then names.
+py::object load_tensor_view(py::object self, const std::string& name) {
+  auto& d = self.cast<PyDeviceLoad&>();
+  const std::string who = "DeviceLoad.tensor('" + name + "')";
+  const DeviceTensor& t = load_tensor(d, name, who);
+  if (t.info.bytes > 0 && !t.buffer.valid())
+    throw Error(ErrorCode::finalized, who + ": the worker was finalized; its memory is gone");
+  const DLDevice device = dlpack_device_of(d.worker->worker);
+  const py::object dtype =
+      py::module_::import("pinstage.checkpoint").attr("_torch_dtype")(t.info.dtype, name);
+  const py::tuple shape(py::cast(t.info.shape));
+  if (t.info.bytes == 0) return empty_tensor(device, dtype, shape, who);
+  DLPackRequest request;
+  request.label = name;
+  py::capsule flat = export_dlpack(self, &d, t.buffer.data(), DLDataType{kDLUInt, 8, 1},
+                                   {static_cast<int64_t>(t.info.bytes)}, device, request);
+  return typed_tensor(flat, device, dtype, shape, who);
+}
+
+// Worker._download(address, nbytes, host): queues the copy of [address, address + nbytes)
+// of this worker's device memory (a DeviceBuffer or a DeviceLoad tensor) into `host` (a
+// tensor in its pinned memory). A DeviceBuffer's copy is async (its CopyEvent returned);
+// a DeviceLoad's is done before returning (None).
+py::object download(py::object self, uintptr_t address, uint64_t nbytes, const py::object& host) {
+  auto& w = self.cast<PyWorker&>();
+  const auto inside = [&](const void* data, uint64_t size) {
+    const auto start = reinterpret_cast<uintptr_t>(data);
+    return address >= start && address - start <= size && nbytes <= size - (address - start);
+  };
+  for (ViewHolder* h : w.holders) {
+    if (auto* b = dynamic_cast<PyDeviceBuffer*>(h);
+        b != nullptr && b->open() && inside(b->buffer.data(), b->nbytes)) {
+      const auto offset = address - reinterpret_cast<uintptr_t>(b->buffer.data());
+      return copy_async(self, py::cast(b, py::return_value_policy::reference), host,
+                        py::int_(offset), false);
+    }
+    auto* l = dynamic_cast<PyDeviceLoad*>(h);
+    if (l == nullptr) continue;
+    for (const DeviceTensor& t : l->load.tensors) {
+      if (!inside(t.buffer.data(), t.info.bytes)) continue;
+      const HostRange r = host_range(host, w, "Worker.to_host");
+      Busy busy(&w);
+      GilReleased nogil;
+      w.worker.copy_to_host(r.data, t.buffer,
+                            address - reinterpret_cast<uintptr_t>(t.buffer.data()), nbytes);
+      return py::none();
+    }
+  }
+  throw Error(ErrorCode::invalid_argument,
+              "Worker.to_host: the tensor's " + std::to_string(nbytes) +
+                  " bytes are not inside one DeviceBuffer or DeviceLoad of this worker (make "
+                  "device tensors with Worker.to_device, DeviceBuffer.as_tensor or "
+                  "DeviceLoad.tensor)");
+}
+
 }  // namespace
+
+void PyDeviceLoad::close() {
+  if (views > 0)
+    throw py::buffer_error("cannot close the DeviceLoad: " + std::to_string(views) +
+                           " view(s) of it are alive (" + describe_live_tensors(this, nullptr, 0) +
+                           "); delete them first");
+  std::vector<DeviceTensor> dying = std::move(load.tensors);
+  load.tensors.clear();
+}
+
+namespace {
+
+// sim's device pool figures (sim.stats), or false on another backend.
+bool sim_pool(const Worker& w, uint64_t* backed, double* seconds) {
+  if (!w.initialized()) return false;
+  const auto stats = reinterpret_cast<ps_sim_stats_fn>(w.backend_extension(PS_SIM_STATS_NAME));
+  ps_sim_stats s{};
+  if (stats == nullptr || stats(w.native_context(), &s) != PS_OK) return false;
+  *backed = s.pool_backed_bytes;
+  *seconds = s.pool_backing_seconds;
+  return true;
+}
+
+}  // namespace
+
+void PyDeviceLoad::start_first_touch() {
+  sim = sim_pool(worker->worker, &backed_before, &backing_before_s);
+}
+
+void PyDeviceLoad::note_first_touch() {
+  uint64_t backed = 0;
+  double seconds = 0;
+  if (!sim || !sim_pool(worker->worker, &backed, &seconds)) return;
+  first_touch_bytes = backed - backed_before;
+  first_touch_s = seconds - backing_before_s;
+}
+
+py::dict PyDeviceLoad::report() const {
+  py::dict out = report_dict(load.report);
+  if (!sim) return out;
+  out["device_first_touch_bytes"] = first_touch_bytes;
+  out["device_first_touch_s"] = first_touch_s;
+  out["device_first_touch_reason"] =
+      "sim's device memory is host RAM, faulted in the first time the pool hands a block out: "
+      "these seconds are part of alloc_s, a cost of sim (a device's memory is not faulted), "
+      "paid once per worker; a second load into the same worker reuses the backed pages";
+  return out;
+}
+
+void bind_device_load_views(py::class_<PyDeviceLoad>& cls) {
+  cls.def("tensor", &load_tensor_view, py::arg("name"),
+          method_doc("tensor(name: str) -> torch.Tensor",
+                     "Tensor name on the device as a torch tensor of the checkpoint's dtype "
+                     "and shape, no copy (on sim a CPU tensor: sim's device memory is host "
+                     "RAM). close() and the worker's finalize() refuse while it lives, naming "
+                     "it. acl: pinstage.Error, code 'unsupported' (docs/acl.md, \"torch_npu\")."));
+}
+
+std::pair<const void*, uint64_t> device_range(const ViewHolder* holder) {
+  if (const auto* d = dynamic_cast<const PyDeviceBuffer*>(holder); d != nullptr && d->open())
+    return {d->buffer.data(), d->nbytes};
+  return {nullptr, 0};
+}
 
 void bind_device(py::module_& m) {
   bind_device_buffer(m);

@@ -1,11 +1,74 @@
 // DLPack export and buffer-export leases: every capsule (and, once consumed, every tensor
 // made from it) and every Lease is one live view of its holder until the deleter runs or
 // the Lease dies. See Note [Python view lifetime] in worker.cpp.
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <sstream>
 
 #include "common.h"
 
 namespace pinstage::python {
+
+// ---- Labels: the tensor names of live views ----
+
+namespace {
+
+// Touched only under the GIL (Lease and export contexts are made and deleted with it).
+std::multimap<const ViewHolder*, std::string>& labels() {
+  static auto* map = new std::multimap<const ViewHolder*, std::string>;  // never destroyed
+  return *map;
+}
+
+void add_label(const ViewHolder* holder, const std::string& label) {
+  if (!label.empty()) labels().emplace(holder, label);
+}
+
+void remove_label(const ViewHolder* holder, const std::string& label) {
+  if (label.empty()) return;
+  auto [begin, end] = labels().equal_range(holder);
+  for (auto it = begin; it != end; ++it)
+    if (it->second == label) {
+      labels().erase(it);
+      return;
+    }
+}
+
+}  // namespace
+
+std::vector<std::string> view_labels(const ViewHolder* holder) {
+  std::vector<std::string> out;
+  auto [begin, end] = labels().equal_range(holder);
+  for (auto it = begin; it != end; ++it) out.push_back(it->second);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::string describe_live_tensors(const ViewHolder* holder, const void* data, uint64_t nbytes,
+                                  const std::string& name) {
+  std::vector<std::string> names = view_labels(holder);
+  if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end())
+    names.push_back(name);
+  std::string shapes;  // from the torch tensors and NumPy arrays over the memory
+  if (nbytes > 0 && interpreter_usable()) {
+    try {
+      shapes = py::module_::import("pinstage._views")
+                   .attr("describe")(reinterpret_cast<uintptr_t>(data), nbytes)
+                   .cast<std::string>();
+    } catch (const std::exception&) {
+      PyErr_Clear();  // the refusal is raised either way, with what is known
+    }
+  }
+  std::ostringstream out;
+  const char* sep = names.size() > 1 ? "tensors " : "tensor ";
+  for (const std::string& n : names) {
+    out << sep << "'" << n << "'";
+    sep = ", ";
+  }
+  if (!shapes.empty()) out << (names.empty() ? shapes : " (" + shapes + ")");
+  return out.str();
+}
 
 // ---- Lease ----
 
@@ -28,9 +91,10 @@ int64_t* lease_count(ViewHolder* holder, LeaseHolder by) {
 
 }  // namespace
 
-Lease::Lease(py::object owner_, ViewHolder* holder_, LeaseHolder by_)
-    : owner(std::move(owner_)), holder(holder_), by(by_) {
+Lease::Lease(py::object owner_, ViewHolder* holder_, LeaseHolder by_, std::string label_)
+    : owner(std::move(owner_)), holder(holder_), by(by_), label(std::move(label_)) {
   ++holder->views;
+  add_label(holder, label);
   if (int64_t* count = lease_count(holder, by)) ++*count;
 }
 
@@ -38,11 +102,12 @@ Lease::Lease(py::object owner_, ViewHolder* holder_, LeaseHolder by_)
 // never releases the GIL.
 Lease::~Lease() {
   --holder->views;
+  remove_label(holder, label);
   if (int64_t* count = lease_count(holder, by)) --*count;
 }
 
-py::object make_lease(py::object owner, ViewHolder* holder, LeaseHolder by) {
-  return py::cast(std::make_unique<Lease>(std::move(owner), holder, by));
+py::object make_lease(py::object owner, ViewHolder* holder, LeaseHolder by, std::string label) {
+  return py::cast(std::make_unique<Lease>(std::move(owner), holder, by, std::move(label)));
 }
 
 void bind_lease(py::module_& m) {
@@ -68,6 +133,7 @@ struct ExportContext {
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;
   std::unique_ptr<uint8_t[]> copied;
+  std::string label;  // the tensor's name, if known (view_labels)
   DLManagedTensor managed{};
   DLManagedTensorVersioned versioned{};
 };
@@ -79,7 +145,10 @@ void delete_context(ExportContext* context) {
   // Python objects then is unsafe, so the context is left behind.
   if (!interpreter_usable()) return;
   const PyGILState_STATE gil = PyGILState_Ensure();
-  if (context->holder != nullptr) --context->holder->views;
+  if (context->holder != nullptr) {
+    --context->holder->views;
+    remove_label(context->holder, context->label);
+  }
   delete context;  // drops the owner reference, possibly releasing the buffer
   PyGILState_Release(gil);
 }
@@ -132,6 +201,7 @@ py::capsule export_dlpack(py::object owner, ViewHolder* holder, void* data, DLDa
   } else {
     context->owner = std::move(owner);
     context->holder = holder;
+    context->label = request.label;
   }
   DLTensor t{};
   t.data = data;
@@ -161,7 +231,10 @@ py::capsule export_dlpack(py::object owner, ViewHolder* holder, void* data, DLDa
   }
   PyObject* capsule = PyCapsule_New(pointer, name, &capsule_destructor);
   if (capsule == nullptr) throw py::error_already_set();
-  if (context->holder != nullptr) ++context->holder->views;
+  if (context->holder != nullptr) {
+    ++context->holder->views;
+    add_label(context->holder, context->label);
+  }
   context.release();  // owned by the capsule, then by whoever consumes it
   return py::reinterpret_steal<py::capsule>(capsule);
 }

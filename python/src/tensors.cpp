@@ -170,7 +170,7 @@ void add_tensor(PyArgs& a, const py::object& name_obj, const py::object& tensor,
   py::object owner = tensor;
   if (buffer != nullptr) {
     py::object buffer_obj = py::cast(buffer, py::return_value_policy::reference);
-    owner = py::make_tuple(tensor, make_lease(buffer_obj, buffer, LeaseHolder::args));
+    owner = py::make_tuple(tensor, make_lease(buffer_obj, buffer, LeaseHolder::args, name));
   }
   auto storage = std::make_shared<Storage>(data, nbytes, buffer != nullptr, python_owner(owner));
   a.args.add(Tensor(name, *dtype, std::move(shape), *dir, std::move(storage)));
@@ -182,8 +182,9 @@ py::object tensor_view(py::object self, const std::string& name) {
   const Tensor* t = a.args.find(name);
   if (t == nullptr) throw py::key_error("no tensor named '" + name + "' in these task args");
   py::object torch = torch_module();
-  return torch.attr("from_dlpack")(
-      export_dlpack(self, &a, t->data(), dl_dtype(t->dtype()), t->shape(), DLDevice{kDLCPU, 0}));
+  return torch.attr("from_dlpack")(export_dlpack(self, &a, t->data(), dl_dtype(t->dtype()),
+                                                 t->shape(), DLDevice{kDLCPU, 0},
+                                                 DLPackRequest{.label = name}));
 }
 
 py::dict describe_tensor(const Tensor& t) {

@@ -89,7 +89,13 @@ PyWorker::PyWorker(WorkerLevel level, std::string backend, int device_id_, Worke
 
 // Keeps the GIL: a destructor that took it back at interpreter exit would be ended by a
 // forced unwind through its noexcept frame (std::terminate).
-PyWorker::~PyWorker() { worker.finalize(); }
+// The copy stream goes before the context it was made on (a member would be destroyed
+// after finalize(), which then warns "1 stream(s) still alive": docs/distributed.md's
+// ranks, which end without finalize()). No copy is pending: each CopyEvent held the worker.
+PyWorker::~PyWorker() {
+  copy_stream.reset();
+  worker.finalize();
+}
 
 void PyWorker::count_views(int64_t* holders_with_views, int64_t* views) const {
   *holders_with_views = 0;
@@ -109,7 +115,8 @@ std::string PyWorker::describe_views() const {
   const char* sep = "";
   for (const PyBuffer* b : buffers) {
     if (b->views == 0) continue;
-    out << sep << "PinnedHostBuffer at 0x" << std::hex
+    const std::string tensors = describe_live_tensors(b, b->buffer.data(), b->nbytes, b->name);
+    out << sep << (tensors.empty() ? "" : tensors + " in ") << "PinnedHostBuffer at 0x" << std::hex
         << reinterpret_cast<uintptr_t>(b->buffer.data()) << std::dec << " (" << b->nbytes
         << " bytes): " << b->views << " view(s)";
     if (b->args_views > 0) out << ", " << b->args_views << " of them held by TaskArgs";
@@ -122,7 +129,10 @@ std::string PyWorker::describe_views() const {
   }
   for (const ViewHolder* h : holders) {
     if (h->views == 0) continue;
-    out << sep << h->holder_name() << ": " << h->views << " view(s)";
+    const auto [data, nbytes] = device_range(h);
+    const std::string tensors = describe_live_tensors(h, data, nbytes);
+    out << sep << (tensors.empty() ? "" : tensors + " of a ") << h->holder_name() << ": "
+        << h->views << " view(s)";
     sep = "; ";
   }
   return out.str();

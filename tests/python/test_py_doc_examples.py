@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tp_checkpoint import write_checkpoint, write_safetensors
+from tp_checkpoint import write_safetensors
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("**/*.md"))
@@ -22,11 +22,31 @@ def tensors_setup(folder):
     write_safetensors(folder / "qwen3.safetensors", {"wq": ("BF16", [2, 2], bytes(8))})
 
 
+def node_setup(folder):
+    """model/ with a Hugging Face checkpoint's names (model.layers.N.self_attn.q_proj...)
+    and plan.json as docs/node.md itself shows it: its example must use the names its plan
+    and a real checkpoint use (issue 42: it looked up layers.0.q_proj.weight, a KeyError)."""
+    import json
+
+    text = (ROOT / "docs" / "node.md").read_text()
+    plan = re.search(r"^```json\n(.*?)^```", text, re.S | re.M).group(1)
+    (folder / "plan.json").write_text(json.dumps(json.loads(plan)))
+    (folder / "model").mkdir()
+    tensors = {"model.embed_tokens.weight": ("F32", [16, 8], bytes(16 * 8 * 4)),
+               "model.norm.weight": ("F32", [8], bytes(8 * 4))}
+    for i in range(2):
+        for part in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                     "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+            tensors[f"model.layers.{i}.{part}.weight"] = ("BF16", [8, 8], bytes(8 * 8 * 2))
+    write_safetensors(folder / "model" / "model.safetensors", tensors)
+
+
 SETUP = {"docs/tensors.md": tensors_setup,
-         "docs/node.md": write_checkpoint}  # model/ (5 shards) and plan.json
+         "docs/node.md": node_setup}  # model/ with HF names and the doc's own plan.json
 SKIP = {
     "docs/loading.md": "needs a checkpoint folder model/ (its own tests cover loading)",
     "docs/distributed.md": "runs under torchrun: tests/python/test_distributed.py runs it",
+    "docs/acl.md": "runs on the libascendcl double: tests/python/test_acl_docs42.py runs it",
 }
 
 
