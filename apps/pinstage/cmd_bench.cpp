@@ -82,7 +82,7 @@ struct GroupSection {
 void finish_report(const BenchArgs& a, const ab::BenchResult& result,
                    const GroupSection* group = nullptr) {
   FILE* text = text_out(a.report);
-  std::fputs(ab::format_table(result).c_str(), text);
+  std::fputs(ab::format_table(result, a.report.quiet).c_str(), text);
   if (group != nullptr) std::fputs(group->text.c_str(), text);
   if (a.report.json.empty()) return;
   std::string json = ab::to_json(result);

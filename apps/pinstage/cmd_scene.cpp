@@ -53,7 +53,7 @@ void print_round(FILE* out, const SceneRound& round, bool steps) {
     for (const auto& t : round.comparison->tensors)
       std::fprintf(out, "  %s\n", t.message().c_str());
   } else {
-    std::fprintf(out, "bytes intact (golden skipped)\n");
+    std::fprintf(out, "bytes intact (no golden compared)\n");
   }
   std::fflush(out);
 }

@@ -103,9 +103,10 @@ struct ArmSummary {
   double median_reduction = 0.0;  // median over groups of the paired (same-group) reduction
   double worst_reduction = 0.0;   // the paired reduction least in the median's direction
   size_t worst_group = 0;         // 0-based group of worst_reduction
-  // Cross-range, most conservative: this arm's worst group min against the reference's
-  // best group min (1 - max_seconds / reference min_seconds).
-  double conservative_reduction = 0.0;
+  // The worst case across groups: this arm's slowest group min against the reference's
+  // fastest group min (1 - max_seconds / reference min_seconds); JSON key
+  // worst_case_reduction (conservative_reduction until issue 42).
+  double worst_case_reduction = 0.0;
   size_t groups_agreeing = 0;     // groups whose reduction has the median's sign
   bool direction_agrees = false;  // every group agrees in direction
   // At least 3 groups and at least 4 in 5 of them agree with the median's direction
@@ -293,8 +294,9 @@ PINSTAGE_API BenchResult run_bench(Worker& worker, const BenchConfig& config, co
                                    const SizePlan& plan, const ProgressFn& progress = {},
                                    const GroupDoneFn& group_done = {}, BenchResult seed = {});
 
-// The readable group table and the summary lines.
-PINSTAGE_API std::string format_table(const BenchResult& result);
+// The readable group table and the summary lines. quiet (the CLI's --quiet) leaves out the
+// chatter: the header (what ran, the sizes) and the notes; the tables, verdicts and targets stay.
+PINSTAGE_API std::string format_table(const BenchResult& result, bool quiet = false);
 // Everything, including every raw round timing, as a JSON document.
 PINSTAGE_API std::string to_json(const BenchResult& result);
 

@@ -258,15 +258,40 @@ def render_ab(doc: dict):
     return fig
 
 
+# On sim the A/B difference is the model's, not a card's: the title says so (issue 42).
+SIM_NOTE = ("sim: the effect comes from sim's copy-engine model (pageable through one "
+            "thread's driver bounce, pinned on every core), not from a device")
+
+
+def _size(doc: dict) -> str:
+    """'2 layers, 2.04 GB per bind': the size knob's value (config[size_name]) and the
+    bytes a bind uploads (sizes.input_bytes); '' when the report has neither."""
+    config, parts = doc["config"], []
+    for key, value in config.items():
+        if f"{key}_automatic" in config and isinstance(value, int) and not isinstance(value, bool):
+            parts.append(f"{value} {key}")
+    input_bytes = doc.get("sizes", {}).get("input_bytes")
+    if isinstance(input_bytes, int):
+        parts.append(f"{input_bytes / 1e9:.2f} GB per bind")
+    return ", ".join(parts)
+
+
 def _title(doc: dict) -> str:
     config = doc["config"]
-    title = f"{doc.get('benchmark', 'pinstage bench')} on {config.get('backend', '?')}"
+    backend = config.get("backend", "?")
+    title = f"{doc.get('benchmark', 'pinstage bench')} on {backend}"
+    size = _size(doc)
+    if size:
+        title += f": {size}"
     summary = doc.get("summary", {}).get("arms", [])
     verdicts = [f"{_key(a, 'arm', f'summary.arms[{i}]')}: {a['verdict']} "
                 f"({_key(a, 'groups_agreeing', f'summary.arms[{i}]')} of {len(doc['groups'])}"
                 f" groups agree)" for i, a in enumerate(summary)
                 if "verdict" in a and a.get("arm") != config.get("reference_arm")]
-    return title + ("\n" + "; ".join(verdicts) if verdicts else "")
+    lines = [title] + (["; ".join(verdicts)] if verdicts else [])
+    if backend == "sim":
+        lines.append(SIM_NOTE)
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

@@ -170,12 +170,13 @@ std::string target_line(const BenchResult& r) {
     const double goal_gbps = paced ? link : as.median_memcpy_gbps;
     const double ratio = goal_gbps > 0.0 ? as.median_upload_gbps / goal_gbps : 0.0;
     const std::string against = paced ? "the link (link_gbps)" : "a plain all-core memcpy";
-    std::string out =
-        "  upload target (pinned upload >= " + fmt("%.2fx", kUploadTarget) + " " + against + "): ";
-    const std::string figure = fmt("%.3fx", ratio) + ": " + fmt("%.2f", as.median_upload_gbps) +
-                               " of " + fmt("%.2f", goal_gbps) + " GB/s";
-    if (ratio >= kUploadTarget) return out + "met (" + figure + ")\n";
-    return out + "NOT met (" + figure + "): the copy engine did not get the cores it copies on " +
+    // Worded as the upload rate's, never as a verdict: it can be met while the bind
+    // latency above is slower (allocation, or other load, dominates the bind).
+    std::string out = "  pinned's upload rate: " + fmt("%.3fx", ratio) + " of " + against + " (" +
+                      fmt("%.2f", as.median_upload_gbps) + " of " + fmt("%.2f", goal_gbps) +
+                      " GB/s); upload-rate target >= " + fmt("%.2fx", kUploadTarget) + ": ";
+    if (ratio >= kUploadTarget) return out + "met\n";
+    return out + "NOT met: the copy engine did not get the cores it copies on " +
            "(other load on this host, or dma_threads below the cores)\n";
   }
   return "";
@@ -183,7 +184,7 @@ std::string target_line(const BenchResult& r) {
 
 // The verdict per arm against the reference: the paired median, the worst group, the
 // agreement, then the upload and allocation behind it.
-std::string summary_lines(const BenchResult& r, const std::string& ref) {
+std::string summary_lines(const BenchResult& r, const std::string& ref, bool quiet) {
   const Stats& s = r.stats;
   std::string out = "\nsummary:\n";
   for (size_t a = 0; a < r.config.arms.size(); ++a) {
@@ -199,7 +200,7 @@ std::string summary_lines(const BenchResult& r, const std::string& ref) {
            fmt("%.2f", rs.median_alloc_seconds * 1e3) + " ms (medians)\n";
   }
   if (r.config.baseline) out += target_line(r);
-  if (r.backend == "sim")
+  if (r.backend == "sim" && !quiet)
     out +=
         "  note: sim copies pageable memory through its driver's pinned bounce buffers on one "
         "thread and pinned memory directly on every core, as a card's copy engines do "
@@ -209,9 +210,10 @@ std::string summary_lines(const BenchResult& r, const std::string& ref) {
 
 }  // namespace
 
-std::string format_table(const BenchResult& r) {
+std::string format_table(const BenchResult& r, bool quiet) {
   const std::string ref = arm_name(r.config.arms[r.stats.reference]);
-  return header(r) + group_table(r, ref) + across_table(r, ref) + summary_lines(r, ref);
+  return (quiet ? "" : header(r)) + group_table(r, ref) + across_table(r, ref) +
+         summary_lines(r, ref, quiet);
 }
 
 namespace {
@@ -314,7 +316,7 @@ json summary_json(const Stats& s) {
                        {"median_reduction", as.median_reduction},
                        {"worst_reduction", as.worst_reduction},
                        {"worst_group", as.worst_group + 1},
-                       {"conservative_reduction", as.conservative_reduction},
+                       {"worst_case_reduction", as.worst_case_reduction},
                        {"groups_agreeing", as.groups_agreeing},
                        {"direction_agrees", as.direction_agrees},
                        {"conclusive", as.conclusive},

@@ -219,7 +219,7 @@ Stats compute_stats(const Timings& t) {
   for (size_t a = 0; a < arms; ++a) {
     ArmSummary& sum = s.arms[a];
     if (a == t.reference) continue;  // against itself it says nothing
-    sum.conservative_reduction = sum.median_reduction >= 0.0
+    sum.worst_case_reduction = sum.median_reduction >= 0.0
                                      ? reduction(ref.min_seconds, sum.max_seconds)
                                      : reduction(ref.max_seconds, sum.min_seconds);
     const std::optional<Arm> arm = arm_named(sum.arm);

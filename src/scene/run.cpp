@@ -178,7 +178,8 @@ SceneReport run_scene(Worker& worker, const Scene& scene, const SceneRunOptions&
     return report;
   }
   std::unique_ptr<SceneGolden> golden;
-  if (!options.skip_golden || !options.save_golden.empty()) {
+  // Computed only to be compared or saved: an integrity-only run (acl) compares none.
+  if ((!options.skip_golden && !report.integrity_only) || !options.save_golden.empty()) {
     golden = scene.compute_golden(args, values);
     report.golden_seconds = clock.restart();
     if (!options.save_golden.empty()) scene.save_golden(*golden, options.save_golden);

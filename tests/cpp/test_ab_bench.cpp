@@ -88,7 +88,7 @@ TEST(AbStats, PerGroupMinimaAndPairedReductions) {
   EXPECT_EQ(pinned.groups_agreeing, 2u);
   EXPECT_FALSE(pinned.direction_agrees);
   // Worst pinned group min (1.8) against the best pageable group min (1.0).
-  EXPECT_DOUBLE_EQ(pinned.conservative_reduction, 1.0 - 1.8 / 1.0);
+  EXPECT_DOUBLE_EQ(pinned.worst_case_reduction, 1.0 - 1.8 / 1.0);
 
   // upload / memcpy: 1.0 vs 0.9 (pageable), 0.5 vs 0.5 (pinned); group 3 memcpy faster.
   EXPECT_NEAR(s.groups[0][0].upload_vs_memcpy, 0.9, 1e-12);
@@ -116,7 +116,7 @@ TEST(AbStats, DirectionAgreementWhenEveryGroupAgrees) {
   EXPECT_NEAR(ss.arms[1].median_reduction, 0.5 * (-0.5 + -0.1), 1e-12);
   EXPECT_TRUE(ss.arms[1].direction_agrees);
   EXPECT_NEAR(ss.arms[1].worst_reduction, -0.1, 1e-12);
-  EXPECT_DOUBLE_EQ(ss.arms[1].conservative_reduction, 1.0 - 1.5 / 2.0);
+  EXPECT_DOUBLE_EQ(ss.arms[1].worst_case_reduction, 1.0 - 1.5 / 2.0);
   EXPECT_EQ(ss.arms[1].median_upload_vs_memcpy, 0.0);  // not measured
 }
 
@@ -221,19 +221,43 @@ TEST(AbSummary, TheUploadTargetIsThePinnedArmsWithItsFigureAndReason) {
   // Pinned uploads at 3.8 of 4 GB/s all-core memcpy: met; pageable's 1 GB/s is no target.
   const std::string met = summary_of(summarized({0.5, 0.5, 0.5}, 3.8));
   expect_has(met,
-             "  upload target (pinned upload >= 0.90x a plain all-core memcpy): met "
-             "(0.950x: 3.80 of 4.00 GB/s)\n");
+             "  pinned's upload rate: 0.950x of a plain all-core memcpy (3.80 of 4.00 GB/s); "
+             "upload-rate target >= 0.90x: met\n");
   const std::string missed = summary_of(summarized({0.5, 0.5, 0.5}, 2.0));
   expect_has(missed,
-             "NOT met (0.500x: 2.00 of 4.00 GB/s): the copy engine did not get the "
-             "cores it copies on");
+             "0.500x of a plain all-core memcpy (2.00 of 4.00 GB/s); upload-rate target >= "
+             "0.90x: NOT met: the copy engine did not get the cores it copies on");
   // Paced below the memcpy rate, the target is the link's.
   BenchResult paced = summarized({0.5, 0.5, 0.5}, 1.9);
   paced.model->link_gbps = 2.0;
   const std::string link = summary_of(paced);
   expect_has(link,
-             "upload target (pinned upload >= 0.90x the link (link_gbps)): met (0.950x: "
-             "1.90 of 2.00 GB/s)");
+             "pinned's upload rate: 0.950x of the link (link_gbps) (1.90 of 2.00 GB/s); "
+             "upload-rate target >= 0.90x: met");
+}
+
+// Issue 42: "pinned is 42.2% slower ... not conclusive" and "upload target ... met" read
+// as one contradictory verdict. The headline names the arm and the direction; the target
+// line speaks of the upload rate, and no line says "met" beside "slower".
+TEST(AbSummary, AMetUploadTargetNeverReadsAsTheVerdict) {
+  const std::string slower = summary_of(summarized({1.4, 1.5, 1.3}, 3.8));
+  expect_has(slower, "\n  pinned is 40.0% slower than pageable (bind latency");
+  expect_has(slower, "  pinned's upload rate: 0.950x");
+  size_t start = 0;
+  while (start < slower.size()) {
+    const size_t end = std::min(slower.find('\n', start), slower.size());
+    const std::string line = slower.substr(start, end - start);
+    EXPECT_FALSE(line.find("met") != std::string::npos && line.find("slower") != std::string::npos)
+        << line;
+    EXPECT_EQ(line.find("upload target"), std::string::npos) << line;
+    start = end + 1;
+  }
+}
+
+TEST(AbJson, TheWorstCaseReductionHasAPlainName) {
+  const std::string json = to_json(summarized({0.5, 0.6, 0.55}));
+  EXPECT_NE(json.find("\"worst_case_reduction\""), std::string::npos);
+  EXPECT_EQ(json.find("conservative"), std::string::npos);
 }
 
 TEST(AbStats, KeepColdCountsTheFirstRound) {
@@ -495,7 +519,7 @@ TEST(AbRun, SmallRunProducesTableAndJson) {
 
   const std::string table = format_table(r);
   for (const char* needle : {"group", "pageable", "pinned", "staged", "median", "summary", "memcpy",
-                             "upload target", "2 inputs"})
+                             "upload-rate target", "2 inputs"})
     EXPECT_NE(table.find(needle), std::string::npos) << needle << "\n" << table;
 
   const auto doc = nlohmann::json::parse(to_json(r));
@@ -588,7 +612,7 @@ TEST(AbSynthetic, RunsThroughTheGenericHarness) {
   EXPECT_NE(r.groups[0][0].bind_summary.find("3,145,728 bytes"), std::string::npos);
   const std::string table = format_table(r);
   for (const char* needle : {"pinstage bench synthetic: backend sim, 3 tensors x 1,048,576 bytes",
-                             "pinned is ", "than pageable (bind latency", "upload target"})
+                             "pinned is ", "than pageable (bind latency", "upload-rate target"})
     EXPECT_NE(table.find(needle), std::string::npos) << needle << "\n" << table;
   const auto doc = nlohmann::json::parse(to_json(r));
   EXPECT_EQ(doc["benchmark"], "pinstage bench synthetic");

@@ -102,7 +102,7 @@ TEST(BenchCli, SmallRunPrintsTheTableAndWritesTheJson) {
   ASSERT_EQ(r.status, 0) << r.output;
   for (const char* needle :
        {"--layers 1", "group", "vs pageable", "alloc ms", "upload GB/s", "pinned is ",
-        "than pageable (bind latency", "upload target", "report with every raw timing"})
+        "than pageable (bind latency", "upload-rate target", "report with every raw timing"})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
   std::ifstream in(path);
   ASSERT_TRUE(in) << path;
@@ -154,7 +154,7 @@ TEST(BenchCli, CorruptedUploadFailsTheBench) {
   EXPECT_EQ(bad.status, 1) << bad.output;
   EXPECT_NE(bad.output.find("upload check failed for arm pageable in group 1"), std::string::npos)
       << bad.output;
-  EXPECT_EQ(bad.output.find("upload target"), std::string::npos) << "no verdict on bad bytes";
+  EXPECT_EQ(bad.output.find("upload-rate target"), std::string::npos) << "no verdict on bad bytes";
   const Result good = run_task("synthetic", args);
   EXPECT_EQ(good.status, 0) << good.output;
 }
@@ -308,7 +308,7 @@ TEST(BenchCli, SyntheticRunsThroughTheSameHarness) {
   ASSERT_EQ(r.status, 0) << r.output;
   for (const char* needle : {"pinstage bench synthetic: backend sim, 4 tensors x 67,108,864 bytes",
                              "args: 4 tensors, 4 inputs, 268.44 MB per bind", "group",
-                             "vs pageable", "than pageable (bind latency", "upload target"})
+                             "vs pageable", "than pageable (bind latency", "upload-rate target"})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
 }
 
