@@ -4,6 +4,7 @@ describe_live_tensors). Runs only on the refusal's path: it walks the garbage co
 objects, which is slow on a large heap but finds a stray loop variable that holds a view."""
 import gc
 import sys
+import warnings
 
 _MAX_LISTED = 6
 
@@ -31,13 +32,15 @@ def describe(address, nbytes):
     tensors and arrays whose bytes lie in [address, address + nbytes); '' when none."""
     end = address + nbytes
     found = []
-    for obj in gc.get_objects():
-        try:
-            span = _span(obj)
-        except Exception:  # an object torch or NumPy cannot describe: not a view we know
-            continue
-        if span is not None and span[1] > 0 and address <= span[0] < end:
-            found.append(obj)
+    with warnings.catch_warnings():  # isinstance() on some module proxies warns (torch's
+        warnings.simplefilter("ignore")  # deprecated torch.distributed.reduce_op)
+        for obj in gc.get_objects():
+            try:
+                span = _span(obj)
+            except Exception:  # an object torch or NumPy cannot describe: not a view we know
+                continue
+            if span is not None and span[1] > 0 and address <= span[0] < end:
+                found.append(obj)
     # A view keeps the tensor it was made from (torch's _base, NumPy's base): name the
     # view the caller holds, not the flat bytes it came from.
     bases = {id(b) for b in (getattr(o, "_base", None) if not hasattr(o, "__array_interface__")

@@ -126,6 +126,7 @@ def test_to_device_and_to_host_refusals(worker):
 
 # ---- finalize() names the live tensors ----
 
+@pytest.mark.filterwarnings("error")  # the refusal's walk over live objects warns of nothing
 def test_finalize_names_a_loaded_tensor(tmp_path):
     w = pinstage.Worker()
     path, _ = checkpoint(tmp_path)
