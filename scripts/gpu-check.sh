@@ -7,6 +7,10 @@
 # Meant to fit one run of about 7 minutes on an H200 and to leave figures even when cut
 # short:
 #   1. build: GoogleTest from .deps/googletest, then pinstage with PINSTAGE_CUDA=ON
+#   1b. map mode first (issue 39): a checkpoint (PINSTAGE_CHECK_MAP_TASK, a fixture: 2 qwen3
+#      layers, about 2 GB) written once, then `pinstage load --map` registering its read-only file mapping
+#      (does cudaHostRegisterReadOnly take the page cache?), the same from a tmpfs copy
+#      in /dev/shm, and a map-mode `load --to device` in GB/s (map.txt, map-*.json)
 #   2. the cuda tests (ctest labels cuda and requires_gpu)
 #   3. pinstage_gpu_probe: each device's NUMA node and where a worker's pinned pages for
 #      it landed (printed as "placement:"), the link limit (1 GiB pinned cudaMemcpy, best
@@ -15,15 +19,16 @@
 #      --rounds 4, one process per group (3 groups), each writing its own JSON, so a run
 #      stopped by the budget keeps every group that finished
 #   5. a summary against the issue-7 targets (scripts/gpu_check_summary.py)
-# Output under $OUT (default ./gpu-check-out, git-ignored): gpu-check.log, ctest.xml,
-# probe.json, bench-g<N>.json, bench.log, summary.json. $OUT starts empty: a folder this
+# Output under $OUT (default ./gpu-check-out, git-ignored): gpu-check.log, map.txt,
+# map-*.json, ctest.xml, probe.json, bench-g<N>.json, bench.log, summary.json. $OUT starts empty: a folder this
 # script made before is emptied first, any other non-empty folder is refused.
 #
 # Settings (environment): PINSTAGE_CHECK_BUILD (build folder, default build-gpu),
 # PINSTAGE_CHECK_LAYERS (10), PINSTAGE_CHECK_GROUPS (3), PINSTAGE_CHECK_ROUNDS (4),
 # PINSTAGE_CHECK_PIN_MIB (4096), PINSTAGE_CHECK_LINK_MIB (1024),
 # PINSTAGE_CHECK_PREFAULT_MIB (2048), PINSTAGE_CHECK_JOBS (cores),
-# PINSTAGE_CHECK_BUDGET_S (420: the bench is cut short so the whole run ends within it).
+# PINSTAGE_CHECK_BUDGET_S (420: the bench is cut short so the whole run ends within it),
+# PINSTAGE_CHECK_MAP_TASK (the fixture the map step loads; default "qwen3-decode --layers 2").
 # For the ctest run on the fake runtime (tests/cpp/cuda.cmake): PINSTAGE_CHECK_PREBUILT=1
 # (use the build folder as it is), PINSTAGE_CHECK_FAKE_GPU=<folder of the fake
 # libcudart> (no nvidia-smi; the probe and the bench load the fake),
@@ -159,6 +164,45 @@ if [ "$PREBUILT" = 1 ]; then
 else
   build_all
 fi
+
+# Step 1b: map mode on the GPU. A refusal is a finding (map_note says why), not a failure.
+map_checks() {
+  local ck="$OUT/map-ckpt" shm="/dev/shm/pinstage-gpu-check-$$" cli="$BUILD/bin/pinstage"
+  step "map mode: a read-only file mapping and a tmpfs mapping registered in place"
+  read -r -a task <<<"$MAP_TASK"
+  if ! run_cuda timeout 120 "$cli" fixture "${task[@]}" --out "$ck" --shard-size 512M -q; then
+    failed+=(map); notes+=("map mode: the checkpoint could not be written"); return
+  fi
+  local kind path
+  for kind in page-cache tmpfs; do
+    path=$ck
+    if [ $kind = tmpfs ]; then
+      mkdir -p "$shm" && cp -r "$ck/." "$shm/" || { notes+=("map mode: no tmpfs copy"); continue; }
+      path=$shm
+    fi
+    cat "$path"/* >/dev/null  # warm: the figure is the pin in place, not the disk
+    run_cuda timeout 120 "$cli" load "$path" --map --backend cuda --json "$OUT/map-$kind.json" -q ||
+      { failed+=(map); notes+=("map mode ($kind) failed; see gpu-check.log"); }
+  done
+  run_cuda timeout 120 "$cli" load "$ck" --map --to device --backend cuda \
+    --json "$OUT/map-device.json" -q || { failed+=(map); notes+=("map-mode device load failed"); }
+  rm -rf "$shm" "$ck"
+  python3 - "$OUT" <<'PY' | tee "$OUT/map.txt"
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+for name in ("map-page-cache", "map-tmpfs", "map-device"):
+    f = out / f"{name}.json"
+    if not f.exists():
+        print(f"{name}: no report"); continue
+    r = json.loads(f.read_text())
+    how = "copied: " + r["map_note"] if r["map_note"] else "registered in place"
+    print(f"{name}: {r['bytes'] / 1e9:.2f} GB, map {r['map_s']:.3f} s, pin {r['pin_s']:.3f} s, "
+          f"total {r['total_gbps']:.2f} GB/s, upload {r['upload_s']:.3f} s; {how}")
+PY
+}
+
+MAP_TASK="${PINSTAGE_CHECK_MAP_TASK:-qwen3-decode --layers 2}"
+[ $have_gpu = 1 ] && [ $cli_built = 1 ] && map_checks
 
 tests_text="not built"
 if [ $tests_built = 1 ]; then

@@ -29,7 +29,7 @@ mutations=(
   "no_pin_budget|src/runtime/host_memory/host_memory.cpp|s/  if \(!refusal\.empty\(\)\) \{/  if (false) {/|test_runtime|bin/test_runtime '--gtest_filter=PinBudgetDeathTest.*'"
   # Issue 20: the host memory pool.
   "pool_reuse_under_copy|src/runtime/host_memory/host_pool.cpp|s/b\.streams\.push_back\(stream\);/;/|test_runtime|bin/test_runtime '--gtest_filter=HostPoolTest.ABlockAQueued*'"
-  "pool_freed_range_pinned|src/runtime/host_memory/host_memory.cpp|s/return host\.note_use\(host_ptr, bytes, stream\) \? PS_COPY_HOST_PINNED : 0u;/host.note_use(host_ptr, bytes, stream); return PS_COPY_HOST_PINNED;/|test_runtime|bin/test_runtime '--gtest_filter=HostPoolTest.AFreedRange*'"
+  "pool_freed_range_pinned|src/runtime/host_memory/host_memory.cpp|s/if \(host\.note_use\(host_ptr, bytes, stream\)\) return PS_COPY_HOST_PINNED;/host.note_use(host_ptr, bytes, stream); return PS_COPY_HOST_PINNED;/|test_runtime|bin/test_runtime '--gtest_filter=HostPoolTest.AFreedRange*'"
   "pool_merge_across_segments|src/base/free_ranges.cpp|s/ && !fences_\.contains\(next->first\)//|test_runtime|bin/test_runtime '--gtest_filter=HostPoolTable.*'"
   "pool_cache_unbounded|src/runtime/host_memory/host_pool.cpp|s/return cached > limit \?/return false ?/|test_runtime|bin/test_runtime '--gtest_filter=HostPoolTest.TheCacheBound*'"
   # Issue 21: sim's copy engines and the A/B summary.
@@ -75,6 +75,13 @@ mutations=(
   "sidecar_identity_unchecked|src/checkpoint/hash_sidecar.cpp|s/  check_identities\(doc, files, path, checkpoint_path\);\n//|test_defects41|bin/test_defects41 '--gtest_filter=Defects41Files.AStaleSidecar*'"
   "negative_threads_taken|src/runtime/worker_group.cpp|s/  if \(total < 0\)\n/  if (false)\n/|test_defects41|bin/test_defects41 '--gtest_filter=Defects41.NegativeThread*'"
   "regex_epsilon_loop_unmarked|src/checkpoint/plan_regex.cpp|s/if \(seen\[static_cast<size_t>\(pc\)\] == pos\) continue;/if (false) continue;/|test_defects41|timeout 60 bin/test_defects41 '--gtest_filter=Defects41.TheRegexSubset*'"
+  # Issue 39: the segment sources and the pin budget's one verdict (test_segment_sources).
+  "pin_verdict_read_twice|src/runtime/worker_state.cpp|s/(void\* WorkerState::pageable_fallback\(size_t bytes, const std::string& refusal\) \{\n)/\1  if (pin_budget_refusal(bytes, pin_budget()).empty()) return nullptr;\n/|test_segment_sources|bin/test_segment_sources '--gtest_filter=PinVerdict.*'"
+  "pool_no_give_back|src/runtime/host_memory/host_memory.cpp|s/    idle = host\.take_free_segments\(UINT64_MAX\);/    (void)0;/|test_segment_sources|bin/test_segment_sources '--gtest_filter=PoolDeathTest.*'"
+  "refusal_names_segment|src/runtime/host_memory/host_memory.cpp|s/return pin_budget_refusal\(requested, budget\);/return pin_budget_refusal(bytes, budget);/|test_segment_sources|bin/test_segment_sources '--gtest_filter=PoolDeathTest.*'"
+  "reserve_total_cached|src/runtime/host_memory/host_memory.cpp|s/if \(state_->host\.largest_cached\(\) >= want\) return;/if (state_->host.cached_bytes() >= want) return;/|test_segment_sources|bin/test_segment_sources '--gtest_filter=PoolReserve.*'"
+  "mapping_copied_as_pageable|src/runtime/host_memory/host_memory.cpp|s/return table\.contains\(EntryKind::registered_host, host_ptr, bytes\) \? PS_COPY_HOST_PINNED : 0u;/return 0u;/|test_segment_sources pinstage_backend_sim|bin/test_segment_sources '--gtest_filter=SegmentSources.TheDeviceLoad*'"
+  "mapping_left_pinned|src/runtime/host_memory/file_source.cpp|s/  if \(pinned_\)\n/  if (false)\n/|test_segment_sources|bin/test_segment_sources '--gtest_filter=SegmentSources.AMapped*'"
 )
 
 selected=${MUTATIONS:-}

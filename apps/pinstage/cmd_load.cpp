@@ -21,6 +21,7 @@ struct LoadArgs : CheckpointArgs {
   std::string to = "host";
   int64_t ring_mib = static_cast<int64_t>(CheckpointLoadOptions{}.ring_bytes >> 20);
   bool direct = false;
+  bool map = false;    // --map: LoadMode::map
   std::string verify;  // "", "all" or "if-present"
 };
 
@@ -29,6 +30,7 @@ CheckpointLoadOptions load_options(const LoadArgs& a) {
   CheckpointLoadOptions o = a.CheckpointArgs::load_options();
   o.ring_bytes = static_cast<uint64_t>(a.ring_mib) << 20;
   o.direct = a.direct;
+  o.mode = a.map ? LoadMode::map : LoadMode::copy;
   o.verify = !a.verify.empty();
   o.verify_if_present = a.verify == "if-present";
   return o;
@@ -64,6 +66,10 @@ void print_report(FILE* out, const Checkpoint& c, const LoadReport& r, const std
     std::fprintf(out, "  overlap  %.0f%% of the read time ran with copies queued; ring %s pinned\n",
                  r.overlap * 100, format_bytes(r.ring_pinned_bytes).c_str());
   }
+  if (r.mode == "map")
+    std::fprintf(out, "  map      %8.3f s\n  pin      %8.3f s  (in place: nothing copied)\n",
+                 r.map_s, r.pin_s);
+  if (!r.map_note.empty()) std::fprintf(out, "  %s\n", r.map_note.c_str());
   std::fprintf(out, "  alloc    %8.3f s\n", r.alloc_s);
   if (r.verify_s > 0) std::fprintf(out, "  verify   %8.3f s\n", r.verify_s);
   if (!r.direct_note.empty()) std::fprintf(out, "  %s\n", r.direct_note.c_str());
@@ -318,8 +324,7 @@ void run_load(LoadArgs& a) {
   if (a.to == "device") {
     r = load_to_device(c, worker, o).report;
   } else {
-    PinnedAllocator pinned(worker);
-    r = load_to_host(c, pinned, o).report;
+    r = load_to_host(c, worker, o).report;  // reserved once (copy), or mapped (--map)
   }
   bar.clear();
   print_report(text_out(a.report), c, r, a.to);  // the result: --quiet keeps it
@@ -355,6 +360,9 @@ void add_load_command(CLI::App& app) {
       kMaxRingMib)
       ->capture_default_str();
   q.add_flag("--direct", a->direct, "O_DIRECT reads (falls back, with a message, where refused)");
+  q.add_flag("--map", a->map,
+             "Map the files read-only and pin their page cache in place: nothing is read or "
+             "copied (docs/loading.md, \"Modes\"); not with --direct");
   q.add_flag("--verify{all}", a->verify,
              "Check every tensor's recorded xxh3-64 (on --to device, as read back from the "
              "device); a tensor without one is an error. --verify=if-present checks those "

@@ -72,6 +72,8 @@ _LAZY = {
     "SafeSlice": ("checkpoint", "SafeSlice"),
     "load_file": ("checkpoint", "load_file"),
     "load_to_device": ("checkpoint", "load_to_device"),
+    "ReadOnlyTensor": ("checkpoint", "ReadOnlyTensor"),
+    "ReadOnlyError": ("checkpoint", "ReadOnlyError"),
     "load_tp": ("tp", "load_tp"),
     "TpLoad": ("tp", "TpLoad"),
     "WorkerGroup": ("node", "WorkerGroup"),
@@ -107,5 +109,5 @@ __all__ = [
     "safe_open", "load_file", "load_to_device", "DeviceBuffer", "CopyEvent", "xxh3_64",
     "SafeSlice", "TpPlan", "tp_part", "load_tp", "TpLoad", "DeviceInfo", "devices",
     "WorkerGroup", "GroupBindReport", "load_to_devices", "TpDeviceLoad", "parse_device_list",
-    "split_threads", "PendingTensor", "DeviceLoad",
+    "split_threads", "PendingTensor", "DeviceLoad", "ReadOnlyTensor", "ReadOnlyError",
 ]

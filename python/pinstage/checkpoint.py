@@ -103,11 +103,54 @@ def _options(who, threads, chunk_bytes, verify, direct):
 
 
 def _progress(progress, who):
-    """None, or a callable progress(done_bytes, total_bytes)."""
-    if progress is not None and not callable(progress):
-        raise TypeError(f"{who}(): progress must be a callable (done, total) or None, "
-                        f"not {type(progress).__name__}")
-    return progress
+    """None, a callable progress(done_bytes, total_bytes), or True: a progress bar on a
+    terminal (tqdm's where it is installed) for a load that lasts more than a second."""
+    if progress is True:
+        return _ProgressBar(who)
+    if progress is not None and progress is not False and not callable(progress):
+        raise TypeError(f"{who}(): progress must be a callable (done, total), True (a progress "
+                        f"bar) or None, not {type(progress).__name__}")
+    return progress or None
+
+
+class _ProgressBar:
+    """progress=True: nothing for the first second (a quick load stays quiet), then a bar on
+    stderr when it is a terminal: tqdm's if importable, else one line redrawn in place."""
+
+    def __init__(self, who, stream=None, delay=1.0):
+        import sys
+        import time
+        self._clock = time.monotonic
+        self._start = self._clock()
+        self._who = who
+        self._stream = stream or sys.stderr
+        self._delay = delay
+        self._tqdm = None
+        self.drawn = 0  # redraws made (tests read it)
+
+    def __call__(self, done, total):
+        if self._clock() - self._start < self._delay or not self._stream.isatty():
+            return
+        if self._tqdm is None:
+            try:
+                from tqdm import tqdm
+                self._tqdm = tqdm(total=total, unit="B", unit_scale=True, desc=self._who,
+                                  file=self._stream)
+            except ImportError:
+                self._tqdm = False
+        self.drawn += 1
+        if self._tqdm:
+            self._tqdm.update(done - self._tqdm.n)
+            if done >= total:
+                self._tqdm.close()
+            return
+        gb = 1e9
+        rate = done / gb / max(self._clock() - self._start, 1e-9)
+        bar = "#" * int(30 * done / max(total, 1))
+        end = "\n" if done >= total else ""
+        self._stream.write(f"\r{self._who}: [{bar:<30}] {done / gb:.2f}/{total / gb:.2f} GB "
+                           f"{rate:.2f} GB/s{end}")
+        self._stream.flush()
 
 
 # framework= spellings (safetensors' own) -> "pt" or "numpy".
@@ -153,31 +196,117 @@ def _element_type(info, name, framework):
     return _torch_dtype(info["dtype"], name)
 
 
-def _view(buffer, info, name, framework="pt"):
+class ReadOnlyError(InvalidArgumentError):
+    """A write to a tensor of a map-mode load (a read-only view of the page cache)."""
+
+
+# The in-place dunders torch routes through __torch_function__ (the other in-place ops end
+# in "_": add_, copy_, zero_...).
+_INPLACE = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",
+            "__ifloordiv__", "__imod__", "__ipow__", "__imatmul__", "__iand__", "__ior__",
+            "__ixor__", "__ilshift__", "__irshift__"}
+# Trailing-underscore methods that change no element.
+_HARMLESS = {"requires_grad_", "retain_grad", "share_memory_", "_fix_weakref"}
+
+
+def _writes(func, args, kwargs):
+    name = getattr(func, "__name__", "")
+    if name in _INPLACE or (name.endswith("_") and not name.startswith("__")
+                            and name not in _HARMLESS):
+        return bool(args) and isinstance(args[0], ReadOnlyTensor)
+    out = kwargs.get("out")
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return any(isinstance(o, ReadOnlyTensor) for o in outs)
+
+
+class ReadOnlyTensor(torch.Tensor):
+    """A torch tensor of a map-mode load: a view of a checkpoint file's page cache, pinned
+    in place and mapped read-only. torch has no read-only tensors, so an in-place op on
+    one (add_, copy_, t[0] = 1, out=t) raises ReadOnlyError instead of the segfault a
+    write to read-only memory would be; clone() gives a writable copy. Views of it (t[0],
+    t.view(...)) are ReadOnlyTensors too; new results are plain tensors."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _writes(func, args, kwargs):
+            raise ReadOnlyError(
+                f"{getattr(func, '__name__', 'this op')}: the tensor is a read-only view of "
+                "a mapped checkpoint (mode='map'); clone() it for a writable copy, or load "
+                "with mode='copy'")
+        with torch._C.DisableTorchFunction():
+            result = func(*args, **kwargs)
+        return _rewrap(result, args)
+
+
+def _mapped_span(args):
+    """The (start, end) addresses of the mapped tensors among `args`."""
+    spans = []
+    for a in args:
+        if isinstance(a, ReadOnlyTensor):
+            with torch._C.DisableTorchFunction():
+                st = a.untyped_storage() if hasattr(a, "untyped_storage") else a.storage()
+                spans.append((st.data_ptr(), st.data_ptr() + st.nbytes()))
+    return spans
+
+
+def _rewrap(result, args):
+    """Results that share a mapped tensor's memory (views) stay read-only."""
+    if isinstance(result, (tuple, list)):
+        return type(result)(_rewrap(r, args) for r in result)
+    if not isinstance(result, torch.Tensor) or isinstance(result, ReadOnlyTensor):
+        return result
+    with torch._C.DisableTorchFunction():
+        ptr = result.data_ptr() if result.numel() > 0 else 0
+    if any(lo <= ptr < hi for lo, hi in _mapped_span(args)):
+        return result.as_subclass(ReadOnlyTensor)
+    return result
+
+
+def _view(buffer, info, name, framework="pt", mapped=False):
     """The torch (or NumPy) view of a buffer holding tensor `name`'s bytes: info's nbytes,
-    dtype and shape (a slice's shape, for a slice)."""
+    dtype and shape (a slice's shape, for a slice). `mapped`: a map-mode tensor (read-only:
+    a non-writable NumPy array, a ReadOnlyTensor)."""
     nbytes = info["nbytes"]
     if framework == "numpy":
         import numpy as np
-        flat = np.frombuffer(buffer, dtype=np.uint8, count=nbytes)  # one counted view
+        if mapped and nbytes == 0:
+            flat = np.empty(0, dtype=np.uint8)
+            flat.flags.writeable = False
+        else:
+            flat = np.frombuffer(buffer, dtype=np.uint8, count=nbytes)  # one counted view
         return flat.view(_numpy_dtype(info["dtype"], name)).reshape(info["shape"])
+    dtype = _torch_dtype(info["dtype"], name)
+    if mapped:
+        flat = (torch.from_dlpack(buffer.__dlpack__()) if nbytes > 0
+                else torch.empty(0, dtype=torch.uint8))
+        return flat.view(dtype).view(info["shape"]).as_subclass(ReadOnlyTensor)
     flat = torch.from_dlpack(buffer)  # uint8 [len(buffer)]: one counted view of the buffer
-    return flat[:nbytes].view(_torch_dtype(info["dtype"], name)).view(info["shape"])
+    return flat[:nbytes].view(dtype).view(info["shape"])
 
 
-def _read(checkpoint, worker, names, options, progress=None, framework="pt"):
-    """({name: tensor}, the load report): each tensor read into a fresh pinned buffer."""
-    infos = [checkpoint.info(n) for n in names]
+_MODES = ("copy", "map")
+
+
+def _mode(mode, who):
+    if not isinstance(mode, str) or mode.lower() not in _MODES:
+        raise InvalidArgumentError(f"{who}(): mode must be 'copy' (writable tensors in pinned "
+                                   f"memory) or 'map' (read-only views of the page cache, "
+                                   f"pinned in place), got {mode!r}")
+    return mode.lower()
+
+
+def _read(checkpoint, worker, names, options, progress=None, framework="pt", mode="copy"):
+    """({name: tensor}, the load report): the one C++ load (reserve once, allocate, read;
+    or map and pin), Python only wrapping what it returns."""
+    infos = checkpoint.infos(names)
     for n, info in zip(names, infos):
         _element_type(info, n, framework)  # refused before any memory is taken
-    buffers = [worker.alloc_pinned_host(max(info["nbytes"], 1)) for info in infos]
-    try:
-        report = checkpoint.read_into(names, buffers, progress=progress, **options)
-    except BaseException:
-        for b in buffers:  # no view of them exists yet: given back now, not at collection
-            b.close()
-        raise
-    return {n: _view(b, info, n, framework) for n, b, info in zip(names, buffers, infos)}, report
+    buffers, report = checkpoint.load_pinned(worker, names, mode=mode, progress=progress,
+                                             **options)
+    mapped = mode == "map"
+    return ({n: _view(b, info, n, framework, mapped) for n, b, info in zip(names, buffers, infos)},
+            report)
 
 
 def _describe(dtype, shape):
@@ -237,12 +366,18 @@ class safe_open(_ReadCounter):  # noqa: N801 (the safetensors name)
     `framework`: "pt" (torch tensors) or "numpy" ("np": NumPy arrays), both views of the
     pinned memory. `verify=True` checks each tensor's recorded xxh3-64 as it is read (a
     tensor without one is an error); `verify="if-present"` checks those that have one.
-    `read_bytes` counts the bytes read from the files so far (get_tensor and slices)."""
+    `mode`: "copy" (default) or "map" (read-only views of the page cache, pinned in place;
+    docs/loading.md, "Modes"). `read_bytes` counts the bytes read from the files so far
+    (get_tensor and slices); `report` is the last get_tensor's load report (a dict with the
+    CLI's keys; None before the first)."""
+
+    report = None
 
     def __init__(self, path, framework="pt", *, worker, device="cpu", verify=False,
-                 threads=0, chunk_bytes=8 << 20):
+                 threads=0, chunk_bytes=8 << 20, mode="copy"):
         self._framework = _framework(framework, "safe_open")
         _check_worker(worker, "safe_open")
+        self._mode = _mode(mode, "safe_open")
         if device != "cpu":
             raise InvalidArgumentError(
                 f"safe_open: device must be 'cpu' (pinned host memory), got {device!r}; "
@@ -276,14 +411,17 @@ class safe_open(_ReadCounter):  # noqa: N801 (the safetensors name)
         name = _name(name, "safe_open.get_tensor")
         if out is None:
             tensors, report = _read(self._checkpoint, self._worker, [name], self._options,
-                                    framework=self._framework)
-            self._read_bytes += report["bytes"]
+                                    framework=self._framework, mode=self._mode)
+            self.report = report
+            if self._mode == "copy":  # map mode reads nothing: the bytes are mapped
+                self._read_bytes += report["bytes"]
             return tensors[name]
         if self._framework != "pt":
             raise InvalidArgumentError("safe_open.get_tensor(out=): out is a torch tensor; "
                                        "this file was opened with framework='numpy'")
         report = _read_into(self._checkpoint, self._worker, [name], [out], self._options,
                             "safe_open.get_tensor(out=)")
+        self.report = report
         self._read_bytes += report["bytes"]
         return out
 
@@ -464,7 +602,8 @@ def _names(names, checkpoint, who):
 
 
 def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_bytes=8 << 20,
-              direct=False, into=None, names=None, ring_bytes=64 << 20, progress=None):
+              direct=False, into=None, names=None, ring_bytes=64 << 20, progress=None,
+              mode="copy", report=False):
     """Every tensor of the checkpoint at `path` as {name: torch tensor} in `worker`'s pinned
     memory, read by parallel pread straight into place.
 
@@ -483,10 +622,21 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
     `progress`: called as progress(done_bytes, total_bytes) after each chunk read, from the
     loading threads (the caller's among them) with the GIL taken, one call at a time,
     done increasing; an exception it raises stops the load and is raised by load_file,
-    with nothing left allocated (tensors given in `into` may be partly written)."""
+    with nothing left allocated (tensors given in `into` may be partly written).
+    progress=True draws a progress bar on a terminal for a load that lasts over a second.
+
+    `mode`: "copy" (default: writable tensors that own pinned memory) or "map": read-only
+    views of the files' page cache, pinned in place, nothing read or copied (torch gets
+    ReadOnlyTensor, NumPy non-writable arrays; a device load uploads straight from the
+    mapping). docs/loading.md, "Modes", says which to pick when.
+
+    `report=True` returns (tensors, report): the load report as a dict with the CLI's keys
+    (bytes, total_s, alloc_s, read_s, verify_s, mode, map_s, pin_s, ...)."""
     _check_worker(worker, "load_file")
     target = _device(device, worker, "load_file")
     options = _options("load_file", threads, chunk_bytes, verify, direct)
+    mode = _mode(mode, "load_file")
+    report = _bool(report, "load_file", "report")
     ring_bytes = _int(ring_bytes, "load_file", "ring_bytes", 64)
     progress = _progress(progress, "load_file")
     if into is not None and names is not None:
@@ -496,31 +646,39 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
         raise InvalidArgumentError(f"load_file(): into= is host memory, but device={device!r}; "
                                    "load into pinned tensors with device='cpu'")
     checkpoint = _pinstage._Checkpoint(path, "load_file")
+    if into is not None and mode == "map":
+        raise InvalidArgumentError("load_file(): into= reads into your tensors, and mode='map' "
+                                   "reads nothing: pass one of them")
     if target is not None:
-        return checkpoint.load_to_device(worker, ring_bytes=ring_bytes,
-                                         names=_names(names, checkpoint, "load_file"),
-                                         progress=progress, **options)
+        loaded = checkpoint.load_to_device(worker, ring_bytes=ring_bytes,
+                                           names=_names(names, checkpoint, "load_file"),
+                                           progress=progress, mode=mode, **options)
+        return (loaded, loaded.report) if report else loaded
     if into is None:
-        return _read(checkpoint, worker, _names(names, checkpoint, "load_file"), options,
-                     progress)[0]
+        tensors, got = _read(checkpoint, worker, _names(names, checkpoint, "load_file"), options,
+                             progress, mode=mode)
+        return (tensors, got) if report else tensors
     names, tensors = _into(into, checkpoint, "load_file(into=)")
-    _read_into(checkpoint, worker, names, tensors, options, "load_file(into=)", progress)
-    return dict(zip(names, tensors))
+    got = _read_into(checkpoint, worker, names, tensors, options, "load_file(into=)", progress)
+    return (dict(zip(names, tensors)), got) if report else dict(zip(names, tensors))
 
 
 def load_to_device(path, *, worker, verify=False, threads=0, chunk_bytes=8 << 20,
-                   direct=False, ring_bytes=64 << 20, names=None, progress=None):
+                   direct=False, ring_bytes=64 << 20, names=None, progress=None, mode="copy"):
     """Streams the checkpoint (or the tensors `names` selects, as in load_file) onto
     `worker`'s device through a staging ring of `ring_bytes` of pinned memory. Returns an
     object with .report (bytes, seconds per phase, overlap, ring_pinned_bytes...), .keys(),
     .nbytes(name), .device_ptr(name), .to_bytes(name) and close(); it owns the device
     buffers until closed or garbage collected. `progress` as in load_file (a failed or
-    stopped device load frees its device memory and ring)."""
+    stopped device load frees its device memory and ring). mode="map" uploads each tensor
+    straight from the checkpoint's pinned file mapping, with no ring (its report says when
+    the backend refused to pin the mapping and the ring was used instead)."""
     _check_worker(worker, "load_to_device")
     options = _options("load_to_device", threads, chunk_bytes, verify, direct)
+    mode = _mode(mode, "load_to_device")
     ring_bytes = _int(ring_bytes, "load_to_device", "ring_bytes", 64)
     progress = _progress(progress, "load_to_device")
     checkpoint = _pinstage._Checkpoint(path, "load_to_device")
     selected = None if names is None else _names(names, checkpoint, "load_to_device")
     return checkpoint.load_to_device(worker, ring_bytes=ring_bytes, names=selected,
-                                     progress=progress, **options)
+                                     progress=progress, mode=mode, **options)

@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -17,8 +20,10 @@
 #include "load_common.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/load_plan.h"
+#include "pinstage/pages.h"
 #include "pinstage/parallel.h"
 #include "pinstage/safetensors.h"
+#include "pinstage/tensor.h"
 
 namespace pinstage::python {
 
@@ -172,14 +177,119 @@ py::dict read_slice(const Checkpoint& c, const std::string& name,
                         }));
 }
 
+// The allocator of load_pinned's copy mode: each tensor's pinned buffer, kept here until
+// the load is done and Python wraps it (a failed load releases them all with it).
+class BufferAllocator final : public HostAllocator {
+ public:
+  explicit BufferAllocator(Worker& worker) : worker_(worker) {}
+  std::shared_ptr<Storage> allocate(size_t bytes) override {
+    buffers_.push_back(worker_.alloc_pinned_host(std::max<size_t>(bytes, 1)));  // 0: 1 byte
+    return std::make_shared<Storage>(buffers_.back().data(), bytes, true, nullptr);
+  }
+  void reserve(std::span<const size_t> sizes) override {
+    size_t total = 0;
+    for (size_t bytes : sizes) total += round_up_to_pages(std::max<size_t>(bytes, 1));
+    worker_.reserve_pinned_host(total);
+  }
+  bool pinned() const override { return true; }
+  std::string name() const override { return "pinned"; }
+  std::vector<PinnedHostBuffer>& buffers() { return buffers_; }
+
+ private:
+  Worker& worker_;
+  std::vector<PinnedHostBuffer> buffers_;
+};
+
+// A tensor of a map-mode load: a read-only view of a pinned file mapping, which it keeps
+// alive (pinstage._pinstage._MappedTensor; python/pinstage/checkpoint.py wraps it).
+struct PyMapped : ViewHolder {
+  std::shared_ptr<Storage> storage;
+  std::string name;
+  std::string holder_name() const override { return "mapped tensor '" + name + "'"; }
+};
+
+// The one host load of load_file, safe_open and get_tensor (load_to_host through the
+// worker): copy mode reserves the pool once, allocates each tensor and reads, all in C++
+// without the GIL; map mode maps and pins the files. Returns ([PinnedHostBuffer or
+// _MappedTensor per name], the report).
+py::tuple load_pinned(const Checkpoint& c, py::object worker_obj,
+                      const std::vector<std::string>& names, const std::string& mode, int threads,
+                      uint64_t chunk_bytes, bool verify, bool verify_if_present, bool direct,
+                      const py::object& progress) {
+  PyWorker& w = as_worker(worker_obj, "load_file");
+  CheckpointLoadOptions o =
+      load_options(threads, chunk_bytes, verify, verify_if_present, direct, 0);
+  o.mode = parse_load_mode(mode);
+  BufferAllocator buffers(w.worker);
+  HostLoad load;
+  {
+    Busy busy(&w);
+    load = run_with_progress(o, progress, [&](const CheckpointLoadOptions& p) {
+      return p.mode == LoadMode::map ? load_to_host(c, w.worker, p, &names)
+                                     : load_to_host(c, buffers, p, &names);
+    });
+  }
+  py::list out;
+  for (size_t i = 0; i < load.tensors.size(); ++i) {
+    if (o.mode == LoadMode::copy) {
+      auto* b = new PyBuffer(worker_obj, &w, std::move(buffers.buffers()[i]));
+      b->name = load.tensors[i].info.name;  // finalize()'s refusal names it
+      out.append(py::cast(b, py::return_value_policy::take_ownership));
+      continue;
+    }
+    auto mapped = std::make_unique<PyMapped>();
+    mapped->storage = load.tensors[i].storage;
+    mapped->name = load.tensors[i].info.name;
+    out.append(py::cast(std::move(mapped)));
+  }
+  return py::make_tuple(out, report_dict(load.report));
+}
+
+py::capsule mapped_dlpack(py::object self, const py::object& stream, const py::object& max_version,
+                          const py::object& dl_device, const py::object& copy) {
+  (void)stream;
+  (void)dl_device;
+  auto& m = self.cast<PyMapped&>();
+  DLPackRequest request;
+  request.versioned = wants_versioned(max_version);
+  request.read_only = true;
+  request.copy = !copy.is_none() && copy.cast<bool>();
+  request.label = m.name;
+  return export_dlpack(self, &m, m.storage->data(), DLDataType{kDLUInt, 8, 1},
+                       {static_cast<int64_t>(m.storage->bytes())}, DLDevice{kDLCPU, 0}, request);
+}
+
+void bind_mapped(py::module_& m) {
+  py::class_<PyMapped> cls(m, "_MappedTensor", py::buffer_protocol(),
+                           "A read-only view of a pinned file mapping (a map-mode load).");
+  cls.def_buffer([](PyMapped& t) {
+       return py::buffer_info(t.storage->data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                              {static_cast<py::ssize_t>(t.storage->bytes())}, {1},
+                              /*readonly=*/true);
+     })
+      .def_readonly("name", &PyMapped::name, "str: the tensor.")
+      .def_property_readonly(
+          "nbytes", [](const PyMapped& t) { return t.storage->bytes(); }, "int: its bytes.")
+      .def_property_readonly(
+          "address",
+          [](const PyMapped& t) { return reinterpret_cast<uintptr_t>(t.storage->data()); },
+          "int: where its first byte is mapped.")
+      .def(
+          "__dlpack_device__",
+          [](const PyMapped&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); },
+          method_doc("__dlpack_device__() -> tuple[int, int]", "(kDLCPU, 0): host memory."));
+  def_dlpack(cls, &mapped_dlpack, "A read-only DLPack capsule of the mapped bytes.");
+}
+
 std::unique_ptr<PyDeviceLoad> to_device(const Checkpoint& c, py::object worker_obj, int threads,
                                         uint64_t chunk_bytes, bool verify, bool verify_if_present,
                                         bool direct, uint64_t ring_bytes,
                                         const std::optional<std::vector<std::string>>& names,
-                                        const py::object& progress) {
+                                        const py::object& progress, const std::string& mode) {
   PyWorker& w = as_worker(worker_obj, "load_to_device");
   CheckpointLoadOptions o =
       load_options(threads, chunk_bytes, verify, verify_if_present, direct, ring_bytes);
+  o.mode = parse_load_mode(mode);
   auto out = std::make_unique<PyDeviceLoad>(worker_obj, &w);
   Busy busy(&w);
   out->load = run_with_progress(o, progress, [&](const CheckpointLoadOptions& p) {
@@ -488,17 +598,32 @@ void def_checkpoint_reads(py::class_<Checkpoint>& cls) {
                "Reads the named tensors to the addresses, each range inside one open pinned "
                "buffer of worker and no two overlapping (checked before any read), without "
                "the GIL; returns the load report. Errors name `who`."))
+      .def("load_pinned", &load_pinned, py::arg("worker"), py::arg("names"),
+           py::arg("mode") = "copy", py::arg("threads") = 0,
+           py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
+           py::arg("verify_if_present") = false, py::arg("direct") = false,
+           py::arg("progress") = py::none(),
+           method_doc("load_pinned(worker: Worker, names: list[str], mode: str = 'copy', "
+                      "threads: int = 0, chunk_bytes: int = 8388608, verify: bool = False, "
+                      "verify_if_present: bool = False, direct: bool = False, progress: "
+                      "Callable[[int, int], None] | None = None) -> tuple[list[Any], "
+                      "dict[str, Any]]",
+                      "The one host load: the named tensors in the worker's pinned memory "
+                      "(copy: PinnedHostBuffers, the pool reserved once) or as read-only views "
+                      "of the pinned file mappings (map); and the load report."))
       .def("load_to_device", &to_device, py::arg("worker"), py::arg("threads") = 0,
            py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
            py::arg("verify_if_present") = false, py::arg("direct") = false,
            py::arg("ring_bytes") = uint64_t{64} << 20, py::arg("names") = py::none(),
-           py::arg("progress") = py::none(),
+           py::arg("progress") = py::none(), py::arg("mode") = "copy",
            method_doc("load_to_device(worker: Worker, threads: int = 0, chunk_bytes: int = "
                       "8388608, verify: bool = False, verify_if_present: bool = False, direct: "
                       "bool = False, ring_bytes: int = 67108864, names: list[str] | None = "
-                      "None, progress: Callable[[int, int], None] | None = None) -> _DeviceLoad",
+                      "None, progress: Callable[[int, int], None] | None = None, mode: str = "
+                      "'copy') -> _DeviceLoad",
                       "Streams every tensor (or those named) onto worker's device through its "
-                      "staging ring."));
+                      "staging ring (copy), or uploads them from the pinned file mappings "
+                      "(map)."));
 }
 
 }  // namespace
@@ -544,10 +669,26 @@ void bind_checkpoint(py::module_& m) {
       .def(
           "info",
           [](const Checkpoint& c, const std::string& n) { return tensor_dict(c, c.get(n)); },
-          py::arg("name"), method_doc("info(name: str) -> dict[str, Any]"));
+          py::arg("name"), method_doc("info(name: str) -> dict[str, Any]"))
+      .def(
+          "infos",
+          [](const Checkpoint& c, const std::vector<std::string>& names) {
+            // One index for the lot: info() per name scans, and a checkpoint may hold 70,000.
+            std::unordered_map<std::string_view, const CheckpointTensor*> where;
+            where.reserve(c.tensors().size());
+            for (const CheckpointTensor& t : c.tensors()) where.emplace(t.name, &t);
+            py::list out;
+            for (const std::string& n : names) {
+              const auto found = where.find(n);
+              out.append(tensor_dict(c, found != where.end() ? *found->second : c.get(n)));
+            }
+            return out;
+          },
+          py::arg("names"), method_doc("infos(names: list[str]) -> list[dict[str, Any]]"));
   def_checkpoint_reads(cls);
   def_read_slice(cls);
   bind_device_load(m);
+  bind_mapped(m);
   bind_tp(m);
 }
 

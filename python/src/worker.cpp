@@ -748,6 +748,18 @@ void def_worker_memory(py::class_<PyWorker>& c) {
           method_doc("empty_cache() -> int",
                      "Returns every wholly free cached pinned segment to the OS; the bytes "
                      "returned."))
+      .def(
+          "is_pinned_host",
+          [](const PyWorker& w, const py::object& address, const py::object& nbytes) {
+            const auto at = static_cast<uintptr_t>(int_arg(address, "is_pinned_host: address"));
+            const auto n = static_cast<size_t>(int_arg(nbytes, "is_pinned_host: nbytes"));
+            return w.worker.is_pinned_host(reinterpret_cast<const void*>(at), n);
+          },
+          py::arg("address"), py::arg("nbytes"),
+          method_doc("is_pinned_host(address: int, nbytes: int) -> bool",
+                     "True when [address, address + nbytes) is this worker's pinned memory: "
+                     "a live pinned buffer, or a map-mode load's file mapping pinned in place "
+                     "(the table copies ask)."))
       .def_property_readonly(
           "live_views",
           [](const PyWorker& w) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -638,10 +639,15 @@ namespace detail {
 std::vector<CheckpointTensor> select_tensors(const Checkpoint& c,
                                              const std::vector<std::string>& names,
                                              const char* who) {
+  // One index for the lot: Checkpoint::find is a scan, and a checkpoint may hold 70,000.
+  std::unordered_map<std::string_view, size_t> where;
+  where.reserve(c.tensors().size());
+  for (size_t i = 0; i < c.tensors().size(); ++i) where.emplace(c.tensors()[i].name, i);
   std::vector<bool> chosen(c.tensors().size(), false);
   for (const std::string& name : names) {
-    const CheckpointTensor& t = c.get(name);  // Error(not_found) naming it
-    const auto index = static_cast<size_t>(&t - c.tensors().data());
+    const auto found = where.find(name);
+    if (found == where.end()) (void)c.get(name);  // Error(not_found) naming it
+    const size_t index = found->second;
     if (chosen[index])
       throw Error(ErrorCode::invalid_argument,
                   std::string(who) + ": tensor '" + name.substr(0, 96) + "' is named twice");
@@ -663,7 +669,13 @@ std::vector<const CheckpointTensor*> selected(const Checkpoint& c,
     for (const CheckpointTensor& t : c.tensors()) out.push_back(&t);
     return out;
   }
-  for (const CheckpointTensor& t : select_tensors(c, *names, who)) out.push_back(c.find(t.name));
+  const std::vector<CheckpointTensor> chosen = select_tensors(c, *names, who);
+  // The checkpoint's own records, found by order: both lists are in checkpoint order.
+  size_t at = 0;
+  for (const CheckpointTensor& t : chosen) {
+    while (c.tensors()[at].name != t.name) ++at;
+    out.push_back(&c.tensors()[at]);
+  }
   return out;
 }
 

@@ -45,6 +45,19 @@ void check_map_options(const CheckpointLoadOptions& o) {
                 "ask for one of them");
 }
 
+// A map-mode load's checks (before anything is mapped) and its report's opening figures.
+void start_report(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors,
+                  const CheckpointLoadOptions& o, LoadReport& r) {
+  check_map_options(o);
+  detail::check_verifiable(c, tensors, o);
+  r.mode = "map";
+  r.files = c.files().size();
+  r.threads = o.threads > 0 ? o.threads : default_thread_count();
+  r.chunk_bytes = o.chunk_bytes;
+  r.tensors = tensors.size();
+  for (const CheckpointTensor* t : tensors) r.bytes += t->bytes;
+}
+
 // Maps and pins every file holding one of `tensors`, in file order; progress per file.
 Mappings map_files(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors,
                    Worker& worker, const CheckpointLoadOptions& o, LoadReport& r) {
@@ -97,17 +110,10 @@ void verify_views(const Checkpoint& c, const HostLoad& load, const CheckpointLoa
 HostLoad map_to_host(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors,
                      Worker& worker, const CheckpointLoadOptions& o) {
   detail::check_load_options(o, false);
-  check_map_options(o);
-  detail::check_verifiable(c, tensors, o);
   const Stopwatch total;
   HostLoad out;
   LoadReport& r = out.report;
-  r.mode = "map";
-  r.files = c.files().size();
-  r.threads = o.threads > 0 ? o.threads : default_thread_count();
-  r.chunk_bytes = o.chunk_bytes;
-  r.tensors = tensors.size();
-  for (const CheckpointTensor* t : tensors) r.bytes += t->bytes;
+  start_report(c, tensors, o, r);
   const Mappings maps = map_files(c, tensors, worker, o, r);
   // Refused files: their tensors copied out of the mapping into pinned pool memory.
   PinnedAllocator pool(worker);
@@ -191,20 +197,13 @@ namespace detail {
 std::optional<DeviceLoad> map_to_device(const Checkpoint& c,
                                         const std::vector<CheckpointTensor>& chosen, Worker& worker,
                                         const CheckpointLoadOptions& o, std::string* note) {
-  check_map_options(o);
   std::vector<const CheckpointTensor*> tensors;
   tensors.reserve(chosen.size());
   for (const CheckpointTensor& t : chosen) tensors.push_back(&t);
-  check_verifiable(c, tensors, o);
   const Stopwatch total;
   DeviceLoad out;
   LoadReport& r = out.report;
-  r.mode = "map";
-  r.files = c.files().size();
-  r.threads = o.threads > 0 ? o.threads : default_thread_count();
-  r.chunk_bytes = o.chunk_bytes;
-  r.tensors = tensors.size();
-  for (const CheckpointTensor* t : tensors) r.bytes += t->bytes;
+  start_report(c, tensors, o, r);
   CheckpointLoadOptions quiet = o;
   quiet.progress = nullptr;  // progress is for the uploads below
   const Mappings maps = map_files(c, tensors, worker, quiet, r);

@@ -373,7 +373,8 @@ def test_progress_must_be_callable(worker, tmp_path):
     path = tmp_path / "m.safetensors"
     write_file(path, sample())
     with pytest.raises(TypeError, match=r"load_file\(\): progress must be a callable "
-                                        r"\(done, total\) or None, not int"):
+                                        r"\(done, total\), True \(a progress bar\) or None, "
+                                        r"not int"):
         pinstage.load_file(path, worker=worker, progress=5)
     with pytest.raises(TypeError, match=r"load_to_device\(\): progress must be a callable"):
         pinstage.load_to_device(path, worker=worker, progress="50%")

@@ -756,36 +756,26 @@ std::unique_ptr<RegisteredPages> pin_by_register(const ps_device_ctx* ctx, size_
   return record;
 }
 
-// ABI v7: the runtime's memory registered in place, per chunk as register mode does.
-// aclrtHostRegister has no read-only flag (the facts list type 0, mapped, only): a
-// read-only range goes to it as it is, and a runtime that refuses it answers an error the
-// runtime turns into a copy. A failure undoes the chunks done.
+// ABI v7: the runtime's memory registered in place, whole: a copy must lie inside one
+// registration (the runtime's rule, which the double enforces), and a file mapping's
+// tensors cross any chunk boundary. aclrtHostRegister has no read-only flag (the facts list
+// type 0, mapped, only): a read-only range goes to it as it is, and a runtime that refuses
+// it answers an error the runtime turns into a copy.
 void AclSlots::register_range(ps_device_ctx* ctx, void* ptr, size_t bytes, bool /*read_only*/) {
-  auto* data = static_cast<char*>(ptr);
-  const size_t chunk = ctx->config.register_chunk_bytes;
-  for (size_t done = 0; done < bytes; done += chunk) {
-    void* dev_ptr = nullptr;
-    const size_t n = std::min(chunk, bytes - done);
-    const aclError code = runtime().aclrtHostRegister(data + done, n, 0, &dev_ptr);
-    if (code == acl::ACL_SUCCESS) continue;
-    std::string text = acl::call_error(
-        runtime(), "aclrtHostRegister of " + std::to_string(n) + " bytes for " + dev_name(ctx),
-        code);
-    for (size_t undo = 0; undo < done; undo += chunk)
-      if (runtime().aclrtHostUnregister(data + undo) != acl::ACL_SUCCESS)
-        text += "; then aclrtHostUnregister of an earlier chunk failed";
-    fail(code == acl::ACL_ERROR_RT_FEATURE_NOT_SUPPORT ? PS_ERR_UNSUPPORTED
-                                                       : acl::status_from_acl(code, PS_ERR_BACKEND),
-         "acl: " + text);
-  }
+  void* dev_ptr = nullptr;
+  const aclError code = runtime().aclrtHostRegister(ptr, bytes, 0, &dev_ptr);
+  if (code == acl::ACL_SUCCESS) return;
+  fail(code == acl::ACL_ERROR_RT_FEATURE_NOT_SUPPORT ? PS_ERR_UNSUPPORTED
+                                                     : acl::status_from_acl(code, PS_ERR_BACKEND),
+       "acl: " + acl::call_error(runtime(),
+                                 "aclrtHostRegister of " + std::to_string(bytes) + " bytes for " +
+                                     dev_name(ctx),
+                                 code));
 }
 
-void AclSlots::unregister_range(ps_device_ctx* ctx, void* ptr, size_t bytes) {
-  auto* data = static_cast<char*>(ptr);
-  const size_t chunk = ctx->config.register_chunk_bytes;
-  for (size_t done = 0; done < bytes; done += chunk)
-    check(runtime().aclrtHostUnregister(data + done),
-          [&] { return "aclrtHostUnregister of a registered chunk on " + dev_name(ctx); });
+void AclSlots::unregister_range(ps_device_ctx* ctx, void* ptr, size_t /*bytes*/) {
+  check(runtime().aclrtHostUnregister(ptr),
+        [&] { return "aclrtHostUnregister of a registered range on " + dev_name(ctx); });
 }
 
 void count_pinning(ps_device_ctx* ctx, ps_acl_pin_mode mode, size_t bytes, double seconds) {
