@@ -82,6 +82,13 @@ mutations=(
   "reserve_total_cached|src/runtime/host_memory/host_memory.cpp|s/if \(state_->host\.largest_cached\(\) >= want\) return;/if (state_->host.cached_bytes() >= want) return;/|test_segment_sources|bin/test_segment_sources '--gtest_filter=PoolReserve.*'"
   "mapping_copied_as_pageable|src/runtime/host_memory/host_memory.cpp|s/return table\.contains\(EntryKind::registered_host, host_ptr, bytes\) \? PS_COPY_HOST_PINNED : 0u;/return 0u;/|test_segment_sources pinstage_backend_sim|bin/test_segment_sources '--gtest_filter=SegmentSources.TheDeviceLoad*'"
   "mapping_left_pinned|src/runtime/host_memory/file_source.cpp|s/  if \(pinned_\)\n/  if (false)\n/|test_segment_sources|bin/test_segment_sources '--gtest_filter=SegmentSources.AMapped*'"
+  # Issue 41 defects whose tests were written before their fixes but first run after them:
+  # each fix reverted here must fail its test.
+  "defect9_no_cleanup|apps/pinstage/shard_cleanup.cpp|s/::sigaction\(kSignals\[i\], &sa, &g_state\.load\(\)->previous\[i\]\);/(void)sa;/|pinstage_cli|PINSTAGE_BUILD_DIR=$build /usr/bin/python3 -m pytest -q -x -p no:cacheprovider $tree/tests/python/test_defects41.py -k interrupted"
+  "defect11_same_tensor|src/bind/resident_binder.cpp|s/  if \(i == j\)\n    throw Error/  if (false)\n    throw Error/|_pinstage pinstage_python_files pinstage_backend_sim|PINSTAGE_BUILD_DIR=$build /usr/bin/python3 -m pytest -q -x -p no:cacheprovider $tree/tests/python/test_defects41.py -k out_of_range_ints"
+  "defect12_case_sensitive|apps/pinstage/cmd_load.cpp|s/that have one\"\)\n      ->transform\(kLowerCase\)/that have one\")/|pinstage_cli|PINSTAGE_BUILD_DIR=$build /usr/bin/python3 -m pytest -q -x -p no:cacheprovider $tree/tests/python/test_defects41.py -k case_insensitive"
+  "defect13_config_missing|apps/pinstage/cmd_report.cpp|s/if \(const char\* kind = other_report_kind\(r\.doc\)\)/if (const char* kind = nullptr)/|pinstage_cli|PINSTAGE_BUILD_DIR=$build /usr/bin/python3 -m pytest -q -x -p no:cacheprovider $tree/tests/python/test_defects41.py -k compare_names"
+  "also_proc_sys_late|apps/pinstage/cli_common.cpp|s/PROC_SUPER_MAGIC, SYSFS_MAGIC,/0x1, 0x2,/|pinstage_cli|PINSTAGE_BUILD_DIR=$build /usr/bin/python3 -m pytest -q -x -p no:cacheprovider $tree/tests/python/test_defects41.py -k proc_or_sys"
 )
 
 selected=${MUTATIONS:-}
