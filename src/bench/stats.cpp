@@ -220,8 +220,8 @@ Stats compute_stats(const Timings& t) {
     ArmSummary& sum = s.arms[a];
     if (a == t.reference) continue;  // against itself it says nothing
     sum.worst_case_reduction = sum.median_reduction >= 0.0
-                                     ? reduction(ref.min_seconds, sum.max_seconds)
-                                     : reduction(ref.max_seconds, sum.min_seconds);
+                                   ? reduction(ref.min_seconds, sum.max_seconds)
+                                   : reduction(ref.max_seconds, sum.min_seconds);
     const std::optional<Arm> arm = arm_named(sum.arm);
     if (ref_model > 0.0 && arm)
       sum.predicted_upload_ratio = predicted_upload_gbps(*arm, ref.median_memcpy_one_core_gbps,
