@@ -36,6 +36,7 @@ def test_the_newcomer_path_runs_on_a_huggingface_checkpoint(tmp_path, build_dir)
     state = {f"model.layers.{i}.mlp.up_proj.weight": torch.randn(64, 32).bfloat16()
              for i in range(3)}
     state["model.norm.weight"] = torch.ones(32)
+    (tmp_path / "model").mkdir()
     hub.save_torch_state_dict(state, str(tmp_path / "model"), max_shard_size="8KB")
     assert (tmp_path / "model" / "model.safetensors.index.json").exists()
     env = dict(os.environ, PYTHONPATH=str(build_dir / "python"))
