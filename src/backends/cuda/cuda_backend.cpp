@@ -798,10 +798,12 @@ void CudaSlots::register_range(ps_device_ctx* ctx, void* ptr, size_t bytes, bool
   record.pages.bytes = bytes;
   record.chunk_bytes = ctx->config.register_chunk_bytes;
   const cudaError_t err = register_pieces(record, read_only ? cudaHostRegisterReadOnly : 0);
-  const std::string what = std::string("cudaHostRegister") + (read_only ? "(ReadOnly)" : "") +
-                           " of " + std::to_string(bytes) + " bytes on " + dev_name(ctx);
-  if (err == cudaErrorNotSupported) fail(PS_ERR_UNSUPPORTED, "cuda: " + what + ": not supported");
-  check(err, [&] { return what; });
+  const auto what = [&] {
+    return std::string("cudaHostRegister") + (read_only ? "(ReadOnly)" : "") + " of " +
+           std::to_string(bytes) + " bytes on " + dev_name(ctx);
+  };
+  if (err == cudaErrorNotSupported) fail(PS_ERR_UNSUPPORTED, "cuda: " + what() + ": not supported");
+  check(err, what);
 }
 
 void CudaSlots::unregister_range(ps_device_ctx* ctx, void* ptr, size_t bytes) {
