@@ -26,6 +26,7 @@
 #include "pinstage/tensor.h"
 #include "pinstage/worker.h"
 #include "temp_dir_test_util.h"
+#include "tensor_test_util.h"
 
 namespace pinstage {
 namespace {
@@ -163,13 +164,9 @@ TEST_F(SegmentSources, MapModeRefusesDirectAndTheAllocatorLoad) {
   CheckpointLoadOptions o;
   o.mode = LoadMode::map;
   o.direct = true;
-  try {
-    (void)load_to_host(c, worker_, o);
-    FAIL() << "map + direct accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-    EXPECT_NE(std::string(e.what()).find("page cache"), std::string::npos) << e.what();
-  }
+  const Error direct = test::error_of([&] { (void)load_to_host(c, worker_, o); });
+  EXPECT_EQ(direct.code(), ErrorCode::invalid_argument);
+  EXPECT_NE(std::string(direct.what()).find("page cache"), std::string::npos) << direct.what();
   o.direct = false;
   PageableAllocator pageable;
   EXPECT_THROW((void)load_to_host(c, pageable, o), Error);
@@ -188,13 +185,9 @@ TEST_F(SegmentSources, AFileThatChangedSizeSinceItWasOpenedIsRefused) {
   CheckpointLoadOptions o;
   o.mode = LoadMode::map;
   const size_t fds = count_fds(), maps = count_maps(dir_.string());
-  try {
-    (void)load_to_host(c, worker_, o);
-    FAIL() << "a grown shard was mapped";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::io);
-    EXPECT_NE(std::string(e.what()).find("changed since"), std::string::npos) << e.what();
-  }
+  const Error grown = test::error_of([&] { (void)load_to_host(c, worker_, o); });
+  EXPECT_EQ(grown.code(), ErrorCode::io);
+  EXPECT_NE(std::string(grown.what()).find("changed since"), std::string::npos) << grown.what();
   EXPECT_EQ(count_fds(), fds) << "a descriptor leaked";
   EXPECT_EQ(count_maps(dir_.string()), maps) << "a mapping leaked";
 }

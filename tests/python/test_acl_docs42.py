@@ -2,7 +2,6 @@
 example runs over the libascendcl double (your context and stream, aclrtMemcpyAsync from a
 pinned tensor, pinstage finalized last) with no violation; and "torch_npu": the typed device
 views refuse on acl, naming the section, before anything is copied."""
-import gc
 import os
 import re
 import subprocess
@@ -12,7 +11,7 @@ import pytest
 import torch
 
 from conftest import BUILD, ROOT
-from test_py_acl import LIB, double, violations  # noqa: F401  (the double's fixture)
+from test_py_acl import LIB, acl_worker, double, violations  # noqa: F401  (the fixtures)
 
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
@@ -31,18 +30,6 @@ def test_the_own_runtime_example_runs_on_the_double(double, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "VIOLATION" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
-
-
-@pytest.fixture
-def acl_worker(double):
-    import pinstage
-
-    double.pinstage_fake_acl_reset()
-    w = pinstage.Worker(backend="acl")
-    yield w
-    gc.collect()
-    w.finalize()
-    assert violations(double) == []
 
 
 def test_typed_device_views_refuse_on_acl_naming_torch_npu(acl_worker):

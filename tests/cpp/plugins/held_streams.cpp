@@ -4,7 +4,6 @@
 // sim's own stream did; releasing the hold lets sim answer again. sim's hold_streams
 // holds every stream of a context at once, so it cannot tell "one stream's copies ran"
 // from "all of them did": this can. Used by test_gaps41's two-stream pool test.
-#include <dlfcn.h>
 
 #include <map>
 #include <mutex>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "pinstage/backend/platform_abi.h"
+#include "sim_table.h"
 
 namespace {
 
@@ -85,15 +85,9 @@ void* get_proc_address(const char* name) {
 }
 
 ps_platform_api table = [] {
-  ps_platform_api api{};
-  void* sim = dlopen(PINSTAGE_SIM_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-  auto entry =
-      sim != nullptr
-          ? reinterpret_cast<ps_platform_entry_fn>(dlsym(sim, PINSTAGE_PLATFORM_ENTRY_SYMBOL))
-          : nullptr;
-  if (entry == nullptr) return api;  // every slot NULL: the loader refuses it
-  sim_api = *entry();
-  api = sim_api;
+  sim_api = sim_table();
+  ps_platform_api api = sim_api;
+  if (api.name == nullptr) return api;  // every slot NULL: the loader refuses it
   api.name = "held_streams";
   api.get_proc_address = get_proc_address;
   api.stream_create = stream_create;

@@ -4,19 +4,12 @@
 // backend and the operation, never fall back, and list one device of unknown properties.
 // Built with PINSTAGE_HALF_TOPOLOGY it keeps device_count alone: a broken table the
 // loader refuses (the topology slots come as a pair).
-#include <dlfcn.h>
-
 #include "pinstage/backend/platform_abi.h"
+#include "sim_table.h"
 
 namespace {
 ps_platform_api table = [] {
-  ps_platform_api api{};
-  void* sim = dlopen(PINSTAGE_SIM_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-  auto entry =
-      sim != nullptr
-          ? reinterpret_cast<ps_platform_entry_fn>(dlsym(sim, PINSTAGE_PLATFORM_ENTRY_SYMBOL))
-          : nullptr;
-  if (entry != nullptr) api = *entry();  // else every slot is NULL: the loader refuses it
+  ps_platform_api api = sim_table();
   api.copy_d2d_async = nullptr;
   api.memset_async = nullptr;
   api.device_props = nullptr;
