@@ -177,8 +177,12 @@ struct LoadReport {
   uint64_t chunk_bytes = 0;
   std::string mode = "copy";  // load_mode_name of the load's mode
   double map_s = 0;           // map mode: opening and mapping the files
-  double pin_s = 0;           // map mode: pinning them in place (the faults of a cold file too)
+  double pin_s = 0;           // pinning: map mode's files in place; copy mode's fresh segment
   std::string map_note;       // map mode: why a file was copied instead ("" when none was)
+  // Copy mode into a worker's pinned memory: the pages of the fresh segment its readers
+  // faulted ("huge", "base", "huge, then base after a stall of N ms"), or "" when the pool
+  // had the memory already (nothing faulted) or nothing was pinned fresh.
+  std::string host_pages;
   double gbps(double seconds) const {
     return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
   }
@@ -187,7 +191,7 @@ struct LoadReport {
 // Every field of `r`, in this order, with the rates it implies: bytes, tensors, files,
 // threads, chunk_bytes, total_s, total_gbps, alloc_s, read_s, read_gbps, verify_s,
 // upload_s, overlap, ring_pinned_bytes, peak_pinned_bytes, direct, direct_note,
-// verified, unverified, verify_readback_bytes, mode, map_s, pin_s, map_note. The CLI's `load` JSON
+// verified, unverified, verify_readback_bytes, mode, map_s, pin_s, map_note, host_pages. The CLI's `load` JSON
 // and Python's report dicts are these (docs/loading.md, "The load report").
 PINSTAGE_API ReportFields report_fields(const LoadReport& r);
 

@@ -2,6 +2,7 @@
 // pinstage that maps, populates or sizes host memory goes through here.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -27,18 +28,44 @@ PINSTAGE_API size_t round_up_to_pages(size_t bytes);
 PINSTAGE_API bool populate_for_write(void* data, size_t bytes) noexcept;
 
 // How prefault() makes a page resident.
-//  touch: write one byte per page. Guaranteed to back the page everywhere, including
-//         VMs whose host backs guest memory lazily (docs/benchmarks.md: there a page
-//         populated by madvise still costs a fault-sized stall on its first write).
+//  touch: write one byte per page (anonymous memory: it stays zero). Guaranteed to back
+//         the page everywhere, including VMs whose host backs guest memory lazily
+//         (docs/benchmarks.md: there a page populated by madvise still costs a fault-sized
+//         stall on its first write).
 //  populate: MADV_POPULATE_WRITE per chunk (Linux 5.14+; a touch where the kernel lacks
-//         it): fewer kernel entries, the cheapest population on bare metal.
-enum class PrefaultMethod { touch, populate };
+//         it): fewer kernel entries, the cheapest population on bare metal. On a private
+//         writable file mapping it breaks copy-on-write up front: the kernel copies each
+//         page-cache page into a fresh page, with no zero fill (file_private).
+//  read:  MADV_POPULATE_READ (a read of one byte per page where the kernel lacks it): a
+//         read-only file mapping faulted in, which reads the file through the page cache.
+enum class PrefaultMethod { touch, populate, read };
 
 // What a pre-fault did, for reports.
 struct PrefaultReport {
   double seconds = 0;
   int threads = 0;
-  bool populate_write = false;  // MADV_POPULATE_WRITE did the faulting (else a touch)
+  bool populate_write = false;  // MADV_POPULATE_WRITE/READ did the faulting (else a touch)
+  // Huge pages (FaultPlan::huge): a 2 MiB unit slower than the plan's stall limit (memory
+  // compaction) made the rest of the segment use base pages (MADV_NOHUGEPAGE).
+  bool huge_abandoned = false;
+  double slowest_unit_seconds = 0;  // the slowest 2 MiB unit faulted (huge plans only)
+};
+
+// How one segment is faulted in, shared by every call that faults part of it (the reader
+// threads of a load each fault their own chunk): a stall one of them sees switches the
+// whole segment to base pages, once. Not copyable (it holds that state).
+struct FaultPlan {
+  PrefaultMethod method = PrefaultMethod::touch;
+  int threads = 0;  // threads per prefault() call (0 = automatic, see prefault_thread_count)
+  // The segment was advised MADV_HUGEPAGE: fault it in 2 MiB units, each timed.
+  bool huge = false;
+  // A huge unit slower than this abandons huge pages for the rest of [segment,
+  // segment + segment_bytes); 0 = never.
+  double stall_seconds = 0;
+  void* segment = nullptr;
+  size_t segment_bytes = 0;
+  std::atomic<bool> abandoned{false};
+  std::atomic<int64_t> slowest_ns{0};
 };
 
 // Threads prefault() uses for `bytes` when asked for `threads` (0 = one per CPU of the
@@ -52,6 +79,9 @@ PINSTAGE_API int prefault_thread_count(size_t bytes, int threads);
 // Error(out_of_memory) when the kernel cannot back the range.
 PINSTAGE_API PrefaultReport prefault(void* data, size_t bytes, int threads = 0, size_t unit = 0,
                                      PrefaultMethod method = PrefaultMethod::touch);
+// The same under `plan` (its method, threads and huge-page stall watch): [data, data +
+// bytes) lies inside the plan's segment.
+PINSTAGE_API PrefaultReport prefault(void* data, size_t bytes, FaultPlan& plan);
 
 // One private anonymous mapping. `data` is what the caller uses; `base`/`map_bytes` is
 // what munmap needs (they differ when the data was aligned to a huge page).
@@ -69,14 +99,30 @@ struct MapOptions {
   PrefaultMethod method = PrefaultMethod::touch;
   int threads = 0;          // pre-fault threads (0 = automatic, see prefault_thread_count)
   bool huge_pages = false;  // align to 2 MiB and ask for transparent huge pages
+  // Huge pages: a 2 MiB unit that takes longer than this to fault gives up huge pages for
+  // the rest of the mapping (FaultPlan::stall_seconds); 0 = never.
+  double huge_stall_seconds = 0;
   // NUMA placement: the range is bound to this node (mbind MPOL_BIND) before the first
   // touch, and the pre-fault threads run on that node's CPUs. -1 = the kernel's choice.
   int numa_node = -1;
 };
 
 // Maps `bytes` (> 0) of anonymous memory, pre-faulted unless told otherwise. Throws
-// Error(out_of_memory) or Error(invalid_argument); on failure nothing stays mapped.
+// Error(out_of_memory) or Error(invalid_argument); on failure nothing stays mapped. With
+// huge pages the data starts on a 2 MiB boundary and base == data.
 PINSTAGE_API MappedPages map_pages(size_t bytes, const MapOptions& options = {});
+// Maps the first `bytes` (> 0) of the open file `fd`: read-only and shared (the page
+// cache itself; faulted with PrefaultMethod::read when options.prefault), or, when
+// `private_writable`, a private writable copy-on-write mapping whose pre-fault (populate,
+// forced) copies the page cache into fresh pages without zeroing them. huge_pages is
+// ignored (the page cache's folios decide); numa_node binds a private mapping's copies.
+// Error(io) naming `what` when mmap refuses; on failure nothing stays mapped.
+PINSTAGE_API MappedPages map_file_pages(int fd, size_t bytes, bool private_writable,
+                                        const MapOptions& options, const std::string& what);
+// Free memory in blocks of 2 MiB or more that transparent huge pages can take without
+// compaction (/proc/buddyinfo, orders >= 9), on `node` (-1: every node); UINT64_MAX when
+// it cannot be read.
+PINSTAGE_API uint64_t free_huge_page_bytes(int node = -1);
 // The NUMA node holding the page at `addr` now (get_mempolicy MPOL_F_NODE|MPOL_F_ADDR), or
 // -1 when the kernel cannot say. Placement checks read it; it never faults the page in.
 PINSTAGE_API int numa_node_of(const void* addr) noexcept;

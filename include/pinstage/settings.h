@@ -26,7 +26,8 @@ enum class Setting {
   acl_library,          // PINSTAGE_ACL_LIBRARY: path of the Ascend runtime (acl backend)
   pin_policy,           // PINSTAGE_PIN_POLICY: strict|fallback (a pin over budget)
   host_cache_max,       // PINSTAGE_HOST_CACHE_MAX: bytes the pinned pool may keep cached
-  host_huge_pages,      // PINSTAGE_HOST_HUGE_PAGES: off|thp for pinned segments
+  host_huge_pages,      // PINSTAGE_HOST_HUGE_PAGES: auto|thp|off, the one huge-page switch
+  host_huge_stall_ms,   // PINSTAGE_HOST_HUGE_STALL_MS: a 2 MiB fault slower than this gives up
   resident_check,       // PINSTAGE_RESIDENT_CHECK: off|on, ResidentBinder's write check
 };
 
@@ -51,6 +52,8 @@ PINSTAGE_API std::optional<int> setting_num_threads();
 PINSTAGE_API std::optional<uint64_t> setting_sim_device_capacity();
 // PINSTAGE_HOST_CACHE_MAX: a byte count, or 0 (cache nothing).
 PINSTAGE_API std::optional<uint64_t> setting_host_cache_max();
+// PINSTAGE_HOST_HUGE_STALL_MS: milliseconds, 0..60000 (0: any huge fault counts as a stall).
+PINSTAGE_API std::optional<int> setting_host_huge_stall_ms();
 // PINSTAGE_SIM_FAULT as (ps_fault_kind, nth) pairs; empty when unset.
 struct FaultSetting {
   int kind = 0;  // a ps_fault_kind

@@ -19,6 +19,7 @@ namespace pinstage {
 // The tensor layer sits beside the runtime, not above it: allocators take a Worker by
 // reference and include worker.h only in their sources.
 class Worker;
+class HostFill;
 
 // How an argument travels: IN is uploaded before a run, INOUT is uploaded and read
 // back, OUT is only read back.
@@ -58,6 +59,16 @@ class PINSTAGE_API HostAllocator {
   // A hint before many allocate() calls of these sizes (a load's tensors): a pool can map
   // them as one segment instead of one at a time. Does nothing by default.
   virtual void reserve(std::span<const size_t> sizes) { (void)sizes; }
+  // A writer is about to write [data, data + bytes) of memory allocate() gave (a load's
+  // reader threads, each its own range): where reserve() left fresh pages to their writers
+  // (the pinned allocator's HostFill), faults them in under the worker's placement.
+  // Thread-safe. Does nothing by default.
+  virtual void prepare(void* data, size_t bytes) {
+    (void)data;
+    (void)bytes;
+  }
+  // Every writer is done: what reserve() left unpinned is pinned now. Nothing by default.
+  virtual void finish() {}
   virtual bool pinned() const = 0;
   virtual std::string name() const = 0;  // "pageable" or "pinned"
 };
@@ -84,13 +95,23 @@ class PINSTAGE_API PinnedAllocator final : public HostAllocator {
   // (the shared require_chip_worker() guard).
   explicit PinnedAllocator(Worker& worker);
   std::shared_ptr<Storage> allocate(size_t bytes) override;
-  // Worker::reserve_pinned_host of the sizes' whole pages.
+  // Worker::reserve_host_fill of the sizes' whole pages: a first load's fresh segment is
+  // faulted by its writers (prepare) and pinned behind them (finish).
   void reserve(std::span<const size_t> sizes) override;
+  void prepare(void* data, size_t bytes) override;
+  void finish() override;
+  // The last reserve()'s fill (its fault and pin seconds, the pages it took); nullptr
+  // before any reserve().
+  const HostFill* fill() const noexcept { return fill_.get(); }
   bool pinned() const override { return true; }
   std::string name() const override { return "pinned"; }
+  ~PinnedAllocator() override;
+  PinnedAllocator(const PinnedAllocator&) = delete;
+  PinnedAllocator& operator=(const PinnedAllocator&) = delete;
 
  private:
   Worker* worker_;
+  std::unique_ptr<HostFill> fill_;
 };
 
 // Element count of a shape; throws Error(invalid_argument) for a negative dimension or

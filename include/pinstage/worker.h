@@ -19,6 +19,7 @@
 #include "pinstage/backend/platform_abi.h"
 #include "pinstage/error.h"
 #include "pinstage/export.h"
+#include "pinstage/pages.h"
 
 namespace pinstage {
 
@@ -276,12 +277,15 @@ using Stream = QueueHandle<QueueKind::stream>;
 // Marks a point on a stream; waiting on it waits for the copies queued before it.
 using Event = QueueHandle<QueueKind::event>;
 
-// A file's bytes mapped read-only and pinned where they lie: the page cache itself, with
-// nothing read or copied (the `file` segment source, docs/worker.md "Segment sources";
-// docs/loading.md "Modes"). Made by Worker::map_file_pinned; shared by whatever
-// views it (a checkpoint's tensors). The last owner unpins it (while its worker lives:
-// finalize unpins it first, and the bytes then stay readable, unpinned) and unmaps it.
-// Writing through data() is a segfault: the mapping is PROT_READ.
+// A file's bytes mapped and pinned where they lie: the page cache itself, read-only, with
+// nothing read or copied (the file_shared source, docs/worker.md "Host sources";
+// docs/loading.md "Modes"), or, where the backend cannot pin read-only memory (a CUDA
+// driver without cudaHostRegisterReadOnly), a private copy-on-write copy the kernel made
+// (file_private: nothing went through the pool; note() says so). Made by
+// Worker::map_file_pinned; shared by whatever views it (a checkpoint's tensors). The last
+// owner unpins it (while its worker lives: finalize unpins it first, and the bytes then stay
+// readable, unpinned) and unmaps it. Writing through data() of a file_shared mapping is a
+// segfault: the mapping is PROT_READ.
 class PINSTAGE_API PinnedFileMapping {
  public:
   PinnedFileMapping(const PinnedFileMapping&) = delete;
@@ -291,23 +295,83 @@ class PINSTAGE_API PinnedFileMapping {
   const unsigned char* data() const noexcept { return data_; }  // the file's byte 0
   uint64_t size() const noexcept { return size_; }              // the file's bytes, mapped
   // True when the backend registered it (copies from it take the pinned path); false when
-  // it refused or has no host_register slot, and refusal() says why.
+  // it refused or has no host_register slot, and refusal() says why (starting "over the
+  // pin budget" when the budget refused it under PINSTAGE_PIN_POLICY=fallback).
   bool pinned() const noexcept { return pinned_; }
   const std::string& refusal() const noexcept { return refusal_; }
-  double map_seconds() const noexcept { return map_seconds_; }  // open + mmap
-  double pin_seconds() const noexcept { return pin_seconds_; }  // host_register (faults + lock)
+  // "file_shared" (the page cache, read-only) or "file_private" (a private copy).
+  const char* source() const noexcept { return private_ ? "file_private" : "file_shared"; }
+  // Why the mapping is a private copy, or "" (file_shared).
+  const std::string& note() const noexcept { return note_; }
+  double map_seconds() const noexcept { return map_seconds_; }  // open + mmap (+ faults)
+  double pin_seconds() const noexcept { return pin_seconds_; }  // host_register
 
  private:
   friend class Worker;
   PinnedFileMapping() = default;
+  // The pin step of a new mapping of the file open as `fd` (file_source.cpp): read-only in
+  // place, else a private copy pinned writable, else unpinned with refusal() set.
+  void pin_in_place(runtime::WorkerState& s, int fd, const std::string& path);
 
   std::weak_ptr<runtime::WorkerState> owner_;
   unsigned char* data_ = nullptr;
   uint64_t size_ = 0;
   size_t map_bytes_ = 0;  // whole pages: what is mapped and registered
   bool pinned_ = false;
-  std::string refusal_;
+  bool private_ = false;
+  std::string refusal_, note_;
   double map_seconds_ = 0, pin_seconds_ = 0;
+};
+
+// Fresh pinned memory that its writers fault in (Worker::reserve_host_fill): a load's
+// reader threads each call prepare() on the range they are about to write, which faults it
+// under the worker's placement (its NUMA node, huge pages with the stall watch) in parallel
+// with their reads, and finish() pins the segment behind them. Until then its blocks are
+// not pinned memory (is_pinned_host says false; copies take the pageable path), so nothing
+// reports as pinned what is not. Move-only. Destroying an unfinished fill finishes it (a
+// failure is logged and the segment stays unpinned, released once its blocks are freed).
+class PINSTAGE_API HostFill {
+ public:
+  HostFill() = default;
+  HostFill(HostFill&& other) noexcept;
+  HostFill& operator=(HostFill&& other) noexcept;
+  HostFill(const HostFill&) = delete;
+  HostFill& operator=(const HostFill&) = delete;
+  ~HostFill();
+
+  // A segment waits for its writers (false when the cache had the memory: nothing to do).
+  bool active() const noexcept { return data_ != nullptr && !finished_; }
+  // Faults the pages of [data, data + bytes) that lie in the segment (none: a no-op).
+  // Thread-safe: each writer prepares its own range.
+  void prepare(void* data, size_t bytes);
+  // Pins the segment (host_register); Error as alloc_pinned_host's. Idempotent.
+  void finish();
+  // Seconds spent in prepare() on every thread (summed), and in finish().
+  double fault_seconds() const noexcept;
+  double pin_seconds() const noexcept { return pin_seconds_; }
+  // The pages its segment took: "huge" (2 MiB), "base", or "huge, then base after a stall
+  // of N ms"; "" when it had no segment (the cache or the vendor's allocation served it).
+  std::string pages() const;
+
+ private:
+  friend class Worker;
+  std::shared_ptr<runtime::WorkerState> owner_;
+  unsigned char* data_ = nullptr;
+  size_t bytes_ = 0;
+  bool huge_ = false;
+  bool finished_ = false;
+  std::unique_ptr<FaultPlan> plan_;
+  std::unique_ptr<std::atomic<int64_t>> fault_ns_;
+  double pin_seconds_ = 0;
+};
+
+// How a worker places its host memory, decided once at init (docs/worker.md, "Placement").
+struct HostPlacementInfo {
+  int numa_node = -1;        // every segment is bound there before its first touch; -1: none
+  bool huge_pages = false;   // anonymous segments of 2 MiB and more ask for huge pages
+  std::string huge_reason;   // the switch and the kernel's THP mode behind huge_pages
+  double stall_seconds = 0;  // a 2 MiB fault slower than this gives the rest base pages
+  std::string pool_source;   // "anonymous" (host_register) or "vendor" (the plugin's own)
 };
 
 // One bound argument handed to a backend callable.
@@ -353,9 +417,12 @@ class PINSTAGE_API Worker {
   int device_id() const;
   // This worker's device, as list_devices reports it (with this worker's options).
   DeviceInfo device_info() const;
-  // The NUMA node its pinned memory is really placed on: WorkerOptions::host_numa_node
-  // when the host has that node, else -1 (none asked, or absent here: the kernel's choice).
+  // The NUMA node its pinned memory is really placed on, by the runtime, on every backend:
+  // WorkerOptions::host_numa_node when the host has that node, else -1 (none asked, or
+  // absent here: the kernel's choice).
   int host_numa_node() const;
+  // Where and how its host memory is placed (NUMA node, huge pages, the pool's source).
+  HostPlacementInfo host_placement() const;
   const BackendInfo& backend() const;
   Capabilities capabilities() const;
   WorkerStats stats() const;
@@ -383,22 +450,35 @@ class PINSTAGE_API Worker {
   // shortfall when they are not: a load calls it before its many allocations, so a
   // first load maps once and a second load of the same tensors maps nothing.
   void reserve_pinned_host(size_t bytes);
+  // The same for memory its writers fault in while they write it (a load's readers): the
+  // segment is mapped and placed but neither faulted nor pinned until the returned fill's
+  // finish() (see HostFill). Where the cache already holds the bytes, or the pool's source
+  // cannot defer (vendor), the fill is inactive and the memory is pinned already.
+  HostFill reserve_host_fill(size_t bytes);
   // True when [ptr, ptr + bytes) lies inside one live pinned buffer of this worker: the
   // one table of pinned ranges that copies, the Binder and the loader ask.
   bool is_pinned_host(const void* ptr, size_t bytes) const;
 
-  // Maps the file at `path` read-only (PROT_READ, MAP_SHARED: its page cache) and pins it
-  // in place through the backend's host_register (ABI v7) with PS_REGISTER_READ_ONLY; the
-  // range then counts as this worker's pinned memory (is_pinned_host, copy paths) until
-  // the mapping goes. `expect_bytes`: the size the caller validated (a checkpoint's), or
-  // UINT64_MAX to take the file as it is; a file of another size is Error(io) ("changed
-  // since it was opened"). A backend without the slot, or one that refuses this memory
-  // (PS_ERR_UNSUPPORTED: a driver without read-only registration), gives an unpinned
-  // mapping whose refusal() says why: the caller copies instead. Over the pin budget:
+  // Maps the file at `path` read-only (PROT_READ, MAP_SHARED: its page cache), faults it
+  // in and pins it in place through the backend's host_register (ABI v7) with
+  // PS_REGISTER_READ_ONLY; the range then counts as this worker's pinned memory
+  // (is_pinned_host, copy paths) until the mapping goes. `expect_bytes`: the size the
+  // caller validated (a checkpoint's), or UINT64_MAX to take the file as it is; a file of
+  // another size is Error(io) ("changed since it was opened"), checked before any mapping
+  // is shared. A backend that cannot pin read-only memory (PS_ERR_UNSUPPORTED: a driver
+  // without read-only registration) gets a file_private mapping pinned instead (note()
+  // says so); one without the slot, or refusing that too, gives an unpinned mapping whose
+  // refusal() says why: the caller copies instead. Over the pin budget:
   // Error(out_of_memory), or unpinned under PINSTAGE_PIN_POLICY=fallback. Error(io) for a
-  // file that cannot be opened or mapped, an empty one included.
+  // file that cannot be opened (never blocking: a FIFO is refused) or mapped, an empty or
+  // non-regular one included.
   std::shared_ptr<PinnedFileMapping> map_file_pinned(const std::string& path,
                                                      uint64_t expect_bytes = UINT64_MAX);
+  // The same for several files at once: faulted and pinned in parallel (threads: 0 = the
+  // placement's), in the order given. Nothing stays mapped or pinned when one fails.
+  std::vector<std::shared_ptr<PinnedFileMapping>> map_files_pinned(
+      const std::vector<std::string>& paths, const std::vector<uint64_t>& expect_bytes,
+      int threads = 0);
 
   // Synchronous copies; [offset, offset+bytes) must lie inside the device buffer.
   void copy_to_device(const DeviceBuffer& dst, size_t dst_offset, const void* src, size_t bytes);

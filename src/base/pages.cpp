@@ -1,10 +1,15 @@
 // Note [One pre-fault]
 // ~~~~~~~~~~~~~~~~~~~~
 // Page faults are kernel work that scales with cores, while mlock or a driver's register
-// call populates a range on one thread. So every path that makes memory resident (sim's
-// pinned and device memory, cuda's register mode, the fixture's population floor) faults
-// it in here first, in parallel, by a write per page (the default: it backs the page on
-// every host, VMs included) or by MADV_POPULATE_WRITE per chunk (PrefaultMethod).
+// call populates a range on one thread. So every path that makes memory resident (the
+// runtime's host sources, sim's device memory, the fixture's population floor) faults it
+// in here first, in parallel, by a write per page (it backs the page on every host, VMs
+// included), by MADV_POPULATE_WRITE/READ per chunk (PrefaultMethod), or inside a load's
+// reader threads chunk by chunk (a FaultPlan shared by the readers).
+// Huge pages: a 2 MiB fault may stall for seconds on memory compaction (defrag=madvise,
+// docs/benchmarks.md). A huge plan faults in timed 2 MiB units; the first unit slower than
+// its stall limit advises the whole segment MADV_NOHUGEPAGE, so the rest takes base pages
+// (the pages faulted already stay huge), and the report says so.
 #include "pinstage/pages.h"
 
 #include <pthread.h>
@@ -16,8 +21,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -39,10 +46,15 @@ constexpr size_t kMinBytesPerThread = size_t{32} << 20;
 
 std::atomic<bool> g_populate_supported{true};
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14
+#endif
+
 // Faults [begin, begin + len) in. Returns 0 or the errno that stopped it.
 int prefault_range(char* begin, size_t len, PrefaultMethod method, bool& used_populate) {
-  if (method == PrefaultMethod::populate && g_populate_supported.load(std::memory_order_relaxed)) {
-    if (madvise(begin, len, MADV_POPULATE_WRITE) == 0) {
+  const bool read = method == PrefaultMethod::read;
+  if (method != PrefaultMethod::touch && g_populate_supported.load(std::memory_order_relaxed)) {
+    if (madvise(begin, len, read ? MADV_POPULATE_READ : MADV_POPULATE_WRITE) == 0) {
       used_populate = true;
       return 0;
     }
@@ -51,7 +63,42 @@ int prefault_range(char* begin, size_t len, PrefaultMethod method, bool& used_po
     g_populate_supported.store(false, std::memory_order_relaxed);  // an older kernel
   }
   const size_t page = page_size();
+  if (read) {
+    unsigned char sink = 0;
+    for (size_t off = 0; off < len; off += page) sink ^= *static_cast<volatile char*>(begin + off);
+    static_cast<void>(sink);
+    return 0;
+  }
   for (size_t off = 0; off < len; off += page) *static_cast<volatile char*>(begin + off) = 0;
+  return 0;
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A huge plan's range, 2 MiB at a time, each unit timed: the first one past the stall limit
+// advises the whole segment NOHUGEPAGE (once), and what is left faults base pages.
+int prefault_huge_range(char* begin, size_t len, FaultPlan& plan, bool& used_populate) {
+  for (size_t off = 0; off < len;) {
+    const size_t n = std::min(kHugePage - (reinterpret_cast<uintptr_t>(begin + off) % kHugePage),
+                              len - off);
+    const int64_t start = now_ns();
+    if (const int err = prefault_range(begin + off, n, plan.method, used_populate); err != 0)
+      return err;
+    const int64_t took = now_ns() - start;
+    int64_t slowest = plan.slowest_ns.load(std::memory_order_relaxed);
+    while (took > slowest && !plan.slowest_ns.compare_exchange_weak(slowest, took)) {
+    }
+    off += n;
+    if (plan.stall_seconds <= 0 || plan.abandoned.load(std::memory_order_relaxed) ||
+        static_cast<double>(took) < plan.stall_seconds * 1e9)
+      continue;
+    if (!plan.abandoned.exchange(true) && plan.segment != nullptr)
+      (void)madvise(plan.segment, plan.segment_bytes, MADV_NOHUGEPAGE);  // a hint, as above
+  }
   return 0;
 }
 
@@ -193,13 +240,13 @@ namespace {
 thread_local const std::vector<int>* t_fault_cpus = nullptr;  // map_pages' NUMA placement
 }  // namespace
 
-PrefaultReport prefault(void* data, size_t bytes, int threads, size_t unit, PrefaultMethod method) {
+PrefaultReport prefault(void* data, size_t bytes, FaultPlan& plan) {
   const std::vector<int>* cpus = t_fault_cpus;
   PrefaultReport report;
   if (data == nullptr || bytes == 0) return report;
   const Stopwatch watch;
-  unit = unit == 0 ? page_size() : unit;
-  report.threads = prefault_thread_count(bytes, threads);
+  const size_t unit = plan.huge ? kHugePage : page_size();
+  report.threads = prefault_thread_count(bytes, plan.threads);
   const size_t units = (bytes + unit - 1) / unit;
   const size_t per_thread = (units + report.threads - 1) / report.threads;
   std::atomic<int> first_error{0};
@@ -213,10 +260,10 @@ PrefaultReport prefault(void* data, size_t bytes, int threads, size_t unit, Pref
           if (begin >= end) continue;
           bool used = false;
           const CpuScope placed(cpus != nullptr ? *cpus : std::vector<int>{});
-          const int err =
-              prefault_range(static_cast<char*>(data) + begin, end - begin, method, used);
-          if (cpus != nullptr && err == 0)
-            numa_system().faulted(static_cast<char*>(data) + begin, end - begin);
+          char* from = static_cast<char*>(data) + begin;
+          const int err = plan.huge ? prefault_huge_range(from, end - begin, plan, used)
+                                    : prefault_range(from, end - begin, plan.method, used);
+          if (cpus != nullptr && err == 0) numa_system().faulted(from, end - begin);
           if (used) populate_used = true;
           int expected = 0;
           if (err != 0) first_error.compare_exchange_strong(expected, err);
@@ -224,12 +271,48 @@ PrefaultReport prefault(void* data, size_t bytes, int threads, size_t unit, Pref
       },
       report.threads);
   report.populate_write = populate_used;
+  report.huge_abandoned = plan.abandoned.load();
+  report.slowest_unit_seconds = static_cast<double>(plan.slowest_ns.load()) / 1e9;
   report.seconds = watch.seconds();
   if (const int err = first_error.load(); err != 0)
     throw Error(err == ENOMEM ? ErrorCode::out_of_memory : ErrorCode::backend,
                 "pre-faulting " + std::to_string(bytes) + " bytes failed: " + std::strerror(err));
   return report;
 }
+
+PrefaultReport prefault(void* data, size_t bytes, int threads, size_t unit, PrefaultMethod method) {
+  FaultPlan plan;
+  plan.method = method;
+  plan.threads = threads;
+  plan.huge = unit == kHugePage;
+  return prefault(data, bytes, plan);
+}
+
+namespace {
+
+// Binds [data, data + bytes) to options.numa_node (before any touch) and pre-faults it
+// under `plan` on that node's CPUs, as options ask. Unmaps [base, base + map_bytes) and
+// rethrows on failure.
+void place_and_fault(MappedPages& pages, const MapOptions& options, FaultPlan& plan) {
+  try {
+    std::vector<int> cpus;
+    if (options.numa_node >= 0) {
+      NumaSystem& numa = numa_system();
+      numa.bind(pages.data, pages.bytes, options.numa_node);  // before the first touch
+      cpus = numa.node_cpus(options.numa_node);
+    }
+    if (!options.prefault) return;
+    t_fault_cpus = cpus.empty() ? nullptr : &cpus;
+    pages.prefault = prefault(pages.data, pages.bytes, plan);
+    t_fault_cpus = nullptr;
+  } catch (...) {
+    t_fault_cpus = nullptr;
+    munmap(pages.base, pages.map_bytes);
+    throw;
+  }
+}
+
+}  // namespace
 
 MappedPages map_pages(size_t bytes, const MapOptions& options) {
   if (bytes == 0) throw Error(ErrorCode::invalid_argument, "cannot map 0 bytes");
@@ -253,35 +336,79 @@ MappedPages map_pages(size_t bytes, const MapOptions& options) {
     const uintptr_t aligned = (addr + kHugePage - 1) & ~(uintptr_t{kHugePage} - 1);
     const size_t head = aligned - addr;
     const size_t tail = map_bytes - head - usable;
-    // Trimming only returns address space; a failure just keeps the slack mapped.
-    if (head > 0 && munmap(base, head) == 0) {
-      pages.base = reinterpret_cast<void*>(aligned);
-      pages.map_bytes -= head;
+    // Trimmed, so base == data: a segment is released by its (data, bytes) alone.
+    if ((head > 0 && munmap(base, head) != 0) ||
+        (tail > 0 && munmap(reinterpret_cast<char*>(aligned) + usable, tail) != 0)) {
+      const int err = errno;
+      munmap(base, map_bytes);  // the whole of it, whatever the trims left
+      throw Error(ErrorCode::out_of_memory,
+                  std::string("trimming a huge-page mapping failed: ") + std::strerror(err));
     }
-    if (tail > 0 && munmap(reinterpret_cast<char*>(aligned) + usable, tail) == 0)
-      pages.map_bytes -= tail;
-    pages.data = reinterpret_cast<void*>(aligned);
+    pages.base = pages.data = reinterpret_cast<void*>(aligned);
+    pages.map_bytes = usable;
     (void)madvise(pages.data, usable, MADV_HUGEPAGE);  // a hint: 4 KiB pages where THP is off
   }
   pages.map_seconds = watch.seconds();
-  try {
-    std::vector<int> cpus;
-    if (options.numa_node >= 0) {
-      NumaSystem& numa = numa_system();
-      numa.bind(pages.data, usable, options.numa_node);  // before the first touch
-      cpus = numa.node_cpus(options.numa_node);
-    }
-    if (!options.prefault) return pages;
-    t_fault_cpus = cpus.empty() ? nullptr : &cpus;
-    pages.prefault =
-        prefault(pages.data, usable, options.threads, huge ? kHugePage : 0, options.method);
-    t_fault_cpus = nullptr;
-  } catch (...) {
-    t_fault_cpus = nullptr;
-    munmap(pages.base, pages.map_bytes);
-    throw;
+  FaultPlan plan;
+  plan.method = options.method;
+  plan.threads = options.threads;
+  plan.huge = huge;
+  plan.stall_seconds = options.huge_stall_seconds;
+  plan.segment = pages.data;
+  plan.segment_bytes = usable;
+  place_and_fault(pages, options, plan);
+  return pages;
+}
+
+MappedPages map_file_pages(int fd, size_t bytes, bool private_writable, const MapOptions& options,
+                           const std::string& what) {
+  if (bytes == 0) throw Error(ErrorCode::invalid_argument, "cannot map 0 bytes of " + what);
+  const size_t usable = round_up_to_pages(bytes);
+  const Stopwatch watch;
+  void* base = mmap(nullptr, usable, private_writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                    private_writable ? MAP_PRIVATE : MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED)
+    throw Error(ErrorCode::io, "cannot map " + what + ": mmap: " + std::strerror(errno));
+  MappedPages pages{base, usable, base, usable, {}, 0};
+  pages.map_seconds = watch.seconds();
+  MapOptions placed = options;
+  placed.numa_node = private_writable ? options.numa_node : -1;  // the page cache is shared
+  FaultPlan plan;
+  // A private copy must be made by the kernel (a touch would write a zero into the data).
+  plan.method = private_writable ? PrefaultMethod::populate : PrefaultMethod::read;
+  plan.threads = options.threads;
+  if (private_writable && !g_populate_supported.load()) placed.prefault = false;  // see below
+  place_and_fault(pages, placed, plan);
+  if (private_writable && !placed.prefault && options.prefault) {
+    // No MADV_POPULATE_WRITE: break copy-on-write by writing each page's own first byte.
+    const size_t page = page_size();
+    auto* p = static_cast<volatile unsigned char*>(pages.data);
+    for (size_t off = 0; off < usable; off += page) p[off] = p[off];
   }
   return pages;
+}
+
+uint64_t free_huge_page_bytes(int node) {
+  FILE* f = std::fopen("/proc/buddyinfo", "r");
+  if (f == nullptr) return UINT64_MAX;
+  char line[512];
+  uint64_t bytes = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    int at_node = -1, used = 0;
+    char zone[32];
+    if (std::sscanf(line, "Node %d, zone %31s%n", &at_node, zone, &used) != 2) continue;
+    if (node >= 0 && at_node != node) continue;
+    const char* p = line + used;
+    for (int order = 0; order < 32; ++order) {
+      char* end = nullptr;
+      const unsigned long long count = std::strtoull(p, &end, 10);
+      if (end == p) break;
+      p = end;
+      if (order >= 9) bytes += count * (uint64_t{page_size()} << order);
+    }
+  }
+  std::fclose(f);
+  return bytes;
 }
 
 bool unmap_pages(const MappedPages& pages, std::string* error) noexcept {

@@ -47,9 +47,14 @@ constexpr SettingInfo kSettings[] = {
     {Setting::host_cache_max, "PINSTAGE_HOST_CACHE_MAX", "a byte count: 4G, 512M, or 0",
      "most freed pinned bytes a worker keeps cached for reuse; 0 keeps none (default: an "
      "eighth of physical memory)"},
-    {Setting::host_huge_pages, "PINSTAGE_HOST_HUGE_PAGES", "off|thp",
-     "pinned segments of 2 MiB and more on transparent huge pages (thp: MADV_HUGEPAGE, a "
-     "measured choice, docs/benchmarks.md) or base pages (off, the default)"},
+    {Setting::host_huge_pages, "PINSTAGE_HOST_HUGE_PAGES", "auto|thp|off",
+     "the one huge-page switch for pinned host memory on every backend: auto (the default) "
+     "takes transparent huge pages where the kernel offers them and enough free 2 MiB blocks "
+     "exist, thp asks for them whenever the kernel allows, off keeps base pages; a 2 MiB fault "
+     "that stalls gives them up for the rest of the segment (docs/worker.md, \"Placement\")"},
+    {Setting::host_huge_stall_ms, "PINSTAGE_HOST_HUGE_STALL_MS", "0..60000",
+     "milliseconds a 2 MiB huge-page fault may take (memory compaction) before the segment's "
+     "remaining pages fall back to base pages (default 20; 0: the first fault gives up)"},
 };
 
 [[noreturn]] void bad(std::string_view what, std::string_view text, const std::string& why) {
@@ -157,6 +162,13 @@ std::optional<uint64_t> setting_host_cache_max() {
   return parse_byte_count(*text, setting_info(Setting::host_cache_max).name);
 }
 
+std::optional<int> setting_host_huge_stall_ms() {
+  const auto text = setting_text(Setting::host_huge_stall_ms);
+  if (!text) return std::nullopt;
+  return static_cast<int>(
+      parse_integer(*text, 0, 60000, setting_info(Setting::host_huge_stall_ms).name));
+}
+
 std::optional<std::string> setting_choice(Setting id) {
   auto text = setting_text(id);
   if (!text) return std::nullopt;
@@ -213,6 +225,7 @@ void check_settings() {
       {Setting::num_threads, [] { setting_num_threads(); }},
       {Setting::sim_device_capacity, [] { setting_sim_device_capacity(); }},
       {Setting::host_cache_max, [] { setting_host_cache_max(); }},
+      {Setting::host_huge_stall_ms, [] { setting_host_huge_stall_ms(); }},
       {Setting::sim_fault, [] { setting_sim_faults(); }},
       // Any non-empty path; the acl backend reports a bad one.
       {Setting::acl_library, [] { setting_text(Setting::acl_library); }},

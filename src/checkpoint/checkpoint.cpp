@@ -487,7 +487,8 @@ ReportFields report_fields(const LoadReport& r) {
           {"mode", r.mode},
           {"map_s", r.map_s},
           {"pin_s", r.pin_s},
-          {"map_note", r.map_note}};
+          {"map_note", r.map_note},
+          {"host_pages", r.host_pages}};
 }
 
 }  // namespace pinstage

@@ -227,10 +227,12 @@ void run_readers(int threads, const std::function<void(int)>& body) {
 // Reads the chunks on `threads` threads (at most bounces.size()), each taking the next one
 // until none are left or one failed; progress (one caller at a time, the bytes done
 // increasing) after each; an exception it throws ends the load as a failed read does. Reader
-// i reads O_DIRECT files through bounces[i], which the load owns.
+// i reads O_DIRECT files through bounces[i], which the load owns. `allocator` (when given)
+// prepares each chunk's destination before its read: fresh pinned pages are faulted by the
+// reader that fills them, in parallel with the other readers' I/O.
 void read_chunks(const Checkpoint& c, const Files& files, const std::vector<Chunk>& chunks,
                  std::vector<Bounce>& bounces, const CheckpointLoadOptions& o, uint64_t* done_bytes,
-                 uint64_t total) {
+                 uint64_t total, HostAllocator* allocator = nullptr) {
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> done{*done_bytes};
@@ -242,6 +244,7 @@ void read_chunks(const Checkpoint& c, const Files& files, const std::vector<Chun
       for (size_t i = next.fetch_add(1); i < chunks.size() && !failed; i = next.fetch_add(1)) {
         const Chunk& k = chunks[i];
         const std::string& path = c.files()[k.file].path;
+        if (allocator != nullptr) allocator->prepare(k.dst, k.bytes);
         if (files.direct(k.file))
           pread_direct(files.fd(k.file), k.dst, k.bytes, k.offset, path, bounce);
         else
@@ -318,7 +321,7 @@ using detail::hash_mismatch;
 namespace detail {
 
 LoadReport read_ranges(const Checkpoint& c, const std::vector<FileRange>& ranges,
-                       const CheckpointLoadOptions& o) {
+                       const CheckpointLoadOptions& o, HostAllocator* allocator) {
   check_load_options(o, false);
   const Stopwatch total;
   LoadReport r;
@@ -338,7 +341,7 @@ LoadReport read_ranges(const Checkpoint& c, const std::vector<FileRange>& ranges
   uint64_t done = 0;
   std::vector<Bounce> bounces(static_cast<size_t>(r.threads));
   const Stopwatch read;
-  read_chunks(c, files, chunks, bounces, o, &done, r.bytes);
+  read_chunks(c, files, chunks, bounces, o, &done, r.bytes, allocator);
   r.read_s = read.seconds();
   r.total_s = total.seconds();
   return r;
@@ -357,8 +360,11 @@ CheckpointLoadOptions part_options(const CheckpointLoadOptions& o, const uint64_
 
 }  // namespace detail
 
-LoadReport read_checkpoint(const Checkpoint& c, const std::vector<ReadTarget>& targets,
-                           const CheckpointLoadOptions& o) {
+namespace {
+
+// read_checkpoint, with each chunk's destination prepared by `allocator` (when given).
+LoadReport read_targets(const Checkpoint& c, const std::vector<ReadTarget>& targets,
+                        const CheckpointLoadOptions& o, HostAllocator* allocator) {
   check_load_options(o, false);
   std::vector<const CheckpointTensor*> wanted;
   wanted.reserve(targets.size());
@@ -369,7 +375,7 @@ LoadReport read_checkpoint(const Checkpoint& c, const std::vector<ReadTarget>& t
   ranges.reserve(targets.size());
   for (const ReadTarget& t : targets)
     ranges.push_back({t.tensor->file, t.tensor->offset, t.tensor->bytes, t.dst});
-  LoadReport r = detail::read_ranges(c, ranges, o);
+  LoadReport r = detail::read_ranges(c, ranges, o, allocator);
   r.tensors = targets.size();
   if (o.verify) {
     const Stopwatch verify;
@@ -396,6 +402,13 @@ LoadReport read_checkpoint(const Checkpoint& c, const std::vector<ReadTarget>& t
   return r;
 }
 
+}  // namespace
+
+LoadReport read_checkpoint(const Checkpoint& c, const std::vector<ReadTarget>& targets,
+                           const CheckpointLoadOptions& o) {
+  return read_targets(c, targets, o, nullptr);
+}
+
 namespace detail {
 
 HostLoad copy_to_host(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors,
@@ -417,7 +430,10 @@ HostLoad copy_to_host(const Checkpoint& c, const std::vector<const CheckpointTen
     targets.push_back({t, out.tensors.back().storage->data()});
   }
   const double alloc_s = alloc.seconds();
-  out.report = read_checkpoint(c, targets, o);
+  out.report = read_targets(c, targets, o, &allocator);
+  const Stopwatch pin;
+  allocator.finish();  // fresh pinned pages are pinned behind the readers
+  out.report.pin_s = pin.seconds();
   out.report.alloc_s = alloc_s;
   out.report.total_s = total.seconds();
   return out;

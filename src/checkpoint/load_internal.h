@@ -31,9 +31,10 @@ struct FileRange {
 };
 // Reads the ranges by parallel pread in chunks of options.chunk_bytes (threads, direct and
 // progress, over the ranges' total, as read_checkpoint); no hashes. The report's bytes are
-// the ranges' bytes; tensors is left 0.
+// the ranges' bytes; tensors is left 0. `allocator` (when given) prepares each chunk's
+// destination before its read (HostAllocator::prepare).
 LoadReport read_ranges(const Checkpoint& checkpoint, const std::vector<FileRange>& ranges,
-                       const CheckpointLoadOptions& options);
+                       const CheckpointLoadOptions& options, HostAllocator* allocator = nullptr);
 // Options for one of several reads that together make one load: no hashes (a part is no
 // whole tensor; the caller checks them), and progress(*base + done, total), so the
 // caller's callback sees the whole load's bytes while it advances *base between parts.

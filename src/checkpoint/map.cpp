@@ -19,6 +19,7 @@
 #include "pinstage/safetensors.h"
 #include "pinstage/staging_ring.h"
 #include "pinstage/tensor.h"
+#include "pinstage/worker.h"
 
 namespace pinstage {
 
@@ -58,27 +59,41 @@ void start_report(const Checkpoint& c, const std::vector<const CheckpointTensor*
   for (const CheckpointTensor* t : tensors) r.bytes += t->bytes;
 }
 
-// Maps and pins every file holding one of `tensors`, in file order; progress per file.
+// Maps and pins every file holding one of `tensors`, faulted and pinned in parallel
+// (Worker::map_files_pinned); progress once they are. The notes say what was not pinned in
+// place: a private copy (a backend that cannot pin read-only memory), or a file whose
+// tensors are copied, into pinned memory or, over the budget under the fallback policy,
+// into pageable memory.
 Mappings map_files(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors,
                    Worker& worker, const CheckpointLoadOptions& o, LoadReport& r) {
-  std::vector<uint64_t> bytes_in(c.files().size(), 0);
   std::vector<bool> wanted(c.files().size(), false);
-  for (const CheckpointTensor* t : tensors) {
-    wanted[t->file] = true;
-    bytes_in[t->file] += t->bytes;
-  }
-  Mappings maps(c.files().size());
-  uint64_t done = 0;
+  for (const CheckpointTensor* t : tensors) wanted[t->file] = true;
+  std::vector<std::string> paths;
+  std::vector<uint64_t> sizes;
+  std::vector<size_t> index;
   for (size_t f = 0; f < c.files().size(); ++f) {
     if (!wanted[f]) continue;
-    maps[f] = worker.map_file_pinned(c.files()[f].path, c.files()[f].size);
-    r.map_s += maps[f]->map_seconds();
-    r.pin_s += maps[f]->pin_seconds();
-    if (!maps[f]->pinned() && r.map_note.empty())
-      r.map_note = maps[f]->refusal() + "; its tensors were copied into pinned memory";
-    done += bytes_in[f];
-    if (o.progress) o.progress(done, r.bytes);
+    paths.push_back(c.files()[f].path);
+    sizes.push_back(c.files()[f].size);
+    index.push_back(f);
   }
+  const Mappings made = worker.map_files_pinned(paths, sizes, o.threads);
+  Mappings maps(c.files().size());
+  for (size_t k = 0; k < made.size(); ++k) {
+    const std::shared_ptr<PinnedFileMapping>& m = maps[index[k]] = made[k];
+    r.map_s = std::max(r.map_s, m->map_seconds());  // the files were mapped in parallel
+    r.pin_s = std::max(r.pin_s, m->pin_seconds());
+    if (!m->note().empty() && r.map_note.empty()) r.map_note = m->note();
+    if (m->pinned() || r.map_note.find("copied") != std::string::npos) continue;
+    // Over the budget (the fallback policy: strict would have thrown), the pool's copies
+    // are over it too, and take pageable memory.
+    const bool pageable = m->refusal().rfind("over the pin budget", 0) == 0;
+    r.map_note = m->refusal().substr(0, m->refusal().find(". ")) +
+                 (pageable ? "; its tensors were copied into pageable memory "
+                             "(PINSTAGE_PIN_POLICY=fallback): not pinned"
+                           : "; its tensors were copied into pinned memory");
+  }
+  if (o.progress) o.progress(r.bytes, r.bytes);
   return maps;
 }
 
@@ -158,6 +173,7 @@ HostLoad load_to_host(const Checkpoint& c, Worker& worker, const CheckpointLoadO
   if (o.mode == LoadMode::map) return map_to_host(c, tensors, worker, o);
   PinnedAllocator pool(worker);
   HostLoad out = detail::copy_to_host(c, tensors, pool, o);
+  out.report.host_pages = pool.fill() != nullptr ? pool.fill()->pages() : "";
   out.report.peak_pinned_bytes = worker.stats().pinned_bytes;
   return out;
 }

@@ -9,17 +9,39 @@
 #include <vector>
 
 #include "pinstage/backend/platform_abi.h"
+#include "runtime/host_memory/host_source.h"
 
 namespace pinstage::runtime {
 
 // What an entry is. Streams and events are entries too (ptr = the handle, bytes = 0), so
 // finalize can release them before the context without the backend keeping a list.
 // pageable_host: a pinned request served with pageable memory the runtime mapped itself
-// (PINSTAGE_PIN_POLICY=fallback); it never goes to the backend. registered_host: memory
-// the runtime mapped itself (a file's page cache) that the backend pinned in place through
-// host_register (ABI v7); released with host_unregister.
-enum class EntryKind { pinned_host, device, stream, event, pageable_host, registered_host };
-inline constexpr size_t kEntryKindCount = 6;
+// (PINSTAGE_PIN_POLICY=fallback); it never goes to the backend. Then one kind per host
+// source (host_source.h), in SourceKind order, derived by entry_kind(): every pinned segment,
+// whoever made it, pooled or a file mapping, is in the table once it is pinned.
+enum class EntryKind {
+  device,
+  stream,
+  event,
+  pageable_host,
+  host_anonymous,
+  host_vendor,
+  host_file_shared,
+  host_file_private,
+  host_shared_named,
+};
+inline constexpr size_t kEntryKindCount = 4 + kSourceKindCount;
+
+// The table kind of a source's pinned segments, and back.
+constexpr EntryKind entry_kind(SourceKind source) {
+  return static_cast<EntryKind>(static_cast<size_t>(EntryKind::host_anonymous) +
+                                static_cast<size_t>(source));
+}
+constexpr bool is_host_segment(EntryKind kind) { return kind >= EntryKind::host_anonymous; }
+constexpr SourceKind source_of(EntryKind kind) {
+  return static_cast<SourceKind>(static_cast<size_t>(kind) -
+                                 static_cast<size_t>(EntryKind::host_anonymous));
+}
 
 // Not thread-safe by itself: WorkerState guards it with its mutex.
 class AllocationTable {

@@ -123,10 +123,10 @@ DeviceInfo Worker::device_info() const {
   const runtime::CallGuard guard = enter();
   std::vector<ps_config_entry> entries;
   const ps_context_options ctx_options =
-      runtime::context_options(state_->options, state_->host_numa_node, entries);
+      runtime::context_options(state_->options, state_->placement.numa_node, entries);
   return runtime::device_properties(*state_->plugin, state_->device_id, ctx_options);
 }
 
-int Worker::host_numa_node() const { return state().host_numa_node; }
+int Worker::host_numa_node() const { return state().placement.numa_node; }
 
 }  // namespace pinstage

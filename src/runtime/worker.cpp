@@ -112,11 +112,11 @@ void Worker::init(const std::string& backend, int device_id, const WorkerOptions
   check_settings();
   auto state = std::make_shared<runtime::WorkerState>();
   state->plugin = &runtime::acquire_plugin(backend, options);
-  state->host_numa_node = runtime::resolve_host_numa_node(options.host_numa_node);
+  state->placement = runtime::decide_placement(runtime::resolve_host_numa_node(options.host_numa_node));
   state->options = options;
   std::vector<ps_config_entry> entries;
   const ps_context_options ctx_options =
-      runtime::context_options(options, state->host_numa_node, entries);
+      runtime::context_options(options, state->placement.numa_node, entries);
   ps_device_ctx* ctx = nullptr;
   const int status = state->api().create_context(device_id, &ctx_options, &ctx);
   if (status != PS_OK)
@@ -125,8 +125,15 @@ void Worker::init(const std::string& backend, int device_id, const WorkerOptions
   ps_capabilities caps{};
   if (state->api().get_capabilities(ctx, &caps) == PS_OK)
     state->pins_with_mlock = caps.device_memory_is_host != 0;
+  state->placement.dont_fork = !state->pins_with_mlock;
   state->ctx = ctx;
   state->device_id = device_id;
+  // The runtime makes the memory, the plugin pins it (Note [Segment sources]): the pool's
+  // source is the plugin's own allocation only where it cannot pin memory we map.
+  for (size_t k = 0; k < runtime::kSourceKindCount; ++k)
+    state->sources[k] = runtime::make_source(static_cast<runtime::SourceKind>(k),
+                                             state->placement, state->api(), ctx);
+  if (state->api().host_register == nullptr) state->pool_source = runtime::SourceKind::vendor;
   state->host_cache_limit = options.host_cache_limit_bytes.value_or(
       setting_host_cache_max().value_or(physical_memory_bytes() / 8));
   state->live = true;
@@ -200,10 +207,12 @@ WorkerStats Worker::stats() const {
   stats.pinned_count = state_->host.live_count();
   stats.device_bytes = state_->table.bytes(EntryKind::device);
   stats.device_count = state_->table.count(EntryKind::device);
-  stats.failed_free_count = state_->table.failed_count(EntryKind::pinned_host) +
-                            state_->table.failed_count(EntryKind::device);
-  stats.failed_free_bytes = state_->table.failed_bytes(EntryKind::pinned_host) +
-                            state_->table.failed_bytes(EntryKind::device);
+  for (size_t k = 0; k < runtime::kEntryKindCount; ++k) {
+    const auto kind = static_cast<EntryKind>(k);
+    if (kind != EntryKind::device && !runtime::is_host_segment(kind)) continue;
+    stats.failed_free_count += state_->table.failed_count(kind);
+    stats.failed_free_bytes += state_->table.failed_bytes(kind);
+  }
   stats.free_failures = state_->free_failures;
   stats.pageable_fallback_count = state_->table.count(EntryKind::pageable_host);
   stats.pageable_fallback_bytes = state_->table.bytes(EntryKind::pageable_host);

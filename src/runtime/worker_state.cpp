@@ -164,43 +164,47 @@ void WorkerState::require_device_range(const void* ptr, size_t bytes,
 
 namespace {
 
+// What an entry kind is called in finalize's log lines.
+std::string entry_name(EntryKind kind) {
+  static constexpr const char* kNames[] = {"device allocation", "stream", "event",
+                                           "pageable fallback allocation"};
+  if (is_host_segment(kind)) return std::string(source_name(source_of(kind))) + " host segment";
+  return kNames[static_cast<size_t>(kind)];
+}
+
+// Releases one entry finalize took from the table; the status.
+int release_entry(WorkerState& s, EntryKind kind, const ps_allocation& a) {
+  if (is_host_segment(kind)) {
+    // Pool segments are unpinned and released; a file mapping is only unpinned: its owner
+    // unmaps it (file_source.cpp).
+    const SourceKind source = source_of(kind);
+    return s.release_host(source, a, true, pooled(source)).empty() ? PS_OK : PS_ERR_BACKEND;
+  }
+  switch (kind) {
+    case EntryKind::device:
+      return s.api().device_free(s.ctx, &a);
+    case EntryKind::stream:
+      return s.api().stream_destroy(s.ctx, static_cast<ps_stream*>(a.ptr));
+    case EntryKind::event:
+      return s.api().event_destroy(s.ctx, static_cast<ps_event*>(a.ptr));
+    default: {  // pageable_host
+      const size_t mapped = round_up_to_pages(a.bytes);
+      return unmap_pages(MappedPages{a.ptr, mapped, a.ptr, mapped, {}, 0}) ? PS_OK : PS_ERR_BACKEND;
+    }
+  }
+}
+
 // Releases what finalize took from the table, through the backend, logging failures.
 void release_all(WorkerState& s, EntryKind kind, const std::vector<ps_allocation>& left) {
-  static constexpr const char* kNames[] = {
-      "pinned host segment",          "device allocation",    "stream", "event",
-      "pageable fallback allocation", "registered host range"};
   if (left.empty()) return;
-  const char* what = kNames[static_cast<size_t>(kind)];
+  const std::string what = entry_name(kind);
   uint64_t bytes = 0;
   for (const ps_allocation& a : left) {
     bytes += a.bytes;
-    int status = PS_OK;
-    switch (kind) {
-      case EntryKind::pinned_host:
-        status = s.api().host_free_pinned(s.ctx, &a);
-        break;
-      case EntryKind::device:
-        status = s.api().device_free(s.ctx, &a);
-        break;
-      case EntryKind::stream:
-        status = s.api().stream_destroy(s.ctx, static_cast<ps_stream*>(a.ptr));
-        break;
-      case EntryKind::event:
-        status = s.api().event_destroy(s.ctx, static_cast<ps_event*>(a.ptr));
-        break;
-      case EntryKind::registered_host:  // unpinned only: its owner unmaps it (file_source.cpp)
-        status = s.api().host_unregister(s.ctx, a.ptr, a.bytes);
-        break;
-      case EntryKind::pageable_host: {
-        const size_t mapped = round_up_to_pages(a.bytes);
-        status =
-            unmap_pages(MappedPages{a.ptr, mapped, a.ptr, mapped, {}, 0}) ? PS_OK : PS_ERR_BACKEND;
-        break;
-      }
-    }
+    const int status = release_entry(s, kind, a);
     if (status != PS_OK) {
-      log(LogLevel::error, std::string("finalize: releasing a ") + what +
-                               " failed: " + ps_status_str(status) + " " + s.api().last_error());
+      log(LogLevel::error, "finalize: releasing a " + what + " failed: " + ps_status_str(status) +
+                               " " + s.api().last_error());
       std::lock_guard lock(s.mu);
       ++s.free_failures;
     }
@@ -208,7 +212,7 @@ void release_all(WorkerState& s, EntryKind kind, const std::vector<ps_allocation
   if (kind == EntryKind::stream || kind == EntryKind::event)
     log(LogLevel::warn, "finalize: " + std::to_string(left.size()) + " " + what +
                             "(s) still alive; released with the context");
-  else if (kind == EntryKind::pinned_host)  // the pool's segments, live blocks or not
+  else if (is_host_segment(kind) && pooled(source_of(kind)))  // live blocks or not
     log(LogLevel::info, "finalize released " + std::to_string(left.size()) + " " + what + "(s), " +
                             std::to_string(bytes) + " bytes");
   else
@@ -223,6 +227,7 @@ void WorkerState::shutdown() noexcept {
   std::array<std::vector<ps_allocation>, kEntryKindCount> left;
   std::array<std::vector<ps_allocation>, kEntryKindCount> retry;
   std::vector<ps_event*> parked;
+  std::vector<HostPool::Owned> unpinned;  // segments still being filled: never registered
   uint64_t live_blocks = 0;
   uint64_t live_bytes = 0;
   {
@@ -237,7 +242,8 @@ void WorkerState::shutdown() noexcept {
     live_blocks = host.live_count();
     live_bytes = host.live_bytes();
     parked = host.take_parked_events();
-    left[static_cast<size_t>(EntryKind::pinned_host)] = host.take_all_segments();
+    for (const HostPool::Owned& seg : host.take_all_segments())
+      if (!seg.pinned) unpinned.push_back(seg);  // the pinned ones are in the table
   }
   if (live_blocks > 0)
     log(LogLevel::info, "finalize reclaimed " + std::to_string(live_blocks) +
@@ -247,15 +253,17 @@ void WorkerState::shutdown() noexcept {
   for (EntryKind kind : {EntryKind::stream, EntryKind::event})
     release_all(*this, kind, left[static_cast<size_t>(kind)]);
   for (ps_event* e : parked) api().event_destroy(ctx, e);  // the pool's own
-  for (EntryKind kind : {EntryKind::device, EntryKind::pinned_host, EntryKind::pageable_host,
-                         EntryKind::registered_host})
-    release_all(*this, kind, left[static_cast<size_t>(kind)]);
-  for (EntryKind kind : {EntryKind::device, EntryKind::pinned_host}) {
-    const auto& again = retry[static_cast<size_t>(kind)];
-    if (again.empty()) continue;
-    log(LogLevel::warn, "finalize: retrying " + std::to_string(again.size()) +
+  for (size_t k = 0; k < kEntryKindCount; ++k) {
+    const auto kind = static_cast<EntryKind>(k);
+    if (kind != EntryKind::stream && kind != EntryKind::event) release_all(*this, kind, left[k]);
+  }
+  for (const HostPool::Owned& seg : unpinned)
+    if (!release_host(seg.source, seg.allocation, false, true).empty()) ++free_failures;
+  for (size_t k = 0; k < kEntryKindCount; ++k) {
+    if (retry[k].empty()) continue;
+    log(LogLevel::warn, "finalize: retrying " + std::to_string(retry[k].size()) +
                             " release(s) the backend refused earlier");
-    release_all(*this, kind, again);
+    release_all(*this, static_cast<EntryKind>(k), retry[k]);
   }
   const int status = api().destroy_context(ctx);
   if (status != PS_OK)

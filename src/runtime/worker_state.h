@@ -2,6 +2,7 @@
 // See Note [Pinned memory lifecycle] in worker.cpp and Note [One allocation table].
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -17,6 +18,8 @@
 #include "pinstage/worker.h"
 #include "runtime/allocation_table.h"
 #include "runtime/host_memory/host_pool.h"
+#include "runtime/host_memory/host_source.h"
+#include "runtime/host_memory/placement.h"
 #include "runtime/plugin.h"
 
 namespace pinstage::detail {
@@ -58,7 +61,14 @@ struct WorkerState {
   ps_device_ctx* ctx = nullptr;
   int device_id = 0;
   WorkerOptions options;    // as init() got them: device_info() asks the backend with them
-  int host_numa_node = -1;  // where pinned memory is placed (resolve_host_numa_node)
+  HostPlacement placement;  // where and how host memory is placed, for every source
+  // One of each source (Note [Segment sources]), made at init; the pool's is `pool_source`:
+  // anonymous where the plugin has host_register, vendor where it has not (or refused).
+  std::array<std::unique_ptr<HostSource>, kSourceKindCount> sources;
+  SourceKind pool_source = SourceKind::anonymous;
+  // host_register took anonymous memory once (probe_anonymous_register): fills may defer
+  // faulting and pinning to their writers.
+  bool anonymous_registers = false;
 
   mutable std::mutex mu;
   std::condition_variable idle;  // signalled when in_flight drops to 0
@@ -84,21 +94,40 @@ struct WorkerState {
   // The pool's side (host_memory.cpp). A block of `bytes`: from the cache, else from a
   // new segment, else (over the budget, PINSTAGE_PIN_POLICY=fallback) pageable memory.
   void* alloc_pinned(size_t bytes);
-  // The pin budget's one verdict for a segment of `bytes` (`minimum` when only that fits;
-  // `bytes` is then lowered to it): "" when it fits, else the refusal naming `requested`,
-  // the caller's own size. Wholly free cached segments are released before a refusal.
-  std::string pin_verdict(size_t& bytes, size_t minimum, size_t requested);
-  // Maps one segment of `bytes` (or of `minimum`, see pin_verdict) into the pool; ""
-  // when mapped. Over the budget: Error(out_of_memory), or, under the fallback policy, the
-  // refusal, which the caller acts on without reading the budget again.
-  std::string map_segment(size_t bytes, size_t minimum, size_t requested);
-  // read_pin_budget for this worker's backend, with what its pool holds locked; takes `mu`.
+  // The pin budget's one verdict, for every source: for a segment of `bytes` (`minimum`
+  // when only that fits; `bytes` is then lowered to it), "" when it fits. Over the budget:
+  // Error(out_of_memory) naming `what` and `requested` (the caller's own size), or, under
+  // PINSTAGE_PIN_POLICY=fallback, the refusal, which the caller acts on without reading the
+  // budget again. Wholly free cached segments are released before anyone is refused.
+  std::string pin_verdict(size_t& bytes, size_t minimum, size_t requested,
+                          const std::string& what);
+  // Pins a segment a source made (host_register, read-only for a read-only one; vendor
+  // segments come pinned) and enters it in the table under its source's kind. PS_OK, or
+  // PS_ERR_UNSUPPORTED (the backend cannot pin this kind of memory; nothing registered);
+  // any other failure throws.
+  int pin_segment(const HostSegment& segment);
+  // Makes one pool segment of `bytes` (or `minimum`, see pin_verdict) through the pool's
+  // source, faulted and pinned (`fault`) or left to a HostFill; "" when made, else the
+  // fallback policy's refusal. `base` gets the segment's address.
+  std::string map_segment(size_t bytes, size_t minimum, size_t requested, bool fault = true,
+                          HostSegment* made = nullptr);
+  // Whether fills can defer to their writers: the pool's source is anonymous and the
+  // plugin registers anonymous memory, found out once on one page before any data is
+  // written (a refusal switches the pool to the vendor source: false).
+  bool probe_anonymous_register();
+  // read_pin_budget for this worker's backend, with what it holds pinned; takes `mu`.
   PinBudget pin_budget() const;
   // Releases the pool block at `ptr`; false when it is none.
   bool free_pinned(void* ptr);
-  // Releases `segments` through the backend; returns the bytes released. Failures are
-  // kept for finalize and counted; `what` names them in the error thrown when `strict`.
-  uint64_t release_segments(const std::vector<ps_allocation>& segments, bool strict);
+  // Releases pool segments (unpins the pinned ones, then their source releases them);
+  // returns the bytes released. Failures are kept for finalize and counted, and thrown as
+  // Error when `strict`.
+  uint64_t release_segments(const std::vector<HostPool::Owned>& segments, bool strict);
+  // Unpins (when `unpin`) and releases (when `release`) one host segment of `source`;
+  // "" or why it failed (a failed unpin leaves it mapped: unmapping registered memory is
+  // not safe).
+  std::string release_host(SourceKind source, const ps_allocation& segment, bool unpin,
+                           bool release) noexcept;
   // Destroys pool events whose blocks became reusable; `mu` is held.
   void recycle_reached_locked();
   // The copy flags for a host range (PS_COPY_HOST_PINNED), noting `stream` on its block.

@@ -52,8 +52,18 @@ void PinnedAllocator::reserve(std::span<const size_t> sizes) {
   size_t total = 0;
   for (size_t bytes : sizes)
     if (bytes > 0) total += round_up_to_pages(bytes);
-  worker_->reserve_pinned_host(total);
+  fill_ = std::make_unique<HostFill>(worker_->reserve_host_fill(total));
 }
+
+void PinnedAllocator::prepare(void* data, size_t bytes) {
+  if (fill_) fill_->prepare(data, bytes);
+}
+
+void PinnedAllocator::finish() {
+  if (fill_) fill_->finish();
+}
+
+PinnedAllocator::~PinnedAllocator() = default;
 
 std::shared_ptr<Storage> PinnedAllocator::allocate(size_t bytes) {
   if (bytes == 0) return std::make_shared<Storage>(nullptr, 0, true, nullptr);

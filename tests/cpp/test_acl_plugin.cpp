@@ -276,7 +276,6 @@ class AclPlugin : public ::testing::Test {
   // nothing: each request is exactly one plugin allocation, released at its free.
   static WorkerOptions register_mode() {
     WorkerOptions o;
-    o.config = {{"pinned_mode", "register"}};
     o.host_cache_limit_bytes = 0;
     return o;
   }
@@ -414,6 +413,8 @@ INSTANTIATE_TEST_SUITE_P(EachStep, AclTeardownFailure,
                                            "aclrtFreeHost", "aclrtDestroyContext",
                                            "aclrtResetDevice"));
 
+// The runtime's memory is refused (ACL_ERROR_RT_FEATURE_NOT_SUPPORT): the pool takes the
+// vendor source, aclrtMallocHost, from then on, asking the runtime once.
 TEST_F(AclPlugin, RegisterFallsBackToMallocHostWhenUnsupported) {
   fake_acl().configure(2, uint64_t{1} << 30, 0, 0);  // aclrtHostRegister: FEATURE_NOT_SUPPORT
   Worker worker;
@@ -421,11 +422,12 @@ TEST_F(AclPlugin, RegisterFallsBackToMallocHostWhenUnsupported) {
   PinnedHostBuffer a = worker.alloc_pinned_host(1 << 20);
   PinnedHostBuffer b = worker.alloc_pinned_host(3 << 20);
   ps_acl_pin_stats s = pin_stats(worker);
-  EXPECT_EQ(s.fallback_count, 2u);
-  EXPECT_EQ(s.fallback_bytes, 4u << 20);
+  EXPECT_EQ(s.unsupported_count, 1u);
   EXPECT_EQ(s.malloc_host_count, 2u);
+  EXPECT_EQ(s.malloc_host_bytes, 4u << 20);
   EXPECT_EQ(s.register_count, 0u);
-  EXPECT_EQ(s.last_mode, PS_ACL_PIN_FALLBACK);
+  EXPECT_EQ(s.last_mode, PS_ACL_PIN_MALLOC_HOST);
+  EXPECT_EQ(worker.host_placement().pool_source, "vendor");
   EXPECT_EQ(fake_acl().calls("aclrtHostRegister"), 1u);  // remembered: asked once
   EXPECT_EQ(fake_acl().live(0).host_allocs, 2u);
   // The memory is real pinned memory of the runtime: an async upload from it works.

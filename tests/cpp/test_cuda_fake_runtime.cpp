@@ -23,7 +23,9 @@
 //    the real error codes for double registration and unknown pointers. Registration
 //    needs readable and writable pages (/proc/self/maps), or readable ones with
 //    cudaHostRegisterReadOnly (a driver without it, pinstage_fake_cuda_set_read_only_register
-//    (0), answers cudaErrorNotSupported), and at most
+//    (0) or PINSTAGE_FAKE_CUDA_READ_ONLY_REGISTER=0, answers cudaErrorNotSupported (801) and
+//    reports cudaDevAttrHostRegisterReadOnlySupported = 0; read-only memory with the default
+//    flags is cudaErrorInvalidValue, a writable private mapping registers), and at most
 //    pinstage_fake_cuda_set_max_register() bytes per call (default: no limit).
 //  - cudaFreeHost or cudaHostUnregister of memory a queued copy still uses is a hazard:
 //    counted (pinstage_fake_cuda_hazards) and printed, then the copy is waited for so
@@ -250,7 +252,9 @@ struct State {
   size_t d2d_copies = 0;  // accepted cudaMemcpyAsync(cudaMemcpyDeviceToDevice)
   size_t memsets = 0;     // accepted cudaMemsetAsync
   size_t max_register = SIZE_MAX;
-  bool read_only_register = true;  // cudaDevAttrHostRegisterReadOnlySupported
+  // cudaDevAttrHostRegisterReadOnlySupported; PINSTAGE_FAKE_CUDA_READ_ONLY_REGISTER=0 models a
+  // driver without it for a whole process (the CLI, Python).
+  bool read_only_register = env_int("PINSTAGE_FAKE_CUDA_READ_ONLY_REGISTER", 1) != 0;
   size_t read_only_registrations = 0;
   std::vector<Injection> injections;
   cudaError_t sticky = cudaSuccess;
@@ -626,6 +630,18 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
     std::snprintf(prop->name, sizeof prop->name, "%s", model.name.c_str());
   prop->totalGlobalMem = device_bytes(s, device);
   prop->asyncEngineCount = 2;
+  return cudaSuccess;
+}
+
+// cudaDevAttrHostRegisterReadOnlySupported follows the fake's read-only registration
+// (a B300 with CUDA 13.4 reports 0); every other attribute is unknown here.
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  FAKE_ENTER("cudaDeviceGetAttribute");
+  if (value == nullptr || device < 0 || device >= kDevices) return fail(cudaErrorInvalidValue);
+  if (attr != cudaDevAttrHostRegisterReadOnlySupported) return fail(cudaErrorInvalidValue);
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  *value = s.read_only_register ? 1 : 0;
   return cudaSuccess;
 }
 

@@ -143,14 +143,14 @@ TEST(CudaPlugin, BadArgumentsToCreateContext) {
 }
 
 TEST(CudaPlugin, BadConfigIsRejectedBeforeLookingForADevice) {
-  const ps_config_entry entries[] = {{"pinned_mode", "fast"}};
+  const ps_config_entry entries[] = {{"register_chunk_mb", "fast"}};
   ps_context_options options{0, entries, 1};
   ps_device_ctx* ctx = nullptr;
   EXPECT_EQ(api().create_context(0, &options, &ctx), PS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(ctx, nullptr);
   const std::string msg = api().last_error();
-  EXPECT_TRUE(contains(msg, "pinned_mode='fast'")) << msg;
-  EXPECT_TRUE(contains(msg, "auto, alloc or register")) << msg;
+  EXPECT_TRUE(contains(msg, "register_chunk_mb='fast'")) << msg;
+  EXPECT_TRUE(contains(msg, "1 to 65536 MiB")) << msg;
   // A count without entries is refused, not read.
   options = ps_context_options{0, nullptr, 2};
   EXPECT_EQ(api().create_context(0, &options, &ctx), PS_ERR_INVALID_ARGUMENT);
@@ -160,12 +160,12 @@ TEST(CudaPlugin, BadConfigIsRejectedBeforeLookingForADevice) {
 TEST(CudaPlugin, WorkerInitForwardsTheConfigError) {
   pinstage::Worker worker;
   pinstage::WorkerOptions options;
-  options.config = {{"pinned_mode", "alloc"}, {"register_thp", "2"}};
+  options.config = {{"sysfs_root", "/sys"}, {"register_chunk_mb", "0"}};
   try {
     worker.init("cuda", 0, options);
     FAIL() << "init accepted a bad config";
   } catch (const pinstage::Error& e) {
-    EXPECT_TRUE(contains(e.what(), "register_thp='2'")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "register_chunk_mb='0'")) << e.what();
     EXPECT_TRUE(contains(e.what(), "PS_ERR_INVALID_ARGUMENT")) << e.what();
   }
   EXPECT_FALSE(worker.initialized());
@@ -263,10 +263,10 @@ TEST(CudaPlugin, DeviceListingChecksTheConfigFirst) {
   msg = api().last_error();
   EXPECT_TRUE(contains(msg, "sysfs_root='sys'")) << msg;
   EXPECT_TRUE(contains(msg, "an absolute path")) << msg;
-  const ps_config_entry bad_mode[] = {{"pinned_mode", "fast"}};
-  options = ps_context_options{0, bad_mode, 1, -1};
+  const ps_config_entry bad_chunk[] = {{"register_chunk_mb", "fast"}};
+  options = ps_context_options{0, bad_chunk, 1, -1};
   EXPECT_EQ(api().device_count(&options, &count), PS_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(contains(api().last_error(), "pinned_mode='fast'")) << api().last_error();
+  EXPECT_TRUE(contains(api().last_error(), "register_chunk_mb='fast'")) << api().last_error();
   // A good sysfs_root gets as far as the missing GPU, in create_context too.
   const ps_config_entry good[] = {{"sysfs_root", "/sys"}};
   options = ps_context_options{0, good, 1, -1};
@@ -466,7 +466,6 @@ const bool kFakeRuntimeTests = [] {
 // ---- config ----
 
 using CudaConfig = pinstage::backend::PinConfig;
-using pinstage::backend::PinnedMode;
 using Entries = std::initializer_list<ps_config_entry>;
 
 CudaConfig parse(Entries entries) { return pinstage::backend::parse_pin_config(entries); }
@@ -484,86 +483,43 @@ std::string parse_error(Entries entries) {
 }
 
 TEST(CudaConfig, DefaultsWhenEmpty) {
-  const CudaConfig c = parse({});
-  EXPECT_EQ(c.pinned_mode, PinnedMode::auto_select);
-  EXPECT_EQ(c.register_threshold_bytes, uint64_t{64} << 20);
-  EXPECT_EQ(c.prefault_threads, 0);
-  EXPECT_FALSE(c.register_thp);
-  EXPECT_EQ(c.register_chunk_bytes, uint64_t{64} << 30);  // 64 GiB pieces
+  EXPECT_EQ(parse({}).register_chunk_bytes, uint64_t{64} << 30);  // 64 GiB pieces
 }
 
-TEST(CudaConfig, EveryKey) {
-  const CudaConfig c = parse({{"pinned_mode", "register"},
-                              {"register_threshold_mb", "3"},
-                              {"prefault_threads", "5"},
-                              {"register_thp", "1"},
-                              {"register_chunk_mb", "1"}});
-  EXPECT_EQ(c.pinned_mode, PinnedMode::reg);
-  EXPECT_EQ(c.register_threshold_bytes, uint64_t{3} << 20);
-  EXPECT_EQ(c.prefault_threads, 5);
-  EXPECT_TRUE(c.register_thp);
-  EXPECT_EQ(c.register_chunk_bytes, uint64_t{1} << 20);
+TEST(CudaConfig, TheChunkKey) {
+  EXPECT_EQ(parse({{"register_chunk_mb", "1"}}).register_chunk_bytes, uint64_t{1} << 20);
   EXPECT_EQ(parse({{"register_chunk_mb", "65536"}}).register_chunk_bytes, uint64_t{64} << 30);
-  EXPECT_EQ(parse({{"pinned_mode", "alloc"}}).pinned_mode, PinnedMode::alloc);
-  EXPECT_EQ(parse({{"pinned_mode", "auto"}}).pinned_mode, PinnedMode::auto_select);
-  EXPECT_TRUE(parse({{"register_thp", "on"}}).register_thp);
-  EXPECT_TRUE(parse({{"register_thp", "true"}}).register_thp);
-  EXPECT_FALSE(parse({{"register_thp", "off"}}).register_thp);
-  EXPECT_EQ(parse({{"register_threshold_mb", "0"}}).register_threshold_bytes, 0u);
-  EXPECT_EQ(parse({{"prefault_threads", "1024"}}).prefault_threads, 1024);
 }
 
 TEST(CudaConfig, UnknownAndRepeatedKeysNameTheKeyAndListTheAcceptedOnes) {
-  const std::string unknown = parse_error({{"pinned_mod", "alloc"}});
-  EXPECT_TRUE(contains(unknown, "unknown key 'pinned_mod'")) << unknown;
+  const std::string unknown = parse_error({{"register_chunk", "1"}});
+  EXPECT_TRUE(contains(unknown, "unknown key 'register_chunk'")) << unknown;
   EXPECT_TRUE(contains(unknown, pinstage::backend::kPinConfigKeys)) << unknown;
-  const std::string twice = parse_error({{"pinned_mode", "alloc"}, {"pinned_mode", "alloc"}});
-  EXPECT_TRUE(contains(twice, "'pinned_mode' is given twice")) << twice;
-  EXPECT_TRUE(contains(twice, "register_threshold_mb")) << twice;
+  const std::string twice = parse_error({{"register_chunk_mb", "1"}, {"register_chunk_mb", "2"}});
+  EXPECT_TRUE(contains(twice, "'register_chunk_mb' is given twice")) << twice;
   // Keys are exact: no trimming, no case folding.
-  EXPECT_TRUE(contains(parse_error({{" pinned_mode", "alloc"}}), "unknown key ' pinned_mode'"));
-  EXPECT_TRUE(contains(parse_error({{"Pinned_Mode", "alloc"}}), "unknown key"));
-  EXPECT_TRUE(contains(parse_error({{nullptr, "alloc"}}), "NULL key"));
-  EXPECT_TRUE(contains(parse_error({{"pinned_mode", nullptr}}), "NULL value"));
+  EXPECT_TRUE(contains(parse_error({{" register_chunk_mb", "1"}}), "unknown key ' register_chunk_mb'"));
+  EXPECT_TRUE(contains(parse_error({{"Register_Chunk_MB", "1"}}), "unknown key"));
+  EXPECT_TRUE(contains(parse_error({{nullptr, "1"}}), "NULL key"));
+  EXPECT_TRUE(contains(parse_error({{"register_chunk_mb", nullptr}}), "NULL value"));
 }
 
-TEST(CudaConfig, BadValuesNameTheKeyValueAndWhatIsExpected) {
-  struct Bad {
-    const char* key;
-    const char* value;
-    const char* expected;
-  };
-  for (const Bad& b : {Bad{"pinned_mode", "fast", "auto, alloc or register"},
-                       Bad{"pinned_mode", "", "auto, alloc or register"},
-                       Bad{"pinned_mode", "alloc ", "auto, alloc or register"},
-                       Bad{"register_threshold_mb", "-1", "whole number of MiB"},
-                       Bad{"register_threshold_mb", "12x", "whole number of MiB"},
-                       Bad{"register_threshold_mb", "", "whole number of MiB"},
-                       Bad{"register_threshold_mb", "99999999999999999999", "whole number of MiB"},
-                       Bad{"register_threshold_mb", "8796093022208", "whole number of MiB"},
-                       Bad{"prefault_threads", "1025", "0 (one per core) to 1024"},
-                       Bad{"prefault_threads", "two", "0 (one per core) to 1024"},
-                       Bad{"register_thp", "maybe", "0 or 1"}, Bad{"register_thp", "2", "0 or 1"},
-                       Bad{"register_chunk_mb", "0", "1 to 65536 MiB"},
-                       Bad{"register_chunk_mb", "65537", "1 to 65536 MiB"},
-                       Bad{"register_chunk_mb", "1g", "1 to 65536 MiB"}}) {
-    const std::string msg = parse_error({{b.key, b.value}});
-    EXPECT_TRUE(contains(msg, std::string(b.key) + "='" + b.value + "'")) << msg;
-    EXPECT_TRUE(contains(msg, b.expected)) << msg;
+// The keys of the backends that made host memory themselves are refused saying where their
+// job went (the runtime's placement), not as a typo.
+TEST(CudaConfig, TheKeysOfTheOldPinnedModesSayTheRuntimeDoesItNow) {
+  for (const char* key : {"pinned_mode", "register_threshold_mb", "prefault_threads", "register_thp"}) {
+    const std::string msg = parse_error({{key, "1"}});
+    EXPECT_TRUE(contains(msg, std::string("key '") + key + "' is gone")) << msg;
+    EXPECT_TRUE(contains(msg, "PINSTAGE_HOST_HUGE_PAGES")) << msg;
   }
 }
 
-TEST(CudaConfig, ChooseModeBySizeOrForce) {
-  CudaConfig c = parse({{"register_threshold_mb", "2"}});
-  const size_t two_mib = size_t{2} << 20;
-  EXPECT_EQ(pinstage::backend::choose_pinned_mode(c, 1), PinnedMode::alloc);
-  EXPECT_EQ(pinstage::backend::choose_pinned_mode(c, two_mib - 1), PinnedMode::alloc);
-  EXPECT_EQ(pinstage::backend::choose_pinned_mode(c, two_mib), PinnedMode::reg);
-  c.pinned_mode = PinnedMode::alloc;
-  EXPECT_EQ(pinstage::backend::choose_pinned_mode(c, size_t{1} << 40), PinnedMode::alloc);
-  c.pinned_mode = PinnedMode::reg;
-  EXPECT_EQ(pinstage::backend::choose_pinned_mode(c, 1), PinnedMode::reg);
-  EXPECT_STREQ(pinstage::backend::pinned_mode_name(PinnedMode::reg), "register");
+TEST(CudaConfig, BadValuesNameTheKeyValueAndWhatIsExpected) {
+  for (const char* value : {"0", "65537", "1g", "", "-1"}) {
+    const std::string msg = parse_error({{"register_chunk_mb", value}});
+    EXPECT_TRUE(contains(msg, std::string("register_chunk_mb='") + value + "'")) << msg;
+    EXPECT_TRUE(contains(msg, "1 to 65536 MiB")) << msg;
+  }
 }
 
 // ---- CUDA error mapping ----

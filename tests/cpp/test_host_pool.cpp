@@ -30,8 +30,9 @@ constexpr size_t kMiB = size_t{1} << 20;
 
 // ---- HostPool as a data structure (addresses are numbers here; nothing is touched) ----
 
-ps_allocation fake_segment(uintptr_t base, size_t bytes) {
-  return ps_allocation{reinterpret_cast<void*>(base), bytes, nullptr};
+HostPool::Owned fake_segment(uintptr_t base, size_t bytes, bool pinned = true) {
+  return HostPool::Owned{ps_allocation{reinterpret_cast<void*>(base), bytes, nullptr},
+                         runtime::SourceKind::anonymous, pinned};
 }
 
 TEST(HostPoolTable, BlocksAreExactPagesBestFitAndMergeOnlyInsideASegment) {
@@ -66,11 +67,40 @@ TEST(HostPoolTable, BlocksAreExactPagesBestFitAndMergeOnlyInsideASegment) {
   // are met: the first segment was used last (the whole-segment take above).
   const auto trimmed = pool.take_free_segments(1);
   ASSERT_EQ(trimmed.size(), 1u);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(trimmed[0].ptr), (uintptr_t{1} << 30) + 2 * kMiB);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(trimmed[0].allocation.ptr), (uintptr_t{1} << 30) + 2 * kMiB);
   EXPECT_EQ(pool.stats().reserved_bytes, 2 * kMiB);
   auto b = pool.take(4096);
   ASSERT_TRUE(b);
   EXPECT_TRUE(pool.take_free_segments(UINT64_MAX).empty()) << "a segment with a live block";
+}
+
+// A segment its writers fill (HostFill) is no pinned memory until its fill ends, and no
+// trim takes it meanwhile; a failed fill's segment goes back first, whatever the bytes asked.
+TEST(HostPoolTable, ASegmentBeingFilledIsNotPinnedAndNotTrimmed) {
+  HostPool pool;
+  const uintptr_t base = uintptr_t{1} << 30;
+  pool.add_segment(fake_segment(base, 2 * kMiB, false), 0);
+  auto a = pool.take(kMiB);
+  ASSERT_TRUE(a);
+  EXPECT_FALSE(pool.contains(*a, 1)) << "a block of a segment still being filled";
+  EXPECT_FALSE(pool.note_use(*a, 1, nullptr));
+  auto rel = pool.release(*a);
+  pool.recycle(rel->ptr, rel->span);
+  EXPECT_TRUE(pool.take_free_segments(UINT64_MAX).empty()) << "its writers hold it";
+  pool.end_fill(reinterpret_cast<void*>(base), true);
+  auto b = pool.take(kMiB);
+  ASSERT_TRUE(b);
+  EXPECT_TRUE(pool.contains(*b, 1)) << "pinned once the fill ended";
+  rel = pool.release(*b);
+  pool.recycle(rel->ptr, rel->span);
+  // A second segment whose fill failed: released first, even when no bytes are asked for.
+  pool.add_segment(fake_segment(base + 4 * kMiB, 2 * kMiB, false), 0);
+  pool.end_fill(reinterpret_cast<void*>(base + 4 * kMiB), false);
+  const auto out = pool.take_free_segments(0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(out[0].allocation.ptr), base + 4 * kMiB);
+  EXPECT_FALSE(out[0].pinned);
+  EXPECT_EQ(pool.stats().segments, 1u);
 }
 
 // Memory overhead (issue 20): 10,000 random odd sizes from 1 B to 64 MiB, all live at once,

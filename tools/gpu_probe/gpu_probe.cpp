@@ -153,16 +153,67 @@ json measure_link(const Args& a) {
   return link;
 }
 
-// Pins a.pin_bytes() through a cuda Worker under `config` ("k=v;k=v", as reported),
-// copies link_bytes() of it to the device through the worker, releases it.
-json measure_pinning(const Args& a, const std::string& config) {
+// The copy rate from a pinned host buffer to a device buffer: each of `reps` + 1 copies
+// timed, the first (a warm-up) dropped.
+template <class Copy>
+std::vector<double> copy_rates(size_t bytes, int reps, Copy&& copy) {
+  std::vector<double> rates;
+  pinstage::Stopwatch watch;
+  for (int i = 0; i < std::max(2, reps / 2) + 1; ++i) {
+    watch.restart();
+    copy();
+    const double seconds = watch.seconds();
+    if (i > 0) rates.push_back(gbps(bytes, seconds));
+  }
+  return rates;
+}
+
+json pinning_row(const Args& a, const std::string& config, double pin_s, double warm_s,
+                 double free_s, const std::vector<double>& rates) {
+  const double gib = static_cast<double>(a.pin_bytes()) / (1ull << 30);
+  json j{{"config", config}, {"bytes", a.pin_bytes()}, {"pin_seconds", pin_s},
+         {"pin_gib_per_s", gib / pin_s}, {"free_seconds", free_s},
+         {"copy_h2d_wall", summarize(rates)}};
+  if (warm_s >= 0) {
+    j["warm_pin_seconds"] = warm_s;
+    j["warm_over_cold"] = pin_s > 0 ? warm_s / pin_s : 0.0;
+  }
+  return j;
+}
+
+// The vendor's own pinning, for comparison: one cudaHostAlloc of a.pin_bytes().
+json measure_host_alloc(const Args& a) {
+  check(cudaSetDevice(a.device), "cudaSetDevice");
+  pinstage::Stopwatch watch;
+  void* host = nullptr;
+  check(cudaHostAlloc(&host, a.pin_bytes(), cudaHostAllocPortable), "cudaHostAlloc");
+  const double pin_s = watch.seconds();
+  const size_t copy_bytes = std::min(a.link_bytes(), a.pin_bytes());
+  void* dev = nullptr;
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaMalloc(&dev, copy_bytes), "cudaMalloc");
+  const std::vector<double> rates = copy_rates(copy_bytes, a.reps, [&] {
+    check(cudaMemcpyAsync(dev, host, copy_bytes, cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  });
+  check(cudaFree(dev), "cudaFree");
+  check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  watch.restart();
+  check(cudaFreeHost(host), "cudaFreeHost");
+  json j = pinning_row(a, "cudaHostAlloc", pin_s, -1, watch.seconds(), rates);
+  j["mode"] = "alloc";
+  return j;
+}
+
+// a.pin_bytes() of the runtime's pinned memory (its anonymous source: placed and faulted
+// by the runtime, cudaHostRegister'ed by the plugin) under PINSTAGE_HOST_HUGE_PAGES=`huge`,
+// copied to the device through the worker, then the pool's hit and its release.
+json measure_pinning(const Args& a, const std::string& huge) {
+  ::setenv("PINSTAGE_HOST_HUGE_PAGES", huge.c_str(), 1);  // read at init
   pinstage::WorkerOptions options;
   options.plugin_path = a.plugin;
-  for (size_t pos = 0; pos < config.size();) {
-    const size_t semi = std::min(config.find(';', pos), config.size());
-    pinstage::add_backend_option(options.config, std::string_view(config).substr(pos, semi - pos));
-    pos = semi + 1;
-  }
   pinstage::Worker worker;
   worker.init("cuda", a.device, options);
   auto stats_fn =
@@ -170,31 +221,23 @@ json measure_pinning(const Args& a, const std::string& config) {
   if (stats_fn == nullptr)
     throw std::runtime_error(worker.backend().path + " has no " PS_CUDA_PIN_STATS_NAME
                                                      " extension: not the pinstage cuda plugin");
-
   pinstage::Stopwatch watch;
   pinstage::PinnedHostBuffer host = worker.alloc_pinned_host(a.pin_bytes());
   const double pin_s = watch.seconds();
   ps_cuda_pin_stats s{};
-  const int status = stats_fn(worker.native_context(), &s);
-  if (status != PS_OK)
+  if (const int status = stats_fn(worker.native_context(), &s); status != PS_OK)
     throw std::runtime_error(std::string(PS_CUDA_PIN_STATS_NAME " failed: ") +
                              ps_status_str(status));
-
   // The buffer must stage at link speed: a pinned buffer that is not really pinned would
   // fall back to the bounce path and show here.
   const size_t copy_bytes = std::min(a.link_bytes(), a.pin_bytes());
   std::vector<double> rates;
   {
     pinstage::DeviceBuffer dev = worker.alloc_device(copy_bytes);
-    for (int i = 0; i < std::max(2, a.reps / 2) + 1; ++i) {
-      watch.restart();
-      worker.copy_to_device(dev, 0, host.data(), copy_bytes);
-      const double seconds = watch.seconds();
-      if (i > 0) rates.push_back(gbps(copy_bytes, seconds));  // the first is a warm-up
-    }
+    rates = copy_rates(copy_bytes, a.reps, [&] { worker.copy_to_device(dev, 0, host.data(), copy_bytes); });
   }
   // The host memory pool: the same request again is a cache hit; empty_cache() is where
-  // the memory really goes back (unregistered or freed).
+  // the memory really goes back (unregistered and unmapped).
   host.reset();
   watch.restart();
   pinstage::PinnedHostBuffer again = worker.alloc_pinned_host(a.pin_bytes());
@@ -203,29 +246,18 @@ json measure_pinning(const Args& a, const std::string& config) {
   watch.restart();
   worker.empty_cache();
   const double free_s = watch.seconds();
+  const pinstage::HostPlacementInfo placed = worker.host_placement();
   worker.finalize();
-
-  const double gib = static_cast<double>(a.pin_bytes()) / (1ull << 30);
-  json j{{"config", config},
-         {"bytes", a.pin_bytes()},
-         {"mode", s.last_mode == PS_CUDA_PIN_REGISTER ? "register" : "alloc"},
-         {"pin_seconds", pin_s},
-         {"pin_gib_per_s", gib / pin_s},
-         {"warm_pin_seconds", warm_s},
-         {"warm_over_cold", pin_s > 0 ? warm_s / pin_s : 0.0},
-         {"free_seconds", free_s},
-         {"copy_h2d_wall", summarize(rates)}};
-  if (s.last_mode == PS_CUDA_PIN_REGISTER) {
-    j["map_seconds"] = s.last_map_seconds;
-    j["prefault_seconds"] = s.last_prefault_seconds;
-    j["prefault_threads"] = s.last_prefault_threads;
-    j["populate_write"] = s.last_populate_write != 0;
-    j["register_seconds"] = s.last_register_seconds;
-  }
+  json j = pinning_row(a, "runtime, huge pages " + huge, pin_s, warm_s, free_s, rates);
+  j["mode"] = "register";
+  j["huge_pages"] = placed.huge_pages;
+  j["huge_reason"] = placed.huge_reason;
+  j["register_seconds"] = s.last_seconds;
+  j["fault_seconds"] = std::max(0.0, pin_s - s.last_seconds);  // placing and faulting
   return j;
 }
 
-// Pre-faulting alone, as register mode does it (the one pre-fault of pinstage/pages.h),
+// Pre-faulting alone, as the runtime's anonymous source does it (the one pre-fault of pinstage/pages.h),
 // for 1 thread and the default count, without and with transparent huge pages (each
 // size mapped fresh, then unmapped).
 json measure_prefault(const Args& a) {
@@ -236,7 +268,7 @@ json measure_prefault(const Args& a) {
       pinstage::MapOptions options;
       options.threads = threads;
       options.huge_pages = thp;
-      options.method = pinstage::PrefaultMethod::populate;  // the register mode's method
+      options.method = pinstage::PrefaultMethod::populate;  // the runtime's placement's method
       const pinstage::MappedPages pages = pinstage::map_pages(a.prefault_bytes(), options);
       std::string error;
       if (!pinstage::unmap_pages(pages, &error))
@@ -329,23 +361,22 @@ json run_probe(const Args& a) {
   out["link"] = measure_link(a);
   write_json(out, a.json_path);
 
-  // cudaHostAlloc and the default register mode alternate, round after round, so the
-  // first one does not pay the machine's first touch alone; the THP variant comes last,
-  // as it can stall on memory compaction (docs/cuda.md, register_thp).
+  // cudaHostAlloc and the runtime's memory on base pages alternate, round after round, so
+  // the first one does not pay the machine's first touch alone; huge pages come last, as
+  // they can stall on memory compaction (the stall watch then gives them up).
   out["pinning"] = json::array();
   std::vector<std::string> order;
   for (int round = 0; round < a.pin_rounds; ++round)
-    for (const char* config : {"pinned_mode=alloc", "pinned_mode=register"})
-      order.emplace_back(config);
-  order.emplace_back("pinned_mode=register;register_thp=1");
+    for (const char* config : {"cudaHostAlloc", "off"}) order.emplace_back(config);
+  order.emplace_back("thp");
   for (size_t i = 0; i < order.size(); ++i) {
     std::fprintf(stderr, "probe: pinning %zu MiB with %s...\n", a.pin_mib, order[i].c_str());
-    json j = measure_pinning(a, order[i]);
+    json j = order[i] == "cudaHostAlloc" ? measure_host_alloc(a) : measure_pinning(a, order[i]);
     j["round"] = i < order.size() - 1 ? static_cast<int>(i / 2) : 0;
     out["pinning"].push_back(std::move(j));
     write_json(out, a.json_path);
   }
-  // The targets compare each mode's best round (the later rounds run warm).
+  // The targets compare each way's best round (the later rounds run warm).
   auto best = [&](const std::string& config) {
     double s = 0;
     for (const json& p : out["pinning"])
@@ -353,9 +384,9 @@ json run_probe(const Args& a) {
         s = p["pin_seconds"].get<double>();
     return s;
   };
-  const double alloc_s = best("pinned_mode=alloc");
-  out["register_speedup"] = alloc_s / best("pinned_mode=register");
-  out["register_speedup_thp"] = alloc_s / best("pinned_mode=register;register_thp=1");
+  const double alloc_s = best("cudaHostAlloc");
+  out["register_speedup"] = alloc_s / best("runtime, huge pages off");
+  out["register_speedup_thp"] = alloc_s / best("runtime, huge pages thp");
   write_json(out, a.json_path);
   std::fprintf(stderr, "probe: pre-faulting %zu MiB alone...\n", a.prefault_mib);
   out["prefault"] = measure_prefault(a);

@@ -16,29 +16,26 @@ extern "C" {
 /* get_proc_address("cuda.pin_stats") returns a ps_cuda_pin_stats_fn. */
 #define PS_CUDA_PIN_STATS_NAME "cuda.pin_stats"
 
-/* Which way a pinned buffer was made. */
+/* Which way the latest pinning was made. */
 typedef enum ps_cuda_pin_mode {
   PS_CUDA_PIN_NONE = 0,
-  PS_CUDA_PIN_ALLOC = 1,   /* cudaHostAlloc(portable) */
-  PS_CUDA_PIN_REGISTER = 2 /* mmap + parallel pre-fault + cudaHostRegister(portable) */
+  PS_CUDA_PIN_ALLOC = 1,   /* cudaHostAlloc(portable): the vendor source, where the runtime
+                              cannot use its own memory */
+  PS_CUDA_PIN_REGISTER = 2 /* cudaHostRegister(portable) of memory the runtime made
+                              (host_register), in pieces of register_chunk_mb */
 } ps_cuda_pin_mode;
 
-/* Totals over the context's life, and the breakdown of its latest pinned allocation. */
+/* Totals over the context's life, and its latest pinning. */
 typedef struct ps_cuda_pin_stats {
-  uint64_t alloc_count, alloc_bytes; /* cudaHostAlloc mode */
+  uint64_t alloc_count, alloc_bytes; /* cudaHostAlloc */
   double alloc_seconds, alloc_free_seconds;
-  uint64_t register_count, register_bytes; /* register mode */
+  uint64_t register_count, register_bytes; /* host_register */
   double register_seconds, register_free_seconds;
-
-  /* The last_* fields stay the tail of the struct: the backend copies them as one block. */
-  int last_mode; /* ps_cuda_pin_mode of the latest allocation */
+  uint64_t read_only_count;    /* of them, with cudaHostRegisterReadOnly */
+  int read_only_supported;     /* cudaDevAttrHostRegisterReadOnlySupported of the device */
+  int last_mode;               /* ps_cuda_pin_mode of the latest pinning */
   uint64_t last_bytes;
-  double last_seconds;          /* the whole host_alloc_pinned call */
-  double last_map_seconds;      /* register mode: mmap */
-  double last_prefault_seconds; /* register mode: pre-faulting */
-  double last_register_seconds; /* register mode: cudaHostRegister */
-  int last_prefault_threads;
-  int last_populate_write; /* 1 when madvise(MADV_POPULATE_WRITE) did the faulting */
+  double last_seconds;         /* the whole cudaHostAlloc or cudaHostRegister */
 } ps_cuda_pin_stats;
 
 /* Copies the context's pinning statistics into *out; PS_ERR_INVALID_ARGUMENT on NULL. */

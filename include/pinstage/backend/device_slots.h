@@ -1,6 +1,6 @@
 // Plugin SDK: slots a device plugin writes the same way whatever its runtime (cuda, acl),
 // as templates over the plugin's traits `P`, so each is written once. What `P` gives:
-//   using P::Ctx = ps_device_ctx, with `device`, `config` (backend::PinConfig), `capacity`
+//   using P::Ctx = ps_device_ctx, with `device`, `config` (backend::PinConfig: its pieces), `capacity`
 //     (backend::CapacityLedger), `faults` (backend::FaultCountdowns), `mu` and `pin_stats`;
 //   static int P::guarded(body)         the plugin's guarded() (slot.h);
 //   static void P::require_ctx(ctx)     refuses a NULL context;
@@ -11,7 +11,8 @@
 //   static void* P::device_alloc(ctx, bytes)   the vendor allocation, reserved in the ledger;
 //   static std::unique_ptr<ps_stream> P::new_stream(ctx), and P::new_event(ctx);
 //   static void P::sync_stream(ctx, s), P::record_event(ctx, e, s), P::sync_event(ctx, e);
-//   static void P::pin(ctx, bytes, out)  fills out->ptr/handle with pinned host memory;
+//   static void P::pin(ctx, bytes, out)  fills out->ptr/handle with the vendor's own pinned
+//     host memory (host_alloc_pinned: the runtime takes it only where host_register fails);
 //   static void P::register_range(ctx, ptr, bytes, read_only), P::unregister_range(ctx, ptr,
 //     bytes)   pins / unpins memory the runtime mapped (ABI v7), in the device's scope;
 //   using P::PinStats, P::PinStatsFn; static constexpr const char* P::kPinStatsName   its
@@ -70,7 +71,7 @@ inline std::string dev_name(int device) { return "device " + std::to_string(devi
 // Sets the context's capacity when it is made: the device's free memory (what the vendor
 // allocator can still give; the total would approve sizes it then refuses), or less when
 // `requested` (plan_capacity, one rule for every plugin). Logs "<backend>: device N
-// <describe()>T MiB (F free), capacity C MiB, pinned_mode=M"; `describe` runs only then.
+// <describe()>T MiB (F free), capacity C MiB"; `describe` runs only then.
 template <class Ctx, class Describe>
 void set_capacity(Ctx* ctx, uint64_t requested, uint64_t free_bytes, uint64_t total_bytes,
                   const char* backend, Describe&& describe) {
@@ -80,8 +81,7 @@ void set_capacity(Ctx* ctx, uint64_t requested, uint64_t free_bytes, uint64_t to
                 std::string(backend) + ": " + dev_name(ctx->device) + " " + describe() +
                     std::to_string(total_bytes >> 20) + " MiB (" +
                     std::to_string(free_bytes >> 20) + " free), capacity " +
-                    std::to_string(ctx->capacity.capacity() >> 20) +
-                    " MiB, pinned_mode=" + pinned_mode_name(ctx->config.pinned_mode));
+                    std::to_string(ctx->capacity.capacity() >> 20) + " MiB");
 }
 
 // device_malloc and host_alloc_pinned: `*out` holds no pointer unless `body` (run in the

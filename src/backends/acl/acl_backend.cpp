@@ -81,8 +81,7 @@
 
 using pinstage::acl::aclError;
 using pinstage::acl::Runtime;
-using pinstage::backend::PinConfig;  // the pin-mode keys, shared with cuda
-using pinstage::backend::PinnedMode;
+using pinstage::backend::PinConfig;  // the pinning keys (pin_mode.h)
 
 struct ps_stream {
   pinstage::acl::aclrtStream stream = nullptr;
@@ -93,12 +92,6 @@ struct ps_event {
 };
 
 namespace {
-
-// ps_allocation.handle of a register-mode buffer: the mapping and its registered chunks.
-struct RegisteredPages {
-  pinstage::MappedPages pages;
-  std::vector<std::pair<void*, size_t>> chunks;  // registered, in order
-};
 
 // One release that failed (Note [Releases that failed]).
 enum class Retry { stream, event, device, host };
@@ -118,7 +111,6 @@ struct ps_device_ctx {
   std::mutex mu;                              // guards everything below
   pinstage::backend::FaultCountdowns faults;  // the fault hook (backend/faults.h)
   ps_acl_pin_stats pin_stats{};
-  bool register_unsupported = false;  // the runtime answered FEATURE_NOT_SUPPORT once
   std::vector<RetryItem> retry;
 };
 
@@ -350,35 +342,13 @@ void free_device(ps_device_ctx* ctx, const ps_allocation& a) {
   ctx->capacity.release(a.bytes);
 }
 
-// Unregisters what is still registered (last chunk first), then unmaps. A failure leaves
-// the rest registered and mapped, for the retry: unmapping locked memory is not safe.
-void unpin_registered(const ps_device_ctx* ctx, RegisteredPages* record) {
-  while (!record->chunks.empty()) {
-    const auto [ptr, bytes] = record->chunks.back();
-    check(runtime().aclrtHostUnregister(ptr), [&, bytes = bytes] {
-      return "aclrtHostUnregister of a " + std::to_string(bytes) + " byte pinned chunk on " +
-             dev_name(ctx);
-    });
-    record->chunks.pop_back();
-  }
-  std::string error;
-  if (!pinstage::unmap_pages(record->pages, &error))
-    fail(PS_ERR_BACKEND, "acl: releasing a pinned buffer on " + dev_name(ctx) + ": " + error);
-  delete record;
-}
-
+// The vendor source's memory (aclrtMallocHost); the runtime's own memory is unregistered
+// through host_unregister and unmapped by the runtime.
 void free_host(const ps_device_ctx* ctx, const ps_allocation& a) {
-  auto* record = static_cast<RegisteredPages*>(a.handle);
-  if (record != nullptr) {
-    require(a.ptr == record->pages.data,
-            "host_free_pinned: the pointer does not match its allocation's handle");
-    unpin_registered(ctx, record);
-  } else {
-    check(runtime().aclrtFreeHost(a.ptr), [&] {
-      return "aclrtFreeHost of a " + std::to_string(a.bytes) + " byte pinned buffer on " +
-             dev_name(ctx);
-    });
-  }
+  check(runtime().aclrtFreeHost(a.ptr), [&] {
+    return "aclrtFreeHost of a " + std::to_string(a.bytes) + " byte pinned buffer on " +
+           dev_name(ctx);
+  });
 }
 
 void release_item(ps_device_ctx* ctx, const RetryItem& item) {
@@ -710,61 +680,38 @@ void AclSlots::sync_event(ps_device_ctx* ctx, ps_event* event) {
 
 // ---- pinned host memory ----
 
-void* pin_by_malloc_host(const ps_device_ctx* ctx, size_t bytes) {
-  void* ptr = nullptr;
-  check(runtime().aclrtMallocHost(&ptr, bytes), [&] {
-    return "aclrtMallocHost of " + std::to_string(bytes) + " bytes for " + dev_name(ctx) +
-           " (in a container, raise RLIMIT_MEMLOCK)";
-  });
-  return ptr;
-}
-
-// Register mode: the one parallel pre-fault, then aclrtHostRegister per chunk. Returns
-// nullptr when the runtime answers ACL_ERROR_RT_FEATURE_NOT_SUPPORT (nothing is left
-// mapped or registered then), so the caller falls back.
-std::unique_ptr<RegisteredPages> pin_by_register(const ps_device_ctx* ctx, size_t bytes) {
-  auto record = std::make_unique<RegisteredPages>();
-  pinstage::MapOptions options;
-  options.threads = ctx->config.prefault_threads;
-  options.huge_pages = ctx->config.register_thp;
-  options.method = pinstage::PrefaultMethod::populate;
-  record->pages = pinstage::map_pages(bytes, options);
-  auto* data = static_cast<char*>(record->pages.data);
-  const size_t total = record->pages.bytes, chunk = ctx->config.register_chunk_bytes;
-  for (size_t done = 0; done < total; done += chunk) {
-    const size_t n = std::min(chunk, total - done);
-    void* dev_ptr = nullptr;
-    const aclError code = runtime().aclrtHostRegister(data + done, n, 0, &dev_ptr);
-    if (code == acl::ACL_SUCCESS) {
-      record->chunks.emplace_back(data + done, n);
-      continue;
-    }
-    std::string text = acl::call_error(
-        runtime(), "aclrtHostRegister of " + std::to_string(n) + " bytes for " + dev_name(ctx),
-        code);
-    bool undone = true;
-    RegisteredPages* raw = record.release();
-    try {
-      unpin_registered(ctx, raw);  // deletes the record
-    } catch (const pinstage::backend::SlotError& e) {
-      text += "; then " + e.message;  // left registered and mapped: never reused
-      undone = false;
-    }
-    if (undone && code == acl::ACL_ERROR_RT_FEATURE_NOT_SUPPORT) return nullptr;
-    fail(acl::status_from_acl(code, PS_ERR_BACKEND), "acl: " + text);
+void count_pinning(ps_device_ctx* ctx, ps_acl_pin_mode mode, size_t bytes, double seconds) {
+  std::lock_guard lock(ctx->mu);
+  ps_acl_pin_stats& s = ctx->pin_stats;
+  if (mode == PS_ACL_PIN_REGISTER) {
+    ++s.register_count;
+    s.register_bytes += bytes;
+  } else {
+    ++s.malloc_host_count;
+    s.malloc_host_bytes += bytes;
   }
-  return record;
+  s.last_mode = mode;
+  s.last_seconds = seconds;
 }
 
 // ABI v7: the runtime's memory registered in place, whole: a copy must lie inside one
-// registration (the runtime's rule, which the double enforces), and a file mapping's
-// tensors cross any chunk boundary. aclrtHostRegister has no read-only flag (the facts list
-// type 0, mapped, only): a read-only range goes to it as it is, and a runtime that refuses
-// it answers an error the runtime turns into a copy.
+// registration (the runtime's rule, which the double enforces), so the runtime registers a
+// segment or a file mapping as one range, never in chunks. aclrtHostRegister has no
+// read-only flag (the facts list type 0, mapped, only): a read-only range goes to it as it
+// is. ACL_ERROR_RT_FEATURE_NOT_SUPPORT is PS_ERR_UNSUPPORTED: the runtime then takes
+// aclrtMallocHost (anonymous memory) or a private copy (a file), and says so.
 void AclSlots::register_range(ps_device_ctx* ctx, void* ptr, size_t bytes, bool /*read_only*/) {
+  const pinstage::Stopwatch watch;
   void* dev_ptr = nullptr;
   const aclError code = runtime().aclrtHostRegister(ptr, bytes, 0, &dev_ptr);
-  if (code == acl::ACL_SUCCESS) return;
+  if (code == acl::ACL_SUCCESS) {
+    count_pinning(ctx, PS_ACL_PIN_REGISTER, bytes, watch.seconds());
+    return;
+  }
+  if (code == acl::ACL_ERROR_RT_FEATURE_NOT_SUPPORT) {
+    std::lock_guard lock(ctx->mu);
+    ++ctx->pin_stats.unsupported_count;
+  }
   fail(code == acl::ACL_ERROR_RT_FEATURE_NOT_SUPPORT ? PS_ERR_UNSUPPORTED
                                                      : acl::status_from_acl(code, PS_ERR_BACKEND),
        "acl: " + acl::call_error(runtime(),
@@ -778,49 +725,14 @@ void AclSlots::unregister_range(ps_device_ctx* ctx, void* ptr, size_t /*bytes*/)
         [&] { return "aclrtHostUnregister of a registered range on " + dev_name(ctx); });
 }
 
-void count_pinning(ps_device_ctx* ctx, ps_acl_pin_mode mode, size_t bytes, double seconds) {
-  std::lock_guard lock(ctx->mu);
-  ps_acl_pin_stats& s = ctx->pin_stats;
-  if (mode == PS_ACL_PIN_REGISTER) {
-    ++s.register_count;
-    s.register_bytes += bytes;
-  } else {
-    ++s.malloc_host_count;
-    s.malloc_host_bytes += bytes;
-  }
-  if (mode == PS_ACL_PIN_FALLBACK) {
-    ++s.fallback_count;
-    s.fallback_bytes += bytes;
-    ctx->register_unsupported = true;
-  }
-  s.last_mode = mode;
-  s.last_seconds = seconds;
-}
-
+// The vendor source (where the runtime cannot pin its own memory): aclrtMallocHost.
 void AclSlots::pin(ps_device_ctx* ctx, size_t bytes, ps_allocation& out) {
   const pinstage::Stopwatch watch;
-  ps_acl_pin_mode mode = PS_ACL_PIN_MALLOC_HOST;
-  bool skip_register;
-  {
-    std::lock_guard lock(ctx->mu);
-    skip_register = ctx->register_unsupported;
-  }
-  if (pinstage::backend::choose_pinned_mode(ctx->config, bytes) == PinnedMode::reg) {
-    std::unique_ptr<RegisteredPages> record;
-    if (!skip_register) record = pin_by_register(ctx, bytes);
-    if (record) {
-      mode = PS_ACL_PIN_REGISTER;
-      out.ptr = record->pages.data;
-      out.handle = record.release();
-    } else {
-      mode = PS_ACL_PIN_FALLBACK;
-      pinstage::log(pinstage::LogLevel::info,
-                    "acl: aclrtHostRegister answered ACL_ERROR_RT_FEATURE_NOT_SUPPORT on " +
-                        dev_name(ctx) + "; pinned memory falls back to aclrtMallocHost");
-    }
-  }
-  if (out.ptr == nullptr) out.ptr = pin_by_malloc_host(ctx, bytes);
-  count_pinning(ctx, mode, bytes, watch.seconds());
+  check(runtime().aclrtMallocHost(&out.ptr, bytes), [&] {
+    return "aclrtMallocHost of " + std::to_string(bytes) + " bytes for " + dev_name(ctx) +
+           " (in a container, raise RLIMIT_MEMLOCK)";
+  });
+  count_pinning(ctx, PS_ACL_PIN_MALLOC_HOST, bytes, watch.seconds());
 }
 
 int acl_host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {

@@ -1,25 +1,21 @@
 // The cuda platform backend: the platform ABI (pinstage/backend/platform_abi.h) on the
 // CUDA runtime API. Host C++ only, no kernels. See docs/cuda.md.
 //
-// Note [Two pinned modes]
-// ~~~~~~~~~~~~~~~~~~~~~~~
-// host_alloc_pinned page-locks memory one of two ways, chosen per request by size
-// (pinned_mode=auto, register_threshold_mb) or forced (pinned_mode=alloc|register):
-//  - alloc: cudaHostAlloc(cudaHostAllocPortable). Never write-combined: the host reads
-//    these buffers back to check results, and WC reads are uncached and very slow.
-//  - register: pinstage::map_pages (mmap, then the one parallel pre-fault: page faults
-//    are kernel work that scales with cores), madvise(MADV_DONTFORK) (a forked child
-//    must not share or copy-on-write pages the copy engine reads), then cudaHostRegister
-//    (portable) over the resident range in pieces of at most register_chunk_mb (64 GiB:
-//    one registration of 512 GiB or more fails on current drivers, and a huge one holds
-//    driver locks for seconds). cudaHostAlloc faults and locks inside one driver call,
-//    serially, which is what makes large pinned buffers slow to create.
-// The backend keeps no table of its buffers (the runtime's one allocation table does):
-// a register-mode buffer carries its mapping in ps_allocation.handle (a RegisteredPages
-// record), an alloc-mode buffer has handle NULL. So each buffer is released the way it
-// was made: cudaFreeHost, or cudaHostUnregister of each piece then munmap. Both modes are portable,
-// so any context may copy from them.
-//
+// Note [Pinning the runtime's memory]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The runtime makes, places and faults host memory (docs/worker.md, "Host sources"); this
+// plugin pins it. host_register is cudaHostRegister(portable) over the range in pieces of
+// at most register_chunk_mb (64 GiB: one registration of 512 GiB or more fails on current
+// drivers, and a huge one holds driver locks for seconds), with cudaHostRegisterReadOnly for
+// a read-only range (a checkpoint's page cache). Some platforms cannot register read-only
+// memory at all (cudaDevAttrHostRegisterReadOnlySupported = 0, a B300 with CUDA 13.4: error
+// 801 with the flag, cudaErrorInvalidValue without it), so create_context reads the
+// attribute and a read-only host_register there is PS_ERR_UNSUPPORTED at once; the runtime
+// then pins a private copy (file_private) with the default flags. host_alloc_pinned, the
+// vendor source the runtime takes only where it cannot pin its own memory, is
+// cudaHostAlloc(portable), never write-combined: the host reads these buffers back to
+// check results, and WC reads are uncached and very slow.
+
 // Note [Device per call]
 // ~~~~~~~~~~~~~~~~~~~~~~
 // Every slot that touches the device runs in a SlotScope: it makes the worker's device
@@ -40,7 +36,7 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // cudaFreeHost and cudaHostUnregister do not wait for copies still queued on a stream
 // (cudaFree does), and in register mode munmap would then return pages the copy engine
-// still reads. So host_free_pinned first synchronizes every stream of the context (the
+// still reads. So host_free_pinned and host_unregister first synchronize every stream of the context (the
 // backend keeps a list of them for this alone; handles are still checked by the
 // runtime's table). Copies of other contexts from a buffer are the caller's to finish.
 //
@@ -65,7 +61,6 @@
 // a count of 0 would leave its callers only "no usable device".
 #include <cuda_runtime_api.h>
 
-#include <sys/mman.h>
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -99,8 +94,7 @@
 #include "pinstage/log.h"
 #include "pinstage/pages.h"
 
-using CudaConfig = pinstage::backend::PinConfig;  // the pin-mode keys, shared with acl
-using pinstage::backend::PinnedMode;
+using CudaConfig = pinstage::backend::PinConfig;  // the pinning keys (pin_mode.h)
 
 struct ps_stream {
   cudaStream_t stream = nullptr;
@@ -117,7 +111,7 @@ struct ps_device_ctx {
 
   std::mutex mu;                              // guards everything below up to streams_mu
   pinstage::backend::FaultCountdowns faults;  // the fault hook (backend/faults.h)
-  ps_cuda_pin_stats pin_stats{};
+  ps_cuda_pin_stats pin_stats{};  // read_only_supported: Note [Pinning the runtime's memory]
   std::vector<cudaStream_t> idle_copy_streams;  // Note [Streams of synchronous copies]
   size_t copy_stream_count = 0;                 // made so far (idle or borrowed)
   std::string unusable;                         // Note [Sticky errors]: why, once set
@@ -131,10 +125,11 @@ struct ps_device_ctx {
 
 namespace {
 
-// ps_allocation.handle of a register-mode buffer: what releasing it needs.
-struct RegisteredPages {
-  pinstage::MappedPages pages;
-  size_t chunk_bytes = 0;  // registered in pieces of this many bytes (the last shorter)
+// A range registered in pieces of chunk_bytes (the last shorter).
+struct RegisteredRange {
+  void* data = nullptr;
+  size_t bytes = 0;
+  size_t chunk_bytes = 0;
 };
 
 using pinstage::backend::fail;
@@ -344,16 +339,11 @@ std::string fmt(const char* format, double value) {
 void log_pinning(const ps_device_ctx* ctx, const ps_cuda_pin_stats& s) {
   if (pinstage::log_level() > pinstage::LogLevel::info) return;
   const double mib = static_cast<double>(s.last_bytes) / (1 << 20);
-  std::string line = "cuda: pinned " + fmt("%.1f", mib) + " MiB for " + dev_name(ctx) + " by " +
-                     (s.last_mode == PS_CUDA_PIN_REGISTER ? "register" : "cudaHostAlloc") + " in " +
-                     fmt("%.3f", s.last_seconds) + " s (" +
-                     fmt("%.2f", mib / 1024 / std::max(s.last_seconds, 1e-9)) + " GiB/s)";
-  if (s.last_mode == PS_CUDA_PIN_REGISTER)
-    line += ": pre-fault " + fmt("%.3f", s.last_prefault_seconds) + " s on " +
-            std::to_string(s.last_prefault_threads) + " thread(s)" +
-            (s.last_populate_write ? " (MADV_POPULATE_WRITE)" : " (touch)") +
-            ", cudaHostRegister " + fmt("%.3f", s.last_register_seconds) + " s";
-  pinstage::log(pinstage::LogLevel::info, line);
+  pinstage::log(pinstage::LogLevel::info,
+                "cuda: pinned " + fmt("%.1f", mib) + " MiB for " + dev_name(ctx) + " by " +
+                    (s.last_mode == PS_CUDA_PIN_REGISTER ? "cudaHostRegister" : "cudaHostAlloc") +
+                    " in " + fmt("%.3f", s.last_seconds) + " s (" +
+                    fmt("%.2f", mib / 1024 / std::max(s.last_seconds, 1e-9)) + " GiB/s)");
 }
 
 // The number of visible CUDA devices; PS_ERR_NO_DEVICE when the driver is missing or
@@ -380,7 +370,7 @@ void require_device(int device_id) {
                                std::to_string(count - 1) + "; see CUDA_VISIBLE_DEVICES)");
 }
 
-// The backend's keys: the pin-mode ones (pin_mode.h) and sysfs_root, where the NUMA
+// The backend's keys: the pinning ones (pin_mode.h) and sysfs_root, where the NUMA
 // node of a device is read (Note [Devices without a context]; tests point it at a tree
 // of their own).
 struct CudaOptions {
@@ -456,6 +446,14 @@ int cuda_create_context(int device_id, const ps_context_options* options, ps_dev
     ctx->config = parsed.pin;
     const DeviceSwitch device(device_id, true);
     plan_capacity(ctx.get(), options);
+    // Note [Pinning the runtime's memory]: read once, so a read-only pin is refused at once.
+    int read_only = 0;
+    if (cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, device_id) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      read_only = 0;
+    }
+    ctx->pin_stats.read_only_supported = read_only;
     *out = ctx.release();
   });
 }
@@ -729,140 +727,30 @@ int cuda_event_query(ps_device_ctx* ctx, ps_event* event) {
   return guard != PS_OK ? guard : status;
 }
 
-// ---- pinned host memory (Note [Two pinned modes]) ----
+// ---- pinned host memory (Note [Pinning the runtime's memory]) ----
 
-// `s` with one more pinning, described by `last`, added.
-const ps_cuda_pin_stats& add_pinning(ps_cuda_pin_stats& s, const ps_cuda_pin_stats& last) {
-  if (last.last_mode == PS_CUDA_PIN_ALLOC) {
-    ++s.alloc_count;
-    s.alloc_bytes += last.last_bytes;
-    s.alloc_seconds += last.last_seconds;
-  } else {
-    ++s.register_count;
-    s.register_bytes += last.last_bytes;
-    s.register_seconds += last.last_seconds;
-  }
-  // The last_* fields are the struct's tail (cuda_ext.h): take them whole from `last`.
-  constexpr size_t kTail = offsetof(ps_cuda_pin_stats, last_mode);
-  std::memcpy(reinterpret_cast<char*>(&s) + kTail, reinterpret_cast<const char*>(&last) + kTail,
-              sizeof s - kTail);
-  return s;
-}
-
-// Alloc mode: one cudaHostAlloc, portable and deliberately not write-combined.
-void* pin_by_alloc(size_t bytes, const std::string& desc) {
-  void* ptr = nullptr;
-  check(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable), "cudaHostAlloc " + desc);
-  return ptr;
-}
-
-// Unregisters the first `registered` bytes of `record`'s range, piece by piece; the
-// first failure, or cudaSuccess.
-cudaError_t unregister_pieces(const RegisteredPages& record, size_t registered) {
-  cudaError_t first = cudaSuccess;
-  auto* data = static_cast<unsigned char*>(record.pages.data);
-  for (size_t off = 0; off < registered; off += record.chunk_bytes) {
-    const cudaError_t err = cudaHostUnregister(data + off);
-    if (first == cudaSuccess) first = err;
-  }
-  return first;
-}
-
-// cudaHostRegister of the record's range in pieces of at most chunk_bytes (`flags` added to
-// cudaHostRegisterPortable); on a failure the pieces done are unregistered again and the
-// error returned.
-cudaError_t register_pieces(const RegisteredPages& record, unsigned int flags = 0) {
-  auto* data = static_cast<unsigned char*>(record.pages.data);
-  const size_t bytes = record.pages.bytes;
-  for (size_t off = 0; off < bytes; off += record.chunk_bytes) {
-    const size_t length = std::min(record.chunk_bytes, bytes - off);
-    const cudaError_t err = cudaHostRegister(data + off, length, cudaHostRegisterPortable | flags);
-    if (err == cudaSuccess) continue;
-    (void)cudaGetLastError();
-    if (unregister_pieces(record, off) != cudaSuccess) (void)cudaGetLastError();
-    return err;
-  }
-  return cudaSuccess;
-}
-
-void wait_for_streams(ps_device_ctx* ctx);
-
-// ABI v7: the runtime's memory registered in place, in the pieces register mode uses (the
-// driver takes seconds for one huge call). Read-only sources (the page cache of a
-// checkpoint) need cudaHostRegisterReadOnly: the driver refuses to pin them writable.
-// A driver without it answers cudaErrorNotSupported: PS_ERR_UNSUPPORTED, and the runtime
-// copies instead.
-void CudaSlots::register_range(ps_device_ctx* ctx, void* ptr, size_t bytes, bool read_only) {
-  RegisteredPages record;
-  record.pages.data = ptr;
-  record.pages.bytes = bytes;
-  record.chunk_bytes = ctx->config.register_chunk_bytes;
-  const cudaError_t err = register_pieces(record, read_only ? cudaHostRegisterReadOnly : 0);
-  const auto what = [&] {
-    return std::string("cudaHostRegister") + (read_only ? "(ReadOnly)" : "") + " of " +
-           std::to_string(bytes) + " bytes on " + dev_name(ctx);
-  };
-  if (err == cudaErrorNotSupported) fail(PS_ERR_UNSUPPORTED, "cuda: " + what() + ": not supported");
-  check(err, what);
-}
-
-void CudaSlots::unregister_range(ps_device_ctx* ctx, void* ptr, size_t bytes) {
-  wait_for_streams(ctx);  // a queued copy may still read it (Note [Release waits for copies])
-  RegisteredPages record;
-  record.pages.data = ptr;
-  record.pages.bytes = bytes;
-  record.chunk_bytes = ctx->config.register_chunk_bytes;
-  check(unregister_pieces(record, bytes),
-        [&] { return "cudaHostUnregister of " + std::to_string(bytes) + " bytes"; });
-}
-
-// Register mode: the one pre-fault, MADV_DONTFORK, then cudaHostRegister in pieces
-// (Note [Two pinned modes]). Fills the register split of `last`; the returned record
-// is the allocation's handle.
-std::unique_ptr<RegisteredPages> pin_by_register(const ps_device_ctx* ctx, size_t bytes,
-                                                 const std::string& desc, ps_cuda_pin_stats& last) {
-  auto record = std::make_unique<RegisteredPages>();
-  record->chunk_bytes = ctx->config.register_chunk_bytes;
-  pinstage::MapOptions options;
-  options.threads = ctx->config.prefault_threads;
-  options.huge_pages = ctx->config.register_thp;
-  options.method = pinstage::PrefaultMethod::populate;  // as measured on the GPU host
-  try {
-    record->pages = pinstage::map_pages(bytes, options);
-  } catch (const pinstage::Error& e) {
-    fail(static_cast<ps_status>(pinstage::status_from_error_code(e.code())),
-         desc + " (register mode): " + e.what());
-  }
-  const pinstage::MappedPages& pages = record->pages;
-  last.last_map_seconds = pages.map_seconds;
-  last.last_prefault_seconds = pages.prefault.seconds;
-  last.last_prefault_threads = pages.prefault.threads;
-  last.last_populate_write = pages.prefault.populate_write ? 1 : 0;
-  if (madvise(pages.data, pages.bytes, MADV_DONTFORK) != 0) {
-    const std::string why = std::strerror(errno);
-    pinstage::unmap_pages(pages);
-    fail(PS_ERR_BACKEND, desc + " (register mode): madvise(MADV_DONTFORK): " + why);
-  }
-  const pinstage::Stopwatch watch;
-  const cudaError_t err = register_pieces(*record);
-  if (err != cudaSuccess) {
-    pinstage::unmap_pages(pages);
-    check(err, [&] {
-      return "cudaHostRegister " + desc + " (in pieces of " +
-             std::to_string(record->chunk_bytes >> 20) + " MiB)";
-    });
-  }
-  last.last_register_seconds = watch.seconds();
-  return record;
-}
-
-// Adds one pinning to the context's statistics and logs it. Never throws: the buffer is
+// Adds one pinning to the context's statistics and logs it. Never throws: the memory is
 // already pinned, and a failed slot would leak it.
-void record_pinning(ps_device_ctx* ctx, const ps_cuda_pin_stats& last) noexcept {
+void record_pinning(ps_device_ctx* ctx, ps_cuda_pin_mode mode, size_t bytes, double seconds,
+                    bool read_only) noexcept {
   ps_cuda_pin_stats snapshot;
   {
     std::lock_guard lock(ctx->mu);
-    snapshot = add_pinning(ctx->pin_stats, last);
+    ps_cuda_pin_stats& s = ctx->pin_stats;
+    if (mode == PS_CUDA_PIN_ALLOC) {
+      ++s.alloc_count;
+      s.alloc_bytes += bytes;
+      s.alloc_seconds += seconds;
+    } else {
+      ++s.register_count;
+      s.register_bytes += bytes;
+      s.register_seconds += seconds;
+      if (read_only) ++s.read_only_count;
+    }
+    s.last_mode = mode;
+    s.last_bytes = bytes;
+    s.last_seconds = seconds;
+    snapshot = s;
   }
   try {
     log_pinning(ctx, snapshot);
@@ -870,22 +758,71 @@ void record_pinning(ps_device_ctx* ctx, const ps_cuda_pin_stats& last) noexcept 
   }
 }
 
-void CudaSlots::pin(ps_device_ctx* ctx, size_t bytes, ps_allocation& out) {
-  const std::string desc = "pinning " + std::to_string(bytes) + " bytes for " + dev_name(ctx);
-  ps_cuda_pin_stats last{};
-  last.last_bytes = bytes;
-  const pinstage::Stopwatch watch;
-  if (pinstage::backend::choose_pinned_mode(ctx->config, bytes) == PinnedMode::alloc) {
-    last.last_mode = PS_CUDA_PIN_ALLOC;
-    out.ptr = pin_by_alloc(bytes, desc);
-  } else {
-    last.last_mode = PS_CUDA_PIN_REGISTER;
-    std::unique_ptr<RegisteredPages> record = pin_by_register(ctx, bytes, desc, last);
-    out.ptr = record->pages.data;
-    out.handle = record.release();
+// Unregisters the first `registered` bytes of `range`, piece by piece; the first failure,
+// or cudaSuccess.
+cudaError_t unregister_pieces(const RegisteredRange& range, size_t registered) {
+  cudaError_t first = cudaSuccess;
+  auto* data = static_cast<unsigned char*>(range.data);
+  for (size_t off = 0; off < registered; off += range.chunk_bytes) {
+    const cudaError_t err = cudaHostUnregister(data + off);
+    if (first == cudaSuccess) first = err;
   }
-  last.last_seconds = watch.seconds();
-  record_pinning(ctx, last);
+  return first;
+}
+
+// cudaHostRegister of the range in pieces of at most chunk_bytes (`flags` added to
+// cudaHostRegisterPortable); on a failure the pieces done are unregistered again and the
+// error returned.
+cudaError_t register_pieces(const RegisteredRange& range, unsigned int flags) {
+  auto* data = static_cast<unsigned char*>(range.data);
+  for (size_t off = 0; off < range.bytes; off += range.chunk_bytes) {
+    const size_t length = std::min(range.chunk_bytes, range.bytes - off);
+    const cudaError_t err = cudaHostRegister(data + off, length, cudaHostRegisterPortable | flags);
+    if (err == cudaSuccess) continue;
+    (void)cudaGetLastError();
+    if (unregister_pieces(range, off) != cudaSuccess) (void)cudaGetLastError();
+    return err;
+  }
+  return cudaSuccess;
+}
+
+void wait_for_streams(ps_device_ctx* ctx);
+
+// ABI v7: the runtime's memory registered in place, in pieces (the driver takes seconds for
+// one huge call). A read-only range needs cudaHostRegisterReadOnly: the driver refuses to pin
+// it writable; a device without it refuses at once (Note [Pinning the runtime's memory]).
+void CudaSlots::register_range(ps_device_ctx* ctx, void* ptr, size_t bytes, bool read_only) {
+  const auto what = [&] {
+    return std::string("cudaHostRegister") + (read_only ? "(ReadOnly)" : "") + " of " +
+           std::to_string(bytes) + " bytes on " + dev_name(ctx) + " (in pieces of " +
+           std::to_string(ctx->config.register_chunk_bytes >> 20) + " MiB)";
+  };
+  if (read_only && ctx->pin_stats.read_only_supported == 0)
+    fail(PS_ERR_UNSUPPORTED, "cuda: " + what() +
+                                 ": cudaDevAttrHostRegisterReadOnlySupported is 0 on this device");
+  const pinstage::Stopwatch watch;
+  const RegisteredRange range{ptr, bytes, ctx->config.register_chunk_bytes};
+  const cudaError_t err = register_pieces(range, read_only ? cudaHostRegisterReadOnly : 0);
+  if (err == cudaErrorNotSupported) fail(PS_ERR_UNSUPPORTED, "cuda: " + what() + ": not supported");
+  check(err, what);
+  record_pinning(ctx, PS_CUDA_PIN_REGISTER, bytes, watch.seconds(), read_only);
+}
+
+void CudaSlots::unregister_range(ps_device_ctx* ctx, void* ptr, size_t bytes) {
+  wait_for_streams(ctx);  // a queued copy may still read it (Note [Release waits for copies])
+  const pinstage::Stopwatch watch;
+  check(unregister_pieces(RegisteredRange{ptr, bytes, ctx->config.register_chunk_bytes}, bytes),
+        [&] { return "cudaHostUnregister of " + std::to_string(bytes) + " bytes"; });
+  std::lock_guard lock(ctx->mu);
+  ctx->pin_stats.register_free_seconds += watch.seconds();
+}
+
+// The vendor source: one cudaHostAlloc, portable and deliberately not write-combined.
+void CudaSlots::pin(ps_device_ctx* ctx, size_t bytes, ps_allocation& out) {
+  const pinstage::Stopwatch watch;
+  check(cudaHostAlloc(&out.ptr, bytes, cudaHostAllocPortable),
+        [&] { return "cudaHostAlloc of " + std::to_string(bytes) + " bytes for " + dev_name(ctx); });
+  record_pinning(ctx, PS_CUDA_PIN_ALLOC, bytes, watch.seconds(), false);
 }
 
 // Note [Release waits for copies]: every stream of the context has finished.
@@ -902,22 +839,6 @@ void wait_for_streams(ps_device_ctx* ctx) {
         PS_ERR_COPY_FAILED);
 }
 
-// Releases a register-mode buffer. The record goes whatever happens (the runtime hands
-// it back once); a buffer CUDA would not unregister is left mapped, as unmapping memory
-// the driver still has locked is not safe.
-void unpin_registered(const ps_device_ctx* ctx, void* ptr, RegisteredPages* record) {
-  const std::unique_ptr<RegisteredPages> owned(record);
-  require(ptr == record->pages.data,
-          "host_free_pinned: the pointer does not match its allocation's handle");
-  check(unregister_pieces(*record, record->pages.bytes), [&] {
-    return "cudaHostUnregister of a " + std::to_string(record->pages.bytes) +
-           " byte pinned buffer on " + dev_name(ctx);
-  });
-  std::string error;
-  if (!pinstage::unmap_pages(record->pages, &error))
-    fail(PS_ERR_BACKEND, "releasing a pinned buffer on " + dev_name(ctx) + ": " + error);
-}
-
 int cuda_host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
   return guarded([&] {
     require_ctx(ctx);
@@ -926,19 +847,13 @@ int cuda_host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
     maybe_fault(ctx, PS_FAULT_HOST_FREE, "host_free_pinned");
     const SlotScope scope(ctx, true);
     wait_for_streams(ctx);
-    auto* record = static_cast<RegisteredPages*>(allocation->handle);
     const pinstage::Stopwatch watch;
-    if (record != nullptr)
-      unpin_registered(ctx, allocation->ptr, record);
-    else
-      check(cudaFreeHost(allocation->ptr), [&] {
-        return "cudaFreeHost of a " + std::to_string(allocation->bytes) +
-               " byte pinned buffer on " + dev_name(ctx);
-      });
-    const double seconds = watch.seconds();
+    check(cudaFreeHost(allocation->ptr), [&] {
+      return "cudaFreeHost of a " + std::to_string(allocation->bytes) + " byte pinned buffer on " +
+             dev_name(ctx);
+    });
     std::lock_guard lock(ctx->mu);
-    (record != nullptr ? ctx->pin_stats.register_free_seconds
-                       : ctx->pin_stats.alloc_free_seconds) += seconds;
+    ctx->pin_stats.alloc_free_seconds += watch.seconds();
   });
 }
 

@@ -2,8 +2,9 @@
 // (docs/worker.md, "sim semantics").
 //  - Device memory is a pool reserved up to the capacity at context creation, backed on
 //    first use and reused after a free, like HBM (device_pool.h).
-//  - Pinned host memory is mmap'ed, pre-faulted in parallel, then mlock'ed; where the OS
-//    refuses the lock it stays usable, unlocked, and the capability query says so.
+//  - Pinned host memory is the runtime's (placed and faulted there), pinned by mlock in
+//    host_register; where the OS refuses the lock it stays usable, unlocked, and the
+//    capability query says so. host_alloc_pinned (the vendor source) is mmap + mlock.
 //  - Copies go through a driver (dma.h): pinned host memory is DMA'd directly by a copy
 //    engine per direction; pageable memory is staged through pinned bounce buffers, the
 //    CPU copy pipelined with the DMA. An optional link rate paces the engines. Async
@@ -188,7 +189,6 @@ int create_context(int device_id, const ps_context_options* options, ps_device_c
     ctx->config = config_of(options);
     require_device(ctx->config, device_id);
     ctx->capacity = capacity_of(ctx->config, options);
-    ctx->host_numa_node = options != nullptr ? options->host_numa_node : -1;
     for (const FaultSetting& f : setting_sim_faults()) ctx->faults.set(f.kind, f.nth);
     ctx->pool = std::make_unique<DevicePool>(ctx->capacity);
     const SimConfig& c = ctx->config;
@@ -226,37 +226,6 @@ int device_props(int device_id, const ps_context_options* options, ps_device_pro
 
 int destroy_context(ps_device_ctx* raw) {
   return guarded([&] { delete as_ctx(raw); });
-}
-
-// The kernel's THP mode ("always", "madvise" or "never"), read once.
-const std::string& thp_mode() {
-  static const std::string mode = [] {
-    std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
-    std::string line;
-    std::getline(in, line);
-    const size_t a = line.find('['), b = line.find(']');
-    return a != std::string::npos && b > a ? line.substr(a + 1, b - a - 1) : std::string("never");
-  }();
-  return mode;
-}
-
-// Maps and pre-faults `bytes` (rounded to the page, never further), bound to `numa_node`
-// when >= 0; on transparent huge pages under PINSTAGE_HOST_HUGE_PAGES=thp, saying so once
-// where the kernel has them off.
-void* map_backed(size_t bytes, int numa_node) {
-  MapOptions options;
-  options.numa_node = numa_node;  // the context's host_numa_node (-1 = the kernel's choice)
-  if (setting_choice(Setting::host_huge_pages).value_or("off") == "thp") {
-    options.huge_pages = true;
-    static std::once_flag warned;
-    if (thp_mode() == "never")
-      std::call_once(warned, [] {
-        log(LogLevel::warn,
-            "sim: PINSTAGE_HOST_HUGE_PAGES=thp, but transparent huge pages are 'never' here "
-            "(/sys/kernel/mm/transparent_hugepage/enabled): pinned memory keeps 4 KiB pages");
-      });
-  }
-  return map_pages(bytes, options).data;
 }
 
 void unmap(void* ptr, size_t bytes) {
@@ -448,13 +417,21 @@ void try_lock(Context* ctx, void* ptr, size_t bytes) {
   });
 }
 
+// The vendor source, for a runtime that cannot pin its own memory (a test plugin built on
+// sim without host_register): plain pages, locked. Placing, huge pages and the parallel
+// pre-fault are the runtime's (Note [Segment sources]); mlock faults this in itself.
 int host_alloc_pinned(ps_device_ctx* raw, size_t bytes, ps_allocation* out) {
   return guarded([&] {
     Context* ctx = as_ctx(raw);
     require(out != nullptr && bytes > 0, "sim: host_alloc_pinned: NULL output or 0 bytes");
     fault(ctx, PS_FAULT_HOST_ALLOC);
-    void* ptr = map_backed(bytes, ctx->host_numa_node);  // the page, never a power of two
-    try_lock(ctx, ptr, round_up_to_pages(bytes));        // never throws: a refusal stays usable
+    const size_t mapped = round_up_to_pages(bytes);  // the page, never a power of two
+    void* ptr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ptr == MAP_FAILED)
+      fail(errno == ENOMEM ? PS_ERR_OUT_OF_MEMORY : PS_ERR_BACKEND,
+           std::string("sim: host_alloc_pinned: mmap of ") + std::to_string(mapped) +
+               " bytes failed: " + std::strerror(errno));
+    try_lock(ctx, ptr, mapped);  // never throws: a refusal stays usable
     *out = ps_allocation{ptr, bytes, nullptr};
   });
 }

@@ -77,7 +77,6 @@ struct Event {
 struct Context {
   uint64_t capacity = 0;
   SimConfig config;
-  int host_numa_node = -1;  // where pinned memory is placed (ps_context_options; -1 = none)
   std::unique_ptr<DevicePool> pool;
   std::unique_ptr<Channel> h2d, d2h;
   std::atomic<bool> lock_refused{false};

@@ -1,20 +1,24 @@
-// The `file` segment source (Note [Segment sources] in host_memory.cpp): a file's page
-// cache mapped read-only and pinned in place through the backend's host_register slot
-// (ABI v7). Nothing is read into memory of our own and nothing is copied: a warm file
-// costs the page-table work of the lock, not a pass over its bytes.
-#include <fcntl.h>
-#include <sys/mman.h>
+// File mappings pinned in place (Note [Segment sources] in host_source.cpp): a file's page
+// cache mapped read-only (file_shared) and pinned through the backend's host_register, or,
+// where the backend cannot pin read-only memory, a private copy-on-write copy the kernel
+// makes (file_private). Nothing is read into memory of our own through the pool: a warm
+// file costs the page-table work of the faults and the lock. Several files are faulted and
+// pinned in parallel: a cold one is read by its faults (the kernel's read-ahead).
 #include <sys/stat.h>
-#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "pinstage/clock.h"
+#include "pinstage/files.h"
 #include "pinstage/log.h"
 #include "pinstage/pages.h"
-#include "pinstage/settings.h"
+#include "pinstage/parallel.h"
 #include "runtime/worker_state.h"
 
 namespace pinstage {
@@ -27,124 +31,216 @@ namespace {
 
 // Unpins through the worker while it lives: every stream is synchronized first (a queued
 // copy may still read the range; this is rare, a mapping's last owner going away).
-void unregister(runtime::WorkerState& s, void* data, size_t bytes) noexcept {
+void unregister(runtime::WorkerState& s, runtime::SourceKind source, void* data,
+                size_t bytes) noexcept {
   runtime::CallGuard guard(s);
   if (!guard.entered()) return;  // finalize unpinned it already
+  const runtime::EntryKind kind = runtime::entry_kind(source);
   std::vector<ps_allocation> streams;
   {
     std::lock_guard lock(s.mu);
-    if (!s.table.erase(runtime::EntryKind::registered_host, data)) return;
+    if (!s.table.erase(kind, data)) return;
     streams = s.table.snapshot(runtime::EntryKind::stream);
   }
   if (s.api().stream_sync != nullptr)
     for (const ps_allocation& st : streams)
       (void)s.api().stream_sync(s.ctx,
                                 static_cast<ps_stream*>(st.ptr));  // failures: their waiter's
-  const int status = s.api().host_unregister(s.ctx, data, bytes);
-  if (status == PS_OK) return;
-  log(LogLevel::error, s.name() + ": unpinning a file mapping failed: " + ps_status_str(status) +
-                           " " + s.api().last_error() + " (kept for finalize)");
+  const std::string why = s.release_host(source, ps_allocation{data, bytes, nullptr}, true, false);
+  if (why.empty()) return;
+  log(LogLevel::error,
+      s.name() + ": unpinning a file mapping failed: " + why + " (kept for finalize)");
   std::lock_guard lock(s.mu);
-  s.table.add_failed(runtime::EntryKind::registered_host, ps_allocation{data, bytes, nullptr});
+  s.table.add_failed(kind, ps_allocation{data, bytes, nullptr});
   ++s.free_failures;
+}
+
+// A file opened for a mapping: read-only and never blocking (a FIFO renamed over a
+// checkpoint is refused at once), a regular file of the size the caller validated.
+struct OpenFile {
+  UniqueFd fd;
+  runtime::FileKey key{};
+};
+
+OpenFile open_for_map(const std::string& path, uint64_t expect_bytes) {
+  std::string why;
+  OpenFile f;
+  f.fd = UniqueFd(open_regular_file(path, 0, &why));
+  if (f.fd.get() < 0) io_error(path, why);
+  struct stat st {};
+  if (::fstat(f.fd.get(), &st) != 0) io_error(path, std::strerror(errno));
+  const auto size = static_cast<uint64_t>(st.st_size);
+  // Before any live mapping is shared: one of another size would be read past its end.
+  if (expect_bytes != UINT64_MAX && size != expect_bytes)
+    io_error(path, "the file has " + std::to_string(size) + " bytes, " +
+                       std::to_string(expect_bytes) +
+                       " when it was opened: it changed since; open it again");
+  if (size == 0) io_error(path, "the file is empty");
+  f.key = runtime::FileKey{st.st_dev, st.st_ino, st.st_mtim.tv_sec, st.st_mtim.tv_nsec, size};
+  return f;
 }
 
 }  // namespace
 
 PinnedFileMapping::~PinnedFileMapping() {
   if (data_ == nullptr) return;
+  const runtime::SourceKind source =
+      private_ ? runtime::SourceKind::file_private : runtime::SourceKind::file_shared;
   if (pinned_)
     if (const std::shared_ptr<runtime::WorkerState> s = owner_.lock())
-      unregister(*s, data_, map_bytes_);
-  if (munmap(data_, map_bytes_) != 0)
-    log(LogLevel::error, std::string("unmapping a file mapping failed: ") + std::strerror(errno));
+      unregister(*s, source, data_, map_bytes_);
+  std::string why;
+  if (!unmap_pages(MappedPages{data_, map_bytes_, data_, map_bytes_, {}, 0}, &why))
+    log(LogLevel::error, "unmapping a file mapping failed: " + why);
+}
+
+void PinnedFileMapping::pin_in_place(runtime::WorkerState& s, int fd, const std::string& path) {
+  using runtime::SourceKind;
+  const Stopwatch watch;
+  runtime::HostSegment seg;
+  seg.source = SourceKind::file_shared;
+  seg.data = data_;
+  seg.bytes = map_bytes_;
+  seg.read_only = true;
+  int status = s.pin_segment(seg);
+  const std::string read_only_refusal = status == PS_OK ? "" : s.api().last_error();
+  if (status == PS_ERR_UNSUPPORTED && s.api().host_register != nullptr) {
+    // A private copy the kernel makes (no zero fill, nothing through the pool), pinned
+    // writable: what a driver without read-only registration can pin.
+    const runtime::HostSegment copy =
+        s.sources[static_cast<size_t>(SourceKind::file_private)]->make(
+            {size_, true, fd, "'" + path + "'"});
+    try {
+      status = s.pin_segment(copy);
+    } catch (...) {
+      s.sources[static_cast<size_t>(SourceKind::file_private)]->release(copy.allocation(), nullptr);
+      throw;
+    }
+    if (status == PS_OK) {
+      (void)unmap_pages(MappedPages{data_, map_bytes_, data_, map_bytes_, {}, 0});
+      data_ = static_cast<unsigned char*>(copy.data);
+      private_ = true;
+      note_ = s.name() + " cannot pin read-only memory (" + read_only_refusal +
+              "): mapped as a private copy-on-write copy (file_private), pinned writable; "
+              "nothing went through the pool";
+    } else {
+      s.sources[static_cast<size_t>(SourceKind::file_private)]->release(copy.allocation(), nullptr);
+    }
+  }
+  pin_seconds_ = watch.seconds();
+  if (status == PS_OK) {
+    pinned_ = true;
+    return;
+  }
+  refusal_ = s.api().host_register == nullptr
+                 ? "the " + s.name() + " backend has no host_register slot"
+                 : s.name() + " cannot pin a read-only file mapping: " + read_only_refusal;
 }
 
 namespace {
 
-// The pinning half: the verdict of the pin budget is made once, here, and acted on.
-void pin(runtime::WorkerState& s, void* data, size_t bytes, bool& pinned, std::string& refusal) {
-  if (s.api().host_register == nullptr) {
-    refusal = "the " + s.name() + " backend has no host_register slot";
-    return;
+using Mapping = std::shared_ptr<PinnedFileMapping>;
+
+constexpr const char* kOverBudget = "over the pin budget (PINSTAGE_PIN_POLICY=fallback): ";
+
+// Faults the new mappings in on `threads` threads of their own, 64 MiB at a time across
+// every file (a cold file is read by these faults: blocking I/O wants threads beyond the
+// CPU pool's); a mapping refused by the budget is skipped.
+void fault_in(const std::vector<const PinnedFileMapping*>& maps, int threads) {
+  constexpr size_t kUnit = size_t{64} << 20;
+  std::vector<std::pair<const unsigned char*, size_t>> units;
+  for (const PinnedFileMapping* m : maps)
+    for (uint64_t off = 0; off < m->size(); off += kUnit)
+      units.emplace_back(m->data() + off, std::min<uint64_t>(kUnit, m->size() - off));
+  std::atomic<size_t> next{0};
+  const auto work = [&] {
+    for (size_t i = next++; i < units.size(); i = next++)
+      (void)prefault(const_cast<unsigned char*>(units[i].first), units[i].second, 1, 0,
+                     PrefaultMethod::read);  // NOLINT: a read fault writes nothing
+  };
+  std::vector<std::thread> pool;
+  const int n = std::max(1, std::min<int>(threads, static_cast<int>(units.size())));
+  for (int t = 1; t < n; ++t) pool.emplace_back(work);
+  try {
+    work();
+  } catch (...) {
+    for (std::thread& t : pool) t.join();
+    throw;
   }
-  size_t want = bytes;
-  const std::string over = s.pin_verdict(want, bytes, bytes);  // the one verdict, once
-  if (!over.empty()) {
-    if (setting_choice(Setting::pin_policy).value_or("strict") != "fallback")
-      throw Error(ErrorCode::out_of_memory, s.name() + ": mapping a file: " + over);
-    refusal = over.substr(0, over.find(". "));
-    return;
-  }
-  const int status = s.api().host_register(s.ctx, data, bytes, PS_REGISTER_READ_ONLY);
-  if (status == PS_ERR_UNSUPPORTED) {
-    refusal = s.name() + " cannot pin a read-only file mapping: " + s.api().last_error();
-    return;
-  }
-  s.check(status, "host_register of a read-only file mapping");
-  std::lock_guard lock(s.mu);
-  if (!s.table.insert(runtime::EntryKind::registered_host, ps_allocation{data, bytes, nullptr})) {
-    (void)s.api().host_unregister(s.ctx, data, bytes);
-    throw Error(ErrorCode::internal, "a file mapping was registered at an address in use");
-  }
-  pinned = true;
+  for (std::thread& t : pool) t.join();
 }
 
 }  // namespace
 
+std::vector<Mapping> Worker::map_files_pinned(const std::vector<std::string>& paths,
+                                              const std::vector<uint64_t>& expect_bytes,
+                                              int threads) {
+  const runtime::CallGuard guard = enter();
+  if (expect_bytes.size() != paths.size())
+    throw Error(ErrorCode::invalid_argument, "map_files_pinned: " + std::to_string(paths.size()) +
+                                                 " paths but " +
+                                                 std::to_string(expect_bytes.size()) + " sizes");
+  runtime::WorkerState& s = *state_;
+  std::vector<Mapping> out(paths.size());
+  std::vector<OpenFile> files(paths.size());
+  std::vector<size_t> fresh;  // indexes of the files mapped here
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const Stopwatch watch;
+    files[i] = open_for_map(paths[i], expect_bytes[i]);
+    {  // the file mapped already (another tensor of it): one mapping, pinned once
+      std::lock_guard lock(s.mu);
+      auto it = s.mapped_files.find(files[i].key);
+      if (it != s.mapped_files.end()) {
+        if ((out[i] = it->second.lock())) continue;
+        s.mapped_files.erase(it);
+      }
+    }
+    const runtime::HostSegment seg = s.sources[static_cast<size_t>(runtime::SourceKind::file_shared)]
+                                         ->make({files[i].key.size, false, files[i].fd.get(),
+                                                 "'" + paths[i] + "'"});
+    std::shared_ptr<PinnedFileMapping> m(new PinnedFileMapping());
+    m->owner_ = state_;
+    m->data_ = static_cast<unsigned char*>(seg.data);
+    m->size_ = files[i].key.size;
+    m->map_bytes_ = seg.bytes;
+    m->map_seconds_ = watch.seconds();
+    out[i] = std::move(m);
+    fresh.push_back(i);
+  }
+  // The budget's one verdict per file, in order (under the fallback policy a refused file
+  // stays unpinned and its tensors are copied); then the faults and the pins, in parallel.
+  std::vector<const PinnedFileMapping*> to_fault;
+  for (size_t i : fresh) {
+    size_t want = out[i]->map_bytes_;
+    const std::string over = s.pin_verdict(want, want, want, "mapping '" + paths[i] + "': ");
+    if (over.empty())
+      to_fault.push_back(out[i].get());
+    else
+      out[i]->refusal_ = std::string(kOverBudget) + over;
+  }
+  const int n = threads > 0 ? threads : std::max(default_thread_count(), 4);
+  const Stopwatch faults;
+  fault_in(to_fault, n);
+  const double fault_s = faults.seconds() / std::max<size_t>(to_fault.size(), 1);
+  parallel_for(
+      fresh.size(), 1,
+      [&](size_t b, size_t e) {
+        for (size_t k = b; k < e; ++k) {
+          PinnedFileMapping& m = *out[fresh[k]];
+          if (!m.refusal_.empty()) continue;
+          m.map_seconds_ += fault_s;  // each file's share of the parallel faults
+          m.pin_in_place(s, files[fresh[k]].fd.get(), paths[fresh[k]]);
+        }
+      },
+      n);
+  std::lock_guard lock(s.mu);
+  for (size_t i : fresh) s.mapped_files[files[i].key] = out[i];  // a race maps twice: both work
+  return out;
+}
+
 std::shared_ptr<PinnedFileMapping> Worker::map_file_pinned(const std::string& path,
                                                            uint64_t expect_bytes) {
-  const runtime::CallGuard guard = enter();
-  const Stopwatch map_watch;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) io_error(path, std::strerror(errno));
-  struct stat st {};
-  const int stat_status = ::fstat(fd, &st);
-  const int stat_errno = errno;
-  if (stat_status != 0) {
-    ::close(fd);
-    io_error(path, std::strerror(stat_errno));
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
-  const runtime::FileKey key{st.st_dev, st.st_ino, st.st_mtim.tv_sec, st.st_mtim.tv_nsec, size};
-  {  // the file mapped already (another tensor of it): one mapping, pinned once
-    std::lock_guard lock(state_->mu);
-    auto it = state_->mapped_files.find(key);
-    if (it != state_->mapped_files.end()) {
-      if (std::shared_ptr<PinnedFileMapping> live = it->second.lock()) {
-        ::close(fd);
-        return live;
-      }
-      state_->mapped_files.erase(it);
-    }
-  }
-  if (expect_bytes != UINT64_MAX && size != expect_bytes) {
-    ::close(fd);
-    io_error(path, "the file has " + std::to_string(size) + " bytes, " +
-                       std::to_string(expect_bytes) +
-                       " when it was opened: it changed since; open it again");
-  }
-  if (size == 0) {
-    ::close(fd);
-    io_error(path, "the file is empty");
-  }
-  const size_t map_bytes = round_up_to_pages(static_cast<size_t>(size));
-  void* data = ::mmap(nullptr, map_bytes, PROT_READ, MAP_SHARED, fd, 0);
-  const int map_errno = errno;
-  ::close(fd);  // the mapping keeps the file (and its inode) alive
-  if (data == MAP_FAILED) io_error(path, std::string("mmap: ") + std::strerror(map_errno));
-  std::shared_ptr<PinnedFileMapping> m(new PinnedFileMapping());
-  m->owner_ = state_;
-  m->data_ = static_cast<unsigned char*>(data);
-  m->size_ = size;
-  m->map_bytes_ = map_bytes;
-  m->map_seconds_ = map_watch.seconds();
-  const Stopwatch pin_watch;
-  pin(*state_, data, map_bytes, m->pinned_, m->refusal_);  // m unmaps on a throw
-  m->pin_seconds_ = pin_watch.seconds();
-  std::lock_guard lock(state_->mu);
-  state_->mapped_files[key] = m;  // a race maps the file twice: both work, the last is shared
-  return m;
+  return map_files_pinned({path}, {expect_bytes}).front();
 }
 
 }  // namespace pinstage

@@ -1,17 +1,8 @@
-// The worker's side of the host memory pool (Note [Host memory pool] in host_pool.cpp):
-// the backend calls around HostPool, made outside the worker's lock where they can take
-// long (mapping and pinning a segment, releasing one).
-//
-// Note [Segment sources]
-// ~~~~~~~~~~~~~~~~~~~~~~
-// Where pinned memory comes from is the runtime's decision; a plugin pins (kvikio's
-// BounceBufferPool<Allocator>, ATen's host allocator hooks):
-//  - vendor: host_alloc_pinned, the backend's own allocation: the pool's segments.
-//  - file: a file's page cache mapped read-only and pinned in place by host_register
-//    (ABI v7; file_source.cpp): map-mode loads. Entered as EntryKind::registered_host.
-// The pin budget's verdict is made once per request (pin_verdict) and acted on, so a
-// refusal is never read again into a "fits" (the old over_budget race). docs/worker.md,
-// "Segment sources", lists what is not moved yet (anonymous, shared).
+// The worker's side of the host memory provider: the pool (Note [Host memory pool] in
+// host_pool.cpp) over the worker's pool source, the one pin verdict and the one pin step
+// for every source (Note [Segment sources] in host_source.cpp), fills by their writers
+// (HostFill), and the releases. Backend calls that can take long (making and pinning a
+// segment, releasing one) run outside the worker's lock.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -32,7 +23,8 @@ void WorkerState::recycle_reached_locked() {
   for (ps_event* e : done) api().event_destroy(ctx, e);
 }
 
-std::string WorkerState::pin_verdict(size_t& bytes, size_t minimum, size_t requested) {
+std::string WorkerState::pin_verdict(size_t& bytes, size_t minimum, size_t requested,
+                                     const std::string& what) {
   PinBudget budget = pin_budget();
   const auto fits = [&](size_t n) { return pin_budget_refusal(n, budget).empty(); };
   const auto settle = [&] {
@@ -46,7 +38,7 @@ std::string WorkerState::pin_verdict(size_t& bytes, size_t minimum, size_t reque
   if (settle()) return {};
   // Cached segments nobody uses are given back before anyone is refused: they hold the
   // budget for nothing. Only then is the budget read again.
-  std::vector<ps_allocation> idle;
+  std::vector<HostPool::Owned> idle;
   {
     std::lock_guard lock(mu);
     idle = host.take_free_segments(UINT64_MAX);
@@ -56,32 +48,114 @@ std::string WorkerState::pin_verdict(size_t& bytes, size_t minimum, size_t reque
     budget = pin_budget();
     if (settle()) return {};
   }
-  return pin_budget_refusal(requested, budget);  // names what the caller asked for
+  std::string refusal = pin_budget_refusal(requested, budget);  // names the caller's size
+  if (setting_choice(Setting::pin_policy).value_or("strict") != "fallback")
+    throw Error(ErrorCode::out_of_memory, name() + ": " + what + refusal);
+  return refusal;  // acted on by the caller as it is: never read again (the race)
 }
 
-std::string WorkerState::map_segment(size_t bytes, size_t minimum, size_t requested) {
-  std::string refusal = pin_verdict(bytes, minimum, requested);
-  if (!refusal.empty()) {
-    if (setting_choice(Setting::pin_policy).value_or("strict") != "fallback")
-      throw Error(ErrorCode::out_of_memory, name() + ": " + refusal);
-    return refusal;  // acted on by the caller as it is: never read again (the race)
+int WorkerState::pin_segment(const HostSegment& segment) {
+  if (registered(segment.source)) {
+    if (api().host_register == nullptr) return PS_ERR_UNSUPPORTED;
+    const int status = api().host_register(ctx, segment.data, segment.bytes,
+                                           segment.read_only ? PS_REGISTER_READ_ONLY : 0u);
+    if (status == PS_ERR_UNSUPPORTED) return status;
+    check(status, "host_register");
   }
-  ps_allocation seg{nullptr, bytes, nullptr};
-  const Stopwatch watch;
-  check(api().host_alloc_pinned(ctx, bytes, &seg), "pinned host alloc");
-  seg.bytes = bytes;  // the runtime's record, whatever the backend wrote
-  if (seg.ptr == nullptr)
-    throw Error(ErrorCode::internal, name() + " returned a null pinned segment");
   std::lock_guard lock(mu);
-  host.add_segment(seg, watch.seconds());
-  return {};
+  if (!table.insert(entry_kind(segment.source), segment.allocation())) {
+    if (registered(segment.source)) (void)api().host_unregister(ctx, segment.data, segment.bytes);
+    throw Error(ErrorCode::internal, "a host segment was pinned at an address in use");
+  }
+  return PS_OK;
+}
+
+namespace {
+
+// The pool's source refuses anonymous memory (acl's ACL_ERROR_RT_FEATURE_NOT_SUPPORT):
+// from now on the pool takes the plugin's own allocation, said once.
+void fall_back_to_vendor(WorkerState& s) {
+  if (s.api().host_alloc_pinned == nullptr)
+    throw Error(ErrorCode::unsupported, "the " + s.name() +
+                                            " backend cannot pin anonymous host memory (" +
+                                            s.api().last_error() + ") and has no allocation "
+                                                                   "of its own");
+  log(LogLevel::info, s.name() + ": host_register refused anonymous memory (" +
+                          s.api().last_error() +
+                          "); pinned memory comes from the backend's own allocation");
+  std::lock_guard lock(s.mu);
+  s.pool_source = SourceKind::vendor;
+}
+
+}  // namespace
+
+std::string WorkerState::map_segment(size_t bytes, size_t minimum, size_t requested, bool fault,
+                                     HostSegment* made) {
+  if (std::string refusal = pin_verdict(bytes, minimum, requested, ""); !refusal.empty())
+    return refusal;
+  const Stopwatch watch;
+  for (;;) {  // at most twice: the anonymous source, then the vendor one if it was refused
+    SourceKind kind;
+    {
+      std::lock_guard lock(mu);
+      kind = pool_source;
+    }
+    // Only anonymous memory can wait for its writers to fault it.
+    const bool now = fault || kind != SourceKind::anonymous;
+    HostSource& source = *sources[static_cast<size_t>(kind)];
+    HostSegment seg = source.make(SegmentRequest{bytes, now, -1, ""});
+    int status = PS_OK;
+    if (now) {
+      try {
+        status = pin_segment(seg);
+      } catch (...) {
+        source.release(seg.allocation(), nullptr);
+        throw;
+      }
+    }
+    if (status == PS_ERR_UNSUPPORTED) {
+      source.release(seg.allocation(), nullptr);
+      fall_back_to_vendor(*this);
+      continue;
+    }
+    if (made != nullptr) *made = seg;
+    std::lock_guard lock(mu);
+    host.add_segment(HostPool::Owned{seg.allocation(), seg.source, now}, watch.seconds());
+    return {};
+  }
+}
+
+bool WorkerState::probe_anonymous_register() {
+  {
+    std::lock_guard lock(mu);
+    if (pool_source != SourceKind::anonymous) return false;
+    if (anonymous_registers) return true;
+  }
+  // One page, before any data is written into a segment that might then not be pinnable.
+  HostSegment page = sources[static_cast<size_t>(SourceKind::anonymous)]->make(
+      SegmentRequest{page_size(), true, -1, ""});
+  int status = PS_ERR_UNSUPPORTED;
+  if (api().host_register != nullptr) {
+    status = api().host_register(ctx, page.data, page.bytes, 0);
+    if (status == PS_OK) (void)api().host_unregister(ctx, page.data, page.bytes);
+  }
+  sources[static_cast<size_t>(SourceKind::anonymous)]->release(page.allocation(), nullptr);
+  if (status == PS_ERR_UNSUPPORTED) {
+    fall_back_to_vendor(*this);
+    return false;
+  }
+  check(status, "host_register");
+  std::lock_guard lock(mu);
+  anonymous_registers = true;
+  return true;
 }
 
 PinBudget WorkerState::pin_budget() const {
   PinBudget budget = detail::current_pin_budget(pins_with_mlock);
   if (pins_with_mlock) {
     std::lock_guard lock(mu);
-    budget.worker_locked_bytes = host.stats().reserved_bytes;
+    for (size_t k = 0; k < kSourceKindCount; ++k)  // every pinned segment, pooled or mapped
+      budget.worker_locked_bytes += table.bytes(entry_kind(static_cast<SourceKind>(k)));
   }
   return budget;
 }
@@ -98,8 +172,8 @@ void* WorkerState::alloc_pinned(size_t bytes) {
         return *hit;
       }
     }
-    // A miss: a new segment, pinned by the backend without the lock (it can take seconds).
-    // With no cache (limit 0) a segment is the request alone, as asked: it goes back at the
+    // A miss: a new segment, made and pinned without the lock (it can take seconds). With
+    // no cache (limit 0) a segment is the request alone, as asked: it goes back at the
     // free, so the backend sees exactly what an allocator without a pool would ask for.
     const size_t exact = host_cache_limit > 0 ? HostPool::block_bytes_for(bytes) : bytes;
     const size_t segment =
@@ -109,24 +183,45 @@ void* WorkerState::alloc_pinned(size_t bytes) {
   }
 }
 
-uint64_t WorkerState::release_segments(const std::vector<ps_allocation>& segments, bool strict) {
+std::string WorkerState::release_host(SourceKind source, const ps_allocation& segment, bool unpin,
+                                      bool release) noexcept {
+  try {
+    if (unpin && registered(source)) {
+      const int status = api().host_unregister(ctx, segment.ptr, segment.bytes);
+      if (status != PS_OK)
+        return std::string(ps_status_str(status)) + " (" + api().last_error() + ")";
+    }
+    std::string why;
+    if (release && !sources[static_cast<size_t>(source)]->release(segment, &why)) return why;
+    return {};
+  } catch (...) {
+    return "out of memory while releasing";
+  }
+}
+
+uint64_t WorkerState::release_segments(const std::vector<HostPool::Owned>& segments,
+                                       bool strict) {
   uint64_t released = 0;
   uint64_t failed = 0;
   std::string why;
-  for (const ps_allocation& seg : segments) {
+  for (const HostPool::Owned& seg : segments) {
     const Stopwatch watch;
-    const int status = api().host_free_pinned(ctx, &seg);
+    if (seg.pinned) {
+      std::lock_guard lock(mu);
+      table.erase(entry_kind(seg.source), seg.allocation.ptr);
+    }
+    const std::string error = release_host(seg.source, seg.allocation, seg.pinned, true);
     std::lock_guard lock(mu);
     host.count_release(watch.seconds());
-    if (status == PS_OK) {
-      released += HostPool::block_bytes_for(seg.bytes);
+    if (error.empty()) {
+      released += HostPool::block_bytes_for(seg.allocation.bytes);
       continue;
     }
-    // Still the backend's (and locked): counted as failed, released again at finalize.
-    table.add_failed(EntryKind::pinned_host, seg);
+    // Still pinned (or the backend's): counted as failed, released again at finalize.
+    if (seg.pinned) table.add_failed(entry_kind(seg.source), seg.allocation);
     ++free_failures;
     ++failed;
-    if (why.empty()) why = std::string(ps_status_str(status)) + " (" + api().last_error() + ")";
+    if (why.empty()) why = error;
   }
   if (failed > 0) {
     const std::string message = name() + " pinned host free failed: " + why + "; " +
@@ -171,7 +266,7 @@ bool WorkerState::free_pinned(void* ptr) {
     else
       host.park(block->ptr, block->span, std::move(events));
   }
-  std::vector<ps_allocation> over;
+  std::vector<HostPool::Owned> over;
   {
     std::lock_guard lock(mu);
     over = host.over_limit(host_cache_limit);
@@ -185,7 +280,9 @@ uint32_t WorkerState::host_flags(const void* host_ptr, size_t bytes, ps_stream* 
   std::lock_guard lock(mu);
   if (host.note_use(host_ptr, bytes, stream)) return PS_COPY_HOST_PINNED;
   // A file mapping pinned in place (file_source.cpp): its release syncs every stream.
-  return table.contains(EntryKind::registered_host, host_ptr, bytes) ? PS_COPY_HOST_PINNED : 0u;
+  for (SourceKind k : {SourceKind::file_shared, SourceKind::file_private, SourceKind::shared_named})
+    if (table.contains(entry_kind(k), host_ptr, bytes)) return PS_COPY_HOST_PINNED;
+  return 0u;
 }
 
 }  // namespace runtime
@@ -201,7 +298,7 @@ HostMemoryStats Worker::host_memory_stats() const {
 
 uint64_t Worker::trim_host_cache(uint64_t bytes) {
   const runtime::CallGuard guard = enter();
-  std::vector<ps_allocation> segments;
+  std::vector<runtime::HostPool::Owned> segments;
   {
     std::lock_guard lock(state_->mu);
     state_->recycle_reached_locked();
@@ -212,29 +309,151 @@ uint64_t Worker::trim_host_cache(uint64_t bytes) {
 
 uint64_t Worker::empty_cache() { return trim_host_cache(UINT64_MAX); }
 
+namespace {
+
+// The bytes `want` are cached in one free block already: a load's second run.
+bool cached_already(runtime::WorkerState& s, size_t want) {
+  std::lock_guard lock(s.mu);
+  s.recycle_reached_locked();
+  // One free block that fits, not the cache's total: a load carves its tensors from one
+  // range, and scattered free pages would leave it mapping anyway.
+  return s.host.largest_cached() >= want;
+}
+
+}  // namespace
+
 void Worker::reserve_pinned_host(size_t bytes) {
   const runtime::CallGuard guard = enter();
   if (bytes == 0) return;
   const size_t want = runtime::HostPool::block_bytes_for(bytes);
-  size_t shortfall = 0;
-  {
-    std::lock_guard lock(state_->mu);
-    state_->recycle_reached_locked();
-    // One free block that fits, not the cache's total: a load carves its tensors from one
-    // range, and scattered free pages would leave it mapping anyway.
-    if (state_->host.largest_cached() >= want) return;  // what a load freed, it asks for again
-    shortfall = want;
-  }
+  if (cached_already(*state_, want)) return;  // what a load freed, it asks for again
   // Over the budget with PINSTAGE_PIN_POLICY=fallback nothing is reserved: each request
   // then takes its own way.
-  (void)state_->map_segment(shortfall, shortfall, bytes);
+  (void)state_->map_segment(want, want, bytes);
+}
+
+HostFill Worker::reserve_host_fill(size_t bytes) {
+  const runtime::CallGuard guard = enter();
+  HostFill fill;
+  if (bytes == 0) return fill;
+  const size_t want = runtime::HostPool::block_bytes_for(bytes);
+  if (cached_already(*state_, want)) return fill;
+  const bool defer = state_->probe_anonymous_register();
+  runtime::HostSegment seg;
+  if (!state_->map_segment(want, want, bytes, !defer, &seg).empty()) return fill;  // fallback
+  if (!defer) return fill;  // made and pinned by the backend (vendor)
+  fill.owner_ = state_;
+  fill.data_ = static_cast<unsigned char*>(seg.data);
+  fill.bytes_ = seg.bytes;
+  fill.huge_ = seg.huge;
+  fill.plan_ = std::make_unique<FaultPlan>();
+  fill.plan_->method = state_->placement.method;
+  fill.plan_->threads = 1;  // each writer faults its own range
+  fill.plan_->huge = seg.huge;
+  fill.plan_->stall_seconds = state_->placement.stall_seconds;
+  fill.plan_->segment = seg.data;
+  fill.plan_->segment_bytes = seg.bytes;
+  fill.fault_ns_ = std::make_unique<std::atomic<int64_t>>(0);
+  return fill;
+}
+
+HostPlacementInfo Worker::host_placement() const {
+  const runtime::WorkerState& s = state();
+  std::lock_guard lock(s.mu);
+  return HostPlacementInfo{s.placement.numa_node, s.placement.huge_pages, s.placement.huge_reason,
+                           s.placement.stall_seconds, runtime::source_name(s.pool_source)};
 }
 
 bool Worker::is_pinned_host(const void* ptr, size_t bytes) const {
   const runtime::CallGuard guard = enter();
-  std::lock_guard lock(state_->mu);
-  return state_->host.contains(ptr, bytes) ||
-         state_->table.contains(runtime::EntryKind::registered_host, ptr, bytes);
+  return state_->host_flags(ptr, bytes, nullptr) != 0;
+}
+
+// ---- HostFill ----
+
+HostFill::HostFill(HostFill&& other) noexcept { *this = std::move(other); }
+
+HostFill& HostFill::operator=(HostFill&& other) noexcept {
+  if (this == &other) return *this;
+  if (active()) {
+    try {
+      finish();
+    } catch (const std::exception& e) {
+      log(LogLevel::error, std::string("an unfinished pinned-memory fill: ") + e.what());
+    }
+  }
+  owner_ = std::move(other.owner_);
+  data_ = std::exchange(other.data_, nullptr);
+  bytes_ = std::exchange(other.bytes_, 0);
+  huge_ = other.huge_;
+  finished_ = std::exchange(other.finished_, false);
+  plan_ = std::move(other.plan_);
+  fault_ns_ = std::move(other.fault_ns_);
+  pin_seconds_ = other.pin_seconds_;
+  return *this;
+}
+
+HostFill::~HostFill() {
+  if (!active()) return;
+  try {
+    finish();
+  } catch (const std::exception& e) {
+    log(LogLevel::error, std::string("an unfinished pinned-memory fill: ") + e.what());
+  }
+}
+
+void HostFill::prepare(void* data, size_t bytes) {
+  if (!active() || bytes == 0) return;
+  // The part of [data, data + bytes) inside the segment, out to whole pages.
+  const auto seg = reinterpret_cast<uintptr_t>(data_);
+  const auto begin = std::max(reinterpret_cast<uintptr_t>(data), seg);
+  const auto end = std::min(reinterpret_cast<uintptr_t>(data) + bytes, seg + bytes_);
+  if (begin >= end) return;
+  const uintptr_t page = page_size();
+  const uintptr_t first = begin & ~(page - 1);
+  const uintptr_t last = std::min((end + page - 1) & ~(page - 1), seg + bytes_);
+  const Stopwatch watch;
+  prefault(reinterpret_cast<void*>(first), last - first, *plan_);
+  fault_ns_->fetch_add(static_cast<int64_t>(watch.seconds() * 1e9));
+}
+
+void HostFill::finish() {
+  if (!active()) return;
+  runtime::WorkerState& s = *owner_;
+  runtime::CallGuard guard(s);
+  finished_ = true;
+  if (!guard.entered()) return;  // finalize released it already
+  runtime::HostSegment seg;
+  seg.source = runtime::SourceKind::anonymous;
+  seg.data = data_;
+  seg.bytes = bytes_;
+  const Stopwatch watch;
+  int status = PS_ERR_INTERNAL;
+  try {
+    status = s.pin_segment(seg);
+  } catch (...) {
+    std::lock_guard lock(s.mu);
+    s.host.end_fill(data_, false);  // released once its blocks are freed
+    throw;
+  }
+  pin_seconds_ = watch.seconds();
+  std::lock_guard lock(s.mu);
+  s.host.end_fill(data_, status == PS_OK);
+  if (status != PS_OK)
+    throw Error(ErrorCode::unsupported, s.name() + " refused to pin a filled host segment: " +
+                                            s.api().last_error());
+}
+
+double HostFill::fault_seconds() const noexcept {
+  return fault_ns_ ? static_cast<double>(fault_ns_->load()) / 1e9 : 0;
+}
+
+std::string HostFill::pages() const {
+  if (data_ == nullptr) return "";
+  if (!huge_) return "base";
+  if (!plan_ || !plan_->abandoned.load()) return "huge";
+  return "huge, then base after a stall of " +
+         std::to_string(static_cast<int>(plan_->slowest_ns.load() / 1000000)) + " ms";
 }
 
 }  // namespace pinstage

@@ -2,10 +2,12 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // Pinning is the expensive part of pinned memory (faults, then a lock or a register), so a
 // worker pays it once per byte and reuses it (docs/worker.md, "Host memory pool").
-//  - Segments: a request that no cached range fits maps one segment through the backend's
-//    host_alloc_pinned (pre-faulted, locked or registered there), sized to the request
-//    rounded up to 2 MiB, never to a power of two. reserve() maps one segment of exactly
-//    what a load is about to ask for.
+//  - Segments: a request that no cached range fits makes one segment through the worker's
+//    pool source (Note [Segment sources]: anonymous pages placed and faulted by the runtime
+//    and pinned by the plugin's host_register, or the plugin's own allocation where it has
+//    none), sized to the request rounded up to 2 MiB, never to a power of two. reserve()
+//    makes one segment of exactly what a load is about to ask for; a HostFill's segment is
+//    faulted by the load's readers and pinned behind them (state `filling` until then).
 //  - Blocks: carved from segments by the one best-fit allocator (free_ranges.h) in whole
 //    pages, merged again on release, never across two segments (a fence at each segment
 //    start) so that a whole segment can go back to the OS.
@@ -55,10 +57,10 @@ std::optional<void*> HostPool::take(size_t bytes, bool retry) {
   return reinterpret_cast<void*>(*at);
 }
 
-void HostPool::add_segment(const ps_allocation& segment, double alloc_seconds) {
-  const auto base = reinterpret_cast<uintptr_t>(segment.ptr);
-  const size_t bytes = block_bytes_for(segment.bytes);
-  segments_[base] = Segment{segment, ++clock_};
+void HostPool::add_segment(const Owned& segment, double alloc_seconds) {
+  const auto base = reinterpret_cast<uintptr_t>(segment.allocation.ptr);
+  const size_t bytes = block_bytes_for(segment.allocation.bytes);
+  segments_[base] = Segment{segment, segment.pinned ? State::pinned : State::filling, ++clock_};
   free_.add_fence(base);
   free_.give(base, bytes);
   stats_.reserved_bytes += bytes;
@@ -67,6 +69,13 @@ void HostPool::add_segment(const ps_allocation& segment, double alloc_seconds) {
   stats_.segments_peak = std::max(stats_.segments_peak, stats_.segments);
   stats_.num_host_alloc += 1;
   stats_.host_alloc_seconds += alloc_seconds;
+}
+
+void HostPool::end_fill(const void* base, bool pinned) {
+  const auto it = segments_.find(reinterpret_cast<uintptr_t>(base));
+  if (it == segments_.end()) return;
+  it->second.state = pinned ? State::pinned : State::unpinned;
+  it->second.owned.pinned = pinned;
 }
 
 std::optional<HostPool::Released> HostPool::release(void* ptr) {
@@ -98,24 +107,28 @@ std::vector<ps_event*> HostPool::take_parked_events() {
   return events;
 }
 
-std::vector<ps_allocation> HostPool::take_free_segments(uint64_t bytes) {
-  // Whole free segments: a free range that starts at a segment's base and spans it.
+std::vector<HostPool::Owned> HostPool::take_free_segments(uint64_t bytes) {
+  // Whole free segments: a free range that starts at a segment's base and spans it. A
+  // segment being filled is never taken (its writers hold it); a failed fill's goes first.
   std::vector<std::pair<uint64_t, uintptr_t>> whole;  // (last use, base)
   for (const auto& [base, seg] : segments_) {
-    const uint64_t size = block_bytes_for(seg.allocation.bytes);
+    if (seg.state == State::filling) continue;
+    const uint64_t size = block_bytes_for(seg.owned.allocation.bytes);
     const auto it = free_.ranges().find(base);
-    if (it != free_.ranges().end() && it->second == size) whole.emplace_back(seg.last_use, base);
+    if (it != free_.ranges().end() && it->second == size)
+      whole.emplace_back(seg.state == State::unpinned ? 0 : seg.last_use, base);
   }
   // Least recently used first: what a load or a bind just used is what it asks for next.
   std::sort(whole.begin(), whole.end());
-  std::vector<ps_allocation> out;
+  std::vector<Owned> out;
   uint64_t removed = 0;
   for (const auto& [last_use, base] : whole) {
-    if (removed >= bytes) break;
-    const uint64_t size = block_bytes_for(segments_.at(base).allocation.bytes);
+    if (removed >= bytes && last_use != 0) break;
+    const Segment& seg = segments_.at(base);
+    const uint64_t size = block_bytes_for(seg.owned.allocation.bytes);
     free_.remove(base, size);
     free_.remove_fence(base);
-    out.push_back(segments_.at(base).allocation);
+    out.push_back(seg.owned);
     segments_.erase(base);
     stats_.reserved_bytes -= size;
     stats_.segments -= 1;
@@ -124,14 +137,14 @@ std::vector<ps_allocation> HostPool::take_free_segments(uint64_t bytes) {
   return out;
 }
 
-std::vector<ps_allocation> HostPool::over_limit(uint64_t limit) {
+std::vector<HostPool::Owned> HostPool::over_limit(uint64_t limit) {
   const uint64_t cached = free_.free_bytes();
-  return cached > limit ? take_free_segments(cached - limit) : std::vector<ps_allocation>{};
+  return take_free_segments(cached > limit ? cached - limit : 0);
 }
 
-std::vector<ps_allocation> HostPool::take_all_segments() {
-  std::vector<ps_allocation> out;
-  for (const auto& [base, seg] : segments_) out.push_back(seg.allocation);
+std::vector<HostPool::Owned> HostPool::take_all_segments() {
+  std::vector<Owned> out;
+  for (const auto& [base, seg] : segments_) out.push_back(seg.owned);
   segments_.clear();
   live_.clear();
   free_ = FreeRanges{};
@@ -147,23 +160,27 @@ void HostPool::count_release(double seconds) {
   stats_.host_free_seconds += seconds;
 }
 
-bool HostPool::contains(const void* ptr, size_t bytes) const {
+const HostPool::Block* HostPool::pinned_block(const void* ptr, size_t bytes) const {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   auto it = live_.upper_bound(p);
-  if (it == live_.begin()) return false;
+  if (it == live_.begin()) return nullptr;
   --it;
-  return p - it->first <= it->second.bytes && bytes <= it->second.bytes - (p - it->first);
+  const Block& b = it->second;
+  if (p - it->first > b.bytes || bytes > b.bytes - (p - it->first)) return nullptr;
+  auto seg = segments_.upper_bound(it->first);  // the segment holding the block
+  if (seg == segments_.begin() || std::prev(seg)->second.state != State::pinned) return nullptr;
+  return &b;
+}
+
+bool HostPool::contains(const void* ptr, size_t bytes) const {
+  return pinned_block(ptr, bytes) != nullptr;
 }
 
 bool HostPool::note_use(const void* ptr, size_t bytes, ps_stream* stream) {
-  const auto p = reinterpret_cast<uintptr_t>(ptr);
-  auto it = live_.upper_bound(p);
-  if (it == live_.begin()) return false;
-  --it;
-  Block& b = it->second;
-  if (p - it->first > b.bytes || bytes > b.bytes - (p - it->first)) return false;
-  if (stream != nullptr && std::find(b.streams.begin(), b.streams.end(), stream) == b.streams.end())
-    b.streams.push_back(stream);
+  auto* b = const_cast<Block*>(pinned_block(ptr, bytes));  // live_ is ours to change here
+  if (b == nullptr) return false;
+  if (stream != nullptr && std::find(b->streams.begin(), b->streams.end(), stream) == b->streams.end())
+    b->streams.push_back(stream);
   return true;
 }
 

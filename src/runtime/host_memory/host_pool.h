@@ -12,6 +12,7 @@
 #include "pinstage/backend/platform_abi.h"
 #include "pinstage/free_ranges.h"
 #include "pinstage/worker.h"
+#include "runtime/host_memory/host_source.h"
 
 namespace pinstage::runtime {
 
@@ -29,8 +30,20 @@ class HostPool {
   // A cached block for `bytes` (> 0), now live; nullopt when none fits. Counted as a hit
   // or a miss unless `retry` (the take after a miss mapped its segment).
   std::optional<void*> take(size_t bytes, bool retry = false);
-  // Enters a segment the backend just allocated; its bytes become cached.
-  void add_segment(const ps_allocation& segment, double alloc_seconds);
+  // A segment of the pool as it is handed back for release: what the source made, and
+  // whether it is pinned (in the table) yet.
+  struct Owned {
+    ps_allocation allocation;
+    SourceKind source = SourceKind::anonymous;
+    bool pinned = true;
+  };
+  // Enters a segment a source just made; its bytes become cached. `pinned`: registered
+  // (or vendor) and in the table; false: a HostFill's, faulted and pinned by its writers
+  // (its blocks are not pinned memory until mark_pinned, and no trim takes it meanwhile).
+  void add_segment(const Owned& segment, double alloc_seconds);
+  // The fill of the segment at `base` is over: pinned, or (false) left unpinned, to be
+  // released once wholly free.
+  void end_fill(const void* base, bool pinned);
 
   // A live block, taken out of the live set by release().
   struct Released {
@@ -54,14 +67,16 @@ class HostPool {
   // Removes whole free segments, least recently used first, until at least `bytes` are
   // removed or none is left (bytes = UINT64_MAX: all of them), and returns them for
   // release.
-  std::vector<ps_allocation> take_free_segments(uint64_t bytes);
+  // Wholly free segments whose fill failed come first, whatever `bytes`.
+  std::vector<Owned> take_free_segments(uint64_t bytes);
   // The same, down to `limit` cached bytes.
-  std::vector<ps_allocation> over_limit(uint64_t limit);
+  std::vector<Owned> over_limit(uint64_t limit);
   // Every segment (finalize), leaving the pool empty; the live blocks are dropped.
-  std::vector<ps_allocation> take_all_segments();
+  std::vector<Owned> take_all_segments();
   void count_release(double seconds);  // one segment released, in `seconds`
 
-  // The one range query: [ptr, ptr + bytes) lies inside one live block.
+  // The one range query: [ptr, ptr + bytes) lies inside one live block of a pinned
+  // segment (a block of a segment still being filled is not pinned memory yet).
   bool contains(const void* ptr, size_t bytes) const;
   // As contains(), and notes that `stream` may touch the block (Note [Host memory pool]).
   bool note_use(const void* ptr, size_t bytes, ps_stream* stream);
@@ -79,10 +94,14 @@ class HostPool {
     size_t span = 0;   // whole pages
     std::vector<ps_stream*> streams;
   };
+  enum class State { pinned, filling, unpinned };
   struct Segment {
-    ps_allocation allocation;  // the backend's record
-    uint64_t last_use = 0;     // the pool's clock when a block was last carved from it
+    Owned owned;             // the source's record
+    State state = State::pinned;
+    uint64_t last_use = 0;   // the pool's clock when a block was last carved from it
   };
+  // The live block holding [ptr, ptr + bytes) in a pinned segment, or nullptr.
+  const Block* pinned_block(const void* ptr, size_t bytes) const;
   struct Parked {
     void* ptr;
     size_t span;
