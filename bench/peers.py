@@ -49,9 +49,14 @@ The arms:
   pinstage            pinstage.load_file(DIR, worker=w): pinned (sim: mapped, faulted,
                       mlocked), a worker with host_cache_limit_bytes=0, so the load maps
                       fresh memory as the peers' loads do
-  pinstage_thp        pinstage with PINSTAGE_HOST_HUGE_PAGES=thp (docs/settings.md): its
-                      fresh pinned segments advised MADV_HUGEPAGE, 2 MiB faults instead of
-                      4 KiB ones (runai's buffer gets transparent huge pages on its own)
+  pinstage            (its placement is the default: PINSTAGE_HOST_HUGE_PAGES=auto, huge
+                      pages where the kernel has free 2 MiB blocks, given up on a stall;
+                      the fresh segment faulted by the reader threads as they read)
+  pinstage_thp        pinstage with PINSTAGE_HOST_HUGE_PAGES=thp (docs/settings.md): huge
+                      pages whether or not free blocks are counted (the stall watch runs)
+  pinstage_base       pinstage with PINSTAGE_HOST_HUGE_PAGES=off: 4 KiB pages
+  pinstage_tN         pinstage with threads=N readers (N = 1..256), for the thread count
+  pinstage_cM         pinstage with chunk_bytes = M MiB (M = 1..1024), for the chunk size
   pinstage_pooled     a second load in one process: the default pinned pool, the child
                       loads once (untimed), frees the tensors, warms or drops the shards
                       again and times the second load, which reuses the first one's pinned
@@ -76,13 +81,19 @@ The floors, each in a fresh process too, interleaved with the arms in every roun
                       system's setting, printed). Run warm and cold.
   floor_memcpy        an all-core memcpy of the same bytes, source and destination already
                       faulted, np.copyto on one slice per thread (best of 3 copies in the
-                      child): the floor of any copy out of the page cache. Run warm; the
+                      child): the floor of any copy between faulted buffers. Run warm.
+  floor_pread         an all-core pread of the shard files into memory already faulted
+                      (one slice of the files per thread, 16 MiB reads): what a load that
+                      has its memory already (a second load) cannot beat. Run warm; the
                       warm arms' "floor" ratio is to it.
   floor_fio           fio (Debian's package; skipped, and said so, when it is not
                       installed) reading the same shard files, one job per file,
-                      --ioengine=libaio --direct=1 --bs=1M --iodepth=32 --rw=read
-                      --readonly, group_reporting, read bw of --output-format=json: what
-                      the disk gives. Run cold; the cold arms' "floor" ratio is to it.
+                      --ioengine=libaio --bs=1M --iodepth=32 --rw=read --readonly,
+                      group_reporting, read bw of --output-format=json, run twice: O_DIRECT
+                      (--direct=1) and buffered (--direct=0, after the shards were dropped
+                      again): the disk floor is the better of the two (on this VM buffered
+                      read-ahead beats O_DIRECT). Run cold; the cold arms' "floor" ratio is
+                      to it.
 
 The Python API loads only into pinned memory (into= refuses pageable tensors), so there is
 no pinstage row into pageable memory: on this CPU-only host the pinned row does more than
@@ -102,6 +113,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import resource
 import shutil
 import struct
@@ -117,8 +129,10 @@ from benchargs import add_dry_run, dry_run_done, write_json_atomically
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PEERS = ["safetensors", "safetensors_pread", "fastsafetensors", "fastsafetensors_buffered",
          "runai", "torch_by_hand"]
-OURS = ["pinstage", "pinstage_thp", "pinstage_pooled", "pinstage_direct", "pinstage_map",
-        "pinstage_device", "pinstage_map_device"]
+OURS = ["pinstage", "pinstage_thp", "pinstage_base", "pinstage_pooled", "pinstage_direct",
+        "pinstage_map", "pinstage_device", "pinstage_map_device"]
+# The sweeps: pinstage_tN (threads) and pinstage_cM (chunk MiB), fresh workers.
+SWEEP = re.compile(r"pinstage_([tc])(\d+)$")
 # safetensors' default gives views of the file's mapping (the page cache itself, faulted in
 # as touched), not a copy in the process's memory: it is shown, but the ratios are to the
 # best peer that copies the bytes into memory of its own, as every other arm does.
@@ -126,19 +140,22 @@ ZERO_COPY = {"safetensors"}
 ARMS = PEERS + OURS
 # The floors run in these modes; the arms' "floor" ratio of a mode is to FLOOR_OF[mode].
 FLOOR_MODES = {"floor_fault": ("warm", "cold"), "floor_memcpy": ("warm",),
-               "floor_fio": ("cold",)}
+               "floor_pread": ("warm",), "floor_fio": ("cold",)}
 FLOORS = list(FLOOR_MODES)
-FLOOR_OF = {"warm": "floor_memcpy", "cold": "floor_fio"}
+FLOOR_OF = {"warm": "floor_pread", "cold": "floor_fio"}
 LABELS = {"safetensors": "zero-copy views of the page cache",
           "pinstage_pooled": "second load in one process",
           "pinstage_map": "read-only views of the page cache, pinned in place",
           "pinstage_map_device": "uploaded from the pinned file mapping",
           "floor_fault": "fresh anonymous pages, one byte per 4 KiB page, every core",
           "floor_memcpy": "all-core memcpy, both sides already faulted",
-          "floor_fio": "fio O_DIRECT, 1 MiB blocks, iodepth 32, one job per shard"}
+          "floor_pread": "all-core pread of the shards into memory already faulted",
+          "floor_fio": "fio, the better of O_DIRECT and buffered, 1 MiB blocks, iodepth 32, "
+                       "one job per shard"}
 # Which worker a pinstage arm loads with: "fresh" maps new memory at every load
 # (host_cache_limit_bytes=0), "pooled" is the default Worker().
-WORKER = {"pinstage": "fresh", "pinstage_thp": "fresh", "pinstage_device": "fresh",
+WORKER = {"pinstage": "fresh", "pinstage_thp": "fresh", "pinstage_base": "fresh",
+          "pinstage_device": "fresh",
           "pinstage_map_device": "fresh", "pinstage_pooled": "pooled",
           "pinstage_direct": "pooled", "pinstage_map": "pooled"}
 MARK = "peers.py child result: "
@@ -159,7 +176,7 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: 0.25 GiB, 1 round (figures not meant to be kept)")
     # The child: one load (or floor) in this fresh process, one JSON line on stdout.
-    ap.add_argument("--child", choices=ARMS + FLOORS, help=argparse.SUPPRESS)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-mode", choices=("warm", "cold"), help=argparse.SUPPRESS)
     add_dry_run(ap)
     a = ap.parse_args(argv)
@@ -167,9 +184,12 @@ def parse_args(argv=None):
         a.gib, a.rounds = 0.25, 1
     a.arms = [x.strip().lower() for x in a.arms.split(",") if x.strip()]
     a.modes = [x.strip().lower() for x in a.modes.split(",") if x.strip()]
-    unknown = [x for x in a.arms if x not in ARMS]
+    unknown = [x for x in a.arms if not known_arm(x)]
     if unknown or not a.arms:
-        ap.error(f"--arms: unknown {unknown} (known: {', '.join(ARMS)})")
+        ap.error(f"--arms: unknown {unknown} (known: {', '.join(ARMS)}, pinstage_tN with N "
+                 f"in 1..256, pinstage_cM with M in 1..1024)")
+    if a.child and not (known_arm(a.child) or a.child in FLOORS):
+        ap.error(f"--child: unknown {a.child!r}")
     if not a.modes or any(m not in ("warm", "cold") for m in a.modes):
         ap.error("--modes: warm, cold or warm,cold")
     if a.rounds < 1 or not 0 < a.gib <= 64:
@@ -179,6 +199,20 @@ def parse_args(argv=None):
     if a.child and (not a.child_mode or not a.dir):
         ap.error("--child needs --child-mode and --dir")
     return a
+
+
+def known_arm(name):
+    """An arm of ARMS, or a sweep arm in range."""
+    m = SWEEP.match(name)
+    if m is None:
+        return name in ARMS
+    n = int(m.group(2))
+    return str(n) == m.group(2) and 1 <= n <= (256 if m.group(1) == "t" else 1024)
+
+
+def worker_of(arm):
+    """"fresh" or "pooled" for an arm with a pinstage worker, else None."""
+    return "fresh" if SWEEP.match(arm) else WORKER.get(arm)
 
 
 def into_the_venv():
@@ -435,8 +469,10 @@ def arm_context(arm, d, files):
                       "F64": torch.float64}}
     import pinstage
     ctx["pinstage"] = pinstage
-    if arm in WORKER:
-        ctx["worker"] = (pinstage.Worker(host_cache_limit_bytes=0) if WORKER[arm] == "fresh"
+    if worker_of(arm):
+        if arm in ("pinstage_thp", "pinstage_base"):  # the one switch, read at Worker()
+            os.environ["PINSTAGE_HOST_HUGE_PAGES"] = "thp" if arm == "pinstage_thp" else "off"
+        ctx["worker"] = (pinstage.Worker(host_cache_limit_bytes=0) if worker_of(arm) == "fresh"
                          else pinstage.Worker())
         # The load report where load_file offers it (report=True returns (tensors, report)).
         ctx["report_kw"] = {"report": True} if accepts(pinstage.load_file, "report") else {}
@@ -454,6 +490,11 @@ def loader(arm, ctx):
     report) or a DeviceLoad."""
     d, files = ctx["dir"], ctx["files"]
     ps, w, kw = ctx["pinstage"], ctx.get("worker"), ctx.get("report_kw", {})
+    sweep = SWEEP.match(arm)
+    if sweep:
+        n = int(sweep.group(2))
+        knob = {"threads": n} if sweep.group(1) == "t" else {"chunk_bytes": n << 20}
+        return lambda: ps.load_file(d, worker=w, **knob, **kw)
     return {
         "safetensors": lambda: arm_safetensors(files, ctx),
         "safetensors_pread": lambda: arm_safetensors(files, ctx, "pread"),
@@ -462,8 +503,8 @@ def loader(arm, ctx):
         "runai": lambda: arm_runai(files, ctx),
         "torch_by_hand": lambda: arm_by_hand(files, ctx),
         "pinstage": lambda: ps.load_file(d, worker=w, **kw),
-        "pinstage_thp": lambda: with_env("PINSTAGE_HOST_HUGE_PAGES", "thp", lambda:
-                                         ps.load_file(d, worker=w, **kw)),
+        "pinstage_thp": lambda: ps.load_file(d, worker=w, **kw),
+        "pinstage_base": lambda: ps.load_file(d, worker=w, **kw),
         "pinstage_pooled": lambda: ps.load_file(d, worker=w, **kw),
         "pinstage_direct": lambda: ps.load_file(d, worker=w, direct=True, **kw),
         "pinstage_map": lambda: ps.load_file(d, worker=w, mode="map", report=True),
@@ -602,17 +643,49 @@ def floor_memcpy(n, threads, copies=3):
     return {"seconds": best, "gbps": n / best / 1e9, "copies": copies}
 
 
-def fio_command(files):
-    cmd = ["fio", "--output-format=json", "--ioengine=libaio", "--direct=1", "--bs=1M",
-           "--iodepth=32", "--rw=read", "--readonly", "--group_reporting"]
+def floor_pread(files, n, threads, chunk=16 << 20):
+    """Every shard's bytes read with os.preadv into one faulted buffer, the files' byte
+    ranges split across `threads` threads (GIL released in the read)."""
+    import numpy as np
+    buf = np.ones(sum(os.path.getsize(f) for f in files), dtype=np.uint8)
+    ranges, at = [], 0
+    for f in files:
+        size = os.path.getsize(f)
+        ranges += [(f, off, min(chunk, size - off), at + off) for off in range(0, size, chunk)]
+        at += size
+    fds = {f: os.open(f, os.O_RDONLY) for f in files}
+    view = memoryview(buf)
+
+    def read(lo, hi):
+        for f, off, length, dst in ranges[lo:hi]:
+            os.preadv(fds[f], [view[dst:dst + length]], off)
+
+    try:
+        step = -(-len(ranges) // threads)
+        parts = [(lo, min(len(ranges), lo + step)) for lo in range(0, len(ranges), step)]
+        ts = [threading.Thread(target=read, args=p) for p in parts]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        seconds = time.perf_counter() - t0
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return {"seconds": seconds, "gbps": buf.size / seconds / 1e9, "file_bytes": int(buf.size)}
+
+
+def fio_command(files, direct):
+    cmd = ["fio", "--output-format=json", "--ioengine=libaio", f"--direct={int(direct)}",
+           "--bs=1M", "--iodepth=32", "--rw=read", "--readonly", "--group_reporting"]
     for i, f in enumerate(files):
         cmd += [f"--name=shard{i}", f"--filename={f}"]
     return cmd
 
 
-def floor_fio(files):
-    """fio's O_DIRECT read of the shards: GB/s of bytes read (group_reporting's read bw)."""
-    cmd = fio_command(files)
+def fio_read(files, direct):
+    cmd = fio_command(files, direct)
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"fio exited {done.returncode}: {done.stderr.strip()[-400:]}")
@@ -621,9 +694,21 @@ def floor_fio(files):
     if not read["bw_bytes"]:
         raise RuntimeError("fio read nothing")
     return {"gbps": read["bw_bytes"] / 1e9, "seconds": read["runtime"] / 1e3,
-            "bytes": read["io_bytes"], "fio": subprocess.run(
-                ["fio", "--version"], capture_output=True, text=True).stdout.strip(),
-            "command": " ".join(cmd[:9]) + " --name=shardI --filename=SHARD..."}
+            "bytes": read["io_bytes"], "command": " ".join(cmd[:9]) + " --name=shardI ..."}
+
+
+def floor_fio(files):
+    """fio's read of the (dropped) shards, O_DIRECT and buffered: the better of the two."""
+    direct = fio_read(files, True)
+    drop(files)  # buffered reads fill the page cache: start it cold too
+    buffered = fio_read(files, False)
+    best = max((direct, buffered), key=lambda r: r["gbps"])
+    return {"gbps": best["gbps"], "seconds": best["seconds"], "bytes": best["bytes"],
+            "direct_gbps": direct["gbps"], "buffered_gbps": buffered["gbps"],
+            "best": "O_DIRECT" if best is direct else "buffered",
+            "fio": subprocess.run(["fio", "--version"], capture_output=True,
+                                  text=True).stdout.strip(),
+            "command": best["command"]}
 
 
 def child_floor(floor, mode, files):
@@ -633,6 +718,8 @@ def child_floor(floor, mode, files):
         out = floor_fault(n, threads)
     elif floor == "floor_memcpy":
         out = floor_memcpy(n, threads)
+    elif floor == "floor_pread":
+        out = floor_pread(files, n, threads)
     else:
         out = floor_fio(files)
     return {"ok": True, "bytes": out.pop("bytes", n), "threads": threads, **out, **cache}
@@ -824,7 +911,7 @@ def print_table(a, runs, s, nbytes, files):
     print(f"\n{nbytes / 1e9:.2f} GB in {len(files)} shards, into host memory, each load in a "
           f"fresh process, best of {a.rounds}; peer = GB/s / the best copying peer's (warm: "
           f"{bp.get('warm', '-')}, cold: {bp.get('cold', '-')}); floor = GB/s / the "
-          f"mode's floor (warm: floor_memcpy, cold: floor_fio); faults and CPU seconds of "
+          f"mode's floor (warm: floor_pread, cold: floor_fio); faults and CPU seconds of "
           f"the best run")
     print(f"{'arm':26}" + "".join(f"{m + ' GB/s':>11}{'peer':>7}{'floor':>7}{'faults':>9}"
                                   f"{'CPU s':>7}" for m in a.modes) + "  pinned")

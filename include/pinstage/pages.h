@@ -48,7 +48,7 @@ struct PrefaultReport {
   // Huge pages (FaultPlan::huge): a 2 MiB unit slower than the plan's stall limit (memory
   // compaction) made the rest of the segment use base pages (MADV_NOHUGEPAGE).
   bool huge_abandoned = false;
-  double slowest_unit_seconds = 0;  // the slowest 2 MiB unit faulted (huge plans only)
+  double slowest_unit_seconds = 0;  // CPU seconds of the costliest 2 MiB unit (huge plans)
 };
 
 // How one segment is faulted in, shared by every call that faults part of it (the reader
@@ -59,8 +59,9 @@ struct FaultPlan {
   int threads = 0;  // threads per prefault() call (0 = automatic, see prefault_thread_count)
   // The segment was advised MADV_HUGEPAGE: fault it in 2 MiB units, each timed.
   bool huge = false;
-  // A huge unit slower than this abandons huge pages for the rest of [segment,
-  // segment + segment_bytes); 0 = never.
+  // A huge unit that costs its thread more CPU time than this (compaction, a host backing
+  // guest memory lazily; waiting for a core does not count) abandons huge pages for the rest
+  // of [segment, segment + segment_bytes); 0 = never.
   double stall_seconds = 0;
   void* segment = nullptr;
   size_t segment_bytes = 0;

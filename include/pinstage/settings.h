@@ -27,7 +27,7 @@ enum class Setting {
   pin_policy,           // PINSTAGE_PIN_POLICY: strict|fallback (a pin over budget)
   host_cache_max,       // PINSTAGE_HOST_CACHE_MAX: bytes the pinned pool may keep cached
   host_huge_pages,      // PINSTAGE_HOST_HUGE_PAGES: auto|thp|off, the one huge-page switch
-  host_huge_stall_ms,   // PINSTAGE_HOST_HUGE_STALL_MS: a 2 MiB fault slower than this gives up
+  host_huge_stall_ms,   // PINSTAGE_HOST_HUGE_STALL_MS: a costlier 2 MiB fault gives huge pages up
   resident_check,       // PINSTAGE_RESIDENT_CHECK: off|on, ResidentBinder's write check
 };
 

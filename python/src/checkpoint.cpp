@@ -186,18 +186,23 @@ class BufferAllocator final : public HostAllocator {
     buffers_.push_back(worker_.alloc_pinned_host(std::max<size_t>(bytes, 1)));  // 0: 1 byte
     return std::make_shared<Storage>(buffers_.back().data(), bytes, true, nullptr);
   }
+  // A first load's fresh segment: faulted by the readers (prepare), pinned behind them.
   void reserve(std::span<const size_t> sizes) override {
     size_t total = 0;
     for (size_t bytes : sizes) total += round_up_to_pages(std::max<size_t>(bytes, 1));
-    worker_.reserve_pinned_host(total);
+    fill_ = worker_.reserve_host_fill(total);
   }
+  void prepare(void* data, size_t bytes) override { fill_.prepare(data, bytes); }
+  void finish() override { fill_.finish(); }
   bool pinned() const override { return true; }
   std::string name() const override { return "pinned"; }
   std::vector<PinnedHostBuffer>& buffers() { return buffers_; }
+  const HostFill& fill() const { return fill_; }
 
  private:
   Worker& worker_;
   std::vector<PinnedHostBuffer> buffers_;
+  HostFill fill_;
 };
 
 // A tensor of a map-mode load: a read-only view of a pinned file mapping, which it keeps
@@ -229,6 +234,7 @@ py::tuple load_pinned(const Checkpoint& c, py::object worker_obj,
                                      : load_to_host(c, buffers, p, &names);
     });
   }
+  if (o.mode == LoadMode::copy) load.report.host_pages = buffers.fill().pages();
   py::list out;
   for (size_t i = 0; i < load.tensors.size(); ++i) {
     if (o.mode == LoadMode::copy) {

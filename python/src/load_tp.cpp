@@ -37,6 +37,8 @@ class BufferAllocator final : public HostAllocator {
     return std::make_shared<Storage>(buffers.back().data(), bytes, true, nullptr);
   }
   void reserve(std::span<const size_t> sizes) override { pinned_.reserve(sizes); }
+  void prepare(void* data, size_t bytes) override { pinned_.prepare(data, bytes); }
+  void finish() override { pinned_.finish(); }
   bool pinned() const override { return true; }
   std::string name() const override { return "pinned"; }
 

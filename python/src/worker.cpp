@@ -289,7 +289,7 @@ BackendConfig backend_config(const py::handle& value) {
   if (!py::isinstance<py::dict>(value))
     throw py::type_error(
         "Worker option config must be a dict of backend settings, e.g. "
-        "{'pinned_mode': 'register'}, got " +
+        "{'register_chunk_mb': 1024}, got " +
         type_name(value));
   BackendConfig config;
   for (auto item : value.cast<py::dict>()) {

@@ -53,8 +53,8 @@ constexpr SettingInfo kSettings[] = {
      "exist, thp asks for them whenever the kernel allows, off keeps base pages; a 2 MiB fault "
      "that stalls gives them up for the rest of the segment (docs/worker.md, \"Placement\")"},
     {Setting::host_huge_stall_ms, "PINSTAGE_HOST_HUGE_STALL_MS", "0..60000",
-     "milliseconds a 2 MiB huge-page fault may take (memory compaction) before the segment's "
-     "remaining pages fall back to base pages (default 20; 0: the first fault gives up)"},
+     "CPU milliseconds a 2 MiB huge-page fault may cost (memory compaction) before the "
+     "segment's remaining pages fall back to base pages (default 5; 0: the first one gives up)"},
 };
 
 [[noreturn]] void bad(std::string_view what, std::string_view text, const std::string& why) {

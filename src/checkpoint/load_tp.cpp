@@ -304,6 +304,9 @@ TpHostLoad load_tp_to_host(const Checkpoint& c, const TpPlan& plan, int tp,
   std::vector<unsigned char> stage;
   for (Job& j : jobs)
     if (j.strided()) read_strided(c, j, tp, stage, p, o.verify, r, &base);
+  const Stopwatch pin;
+  for (HostAllocator* a : allocators) a->finish();  // what reserve() left to the writers
+  r.load.pin_s = pin.seconds();
   if (o.verify) verify(c, jobs, r.load.threads, r);
   out.ranks = by_rank(jobs, tp, r);
   r.load.total_s = total.seconds();

@@ -170,7 +170,33 @@ HostLoad load_to_host(const Checkpoint& c, Worker& worker, const CheckpointLoadO
                       const std::vector<std::string>* names) {
   require_chip_worker(worker, "load_to_host");
   const std::vector<const CheckpointTensor*> tensors = detail::selected(c, names, "load_to_host");
-  if (o.mode == LoadMode::map) return map_to_host(c, tensors, worker, o);
+  if (o.mode == LoadMode::map) {
+    try {
+      return map_to_host(c, tensors, worker, o);
+    } catch (const Error& refused) {
+      if (refused.code() != ErrorCode::out_of_memory) throw;
+      // Whole files do not fit the pin budget; the tensors asked for may (safe_open's one
+      // small tensor of a large shard): copied, as copy mode would, and said so. When they
+      // do not fit either, the map's own refusal stands.
+      CheckpointLoadOptions copy = o;
+      copy.mode = LoadMode::copy;
+      PinnedAllocator pool(worker);
+      try {
+        HostLoad out = detail::copy_to_host(c, tensors, pool, copy);
+        const std::string why = refused.what();
+        out.report.mode = "map";
+        out.report.map_note = "the files do not fit the pin budget (" +
+                              why.substr(0, why.find(". ")) + "); the " +
+                              std::to_string(tensors.size()) +
+                              " tensor(s) asked for were copied into pinned memory";
+        out.report.peak_pinned_bytes = worker.stats().pinned_bytes;
+        return out;
+      } catch (const Error& again) {
+        if (again.code() != ErrorCode::out_of_memory) throw;
+        throw refused;
+      }
+    }
+  }
   PinnedAllocator pool(worker);
   HostLoad out = detail::copy_to_host(c, tensors, pool, o);
   out.report.host_pages = pool.fill() != nullptr ? pool.fill()->pages() : "";
@@ -210,6 +236,68 @@ void check_arrived(const Checkpoint& c, Worker& worker, const DeviceLoad& load, 
 
 namespace detail {
 
+namespace {
+
+// Uploads `tensors` (indexes into `all`) straight from their pinned mappings, then waits.
+void upload_mapped(Worker& worker, const std::vector<const CheckpointTensor*>& all,
+                   const std::vector<size_t>& tensors, const Mappings& maps, DeviceLoad& out,
+                   const CheckpointLoadOptions& o, uint64_t& done) {
+  Stream stream = worker.create_stream();
+  for (size_t i : tensors) {
+    const CheckpointTensor& t = *all[i];
+    if (t.bytes == 0) continue;
+    // Straight from the pinned mapping: the copy engine reads the page cache.
+    worker.copy_to_device_async(out.tensors[i].buffer, 0, maps[t.file]->data() + t.offset, t.bytes,
+                                stream);
+    done += t.bytes;
+    if (o.progress) o.progress(done, out.report.bytes);
+  }
+  worker.synchronize(stream);
+}
+
+// The files one at a time, each mapped, uploaded and let go before the next: a load whose
+// files do not fit the pin budget together, where each does. false (with *note) when one
+// does not fit alone.
+bool upload_file_by_file(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors,
+                         Worker& worker, const CheckpointLoadOptions& quiet,
+                         const CheckpointLoadOptions& o, DeviceLoad& out, std::string* note) {
+  uint64_t done = 0;
+  for (size_t f = 0; f < c.files().size(); ++f) {
+    std::vector<const CheckpointTensor*> mine;
+    std::vector<size_t> index;
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (tensors[i]->file == f) {
+        mine.push_back(tensors[i]);
+        index.push_back(i);
+      }
+    if (mine.empty()) continue;
+    LoadReport part;
+    Mappings maps;
+    try {
+      maps = map_files(c, mine, worker, quiet, part);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::out_of_memory) throw;
+      const std::string why = e.what();
+      *note = "a file does not fit the pin budget alone (" + why.substr(0, why.find(". ")) +
+              "); the load went through the ring";
+      return false;
+    }
+    if (!part.map_note.empty()) {
+      *note = part.map_note.substr(0, part.map_note.find(';')) + "; the load went through the ring";
+      return false;
+    }
+    out.report.map_s += part.map_s;
+    out.report.pin_s += part.pin_s;
+    upload_mapped(worker, tensors, index, maps, out, o, done);
+  }
+  out.report.map_note =
+      "the files do not fit the pin budget together: each was pinned, uploaded and let go in "
+      "turn";
+  return true;
+}
+
+}  // namespace
+
 std::optional<DeviceLoad> map_to_device(const Checkpoint& c,
                                         const std::vector<CheckpointTensor>& chosen, Worker& worker,
                                         const CheckpointLoadOptions& o, std::string* note) {
@@ -222,17 +310,22 @@ std::optional<DeviceLoad> map_to_device(const Checkpoint& c,
   start_report(c, tensors, o, r);
   CheckpointLoadOptions quiet = o;
   quiet.progress = nullptr;  // progress is for the uploads below
-  const Mappings maps = map_files(c, tensors, worker, quiet, r);
-  if (!r.map_note.empty()) {
+  std::optional<Mappings> maps;
+  try {
+    maps = map_files(c, tensors, worker, quiet, r);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::out_of_memory) throw;  // together they do not fit: see below
+  }
+  if (maps && !r.map_note.empty()) {
     *note = r.map_note.substr(0, r.map_note.find(';')) + "; the load went through the ring";
     return std::nullopt;  // the mappings go: the ring reads the files instead
   }
-  if (o.verify) {  // the page cache's bytes, before they go up
+  if (o.verify && maps) {  // the page cache's bytes, before they go up
     HostLoad views;
     for (const CheckpointTensor* t : tensors)
       views.tensors.push_back(
           {*t,
-           std::make_shared<Storage>(const_cast<unsigned char*>(maps[t->file]->data()) + t->offset,
+           std::make_shared<Storage>(const_cast<unsigned char*>((*maps)[t->file]->data()) + t->offset,
                                      t->bytes, true, nullptr)});
     verify_views(c, views, o, r);
   }
@@ -240,20 +333,21 @@ std::optional<DeviceLoad> map_to_device(const Checkpoint& c,
   for (const CheckpointTensor* t : tensors)
     out.tensors.push_back({*t, t->bytes > 0 ? worker.alloc_device(t->bytes) : DeviceBuffer{}});
   r.alloc_s = alloc.seconds();
-  Stream stream = worker.create_stream();
   const Stopwatch upload;
-  uint64_t done = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const CheckpointTensor& t = *tensors[i];
-    if (t.bytes == 0) continue;
-    // Straight from the pinned mapping: the copy engine reads the page cache.
-    worker.copy_to_device_async(out.tensors[i].buffer, 0, maps[t.file]->data() + t.offset, t.bytes,
-                                stream);
-    done += t.bytes;
-    if (o.progress) o.progress(done, r.bytes);
+  if (maps) {
+    std::vector<size_t> all(tensors.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    uint64_t done = 0;
+    upload_mapped(worker, tensors, all, *maps, out, o, done);
+  } else if (!upload_file_by_file(c, tensors, worker, quiet, o, out, note)) {
+    return std::nullopt;
   }
-  worker.synchronize(stream);
   r.upload_s = upload.seconds();
+  if (o.verify && !maps) {  // file by file: every hashed tensor is checked as it arrived
+    r.unverified = static_cast<size_t>(std::count_if(
+        tensors.begin(), tensors.end(), [](const CheckpointTensor* t) { return !t->xxh3; }));
+    r.verified = r.unverified == 0;
+  }
   if (o.verify) check_arrived(c, worker, out, r);
   r.peak_pinned_bytes = worker.stats().pinned_bytes;
   r.total_s = total.seconds();

@@ -24,23 +24,20 @@ enum class EntryKind {
   stream,
   event,
   pageable_host,
-  host_anonymous,
-  host_vendor,
-  host_file_shared,
-  host_file_private,
-  host_shared_named,
+  host_segment,  // the first of kSourceKindCount kinds, one per source: entry_kind(source)
 };
-inline constexpr size_t kEntryKindCount = 4 + kSourceKindCount;
+inline constexpr size_t kEntryKindCount =
+    static_cast<size_t>(EntryKind::host_segment) + kSourceKindCount;
 
 // The table kind of a source's pinned segments, and back.
 constexpr EntryKind entry_kind(SourceKind source) {
-  return static_cast<EntryKind>(static_cast<size_t>(EntryKind::host_anonymous) +
+  return static_cast<EntryKind>(static_cast<size_t>(EntryKind::host_segment) +
                                 static_cast<size_t>(source));
 }
-constexpr bool is_host_segment(EntryKind kind) { return kind >= EntryKind::host_anonymous; }
+constexpr bool is_host_segment(EntryKind kind) { return kind >= EntryKind::host_segment; }
 constexpr SourceKind source_of(EntryKind kind) {
   return static_cast<SourceKind>(static_cast<size_t>(kind) -
-                                 static_cast<size_t>(EntryKind::host_anonymous));
+                                 static_cast<size_t>(EntryKind::host_segment));
 }
 
 // Not thread-safe by itself: WorkerState guards it with its mutex.

@@ -58,8 +58,6 @@ void check_required_slots(const ps_platform_api& api, const std::string& backend
       {reinterpret_cast<const void*>(api.device_free), "device_free"},
       {reinterpret_cast<const void*>(api.copy_h2d), "copy_h2d"},
       {reinterpret_cast<const void*>(api.copy_d2h), "copy_d2h"},
-      {reinterpret_cast<const void*>(api.host_alloc_pinned), "host_alloc_pinned"},
-      {reinterpret_cast<const void*>(api.host_free_pinned), "host_free_pinned"},
       {reinterpret_cast<const void*>(api.mem_info), "mem_info"},
       {reinterpret_cast<const void*>(api.get_capabilities), "get_capabilities"},
   };
@@ -85,6 +83,13 @@ void check_required_slots(const ps_platform_api& api, const std::string& backend
   if ((api.host_register == nullptr) != (api.host_unregister == nullptr))
     fail(backend, path,
          "pinning slots host_register and host_unregister must be both present or both NULL");
+  if ((api.host_alloc_pinned == nullptr) != (api.host_free_pinned == nullptr))
+    fail(backend, path,
+         "vendor slots host_alloc_pinned and host_free_pinned must be both present or both NULL");
+  if (api.host_register == nullptr && api.host_alloc_pinned == nullptr)
+    fail(backend, path,
+         "the plugin cannot pin host memory: it needs host_register/host_unregister or "
+         "host_alloc_pinned/host_free_pinned");
 }
 
 Plugin load(const std::string& backend, const std::string& path) {

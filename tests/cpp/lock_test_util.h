@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 namespace pinstage::test {
@@ -81,6 +84,60 @@ inline bool drop_lock_rights(uint64_t limit) {
   if (syscall(SYS_capset, &header, caps) != 0) return false;
   const rlimit rl{limit, limit};
   return setrlimit(RLIMIT_MEMLOCK, &rl) == 0;
+}
+
+// Anonymous memory resident now (RssAnon), in bytes: a leaked, faulted segment shows here.
+inline uint64_t rss_anon_bytes() {
+  const std::string kib = proc_status_field("RssAnon:");
+  return kib.empty() ? 0 : std::stoull(kib) * 1024;
+}
+
+// Open file descriptors of this process (/proc/self/fd), for leak checks.
+inline size_t count_fds() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// Mappings of files under `dir` (/proc/self/maps; a sanitizer's allocator maps memory of its
+// own at any time, so only those files' mappings are counted).
+inline size_t count_maps(const std::string& dir) {
+  std::ifstream in("/proc/self/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(in, line);) n += line.find(dir) != std::string::npos;
+  return n;
+}
+
+// A field ("AnonHugePages", "Locked", ...) of the /proc/self/smaps entry of the mapping that
+// holds `addr`, in bytes, and its permissions ("rw-p"); 0 / "" when no mapping holds it.
+struct SmapsEntry {
+  std::string perms;
+  uint64_t anon_huge = 0, locked = 0, rss = 0;
+};
+inline SmapsEntry smaps_of(const void* addr) {
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  std::ifstream in("/proc/self/smaps");
+  SmapsEntry e;
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    unsigned long lo = 0, hi = 0;
+    char perms[8] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s", &lo, &hi, perms) == 3) {
+      if (inside) break;
+      inside = a >= lo && a < hi;
+      if (inside) e.perms = perms;
+      continue;
+    }
+    if (!inside) continue;
+    std::istringstream fields(line);
+    std::string key;
+    uint64_t kib = 0;
+    fields >> key >> kib;
+    if (key == "AnonHugePages:") e.anon_huge = kib * 1024;
+    if (key == "Locked:") e.locked = kib * 1024;
+    if (key == "Rss:") e.rss = kib * 1024;
+  }
+  return e;
 }
 
 }  // namespace pinstage::test

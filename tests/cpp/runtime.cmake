@@ -50,6 +50,29 @@ pinstage_add_gtest(test_runtime_concurrency
   LABELS runtime concurrency)
 add_dependencies(test_runtime_concurrency pinstage_backend_sim)
 
+# The host-memory provider (issue 46): sim variants that pin as other backends do
+# (plugins/pin_variants.cpp), beside the broken plugins.
+foreach(variant no_register no_read_only no_pinning)
+  add_library(test_plugin_${variant} MODULE ${CMAKE_CURRENT_LIST_DIR}/plugins/pin_variants.cpp)
+  target_include_directories(test_plugin_${variant} PRIVATE ${PROJECT_SOURCE_DIR}/include)
+  set_target_properties(test_plugin_${variant} PROPERTIES
+    LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/test_plugins OUTPUT_NAME ${variant} PREFIX "lib")
+  target_compile_definitions(test_plugin_${variant} PRIVATE
+    PINSTAGE_SIM_PLUGIN_PATH="$<TARGET_FILE:pinstage_backend_sim>")
+  target_link_libraries(test_plugin_${variant} PRIVATE ${CMAKE_DL_LIBS})
+  add_dependencies(test_plugin_${variant} pinstage_backend_sim)
+endforeach()
+target_compile_definitions(test_plugin_no_read_only PRIVATE PINSTAGE_NO_READ_ONLY)
+target_compile_definitions(test_plugin_no_pinning PRIVATE PINSTAGE_NO_PINNING)
+pinstage_sim_gtest(test_host_sources LABELS runtime
+  SOURCES ${PROJECT_SOURCE_DIR}/src/runtime/host_memory/placement.cpp
+          ${PROJECT_SOURCE_DIR}/src/runtime/host_memory/host_source.cpp
+          ${PROJECT_SOURCE_DIR}/src/runtime/host_memory/shared_named.cpp)
+target_compile_definitions(test_host_sources PRIVATE
+  PINSTAGE_TEST_PLUGIN_DIR="${CMAKE_BINARY_DIR}/test_plugins")
+add_dependencies(test_host_sources test_plugin_no_register test_plugin_no_read_only
+                 test_plugin_no_pinning)
+
 # The fault sweep (issue 14): every backend call of a bind and a scene run fails in turn.
 pinstage_sim_gtest(test_fault_sweep LABELS runtime faults)
 

@@ -15,14 +15,14 @@ TEST(AllocationTable, TracksEntriesPerKindWithTheirHandles) {
   int token = 0;
   EXPECT_TRUE(table.insert(EntryKind::device, {at(0x1000), 100, &token}));
   EXPECT_FALSE(table.insert(EntryKind::device, {at(0x1000), 5, nullptr}));      // no aliasing
-  EXPECT_TRUE(table.insert(EntryKind::host_anonymous, {at(0x1000), 7, nullptr}));  // other kind
+  EXPECT_TRUE(table.insert(entry_kind(SourceKind::anonymous), {at(0x1000), 7, nullptr}));  // other kind
   EXPECT_EQ(table.bytes(EntryKind::device), 100u);
-  EXPECT_EQ(table.count(EntryKind::host_anonymous), 1u);
+  EXPECT_EQ(table.count(entry_kind(SourceKind::anonymous)), 1u);
   const auto erased = table.erase(EntryKind::device, at(0x1000));
   ASSERT_TRUE(erased);
   EXPECT_EQ(erased->handle, &token);  // handed back exactly as the backend gave it
   EXPECT_FALSE(table.erase(EntryKind::device, at(0x1000)));       // double free: unknown
-  EXPECT_FALSE(table.erase(EntryKind::host_anonymous, at(0x1001)));  // interior pointer
+  EXPECT_FALSE(table.erase(entry_kind(SourceKind::anonymous), at(0x1001)));  // interior pointer
   EXPECT_EQ(table.bytes(EntryKind::device), 0u);
 }
 
@@ -35,7 +35,7 @@ TEST(AllocationTable, RangeCheckNeedsOneLiveAllocation) {
   EXPECT_FALSE(table.contains(EntryKind::device, at(0x10ff), 2));  // spans two
   EXPECT_FALSE(table.contains(EntryKind::device, at(0xfff), 1));   // before the first
   EXPECT_FALSE(table.contains(EntryKind::device, at(0x1200), 1));  // after the last
-  EXPECT_FALSE(table.contains(EntryKind::host_anonymous, at(0x1000), 1));
+  EXPECT_FALSE(table.contains(entry_kind(SourceKind::anonymous), at(0x1000), 1));
   EXPECT_FALSE(table.contains(EntryKind::device, at(0x1000), SIZE_MAX));  // no wrap
 }
 

@@ -37,20 +37,8 @@ unsigned char byte_at(size_t tensor, uint64_t b) {
   return static_cast<unsigned char>((tensor * 131 + b * 7 + (b >> 9)) & 0xff);
 }
 
-// Open file descriptors and mappings of this process, read from /proc (leak checks).
-size_t count_fds() {
-  size_t n = 0;
-  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
-  return n;
-}
-// Mappings of files under `dir` (a sanitizer's allocator maps memory of its own at any time,
-// so only the checkpoint's mappings are counted).
-size_t count_maps(const std::string& dir) {
-  std::ifstream in("/proc/self/maps");
-  size_t n = 0;
-  for (std::string line; std::getline(in, line);) n += line.find(dir) != std::string::npos;
-  return n;
-}
+using test::count_fds;
+using test::count_maps;
 
 class SegmentSources : public test::TempDirTest {
  protected:

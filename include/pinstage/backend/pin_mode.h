@@ -29,6 +29,13 @@ struct PinConfig {
 // The accepted keys, for messages.
 inline constexpr const char* kPinConfigKeys = "register_chunk_mb";
 
+// Keys of the backends that made host memory themselves (before ABI v8): refused naming
+// where their job went, not as typos.
+inline bool is_gone_pin_key(std::string_view key) {
+  return key == "pinned_mode" || key == "register_threshold_mb" || key == "prefault_threads" ||
+         key == "register_thp";
+}
+
 namespace detail {
 inline void apply_pin_option(PinConfig& config, std::string_view key, std::string_view value) {
   if (key == "register_chunk_mb") {
@@ -36,9 +43,7 @@ inline void apply_pin_option(PinConfig& config, std::string_view key, std::strin
         static_cast<uint64_t>(config_integer(key, value, 1, int64_t{kMaxRegisterChunkMb},
                                              "1 to 65536 MiB per register call"))
         << 20;
-  } else if (key == "pinned_mode" || key == "register_threshold_mb" ||
-             key == "prefault_threads" || key == "register_thp") {
-    // Keys of the backends that made host memory themselves (before 0.3).
+  } else if (is_gone_pin_key(key)) {
     config_refuse("key '" + std::string(key) +
                   "' is gone: the runtime makes, places and faults pinned host memory for every "
                   "backend now (PINSTAGE_HOST_HUGE_PAGES, PINSTAGE_NUM_THREADS; docs/worker.md, "

@@ -30,7 +30,10 @@
  * ps_context_options.host_numa_node (where the context's pinned memory is placed); v7
  * appends host_register and host_unregister: the runtime makes host memory (fresh
  * anonymous pages, a read-only file mapping, a tmpfs segment) and the plugin only pins it
- * (Note [Segment sources] in src/runtime/host_memory/).
+ * (Note [Segment sources] in src/runtime/host_memory/); v8 makes that the rule: the runtime
+ * makes, places and faults every pinned byte, host_alloc_pinned/host_free_pinned become an
+ * optional pair (the vendor source, taken only where host_register is missing or refuses
+ * anonymous memory), and a plugin has at least one of the two pairs.
  */
 #ifndef PINSTAGE_PLATFORM_ABI_H
 #define PINSTAGE_PLATFORM_ABI_H
@@ -43,7 +46,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change to the table's layout or to a slot's meaning. */
-#define PINSTAGE_PLATFORM_API_VERSION 7u
+#define PINSTAGE_PLATFORM_API_VERSION 8u
 #define PINSTAGE_PLATFORM_ENTRY_SYMBOL "pinstage_platform_entry"
 /* Marks the entry symbol: plugins build with hidden visibility and export only it. */
 #define PINSTAGE_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -232,7 +235,10 @@ typedef struct ps_platform_api {
   int (*event_record)(ps_device_ctx* ctx, ps_event* event, ps_stream* stream);
   int (*event_sync)(ps_device_ctx* ctx, ps_event* event);
 
-  /* Pinned (page-locked where possible) host memory. Never rounded past the page. */
+  /* OPTIONAL pair (v8): the plugin's own pinned (page-locked where possible) host memory,
+   * never rounded past the page: the vendor source, which the runtime takes only where
+   * host_register is missing or answers PS_ERR_UNSUPPORTED for anonymous memory. The
+   * runtime makes, places and faults every other pinned byte itself. */
   int (*host_alloc_pinned)(ps_device_ctx* ctx, size_t bytes, ps_allocation* out);
   int (*host_free_pinned)(ps_device_ctx* ctx, const ps_allocation* allocation);
 
@@ -278,15 +284,19 @@ typedef struct ps_platform_api {
   int (*device_count)(const ps_context_options* options, int* out);
   int (*device_props)(int device_id, const ps_context_options* options, ps_device_props* out);
 
-  /* OPTIONAL pinning slots (ABI v7), both present or both NULL. host_register pins host
-   * memory the runtime mapped itself, in place: [ptr, ptr + bytes) is page-aligned,
+  /* OPTIONAL pinning slots (ABI v7), both present or both NULL; a plugin without them must
+   * have host_alloc_pinned. host_register pins host memory the runtime mapped itself
+   * (placed on its NUMA node, faulted, on huge pages where the runtime chose them), in
+   * place: [ptr, ptr + bytes) is page-aligned,
    * bytes > 0, and no part of it is registered already. On PS_OK the range is page-locked
    * (or device-registered) until host_unregister gets the same ptr and bytes, exactly
    * once; on failure nothing of it stays registered. `flags`: PS_REGISTER_READ_ONLY, or 0.
-   * sim: mlock/munlock; cuda: cudaHostRegister in pieces; acl: aclrtHostRegister. A
-   * backend that cannot register this kind of memory (a read-only file mapping, say)
-   * fails with PS_ERR_UNSUPPORTED and the reason in last_error; the runtime then copies
-   * into memory it can pin, and says so. */
+   * sim: mlock/munlock; cuda: cudaHostRegister in pieces; acl: aclrtHostRegister, whole
+   * (a copy must lie inside one registration: the runtime registers a segment or a file
+   * mapping as one range). A backend that cannot register this kind of memory fails with
+   * PS_ERR_UNSUPPORTED and the reason in last_error; the runtime then takes another
+   * source (anonymous memory: the vendor's; a read-only file mapping: a private writable
+   * copy; failing that, a copy into memory it can pin), and says so. */
   int (*host_register)(ps_device_ctx* ctx, void* ptr, size_t bytes, uint32_t flags);
   int (*host_unregister)(ps_device_ctx* ctx, void* ptr, size_t bytes);
 } ps_platform_api;

@@ -94,7 +94,7 @@ struct ps_event {
 namespace {
 
 // One release that failed (Note [Releases that failed]).
-enum class Retry { stream, event, device, host };
+enum class Retry { stream, event, device, registered, host };
 struct RetryItem {
   Retry kind;
   ps_allocation a;  // ptr is the ps_stream*/ps_event* for queues
@@ -342,8 +342,15 @@ void free_device(ps_device_ctx* ctx, const ps_allocation& a) {
   ctx->capacity.release(a.bytes);
 }
 
-// The vendor source's memory (aclrtMallocHost); the runtime's own memory is unregistered
-// through host_unregister and unmapped by the runtime.
+// The runtime's memory, registered by host_register (the runtime unmaps it itself).
+void unregister_host(const ps_device_ctx* ctx, const ps_allocation& a) {
+  check(runtime().aclrtHostUnregister(a.ptr), [&] {
+    return "aclrtHostUnregister of a " + std::to_string(a.bytes) + " byte registered range on " +
+           dev_name(ctx);
+  });
+}
+
+// The vendor source's memory (aclrtMallocHost).
 void free_host(const ps_device_ctx* ctx, const ps_allocation& a) {
   check(runtime().aclrtFreeHost(a.ptr), [&] {
     return "aclrtFreeHost of a " + std::to_string(a.bytes) + " byte pinned buffer on " +
@@ -359,6 +366,8 @@ void release_item(ps_device_ctx* ctx, const RetryItem& item) {
       return destroy_event(ctx, static_cast<ps_event*>(item.a.ptr));
     case Retry::device:
       return free_device(ctx, item.a);
+    case Retry::registered:
+      return unregister_host(ctx, item.a);
     case Retry::host:
       return free_host(ctx, item.a);
   }
@@ -389,7 +398,7 @@ std::string teardown(ps_device_ctx* ctx, bool device_set) noexcept {
   const Runtime& rt = runtime();
   if (ctx->context != nullptr) {
     step(errors, [&] { use_ctx(ctx); });
-    for (Retry kind : {Retry::stream, Retry::event, Retry::device, Retry::host}) {
+    for (Retry kind : {Retry::stream, Retry::event, Retry::device, Retry::registered, Retry::host}) {
       std::vector<RetryItem> items;
       for (const RetryItem& r : ctx->retry)
         if (r.kind == kind) items.push_back(r);
@@ -720,9 +729,17 @@ void AclSlots::register_range(ps_device_ctx* ctx, void* ptr, size_t bytes, bool 
                                  code));
 }
 
-void AclSlots::unregister_range(ps_device_ctx* ctx, void* ptr, size_t /*bytes*/) {
-  check(runtime().aclrtHostUnregister(ptr),
-        [&] { return "aclrtHostUnregister of a registered range on " + dev_name(ctx); });
+// A failed unregister stays on the retry list (Note [Releases that failed]): a registration
+// must not outlive the device (Note [Teardown order]).
+void AclSlots::unregister_range(ps_device_ctx* ctx, void* ptr, size_t bytes) {
+  const ps_allocation a{ptr, bytes, nullptr};
+  unlist(ctx, ptr);
+  try {
+    unregister_host(ctx, a);
+  } catch (...) {
+    relist(ctx, Retry::registered, a);
+    throw;
+  }
 }
 
 // The vendor source (where the runtime cannot pin its own memory): aclrtMallocHost.

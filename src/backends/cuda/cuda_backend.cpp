@@ -403,7 +403,7 @@ CudaOptions parse_options(const ps_context_options* options, const char* slot) {
           if (value.empty() || value.front() != '/')
             pinstage::backend::config_bad_value(key, value, "an absolute path (default /sys)");
           out.sysfs_root = value;
-        } else if (is_pin_key(key)) {
+        } else if (is_pin_key(key) || pinstage::backend::is_gone_pin_key(key)) {
           pinstage::backend::detail::apply_pin_option(out.pin, key, value);
         } else {
           pinstage::backend::config_refuse("unknown key '" + std::string(key) + "' (keys: " + keys +

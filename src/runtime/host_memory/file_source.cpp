@@ -1,5 +1,6 @@
-// File mappings pinned in place (Note [Segment sources] in host_source.cpp): a file's page
-// cache mapped read-only (file_shared) and pinned through the backend's host_register, or,
+// The file sources (Note [Segment sources] in host_source.cpp), and the file mappings made of
+// them: a file's page cache mapped read-only (file_shared) and pinned through the backend's
+// host_register, or,
 // where the backend cannot pin read-only memory, a private copy-on-write copy the kernel
 // makes (file_private). Nothing is read into memory of our own through the pool: a warm
 // file costs the page-table work of the faults and the lock. Several files are faulted and
@@ -22,6 +23,44 @@
 #include "runtime/worker_state.h"
 
 namespace pinstage {
+
+namespace runtime {
+namespace {
+
+// file_shared (read-only, the page cache) or file_private (a copy-on-write copy).
+class FileSource final : public HostSource {
+ public:
+  FileSource(SourceKind kind, const HostPlacement& p) : HostSource(kind), placement_(p) {}
+  HostSegment make(const SegmentRequest& r) override {
+    const bool private_copy = kind() == SourceKind::file_private;
+    MapOptions options;
+    options.prefault = r.fault;
+    options.threads = placement_.fault_threads;
+    options.numa_node = placement_.numa_node;
+    HostSegment s =
+        runtime::segment_of(kind(), map_file_pages(r.fd, r.bytes, private_copy, options, r.what));
+    s.read_only = !private_copy;
+    if (private_copy) dont_fork(placement_, s);  // a shared mapping is the page cache's
+    return s;
+  }
+
+ private:
+  const HostPlacement& placement_;
+};
+
+
+template <SourceKind kKind>
+std::unique_ptr<HostSource> make_file_source(const HostPlacement& p, const ps_platform_api&,
+                                             ps_device_ctx*) {
+  return std::make_unique<FileSource>(kKind, p);
+}
+const SourceRegistration kFileShared(SourceKind::file_shared, "file_shared",
+                                     make_file_source<SourceKind::file_shared>);
+const SourceRegistration kFilePrivate(SourceKind::file_private, "file_private",
+                                      make_file_source<SourceKind::file_private>);
+
+}  // namespace
+}  // namespace runtime
 
 namespace {
 
@@ -207,16 +246,25 @@ std::vector<Mapping> Worker::map_files_pinned(const std::vector<std::string>& pa
     out[i] = std::move(m);
     fresh.push_back(i);
   }
-  // The budget's one verdict per file, in order (under the fallback policy a refused file
-  // stays unpinned and its tensors are copied); then the faults and the pins, in parallel.
+  // The budget's one verdict per file, in order, each over the files before it in this call
+  // too (they are pinned together below); under the fallback policy a refused file stays
+  // unpinned and its tensors are copied. Then the faults and the pins, in parallel.
   std::vector<const PinnedFileMapping*> to_fault;
+  size_t before = 0;
   for (size_t i : fresh) {
-    size_t want = out[i]->map_bytes_;
-    const std::string over = s.pin_verdict(want, want, want, "mapping '" + paths[i] + "': ");
-    if (over.empty())
-      to_fault.push_back(out[i].get());
-    else
+    size_t want = before + out[i]->map_bytes_;
+    const std::string what =
+        "mapping '" + paths[i] + "'" +
+        (before > 0 ? " (with the " + std::to_string(before) + " bytes of the files before it)"
+                    : std::string()) +
+        ": ";
+    const std::string over = s.pin_verdict(want, want, want, what);
+    if (!over.empty()) {
       out[i]->refusal_ = std::string(kOverBudget) + over;
+      continue;
+    }
+    to_fault.push_back(out[i].get());
+    before += out[i]->map_bytes_;
   }
   const int n = threads > 0 ? threads : std::max(default_thread_count(), 4);
   const Stopwatch faults;

@@ -20,14 +20,15 @@
 //    register read-only memory (cudaDevAttrHostRegisterReadOnlySupported = 0).
 //  - shared_named: a named tmpfs or hugetlbfs file mapped shared and writable, which
 //    outlives the process (the restart cache's entries).
-// Adding a source is its enum entry, its class here and its name (docs/design/
-// architecture.md, "Where a change goes").
+// Each source is a class in a file of its own (anonymous and vendor here, the file sources
+// in file_source.cpp, shared_named in shared_named.cpp) that registers itself: adding one
+// is its file, its enum entry, its line in src/runtime/CMakeLists.txt and its row in
+// docs/worker.md (docs/design/architecture.md, "Where a change goes").
 #include "runtime/host_memory/host_source.h"
 
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 
@@ -35,11 +36,44 @@
 
 namespace pinstage::runtime {
 
+namespace {
+
+struct Registered {
+  const char* name = nullptr;
+  SourceMaker make = nullptr;
+};
+// Filled by the sources' static registrations, read only after the library has loaded.
+std::array<Registered, kSourceKindCount>& registry() {
+  static std::array<Registered, kSourceKindCount> sources{};
+  return sources;
+}
+
+}  // namespace
+
+SourceRegistration::SourceRegistration(SourceKind kind, const char* name,
+                                       SourceMaker make) noexcept {
+  registry()[static_cast<size_t>(kind)] = Registered{name, make};
+}
+
 const char* source_name(SourceKind kind) {
-  static constexpr const char* kNames[kSourceKindCount] = {
-      "anonymous", "vendor", "file_shared", "file_private", "shared_named"};  // SourceKind order
   const auto i = static_cast<size_t>(kind);
-  return i < kSourceKindCount ? kNames[i] : "unknown";
+  return i < kSourceKindCount && registry()[i].name != nullptr ? registry()[i].name : "unknown";
+}
+
+std::unique_ptr<HostSource> make_source(SourceKind kind, const HostPlacement& placement,
+                                        const ps_platform_api& api, ps_device_ctx* ctx) {
+  const auto i = static_cast<size_t>(kind);
+  if (i >= kSourceKindCount || registry()[i].make == nullptr)
+    throw Error(ErrorCode::internal, "no host source of kind " + std::to_string(i) + " is built in");
+  return registry()[i].make(placement, api, ctx);
+}
+
+void dont_fork(const HostPlacement& placement, const HostSegment& segment) {
+  if (!placement.dont_fork || madvise(segment.data, segment.bytes, MADV_DONTFORK) == 0) return;
+  const int err = errno;
+  (void)munmap(segment.data, segment.bytes);
+  throw Error(ErrorCode::backend,
+              std::string("madvise(MADV_DONTFORK) of a pinned segment: ") + std::strerror(err));
 }
 
 bool HostSource::release(const ps_allocation& segment, std::string* why) noexcept {
@@ -49,29 +83,16 @@ bool HostSource::release(const ps_allocation& segment, std::string* why) noexcep
 
 namespace {
 
-HostSegment from_pages(SourceKind kind, const MappedPages& pages) {
-  HostSegment s;
-  s.source = kind;
-  s.data = pages.data;
-  s.bytes = pages.bytes;
-  s.fault = pages.prefault;
-  s.map_seconds = pages.map_seconds;
-  return s;
-}
-
 class Anonymous final : public HostSource {
  public:
   explicit Anonymous(const HostPlacement& p) : HostSource(SourceKind::anonymous), placement_(p) {}
   HostSegment make(const SegmentRequest& r) override {
     std::string note;
     const MapOptions options = placement_.map_options(r.bytes, r.fault, &note);
-    HostSegment s = from_pages(kind(), map_pages(r.bytes, options));
-    if (placement_.dont_fork && madvise(s.data, s.bytes, MADV_DONTFORK) != 0) {
-      const int err = errno;
-      (void)munmap(s.data, s.bytes);
-      throw Error(ErrorCode::backend,
-                  std::string("madvise(MADV_DONTFORK) of a pinned segment: ") + std::strerror(err));
-    }
+    HostSegment s = segment_of(kind(), map_pages(r.bytes, options));
+    // Base pages where the placement chose them, even under THP `always` (a hint).
+    if (!options.huge_pages) (void)madvise(s.data, s.bytes, MADV_NOHUGEPAGE);
+    dont_fork(placement_, s);
     s.huge = options.huge_pages;
     s.note = std::move(note);
     return s;
@@ -120,75 +141,17 @@ class Vendor final : public HostSource {
   ps_device_ctx* ctx_;
 };
 
-// file_shared (read-only, the page cache) or file_private (a copy-on-write copy).
-class FileSource final : public HostSource {
- public:
-  FileSource(SourceKind kind, const HostPlacement& p) : HostSource(kind), placement_(p) {}
-  HostSegment make(const SegmentRequest& r) override {
-    const bool private_copy = kind() == SourceKind::file_private;
-    MapOptions options;
-    options.prefault = r.fault;
-    options.threads = placement_.fault_threads;
-    options.numa_node = placement_.numa_node;
-    HostSegment s = from_pages(kind(), map_file_pages(r.fd, r.bytes, private_copy, options, r.what));
-    s.read_only = !private_copy;
-    return s;
-  }
-
- private:
-  const HostPlacement& placement_;
-};
-
-// A named tmpfs or hugetlbfs file: grown to `bytes` when shorter, mapped shared and
-// writable, placed on the node and faulted for writing (allocating its pages).
-class SharedNamed final : public HostSource {
- public:
-  explicit SharedNamed(const HostPlacement& p) : HostSource(SourceKind::shared_named), placement_(p) {}
-  HostSegment make(const SegmentRequest& r) override {
-    struct stat st {};
-    if (::fstat(r.fd, &st) != 0)
-      throw Error(ErrorCode::io, "cannot map " + r.what + ": fstat: " + std::strerror(errno));
-    if (static_cast<uint64_t>(st.st_size) < r.bytes &&
-        ::ftruncate(r.fd, static_cast<off_t>(r.bytes)) != 0)
-      throw Error(errno == ENOSPC || errno == ENOMEM ? ErrorCode::out_of_memory : ErrorCode::io,
-                  "cannot size " + r.what + " to " + std::to_string(r.bytes) +
-                      " bytes: " + std::strerror(errno));
-    const size_t bytes = round_up_to_pages(r.bytes);
-    void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd, 0);
-    if (data == MAP_FAILED)
-      throw Error(ErrorCode::io, "cannot map " + r.what + ": mmap: " + std::strerror(errno));
-    MappedPages pages{data, bytes, data, bytes, {}, 0};
-    try {
-      if (placement_.numa_node >= 0) numa_system().bind(data, bytes, placement_.numa_node);
-      if (r.fault) pages.prefault = prefault(data, bytes, placement_.fault_threads, 0,
-                                             PrefaultMethod::populate);
-    } catch (...) {
-      ::munmap(data, bytes);
-      throw;
-    }
-    return from_pages(kind(), pages);
-  }
-
- private:
-  const HostPlacement& placement_;
-};
+const SourceRegistration kAnonymous(
+    SourceKind::anonymous, "anonymous",
+    [](const HostPlacement& p, const ps_platform_api&, ps_device_ctx*) -> std::unique_ptr<HostSource> {
+      return std::make_unique<Anonymous>(p);
+    });
+const SourceRegistration kVendor(
+    SourceKind::vendor, "vendor",
+    [](const HostPlacement&, const ps_platform_api& api, ps_device_ctx* ctx) -> std::unique_ptr<HostSource> {
+      return std::make_unique<Vendor>(api, ctx);
+    });
 
 }  // namespace
-
-std::unique_ptr<HostSource> make_source(SourceKind kind, const HostPlacement& placement,
-                                        const ps_platform_api& api, ps_device_ctx* ctx) {
-  switch (kind) {
-    case SourceKind::anonymous:
-      return std::make_unique<Anonymous>(placement);
-    case SourceKind::vendor:
-      return std::make_unique<Vendor>(api, ctx);
-    case SourceKind::file_shared:
-    case SourceKind::file_private:
-      return std::make_unique<FileSource>(kind, placement);
-    case SourceKind::shared_named:
-      return std::make_unique<SharedNamed>(placement);
-  }
-  throw Error(ErrorCode::internal, "unknown host source");
-}
 
 }  // namespace pinstage::runtime

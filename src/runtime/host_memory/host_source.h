@@ -13,8 +13,8 @@
 
 namespace pinstage::runtime {
 
-// The sources, one list: adding one is an entry here, its class in host_source.cpp and its
-// name in source_name(); the table kind, the release and the reports follow from it.
+// The sources, one list: adding one is an entry here and a file of its own that registers it
+// (SourceRegistration); the table kind, the release and the reports follow from it.
 enum class SourceKind {
   anonymous,     // fresh pages, placed, faulted now or by their writers: the pool's
   vendor,        // the plugin's host_alloc_pinned: the pool's, only where host_register lacks
@@ -48,6 +48,22 @@ struct HostSegment {
   ps_allocation allocation() const { return ps_allocation{data, bytes, handle}; }
 };
 
+// The segment of `kind` that `pages` are.
+inline HostSegment segment_of(SourceKind kind, const MappedPages& pages) {
+  HostSegment s;
+  s.source = kind;
+  s.data = pages.data;
+  s.bytes = pages.bytes;
+  s.fault = pages.prefault;
+  s.map_seconds = pages.map_seconds;
+  return s;
+}
+
+// Marks a new writable segment MADV_DONTFORK where the placement says so (a device copies
+// from it: a forked child must neither share nor copy-on-write its pages); on a refusal the
+// segment is unmapped and Error(backend) thrown.
+void dont_fork(const HostPlacement& placement, const HostSegment& segment);
+
 // What to make. bytes: the size (file sources: the file's, mapped from offset 0).
 struct SegmentRequest {
   size_t bytes = 0;
@@ -73,8 +89,17 @@ class HostSource {
 };
 
 // The source of `kind` for a worker placed by `placement`; the vendor source calls the
-// plugin `api` on `ctx`.
+// plugin `api` on `ctx`. Error(internal) for a kind no file registered.
 std::unique_ptr<HostSource> make_source(SourceKind kind, const HostPlacement& placement,
                                         const ps_platform_api& api, ps_device_ctx* ctx);
+
+// How a source's file enters it in the list make_source() and source_name() read: one
+// static SourceRegistration per kind, made when the library loads.
+using SourceMaker = std::unique_ptr<HostSource> (*)(const HostPlacement& placement,
+                                                    const ps_platform_api& api,
+                                                    ps_device_ctx* ctx);
+struct SourceRegistration {
+  SourceRegistration(SourceKind kind, const char* name, SourceMaker make) noexcept;
+};
 
 }  // namespace pinstage::runtime

@@ -15,6 +15,7 @@
 // File mappings keep the page cache's own folios: only a private copy is placed on the node.
 #include "runtime/host_memory/placement.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include "pinstage/settings.h"
@@ -33,6 +34,10 @@ std::string sysfs_choice(const std::string& path) {
 }
 
 constexpr size_t kHugePage = size_t{2} << 20;
+// A 2 MiB fault costs about 0.2 ms of zeroing; 512 base-page faults about 1-2 ms. One that
+// costs more than this is compaction or a host backing the guest's memory lazily, where
+// base pages come out ahead (docs/benchmarks.md, "The host memory provider").
+constexpr int kDefaultStallMs = 5;
 
 }  // namespace
 
@@ -40,7 +45,8 @@ HostPlacement decide_placement(int numa_node, const std::string& thp_root) {
   HostPlacement p;
   p.numa_node = numa_node;
   const std::string wanted = setting_choice(Setting::host_huge_pages).value_or("auto");
-  p.stall_seconds = setting_host_huge_stall_ms().value_or(20) / 1000.0;
+  // 0 ms: the first huge fault gives up (any cost is a stall).
+  p.stall_seconds = std::max(setting_host_huge_stall_ms().value_or(kDefaultStallMs) / 1000.0, 1e-9);
   const std::string enabled = sysfs_choice(thp_root + "/enabled");
   const std::string defrag = sysfs_choice(thp_root + "/defrag");
   const std::string kernel = "transparent huge pages '" + (enabled.empty() ? "absent" : enabled) +

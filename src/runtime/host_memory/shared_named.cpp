@@ -1,0 +1,60 @@
+// The shared_named source (Note [Segment sources] in host_source.cpp): a named tmpfs or
+// hugetlbfs file mapped shared and writable, whose bytes outlive the process (the restart
+// cache's entries). The caller names, opens and secures the file; the source sizes it,
+// maps it, places it and faults it.
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "pinstage/error.h"
+#include "runtime/host_memory/host_source.h"
+
+namespace pinstage::runtime {
+namespace {
+
+// A named tmpfs or hugetlbfs file: grown to `bytes` when shorter, mapped shared and
+// writable, placed on the node and faulted for writing (allocating its pages).
+class SharedNamed final : public HostSource {
+ public:
+  explicit SharedNamed(const HostPlacement& p) : HostSource(SourceKind::shared_named), placement_(p) {}
+  HostSegment make(const SegmentRequest& r) override {
+    struct stat st {};
+    if (::fstat(r.fd, &st) != 0)
+      throw Error(ErrorCode::io, "cannot map " + r.what + ": fstat: " + std::strerror(errno));
+    if (static_cast<uint64_t>(st.st_size) < r.bytes &&
+        ::ftruncate(r.fd, static_cast<off_t>(r.bytes)) != 0)
+      throw Error(errno == ENOSPC || errno == ENOMEM ? ErrorCode::out_of_memory : ErrorCode::io,
+                  "cannot size " + r.what + " to " + std::to_string(r.bytes) +
+                      " bytes: " + std::strerror(errno));
+    const size_t bytes = round_up_to_pages(r.bytes);
+    void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd, 0);
+    if (data == MAP_FAILED)
+      throw Error(ErrorCode::io, "cannot map " + r.what + ": mmap: " + std::strerror(errno));
+    MappedPages pages{data, bytes, data, bytes, {}, 0};
+    try {
+      if (placement_.numa_node >= 0) numa_system().bind(data, bytes, placement_.numa_node);
+      if (r.fault) pages.prefault = prefault(data, bytes, placement_.fault_threads, 0,
+                                             PrefaultMethod::populate);
+    } catch (...) {
+      ::munmap(data, bytes);
+      throw;
+    }
+    return segment_of(kind(), pages);
+  }
+
+ private:
+  const HostPlacement& placement_;
+};
+
+
+const SourceRegistration kSharedNamed(
+    SourceKind::shared_named, "shared_named",
+    [](const HostPlacement& p, const ps_platform_api&, ps_device_ctx*) -> std::unique_ptr<HostSource> {
+      return std::make_unique<SharedNamed>(p);
+    });
+
+}  // namespace
+}  // namespace pinstage::runtime
