@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <vector>
@@ -507,28 +508,25 @@ TEST_F(AclPlugin, HostRegisterRegistersARangeWholeAndCountsIt) {
 TEST_F(AclPlugin, ErrorsNameTheCallTheCodeAndTheRuntimesMessage) {
   Worker worker;
   worker.init("acl", 0, exact_segments());
+  // `call` fails with out_of_memory, its message holding each of `parts`.
+  const auto out_of_memory = [](auto&& call, std::initializer_list<const char*> parts) {
+    const Error e = error_of(call);
+    EXPECT_EQ(e.code(), ErrorCode::out_of_memory);
+    for (const char* part : parts) EXPECT_TRUE(has(e.what(), part)) << e.what();
+  };
   fake_acl().fail_nth("aclrtMalloc", 1, ACL_ERROR_RT_MEMORY_ALLOCATION);
-  const Error e = error_of([&] { worker.alloc_device(4096); });
-  EXPECT_EQ(e.code(), ErrorCode::out_of_memory);
-  EXPECT_TRUE(has(e.what(),
-                  "aclrtMalloc(4096 bytes, ACL_MEM_MALLOC_HUGE_FIRST) on device 0 "
-                  "failed: 207001 ACL_ERROR_RT_MEMORY_ALLOCATION (fake ascendcl: "
-                  "aclrtMalloc: injected failure)"))
-      << e.what();
+  out_of_memory([&] { worker.alloc_device(4096); },
+                {"aclrtMalloc(4096 bytes, ACL_MEM_MALLOC_HUGE_FIRST) on device 0 failed: 207001 "
+                 "ACL_ERROR_RT_MEMORY_ALLOCATION (fake ascendcl: aclrtMalloc: injected failure)"});
   fake_acl().configure(2, uint64_t{1} << 30, 1 << 20, 1);  // a 1 MiB memlock limit
-  const Error r = error_of([&] { worker.alloc_pinned_host(2 << 20); });
-  EXPECT_EQ(r.code(), ErrorCode::out_of_memory);
-  EXPECT_TRUE(has(r.what(),
-                  "aclrtHostRegister of 2097152 bytes for device 0 failed: 207001 "
-                  "ACL_ERROR_RT_MEMORY_ALLOCATION (fake ascendcl: aclrtHostRegister: over the "
-                  "memlock limit)"))
-      << r.what();
+  out_of_memory([&] { worker.alloc_pinned_host(2 << 20); },
+                {"aclrtHostRegister of 2097152 bytes for device 0 failed: 207001 "
+                 "ACL_ERROR_RT_MEMORY_ALLOCATION (fake ascendcl: aclrtHostRegister: over the "
+                 "memlock limit)"});
   EXPECT_EQ(worker.host_placement().pool_source, "anonymous");  // a failure, not a refusal
   fake_acl().configure(2, uint64_t{1} << 30, 1 << 20, 0);       // and no aclrtHostRegister
-  const Error m = error_of([&] { worker.alloc_pinned_host(2 << 20); });
-  EXPECT_EQ(m.code(), ErrorCode::out_of_memory);
-  EXPECT_TRUE(has(m.what(), "aclrtMallocHost of 2097152 bytes for device 0")) << m.what();
-  EXPECT_TRUE(has(m.what(), "raise RLIMIT_MEMLOCK")) << m.what();
+  out_of_memory([&] { worker.alloc_pinned_host(2 << 20); },
+                {"aclrtMallocHost of 2097152 bytes for device 0", "raise RLIMIT_MEMLOCK"});
   EXPECT_EQ(worker.stats().pinned_count, 0u);
 }
 
