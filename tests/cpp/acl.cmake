@@ -5,8 +5,10 @@
 # tests/conformance/CMakeLists.txt.
 #  test_acl_runtime: the library search order and the error text (no plugin).
 #  test_acl_plugin: the plugin through Worker: context per thread, teardown order with an
-#    injected failure in each step, the register fallback, and every rule of the double
-#    broken on purpose.
+#    injected failure in each step, each host source (the runtime's registered memory, the
+#    aclrtMallocHost fallback, a file's page cache), NUMA placement and the huge-page
+#    switch (tests/cpp/host_source_checks.h, shared with cuda), and every rule of the
+#    double broken on purpose.
 #  acl.cli.*: pinstage info / bench / scene on --backend acl over the double; any
 #    violation the double prints fails them.
 set(_fake_acl_dir ${CMAKE_BINARY_DIR}/fake_acl)

@@ -5,7 +5,8 @@
 #    test_cuda_fake_runtime.cpp, so the plugin's logic is exercised without a GPU. It
 #    checks bookkeeping, ordering and device selection, not the hardware. Any test can
 #    run the cuda backend on the fake the same way: LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/fake_cuda
-#    (the conformance suite does).
+#    (the conformance suite does). Its host-source, NUMA and huge-page tests are the checks
+#    of host_source_checks.h, shared with acl.
 #  test_cuda_unload, cuda_plugin_nodelete (label cuda): the plugin is never unloaded.
 #  gpu_probe.* (label cuda): pinstage_gpu_probe's CPU-only mode, its argument checks and
 #    a whole run on the fake runtime.

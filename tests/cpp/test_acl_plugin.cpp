@@ -3,7 +3,9 @@
 //    functions, is answered with its error code and recorded as a violation.
 //  - AclPlugin.*: the plugin through pinstage::Worker keeps every rule (no violation),
 //    makes its context current on every thread, tears down in order even when a step
-//    fails, falls back to aclrtMallocHost, and names the failing call in its errors.
+//    fails, pins the runtime's memory whole (aclrtHostRegister) where it lies and as it was
+//    placed (the checks of host_source_checks.h, shared with cuda), falls back to
+//    aclrtMallocHost where the runtime refuses, and names the failing call in its errors.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,11 +14,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "fake_acl_client.h"
+#include "host_source_checks.h"
 #include "pinstage/backend/acl_ext.h"
 #include "pinstage/worker.h"
 #include "tensor_test_util.h"
@@ -272,9 +276,9 @@ class AclPlugin : public ::testing::Test {
                   left.events + left.contexts + left.device_refs,
               0u);
   }
-  // These tests pin down the plugin's own pinned modes, so the worker's pool caches
-  // nothing: each request is exactly one plugin allocation, released at its free.
-  static WorkerOptions register_mode() {
+  // Tests of what the plugin is asked to pin: the worker's pool caches nothing, so each
+  // request is exactly one segment, pinned once and released at its free.
+  static WorkerOptions exact_segments() {
     WorkerOptions o;
     o.host_cache_limit_bytes = 0;
     return o;
@@ -329,16 +333,10 @@ const std::vector<std::string> kTeardownCalls = {"aclrtSynchronizeStream",
                                                  "aclrtResetDevice",
                                                  "aclFinalize"};
 
-// auto mode with a 1 MiB threshold: 1 MiB registers, 4096 bytes takes aclrtMallocHost.
-// The pool caches nothing (each request is one plugin allocation, as in register_mode()).
-WorkerOptions both_pin_modes() {
-  WorkerOptions o;
-  o.config = {{"register_threshold_mb", "1"}};
-  o.host_cache_limit_bytes = 0;
-  return o;
-}
-
-// A worker holding one of everything, with a copy still queued.
+// A worker holding one of everything, with a copy still queued: a device buffer, a stream,
+// an event, and pinned memory from both sources, the runtime's own registered
+// (aclrtHostRegister) and, once the double refuses registration, the vendor's
+// aclrtMallocHost. The pool caches nothing: each request is one segment.
 struct Holdings {
   PinnedHostBuffer registered, malloc_host;
   DeviceBuffer dev;
@@ -349,7 +347,11 @@ struct Holdings {
 void hold_everything(Worker& w, Holdings& h) {
   h.dev = w.alloc_device(1 << 20);
   h.registered = w.alloc_pinned_host(1 << 20);
+  fake_acl().configure(2, uint64_t{1} << 30, 0, 0);  // aclrtHostRegister: FEATURE_NOT_SUPPORT
   h.malloc_host = w.alloc_pinned_host(4096);
+  ASSERT_EQ(w.host_placement().pool_source, "vendor");
+  ASSERT_EQ(fake_acl().pinned(h.registered.data(), 1 << 20), FAKE_ACL_PINNED_REGISTERED);
+  ASSERT_EQ(fake_acl().pinned(h.malloc_host.data(), 4096), FAKE_ACL_PINNED_MALLOC_HOST);
   h.stream = w.create_stream();
   h.event = w.create_event();
   w.copy_to_device_async(h.dev, 0, h.registered.data(), 1 << 20, h.stream);
@@ -358,14 +360,14 @@ void hold_everything(Worker& w, Holdings& h) {
 
 TEST_F(AclPlugin, TeardownRunsInOrderOnTheHealthyPath) {
   Worker worker;
-  worker.init("acl", 0, both_pin_modes());
+  worker.init("acl", 0, exact_segments());
   Holdings h;
-  hold_everything(worker, h);
+  ASSERT_NO_FATAL_FAILURE(hold_everything(worker, h));
   fake_acl().trace_on(1);
   worker.finalize();
   std::vector<std::string> calls = fake_acl().trace(kTeardownCalls);
   ASSERT_EQ(calls.size(), 9u) << testing::PrintToString(calls);
-  // The two pinned buffers go in the runtime's table order; both after device memory.
+  // The two pinned ranges go in the runtime's table order; both after device memory.
   std::sort(calls.begin() + 4, calls.begin() + 6);
   EXPECT_EQ(calls, (std::vector<std::string>{
                        "aclrtSynchronizeStream=0", "aclrtDestroyStream=0", "aclrtDestroyEvent=0",
@@ -381,9 +383,9 @@ class AclTeardownFailure : public AclPlugin, public ::testing::WithParamInterfac
 TEST_P(AclTeardownFailure, IsReportedAndEverythingIsStillReleasedBeforeTheReset) {
   const std::string failing = GetParam();
   Worker worker;
-  worker.init("acl", 0, both_pin_modes());
+  worker.init("acl", 0, exact_segments());
   Holdings h;
-  hold_everything(worker, h);
+  ASSERT_NO_FATAL_FAILURE(hold_everything(worker, h));
   fake_acl().fail_nth(failing.c_str(), 1, ACL_ERROR_INTERNAL_ERROR);
   fake_acl().trace_on(1);
   testing::internal::CaptureStderr();
@@ -413,106 +415,133 @@ INSTANTIATE_TEST_SUITE_P(EachStep, AclTeardownFailure,
                                            "aclrtFreeHost", "aclrtDestroyContext",
                                            "aclrtResetDevice"));
 
-// The runtime's memory is refused (ACL_ERROR_RT_FEATURE_NOT_SUPPORT): the pool takes the
-// vendor source, aclrtMallocHost, from then on, asking the runtime once.
-TEST_F(AclPlugin, RegisterFallsBackToMallocHostWhenUnsupported) {
-  fake_acl().configure(2, uint64_t{1} << 30, 0, 0);  // aclrtHostRegister: FEATURE_NOT_SUPPORT
-  Worker worker;
-  worker.init("acl", 0, register_mode());
-  PinnedHostBuffer a = worker.alloc_pinned_host(1 << 20);
-  PinnedHostBuffer b = worker.alloc_pinned_host(3 << 20);
-  ps_acl_pin_stats s = pin_stats(worker);
-  EXPECT_EQ(s.unsupported_count, 1u);
-  EXPECT_EQ(s.malloc_host_count, 2u);
-  EXPECT_EQ(s.malloc_host_bytes, 4u << 20);
-  EXPECT_EQ(s.register_count, 0u);
-  EXPECT_EQ(s.last_mode, PS_ACL_PIN_MALLOC_HOST);
-  EXPECT_EQ(worker.host_placement().pool_source, "vendor");
-  EXPECT_EQ(fake_acl().calls("aclrtHostRegister"), 1u);  // remembered: asked once
-  EXPECT_EQ(fake_acl().live(0).host_allocs, 2u);
-  // The memory is real pinned memory of the runtime: an async upload from it works.
-  DeviceBuffer dev = worker.alloc_device(1 << 20);
-  const auto src = pattern(1 << 20, 9);
-  std::memcpy(a.data(), src.data(), src.size());
-  Stream stream = worker.create_stream();
-  worker.copy_to_device_async(dev, 0, a.data(), src.size(), stream);
-  worker.synchronize(stream);
-  std::vector<unsigned char> back(src.size());
-  worker.copy_to_host(back.data(), dev, 0, back.size());
-  EXPECT_EQ(back, src);
+// ---- host sources (issue 46): the checks shared with cuda (host_source_checks.h) ----
+
+// What the double holds pinned, from its own tables; "not supported" is its configuration
+// without aclrtHostRegister (ACL_ERROR_RT_FEATURE_NOT_SUPPORT), until the next SetUp.
+test::PinView acl_view() {
+  test::PinView v;
+  v.backend = "acl";
+  v.pinned = [](const void* p, size_t n) {
+    return fake_acl().pinned(p, n) != FAKE_ACL_PINNED_NONE;
+  };
+  v.registrations = [] { return static_cast<size_t>(fake_acl().live(0).registrations); };
+  v.vendor_allocations = [] { return static_cast<size_t>(fake_acl().live(0).host_allocs); };
+  v.refuse_registration = [] { fake_acl().configure(2, uint64_t{1} << 30, 0, 0); };
+  return v;
 }
 
-// ABI v7's host_register on acl: a file mapping registered in place, whole (a copy must lie
-// in one registration, and tensors cross any chunk boundary), unregistered when the mapping
-// goes; a runtime that answers ACL_ERROR_RT_FEATURE_NOT_SUPPORT gives an unpinned mapping
-// that says why (the loader copies).
-TEST_F(AclPlugin, AFileMappingIsRegisteredInPlaceOrRefusedByName) {
-  const std::string path = ::testing::TempDir() + "pinstage_acl_map_" + std::to_string(::getpid());
-  const auto bytes = pattern((2 << 20) + 300, 4);
-  {
-    std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<long>(bytes.size()));
-  }
-  WorkerOptions options;
-  options.config = {{"register_chunk_mb", "1"}};
+TEST_F(AclPlugin, TheAnonymousSourceIsRegisteredAndRoundTrips) {
+  test::check_anonymous_source(acl_view());
+}
+
+// The runtime's memory is refused (ACL_ERROR_RT_FEATURE_NOT_SUPPORT): the pool takes the
+// vendor source, aclrtMallocHost, from then on, asking the runtime once.
+TEST_F(AclPlugin, TheVendorSourceIsAclrtMallocHostWhereRegisterIsNotSupported) {
+  test::check_vendor_source(acl_view(), [](const Worker& worker) {
+    const ps_acl_pin_stats s = pin_stats(worker);
+    EXPECT_EQ(s.unsupported_count, 1u);
+    EXPECT_EQ(s.malloc_host_count, 2u);
+    EXPECT_EQ(s.malloc_host_bytes, (1u << 20) + 4096);
+    EXPECT_EQ(s.register_count, 0u);
+    EXPECT_EQ(s.last_mode, PS_ACL_PIN_MALLOC_HOST);
+  });
+  EXPECT_EQ(fake_acl().calls("aclrtHostRegister"), 1u) << "the refusal was not remembered";
+}
+
+// A file mapping registered in place, whole (a copy must lie in one registration, and
+// tensors cross any chunk boundary, so register_chunk_mb does not split it).
+TEST_F(AclPlugin, TheFileSharedSourceIsRegisteredInPlaceWhole) {
+  test::PinView v = acl_view();
+  v.config = {{"register_chunk_mb", "1"}};
+  test::check_file_shared_source(v);
+}
+
+TEST_F(AclPlugin, NumaPlacementIsReadBackFromTheKernel) { test::check_numa_placement(acl_view()); }
+
+TEST_F(AclPlugin, HugePagesFollowTheOneSwitch) { test::check_huge_page_switch(acl_view()); }
+
+// A runtime that answers ACL_ERROR_RT_FEATURE_NOT_SUPPORT for the page cache refuses a
+// private copy of it too: the mapping is unpinned and says why (the loader copies), and
+// the private copy it tried is gone again.
+TEST_F(AclPlugin, AFileMappingTheRuntimeWillNotRegisterIsRefusedByName) {
+  const test::PatternFile file((2 << 20) + 300, 4);
   Worker worker;
-  worker.init("acl", 0, options);
-  {
-    const std::shared_ptr<PinnedFileMapping> m = worker.map_file_pinned(path, bytes.size());
-    ASSERT_TRUE(m->pinned()) << m->refusal();
-    EXPECT_EQ(fake_acl().live(0).registrations, 1u) << "one registration, chunks or not";
-    DeviceBuffer dev = worker.alloc_device(bytes.size());
-    worker.copy_to_device(dev, 0, m->data(), bytes.size());
-    std::vector<unsigned char> back(bytes.size());
-    worker.copy_to_host(back.data(), dev, 0, back.size());
-    EXPECT_EQ(back, bytes);
-  }
-  EXPECT_EQ(fake_acl().live(0).registrations, 0u) << "left registered";
+  worker.init("acl", 0, exact_segments());
   fake_acl().configure(2, uint64_t{1} << 30, 0, 0);  // aclrtHostRegister: FEATURE_NOT_SUPPORT
   {
-    const std::shared_ptr<PinnedFileMapping> m = worker.map_file_pinned(path, bytes.size());
+    const std::shared_ptr<PinnedFileMapping> m =
+        worker.map_file_pinned(file.path, file.bytes.size());
     EXPECT_FALSE(m->pinned());
     EXPECT_NE(m->refusal().find("aclrtHostRegister"), std::string::npos) << m->refusal();
     EXPECT_FALSE(worker.is_pinned_host(m->data(), 1));
+    EXPECT_EQ(std::memcmp(m->data(), file.bytes.data(), file.bytes.size()), 0);
+    EXPECT_EQ(fake_acl().calls("aclrtHostRegister"), 2u) << "read-only, then a private copy";
+    EXPECT_EQ(pin_stats(worker).unsupported_count, 2u);
   }
-  EXPECT_EQ(fake_acl().violations(-1), 0u) << fake_acl().all_violations();
+  EXPECT_EQ(fake_acl().live(0).registrations, 0u);
   worker.finalize();
-  std::remove(path.c_str());
 }
 
-TEST_F(AclPlugin, RegisterModeRegistersPageAlignedChunksAndCountsThem) {
-  WorkerOptions options;
-  options.config = {{"pinned_mode", "register"}, {"register_chunk_mb", "1"}};
-  options.host_cache_limit_bytes = 0;  // one request, one plugin allocation
+// aclrtHostRegister takes a range whole, never in chunks: the pool's segment is one
+// registration of its whole pages, counted in the plugin's statistics.
+TEST_F(AclPlugin, HostRegisterRegistersARangeWholeAndCountsIt) {
+  WorkerOptions options = exact_segments();
+  options.config = {{"register_chunk_mb", "1"}};
   Worker worker;
   worker.init("acl", 0, options);
-  PinnedHostBuffer a = worker.alloc_pinned_host((3 << 20) + 5);
-  EXPECT_EQ(fake_acl().live(0).registrations, 4u);
+  const size_t bytes = (3 << 20) + 5;
+  PinnedHostBuffer a = worker.alloc_pinned_host(bytes);
+  EXPECT_EQ(fake_acl().live(0).registrations, 1u);
+  EXPECT_EQ(fake_acl().pinned(a.data(), bytes), FAKE_ACL_PINNED_REGISTERED);
   const ps_acl_pin_stats s = pin_stats(worker);
   EXPECT_EQ(s.register_count, 1u);
-  EXPECT_EQ(s.register_bytes, (3u << 20) + 5);
+  EXPECT_EQ(s.register_bytes, (3u << 20) + 4096);  // whole pages
+  EXPECT_EQ(s.malloc_host_count, 0u);
   EXPECT_EQ(s.last_mode, PS_ACL_PIN_REGISTER);
   a.reset();
   EXPECT_EQ(fake_acl().live(0).registrations, 0u);
 }
 
+// The failing call, its code and the runtime's own message, for both sources; the vendor's
+// says what to raise.
 TEST_F(AclPlugin, ErrorsNameTheCallTheCodeAndTheRuntimesMessage) {
   Worker worker;
-  worker.init("acl");
+  worker.init("acl", 0, exact_segments());
+  // `call` fails with out_of_memory, its message holding each of `parts`.
+  const auto out_of_memory = [](auto&& call, std::initializer_list<const char*> parts) {
+    const Error e = error_of(call);
+    EXPECT_EQ(e.code(), ErrorCode::out_of_memory);
+    for (const char* part : parts) EXPECT_TRUE(has(e.what(), part)) << e.what();
+  };
   fake_acl().fail_nth("aclrtMalloc", 1, ACL_ERROR_RT_MEMORY_ALLOCATION);
-  const Error e = error_of([&] { worker.alloc_device(4096); });
-  EXPECT_EQ(e.code(), ErrorCode::out_of_memory);
-  EXPECT_TRUE(has(e.what(),
-                  "aclrtMalloc(4096 bytes, ACL_MEM_MALLOC_HUGE_FIRST) on device 0 "
-                  "failed: 207001 ACL_ERROR_RT_MEMORY_ALLOCATION (fake ascendcl: "
-                  "aclrtMalloc: injected failure)"))
-      << e.what();
+  out_of_memory([&] { worker.alloc_device(4096); },
+                {"aclrtMalloc(4096 bytes, ACL_MEM_MALLOC_HUGE_FIRST) on device 0 failed: 207001 "
+                 "ACL_ERROR_RT_MEMORY_ALLOCATION (fake ascendcl: aclrtMalloc: injected failure)"});
   fake_acl().configure(2, uint64_t{1} << 30, 1 << 20, 1);  // a 1 MiB memlock limit
-  const Error m = error_of([&] { worker.alloc_pinned_host(2 << 20); });
-  EXPECT_EQ(m.code(), ErrorCode::out_of_memory);
-  EXPECT_TRUE(has(m.what(), "aclrtMallocHost of 2097152 bytes for device 0")) << m.what();
-  EXPECT_TRUE(has(m.what(), "raise RLIMIT_MEMLOCK")) << m.what();
+  out_of_memory([&] { worker.alloc_pinned_host(2 << 20); },
+                {"aclrtHostRegister of 2097152 bytes for device 0 failed: 207001 "
+                 "ACL_ERROR_RT_MEMORY_ALLOCATION (fake ascendcl: aclrtHostRegister: over the "
+                 "memlock limit)"});
+  EXPECT_EQ(worker.host_placement().pool_source, "anonymous");  // a failure, not a refusal
+  fake_acl().configure(2, uint64_t{1} << 30, 1 << 20, 0);       // and no aclrtHostRegister
+  out_of_memory([&] { worker.alloc_pinned_host(2 << 20); },
+                {"aclrtMallocHost of 2097152 bytes for device 0", "raise RLIMIT_MEMLOCK"});
   EXPECT_EQ(worker.stats().pinned_count, 0u);
+}
+
+// The keys of the old pinned modes are refused as gone, saying where their job went.
+TEST_F(AclPlugin, TheGoneKeysAreRefusedAsGone) {
+  for (const char* key :
+       {"pinned_mode", "register_threshold_mb", "prefault_threads", "register_thp"}) {
+    WorkerOptions options;
+    options.config = {{key, "1"}};
+    Worker worker;
+    const Error e = error_of([&] { worker.init("acl", 0, options); });
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_TRUE(has(e.what(), std::string("key '") + key + "' is gone")) << e.what();
+    EXPECT_TRUE(has(e.what(), "PINSTAGE_HOST_HUGE_PAGES")) << e.what();
+  }
 }
 
 TEST_F(AclPlugin, InitOncePerProcessAndFinalizeAfterTheLastWorker) {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_status.h"
+#include "host_source_checks.h"
 #include "pinstage/backend/cuda_ext.h"
 #include "pinstage/backend/platform_abi.h"
 #include "pinstage/bind.h"
@@ -91,8 +92,8 @@ cudaMemoryType memory_type(const void* p, int* device = nullptr) {
   return attr.type;
 }
 
-// These tests pin down the plugin's own pinned modes, so the worker's pool caches nothing:
-// each request is exactly one plugin allocation, released at its free.
+// These tests pin down what the plugin is asked to pin, so the worker's pool caches
+// nothing: each request is exactly one segment, pinned once and released at its free.
 WorkerOptions with_config(pinstage::BackendConfig config, uint64_t capacity = 0) {
   WorkerOptions o;
   o.config = std::move(config);
@@ -130,7 +131,7 @@ struct CtxDeleter {
 using Ctx = std::unique_ptr<ps_device_ctx, CtxDeleter>;
 
 Ctx make_ctx(std::initializer_list<ps_config_entry> config = {}, int device = 0) {
-  const ps_context_options options{0, config.begin(), config.size()};
+  const ps_context_options options{0, config.begin(), config.size(), -1};
   ps_device_ctx* c = nullptr;
   const int status = raw().create_context(device, &options, &c);
   if (status != PS_OK)
@@ -149,18 +150,55 @@ FakeHazards fake_hazards() {
   return reinterpret_cast<FakeHazards>(dlsym(RTLD_DEFAULT, "pinstage_fake_cuda_hazards"));
 }
 
-// A pinned buffer of `bytes` filled from `seed`, a device buffer as large and a stream:
-// where the tests of a release under queued copies start. `expect` is the pinned bytes.
+// A symbol of the fake runtime (tests/cpp/test_cuda_fake_runtime.cpp), or null on a real
+// one: tests that steer the fake skip on a GPU.
+template <class Fn>
+Fn fake_fn(const char* name) {
+  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+}
+
+#define REQUIRE_FAKE(fn)                                                              \
+  do {                                                                                \
+    REQUIRE_GPU();                                                                    \
+    if ((fn) == nullptr) GTEST_SKIP() << "needs the fake CUDA runtime (fake_cuda.*)"; \
+  } while (0)
+
+using FakeInject = void (*)(const char*, int, int, int);
+using FakeVoid = void (*)();
+using FakeSetMax = void (*)(size_t);
+using FakeCount = size_t (*)();
+using FakeHold = void (*)(const void*, int);
+
+// Pinned memory of `bytes` filled from `seed` (the runtime's own, an anonymous mapping
+// host_register pins, or the plugin's vendor allocation), a device buffer as large and a
+// stream: where the tests of a release under queued copies start. `expect` is its bytes.
 struct QueuedCopies {
-  void set_up(ps_device_ctx* ctx, size_t bytes, uint64_t seed) {
+  void set_up(ps_device_ctx* ctx, size_t bytes, uint64_t seed, bool registered) {
     const ps_platform_api& a = raw();
-    ASSERT_EQ(a.host_alloc_pinned(ctx, bytes, &pinned), PS_OK) << a.last_error();
+    this->registered = registered;
+    if (registered) {
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      ASSERT_NE(p, MAP_FAILED);
+      pinned = ps_allocation{p, bytes, nullptr};
+      ASSERT_EQ(a.host_register(ctx, p, bytes, 0), PS_OK) << a.last_error();
+    } else {
+      ASSERT_EQ(a.host_alloc_pinned(ctx, bytes, &pinned), PS_OK) << a.last_error();
+    }
     ASSERT_EQ(a.device_malloc(ctx, bytes, &dev), PS_OK) << a.last_error();
     fill(pinned.ptr, bytes, seed);
     expect.resize(bytes);
     fill(expect.data(), bytes, seed);
     ASSERT_EQ(a.stream_create(ctx, &stream), PS_OK);
   }
+  // Releases the pinned memory the way it was made, with no wait of its own: the slot's
+  // status (the runtime's memory is unmapped right after its host_unregister).
+  int release(ps_device_ctx* ctx) {
+    if (!registered) return raw().host_free_pinned(ctx, &pinned);
+    const int status = raw().host_unregister(ctx, pinned.ptr, pinned.bytes);
+    munmap(pinned.ptr, pinned.bytes);
+    return status;
+  }
+  bool registered = false;
   ps_allocation pinned{}, dev{};
   ps_stream* stream = nullptr;
   std::vector<unsigned char> expect;
@@ -193,18 +231,20 @@ class CudaGpu : public ::testing::Test {
 
 // ---- pinned host memory ----
 
-TEST_F(CudaGpu, PinnedAllocBothModesAndRelease) {
+// The pool's memory is the runtime's own, registered (cudaHostRegister) for every size,
+// with huge pages or not (the one switch, PINSTAGE_HOST_HUGE_PAGES), and unregistered at
+// its free.
+TEST_F(CudaGpu, PinnedAllocRegistersTheRuntimesMemoryAndReleasesIt) {
   REQUIRE_GPU();
-  const pinstage::BackendConfig configs[] = {{{"pinned_mode", "alloc"}},
-                                             {{"pinned_mode", "register"}},
-                                             {{"pinned_mode", "register"}, {"register_thp", "1"}}};
-  for (const pinstage::BackendConfig& config : configs) {
-    SCOPED_TRACE(config.size() == 1 ? config[0].second : "register + thp");
+  for (const char* huge : {"off", "thp"}) {
+    SCOPED_TRACE(std::string("PINSTAGE_HOST_HUGE_PAGES=") + huge);
+    const pinstage::test::ScopedEnv env("PINSTAGE_HOST_HUGE_PAGES", huge);
     Worker worker;
-    worker.init("cuda", 0, with_config(config));
+    worker.init("cuda", 0, with_config({}));
     EXPECT_TRUE(worker.capabilities().pinned_is_page_locked);
     EXPECT_FALSE(worker.capabilities().device_memory_is_host);
     EXPECT_FALSE(worker.capabilities().execute);
+    EXPECT_EQ(worker.host_placement().pool_source, "anonymous");
     std::vector<std::pair<void*, size_t>> seen;
     {
       std::vector<pinstage::PinnedHostBuffer> buffers;
@@ -222,9 +262,10 @@ TEST_F(CudaGpu, PinnedAllocBothModesAndRelease) {
       }
       EXPECT_EQ(worker.stats().pinned_count, 4u);
       const ps_cuda_pin_stats s = pin_stats(worker);
-      EXPECT_EQ(s.alloc_count + s.register_count, 4u);
-      EXPECT_EQ(config[0].second == "alloc" ? s.register_count : s.alloc_count, 0u);
-    }  // released here, each the way it was made
+      EXPECT_EQ(s.register_count, 4u);
+      EXPECT_EQ(s.alloc_count, 0u);
+      EXPECT_EQ(s.last_mode, PS_CUDA_PIN_REGISTER);
+    }  // unregistered and unmapped here
     EXPECT_EQ(worker.stats().pinned_count, 0u);
     for (const auto& [ptr, bytes] : seen)
       EXPECT_NE(memory_type(ptr), cudaMemoryTypeHost) << bytes << " bytes still page-locked";
@@ -254,29 +295,32 @@ TEST_F(CudaGpu, TheRuntimesMemoryIsRegisteredAndTheVendorSlotIsCudaHostAlloc) {
   EXPECT_EQ(raw().host_free_pinned(ctx.get(), &vendor), PS_OK);
 }
 
-// What a slot needs to release a pinned buffer travels in ps_allocation (no table in
-// the backend): register mode carries a handle, cudaHostAlloc mode none.
+// What a slot needs to release pinned memory travels in the call (no table in the
+// backend): the vendor source's cudaHostAlloc carries no handle, and a range the runtime
+// made is unregistered by the same (ptr, bytes) it was registered with.
 TEST_F(CudaGpu, PinnedAllocationsCarryWhatReleasesThem) {
   REQUIRE_GPU();
-  Ctx ctx = make_ctx({{"register_threshold_mb", "1"}});
+  Ctx ctx = make_ctx();
   const ps_platform_api& a = raw();
-  ps_allocation small{}, large{};
-  ASSERT_EQ(a.host_alloc_pinned(ctx.get(), 4096, &small), PS_OK) << a.last_error();
-  ASSERT_EQ(a.host_alloc_pinned(ctx.get(), size_t{1} << 20, &large), PS_OK) << a.last_error();
-  EXPECT_EQ(small.bytes, 4096u);
-  EXPECT_EQ(small.handle, nullptr);
-  EXPECT_EQ(large.bytes, size_t{1} << 20);
-  EXPECT_NE(large.handle, nullptr);
-  EXPECT_EQ(memory_type(small.ptr), cudaMemoryTypeHost);
-  EXPECT_EQ(memory_type(large.ptr), cudaMemoryTypeHost);
+  ps_allocation vendor{};
+  ASSERT_EQ(a.host_alloc_pinned(ctx.get(), 4096, &vendor), PS_OK) << a.last_error();
+  EXPECT_EQ(vendor.bytes, 4096u);
+  EXPECT_EQ(vendor.handle, nullptr);
+  const size_t bytes = size_t{1} << 20;
+  void* mine = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mine, MAP_FAILED);
+  ASSERT_EQ(a.host_register(ctx.get(), mine, bytes, 0), PS_OK) << a.last_error();
+  EXPECT_EQ(memory_type(vendor.ptr), cudaMemoryTypeHost);
+  EXPECT_EQ(memory_type(mine), cudaMemoryTypeHost);
   ps_allocation device{};
   ASSERT_EQ(a.device_malloc(ctx.get(), 4096, &device), PS_OK);
   EXPECT_EQ(device.handle, nullptr);
-  EXPECT_EQ(a.host_free_pinned(ctx.get(), &small), PS_OK);
-  EXPECT_EQ(a.host_free_pinned(ctx.get(), &large), PS_OK);
+  EXPECT_EQ(a.host_free_pinned(ctx.get(), &vendor), PS_OK);
+  EXPECT_EQ(a.host_unregister(ctx.get(), mine, bytes), PS_OK) << a.last_error();
   EXPECT_EQ(a.device_free(ctx.get(), &device), PS_OK);
-  EXPECT_NE(memory_type(small.ptr), cudaMemoryTypeHost);
-  EXPECT_NE(memory_type(large.ptr), cudaMemoryTypeHost);
+  EXPECT_NE(memory_type(vendor.ptr), cudaMemoryTypeHost);
+  EXPECT_NE(memory_type(mine), cudaMemoryTypeHost);
+  EXPECT_EQ(munmap(mine, bytes), 0);
   uint64_t capacity = 0, committed = 1;
   ASSERT_EQ(a.mem_info(ctx.get(), &capacity, &committed), PS_OK);
   EXPECT_EQ(committed, 0u);
@@ -553,49 +597,78 @@ TEST_F(CudaGpu, InjectedFaultsFailOnceAndTakeNothing) {
 }
 
 // destroy_context releases only the context: the runtime's finalize destroys streams
-// and events and frees every allocation first (platform_abi.h). Through the worker,
-// everything left outstanding is gone afterwards (and the fake counts nothing left).
+// and events, frees every allocation and unpins every range first (platform_abi.h).
+// Through the worker, everything left outstanding is gone afterwards, the pool's
+// registered segments, a file mapping still held and (on the fake) the vendor source's
+// cudaHostAlloc alike, and the fake counts nothing left (TearDown).
 TEST_F(CudaGpu, FinalizeReleasesEverythingLeft) {
   REQUIRE_GPU();
+  const pinstage::test::PatternFile file(3 * 4096 + 100);
   Worker worker;
-  worker.init("cuda", 0, with_config({{"register_threshold_mb", "4"}}));
+  worker.init("cuda", 0, with_config({}));
   auto dev = worker.alloc_device(size_t{256} << 20);
-  auto alloc_mode = worker.alloc_pinned_host(4096);
-  auto reg_mode = worker.alloc_pinned_host(size_t{8} << 20);
+  auto small = worker.alloc_pinned_host(4096);
+  auto large = worker.alloc_pinned_host(size_t{8} << 20);
+  const auto mapping = worker.map_file_pinned(file.path, file.bytes.size());
+  ASSERT_TRUE(mapping->pinned()) << mapping->refusal();
+  pinstage::PinnedHostBuffer vendor;
+  if (const auto inject = fake_fn<FakeInject>("pinstage_fake_cuda_inject")) {
+    inject("cudaHostRegister", 1, cudaErrorNotSupported, 0);  // the pool takes cudaHostAlloc
+    vendor = worker.alloc_pinned_host(4096);
+    EXPECT_EQ(worker.host_placement().pool_source, "vendor");
+  }
   auto stream = worker.create_stream();
   auto event = worker.create_event();
   // A copy still queued when finalize runs: it must finish before its buffer goes.
-  fill(reg_mode.data(), reg_mode.size(), 5);
-  worker.copy_to_device_async(dev, 0, reg_mode.data(), reg_mode.size(), stream);
+  fill(large.data(), large.size(), 5);
+  worker.copy_to_device_async(dev, 0, large.data(), large.size(), stream);
   worker.record(event, stream);
+  std::vector<const void*> host = {small.data(), large.data(), mapping->data()};
+  if (vendor) host.push_back(vendor.data());
   EXPECT_EQ(memory_type(dev.data()), cudaMemoryTypeDevice);
-  EXPECT_EQ(memory_type(alloc_mode.data()), cudaMemoryTypeHost);
-  EXPECT_EQ(memory_type(reg_mode.data()), cudaMemoryTypeHost);
+  for (const void* p : host) EXPECT_EQ(memory_type(p), cudaMemoryTypeHost);
   worker.finalize();
   EXPECT_NE(memory_type(dev.data()), cudaMemoryTypeDevice);
-  EXPECT_NE(memory_type(alloc_mode.data()), cudaMemoryTypeHost);
-  EXPECT_NE(memory_type(reg_mode.data()), cudaMemoryTypeHost);
+  for (const void* p : host) EXPECT_NE(memory_type(p), cudaMemoryTypeHost);
+  // The mapping outlives its worker, unpinned, its bytes still readable.
+  EXPECT_EQ(std::memcmp(mapping->data(), file.bytes.data(), file.bytes.size()), 0);
+}
+
+// For each source of pinned memory (the runtime's, registered; the vendor's): a fresh
+// context, a QueuedCopies of 1 MiB from `seed` with four uploads of it queued, then `body`.
+template <class Body>
+void with_queued_copies(uint64_t seed, Body&& body) {
+  for (const bool registered : {true, false}) {
+    SCOPED_TRACE(registered ? "host_register" : "host_alloc_pinned");
+    Ctx ctx = make_ctx();
+    QueuedCopies q;
+    ASSERT_NO_FATAL_FAILURE(q.set_up(ctx.get(), size_t{1} << 20, seed, registered));
+    for (int i = 0; i < 4; ++i)
+      ASSERT_EQ(raw().copy_h2d_async(ctx.get(), q.dev.ptr, q.pinned.ptr, q.pinned.bytes,
+                                     PS_COPY_HOST_PINNED, q.stream),
+                PS_OK);
+    body(ctx.get(), q);
+  }
+}
+
+// The device's bytes of `q` equal what was uploaded.
+void expect_uploaded(ps_device_ctx* ctx, const QueuedCopies& q) {
+  std::vector<unsigned char> back(q.expect.size(), 0);
+  ASSERT_EQ(raw().copy_d2h(ctx, back.data(), q.dev.ptr, back.size(), 0), PS_OK);
+  EXPECT_EQ(back, q.expect);
 }
 
 // stream_destroy waits for the stream's copies (cudaStreamDestroy alone does not), so
-// the runtime may free their buffers right after it.
+// the runtime may release their pinned memory right after it, whichever source made it.
 TEST_F(CudaGpu, StreamDestroyWaitsForItsCopies) {
   REQUIRE_GPU();
-  Ctx ctx = make_ctx({{"pinned_mode", "register"}});
-  const ps_platform_api& a = raw();
-  const size_t bytes = size_t{1} << 20;
-  QueuedCopies q;
-  ASSERT_NO_FATAL_FAILURE(q.set_up(ctx.get(), bytes, 9));
-  auto& [pinned, dev, stream, expect] = q;
-  for (int i = 0; i < 4; ++i)
-    ASSERT_EQ(a.copy_h2d_async(ctx.get(), dev.ptr, pinned.ptr, bytes, PS_COPY_HOST_PINNED, stream),
-              PS_OK);
-  ASSERT_EQ(a.stream_destroy(ctx.get(), stream), PS_OK) << a.last_error();
-  ASSERT_EQ(a.host_free_pinned(ctx.get(), &pinned), PS_OK) << a.last_error();
-  std::vector<unsigned char> back(bytes, 0);
-  ASSERT_EQ(a.copy_d2h(ctx.get(), back.data(), dev.ptr, bytes, 0), PS_OK);
-  EXPECT_EQ(back, expect);
-  EXPECT_EQ(a.device_free(ctx.get(), &dev), PS_OK);
+  with_queued_copies(9, [](ps_device_ctx* ctx, QueuedCopies& q) {
+    const ps_platform_api& a = raw();
+    ASSERT_EQ(a.stream_destroy(ctx, q.stream), PS_OK) << a.last_error();
+    ASSERT_EQ(q.release(ctx), PS_OK) << a.last_error();
+    expect_uploaded(ctx, q);
+    EXPECT_EQ(a.device_free(ctx, &q.dev), PS_OK);
+  });
 }
 
 // ---- the worker's device, whatever the calling thread's ----
@@ -649,66 +722,38 @@ TEST_F(CudaGpu, NonexistentDeviceIsNoDevice) {
 
 // ---- issue 16: what only hardware would have shown ----
 
-// A symbol of the fake runtime (tests/cpp/test_cuda_fake_runtime.cpp), or null on a real
-// one: tests that steer the fake skip on a GPU.
-template <class Fn>
-Fn fake_fn(const char* name) {
-  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
-}
-
-#define REQUIRE_FAKE(fn)                                                              \
-  do {                                                                                \
-    REQUIRE_GPU();                                                                    \
-    if ((fn) == nullptr) GTEST_SKIP() << "needs the fake CUDA runtime (fake_cuda.*)"; \
-  } while (0)
-
-using FakeInject = void (*)(const char*, int, int, int);
-using FakeVoid = void (*)();
-using FakeSetMax = void (*)(size_t);
-using FakeCount = size_t (*)();
-using FakeHold = void (*)(const void*, int);
-
-// Item 2: a pinned buffer released while copies from it are still queued on a stream
-// of the context: the release waits for them (the fake counts a free under a queued copy
-// as a hazard), and the data arrives whole.
+// Item 2: pinned memory released while copies from it are still queued on a stream of the
+// context: the release (host_free_pinned of the vendor's, host_unregister of the runtime's)
+// waits for them (the fake counts a release under a queued copy as a hazard), and the data
+// arrives whole.
 TEST_F(CudaGpu, PinnedReleaseWaitsForQueuedCopies) {
   REQUIRE_GPU();
-  for (const char* mode : {"alloc", "register"}) {
-    SCOPED_TRACE(mode);
-    Ctx ctx = make_ctx({{"pinned_mode", mode}});
+  with_queued_copies(21, [](ps_device_ctx* ctx, QueuedCopies& q) {
     const ps_platform_api& a = raw();
-    const size_t bytes = size_t{1} << 20;
-    QueuedCopies q;
-    ASSERT_NO_FATAL_FAILURE(q.set_up(ctx.get(), bytes, 21));
-    auto& [pinned, dev, stream, expect] = q;
     const size_t hazards = fake_hazards() ? fake_hazards()() : 0;
-    for (int i = 0; i < 4; ++i)
-      ASSERT_EQ(
-          a.copy_h2d_async(ctx.get(), dev.ptr, pinned.ptr, bytes, PS_COPY_HOST_PINNED, stream),
-          PS_OK);
-    ASSERT_EQ(a.host_free_pinned(ctx.get(), &pinned), PS_OK) << a.last_error();  // no sync
+    ASSERT_EQ(q.release(ctx), PS_OK) << a.last_error();  // no sync
     if (fake_hazards()) {
-      EXPECT_EQ(fake_hazards()() - hazards, 0u) << "freed under a queued copy";
+      EXPECT_EQ(fake_hazards()() - hazards, 0u) << "released under a queued copy";
     }
-    std::vector<unsigned char> back(bytes, 0);
-    ASSERT_EQ(a.copy_d2h(ctx.get(), back.data(), dev.ptr, bytes, 0), PS_OK);
-    EXPECT_EQ(back, expect);
-    ASSERT_EQ(a.stream_destroy(ctx.get(), stream), PS_OK);
-    EXPECT_EQ(a.device_free(ctx.get(), &dev), PS_OK);
-  }
+    expect_uploaded(ctx, q);
+    ASSERT_EQ(a.stream_destroy(ctx, q.stream), PS_OK);
+    EXPECT_EQ(a.device_free(ctx, &q.dev), PS_OK);
+  });
 }
 
-// Item 3: register mode registers in pieces of register_chunk_mb and unregisters each;
-// the fake refuses one registration larger than its limit, as drivers refuse 512 GiB.
-TEST_F(CudaGpu, RegisterModeRegistersInPieces) {
+// Item 3: host_register registers the runtime's memory in pieces of register_chunk_mb and
+// host_unregister unregisters each; the fake refuses one registration larger than its
+// limit, as drivers refuse 512 GiB.
+TEST_F(CudaGpu, HostRegisterRegistersInPieces) {
   const auto set_max = fake_fn<FakeSetMax>("pinstage_fake_cuda_set_max_register");
   const auto calls = fake_fn<FakeCount>("pinstage_fake_cuda_register_calls");
   REQUIRE_FAKE(set_max);
   set_max(size_t{1} << 20);
+  const std::shared_ptr<void> no_limit_after(nullptr, [set_max](void*) { set_max(SIZE_MAX); });
   const size_t bytes = (size_t{7} << 19) + 5;  // 3.5 MiB + 5: four pieces
   {
     Worker worker;
-    worker.init("cuda", 0, with_config({{"pinned_mode", "register"}, {"register_chunk_mb", "1"}}));
+    worker.init("cuda", 0, with_config({{"register_chunk_mb", "1"}}));
     const size_t before = calls();
     auto b = worker.alloc_pinned_host(bytes);
     EXPECT_EQ(calls() - before, 4u);
@@ -723,11 +768,12 @@ TEST_F(CudaGpu, RegisterModeRegistersInPieces) {
     EXPECT_EQ(std::memcmp(back.data(), p, bytes), 0);
     b.reset();  // every piece unregistered: TearDown finds no registered range
     EXPECT_NE(memory_type(p), cudaMemoryTypeHost);
+    EXPECT_NE(memory_type(p + bytes - 1), cudaMemoryTypeHost);
   }
   {
     // One piece larger than the limit fails clearly and leaves nothing registered.
     Worker worker;
-    worker.init("cuda", 0, with_config({{"pinned_mode", "register"}, {"register_chunk_mb", "2"}}));
+    worker.init("cuda", 0, with_config({{"register_chunk_mb", "2"}}));
     try {
       worker.alloc_pinned_host(bytes);
       ADD_FAILURE() << "a registration past the limit succeeded";
@@ -737,20 +783,27 @@ TEST_F(CudaGpu, RegisterModeRegistersInPieces) {
     }
     EXPECT_EQ(worker.stats().pinned_count, 0u);
   }
-  set_max(SIZE_MAX);
 }
 
-// Item 3: a piece that fails after others were registered: they are unregistered again.
+// Item 3: a piece that fails after others were registered: they are unregistered again at
+// once, and the pool does not take the failure for "not supported" (no vendor fallback).
 TEST_F(CudaGpu, RegisterFailureInTheMiddleUndoesThePiecesDone) {
   const auto inject = fake_fn<FakeInject>("pinstage_fake_cuda_inject");
+  const auto counts = fake_fn<FakeCounts>("pinstage_fake_cuda_counts");
   REQUIRE_FAKE(inject);
   Worker worker;
-  worker.init("cuda", 0, with_config({{"pinned_mode", "register"}, {"register_chunk_mb", "1"}}));
+  worker.init("cuda", 0, with_config({{"register_chunk_mb", "1"}}));
   inject("cudaHostRegister", 3, cudaErrorMemoryAllocation, 0);
-  EXPECT_THROW(worker.alloc_pinned_host(size_t{4} << 20), Error);
-  EXPECT_EQ(worker.stats().pinned_count, 0u);           // TearDown: no registered range left
+  const Error e = pinstage::test::error_of([&] { worker.alloc_pinned_host(size_t{4} << 20); });
+  EXPECT_EQ(e.code(), ErrorCode::out_of_memory) << e.what();
+  EXPECT_TRUE(contains(e.what(), "cudaErrorMemoryAllocation")) << e.what();
+  size_t device = 0, host = 0, registered = 0, streams = 0, events = 0;
+  counts(&device, &host, &registered, &streams, &events);
+  EXPECT_EQ(registered, 0u) << "pieces left registered after the failure";
+  EXPECT_EQ(worker.stats().pinned_count, 0u);
   auto ok = worker.alloc_pinned_host(size_t{4} << 20);  // nothing sticky
   EXPECT_EQ(memory_type(ok.data()), cudaMemoryTypeHost);
+  EXPECT_EQ(worker.host_placement().pool_source, "anonymous");
 }
 
 // Item 4: a pinstage call leaves the calling thread on the device it had chosen.
@@ -923,25 +976,6 @@ TEST_F(CudaGpu, StickyErrorMakesEveryLaterCallSayTheContextIsUnusable) {
   worker.finalize();
 }
 
-// The VmFlags of the mapping holding `p` (/proc/self/smaps), or "" when not found.
-std::string vm_flags(const void* p) {
-  std::ifstream smaps("/proc/self/smaps");
-  const auto want = reinterpret_cast<uintptr_t>(p);
-  std::string line;
-  bool inside = false;
-  while (std::getline(smaps, line)) {
-    uintptr_t lo = 0, hi = 0;
-    char dash = 0;
-    std::istringstream in(line);
-    if (in >> std::hex >> lo >> dash >> hi && dash == '-') {
-      inside = lo <= want && want < hi;
-      continue;
-    }
-    if (inside && line.rfind("VmFlags:", 0) == 0) return line.substr(8) + " ";
-  }
-  return "";
-}
-
 // True when a forked child that reads `p` dies of SIGSEGV (the page is not in it).
 // The child restores the default action first: a sanitizer's SEGV handler would
 // report and exit(1) instead of letting the signal kill it.
@@ -959,16 +993,19 @@ bool child_cannot_read(const void* p) {
   return WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV;
 }
 
-// Item 8: register-mode memory is MADV_DONTFORK: a forked child does not get the
-// pages (a child writing them would otherwise copy-on-write away from the pinned copy).
-TEST_F(CudaGpu, RegisterModeMemoryIsNotInheritedByFork) {
+// Item 8: the pool's memory is MADV_DONTFORK (the runtime's placement, for every backend
+// whose device memory is not host memory): a forked child does not get the pages (a child
+// writing them would otherwise copy-on-write away from the pinned copy).
+TEST_F(CudaGpu, ThePoolsMemoryIsNotInheritedByFork) {
   REQUIRE_GPU();
   Worker worker;
-  worker.init("cuda", 0, with_config({{"pinned_mode", "register"}}));
+  worker.init("cuda", 0, with_config({}));
   auto b = worker.alloc_pinned_host(size_t{2} << 20);
   fill(b.data(), b.size(), 8);
+  ASSERT_EQ(worker.host_placement().pool_source, "anonymous");
   // "dc" (VM_DONTCOPY) is what MADV_DONTFORK sets ("dd" would be MADV_DONTDUMP).
-  EXPECT_TRUE(contains(vm_flags(b.data()), " dc ")) << "VmFlags:" << vm_flags(b.data());
+  const std::string flags = pinstage::test::smaps_field(b.data(), "VmFlags:").value_or("");
+  EXPECT_TRUE(contains(flags, " dc ")) << "VmFlags:" << flags;
   EXPECT_TRUE(child_cannot_read(b.data()));
 }
 
@@ -1066,49 +1103,99 @@ TEST_F(CudaGpu, FakeDeviceMemoryIsNotHostMemory) {
   EXPECT_EQ(cudaFree(p), cudaSuccess);
 }
 
-// ABI v7's host_register on cuda: a checkpoint file's page cache mapped read-only and
-// registered in place with cudaHostRegisterReadOnly (the driver refuses read-only pages
-// without it), uploaded from as pinned memory; a driver without read-only registration
-// gives an unpinned mapping that says why, so the loader copies instead.
-TEST_F(CudaGpu, AReadOnlyFileMappingIsRegisteredInPlace) {
-  const auto read_only = fake_fn<FakeCount>("pinstage_fake_cuda_read_only_registrations");
-  const auto set_ro = fake_fn<void (*)(int)>("pinstage_fake_cuda_set_read_only_register");
-  REQUIRE_FAKE(read_only);
-  const std::string path = ::testing::TempDir() + "pinstage_cuda_map_" + std::to_string(getpid());
-  std::vector<unsigned char> bytes(3 * 4096 + 100);
-  fill(bytes.data(), bytes.size(), 9);
-  {
-    std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<long>(bytes.size()));
+// ---- host sources (issue 46): the checks shared with acl (host_source_checks.h) ----
+
+// What the CUDA runtime says of host memory: cudaPointerGetAttributes (a GPU's runtime has
+// it too) and, on the fake, its counts and its "not supported" answer to cudaHostRegister.
+pinstage::test::PinView cuda_view() {
+  pinstage::test::PinView v;
+  v.backend = "cuda";
+  v.pinned = [](const void* p, size_t n) {
+    return memory_type(p) == cudaMemoryTypeHost &&
+           memory_type(static_cast<const char*>(p) + n - 1) == cudaMemoryTypeHost;
+  };
+  if (const auto counts = fake_fn<FakeCounts>("pinstage_fake_cuda_counts")) {
+    const auto live = [counts](bool registered) {
+      size_t device = 0, host = 0, reg = 0, streams = 0, events = 0;
+      counts(&device, &host, &reg, &streams, &events);
+      return registered ? reg : host;
+    };
+    v.registrations = [live] { return live(true); };
+    v.vendor_allocations = [live] { return live(false); };
   }
-  Worker worker;
-  worker.init("cuda");
-  {
-    const size_t before = read_only();
-    const std::shared_ptr<pinstage::PinnedFileMapping> m =
-        worker.map_file_pinned(path, bytes.size());
-    ASSERT_TRUE(m->pinned()) << m->refusal();
-    EXPECT_GT(read_only() - before, 0u) << "registered without cudaHostRegisterReadOnly";
-    EXPECT_TRUE(worker.is_pinned_host(m->data(), bytes.size()));
-    EXPECT_EQ(memory_type(m->data()), cudaMemoryTypeHost);
-    auto dev = worker.alloc_device(bytes.size());
-    worker.copy_to_device(dev, 0, m->data(), bytes.size());
-    std::vector<unsigned char> back(bytes.size());
-    worker.copy_to_host(back.data(), dev, 0, back.size());
-    EXPECT_EQ(back, bytes);
+  v.read_only_registrations = fake_fn<FakeCount>("pinstage_fake_cuda_read_only_registrations");
+  if (const auto inject = fake_fn<FakeInject>("pinstage_fake_cuda_inject"))
+    v.refuse_registration = [inject] { inject("cudaHostRegister", 1, cudaErrorNotSupported, 0); };
+  return v;
+}
+
+// The fake as a driver without read-only registration (a B300 with CUDA 13.4,
+// cudaDevAttrHostRegisterReadOnlySupported = 0) for a scope. The plugin reads the attribute
+// at create_context: a worker started inside the scope sees it.
+class NoReadOnlyRegistration {
+ public:
+  // The fake's switch, or null on a real runtime.
+  static void (*set())(int) {
+    return fake_fn<void (*)(int)>("pinstage_fake_cuda_set_read_only_register");
   }
-  set_ro(0);
-  {
-    const std::shared_ptr<pinstage::PinnedFileMapping> m =
-        worker.map_file_pinned(path, bytes.size());
-    set_ro(1);
-    EXPECT_FALSE(m->pinned());
-    EXPECT_NE(m->refusal().find("not supported"), std::string::npos) << m->refusal();
-    EXPECT_FALSE(worker.is_pinned_host(m->data(), 1));
-    EXPECT_EQ(std::memcmp(m->data(), bytes.data(), bytes.size()), 0);
-  }
-  worker.finalize();
-  std::remove(path.c_str());
+  NoReadOnlyRegistration() { set()(0); }
+  ~NoReadOnlyRegistration() { set()(1); }
+  NoReadOnlyRegistration(const NoReadOnlyRegistration&) = delete;
+  NoReadOnlyRegistration& operator=(const NoReadOnlyRegistration&) = delete;
+};
+
+TEST_F(CudaGpu, TheAnonymousSourceIsRegisteredAndRoundTrips) {
+  REQUIRE_GPU();
+  pinstage::test::check_anonymous_source(cuda_view());
+}
+
+// cudaHostRegister answers cudaErrorNotSupported: the pool takes cudaHostAlloc, asking once.
+TEST_F(CudaGpu, TheVendorSourceIsCudaHostAllocWhereRegisterIsNotSupported) {
+  const auto calls = fake_fn<size_t (*)(const char*)>("pinstage_fake_cuda_calls");
+  REQUIRE_FAKE(calls);
+  const size_t registers = calls("cudaHostRegister"), allocs = calls("cudaHostAlloc");
+  pinstage::test::check_vendor_source(cuda_view(), [](const Worker& worker) {
+    const ps_cuda_pin_stats s = pin_stats(worker);
+    EXPECT_EQ(s.alloc_count, 2u);
+    EXPECT_EQ(s.alloc_bytes, (size_t{1} << 20) + 4096);
+    EXPECT_EQ(s.register_count, 0u);
+    EXPECT_EQ(s.last_mode, PS_CUDA_PIN_ALLOC);
+  });
+  EXPECT_EQ(calls("cudaHostRegister") - registers, 1u) << "the refusal was not remembered";
+  EXPECT_EQ(calls("cudaHostAlloc") - allocs, 2u);
+}
+
+TEST_F(CudaGpu, TheFileSharedSourceIsRegisteredReadOnlyInPlace) {
+  REQUIRE_GPU();
+  int read_only = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, 0),
+            cudaSuccess);
+  if (read_only == 0) GTEST_SKIP() << "this device cannot register read-only memory";
+  pinstage::test::check_file_shared_source(cuda_view());
+}
+
+// Where the driver cannot register read-only memory: the copy, pinned writable.
+TEST_F(CudaGpu, TheFilePrivateSourceIsAWritableCopyWhereReadOnlyRegistrationIsMissing) {
+  REQUIRE_FAKE(NoReadOnlyRegistration::set());
+  const NoReadOnlyRegistration b300;
+  pinstage::test::check_file_private_source(cuda_view());
+}
+
+// With the device's own read-only registration (the fake's default: file_shared), then,
+// on the fake, without it: the file mapping is a file_private copy, which is placed too.
+TEST_F(CudaGpu, NumaPlacementIsReadBackFromTheKernel) {
+  REQUIRE_GPU();
+  pinstage::test::check_numa_placement(cuda_view());
+  if (NoReadOnlyRegistration::set() == nullptr || IsSkipped()) return;
+  SCOPED_TRACE("a driver without read-only registration");
+  const NoReadOnlyRegistration b300;
+  pinstage::test::check_numa_placement(cuda_view());
+}
+
+// PINSTAGE_HOST_HUGE_PAGES=thp and =off on the pool's memory cudaHostRegister pins.
+TEST_F(CudaGpu, HugePagesFollowTheOneSwitch) {
+  REQUIRE_GPU();
+  pinstage::test::check_huge_page_switch(cuda_view());
 }
 
 TEST_F(CudaGpu, FakeRegistrationNeedsWritablePages) {

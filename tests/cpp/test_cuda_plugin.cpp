@@ -144,7 +144,7 @@ TEST(CudaPlugin, BadArgumentsToCreateContext) {
 
 TEST(CudaPlugin, BadConfigIsRejectedBeforeLookingForADevice) {
   const ps_config_entry entries[] = {{"register_chunk_mb", "fast"}};
-  ps_context_options options{0, entries, 1};
+  ps_context_options options{0, entries, 1, -1};
   ps_device_ctx* ctx = nullptr;
   EXPECT_EQ(api().create_context(0, &options, &ctx), PS_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(ctx, nullptr);
@@ -152,7 +152,7 @@ TEST(CudaPlugin, BadConfigIsRejectedBeforeLookingForADevice) {
   EXPECT_TRUE(contains(msg, "register_chunk_mb='fast'")) << msg;
   EXPECT_TRUE(contains(msg, "1 to 65536 MiB")) << msg;
   // A count without entries is refused, not read.
-  options = ps_context_options{0, nullptr, 2};
+  options = ps_context_options{0, nullptr, 2, -1};
   EXPECT_EQ(api().create_context(0, &options, &ctx), PS_ERR_INVALID_ARGUMENT);
   EXPECT_TRUE(contains(api().last_error(), "config_count")) << api().last_error();
 }
@@ -169,6 +169,21 @@ TEST(CudaPlugin, WorkerInitForwardsTheConfigError) {
     EXPECT_TRUE(contains(e.what(), "PS_ERR_INVALID_ARGUMENT")) << e.what();
   }
   EXPECT_FALSE(worker.initialized());
+}
+
+// The keys of the old pinned modes reach the plugin's own parser too (create_context,
+// Worker::init): refused as gone, saying where their job went, not as unknown keys.
+TEST(CudaPlugin, TheGoneKeysAreRefusedAsGoneByCreateContext) {
+  for (const char* key :
+       {"pinned_mode", "register_threshold_mb", "prefault_threads", "register_thp"}) {
+    const ps_config_entry entries[] = {{key, "1"}};
+    const ps_context_options options{0, entries, 1, -1};
+    ps_device_ctx* ctx = nullptr;
+    EXPECT_EQ(api().create_context(0, &options, &ctx), PS_ERR_INVALID_ARGUMENT) << key;
+    const std::string msg = api().last_error();
+    EXPECT_TRUE(contains(msg, std::string("key '") + key + "' is gone")) << msg;
+    EXPECT_TRUE(contains(msg, "PINSTAGE_HOST_HUGE_PAGES")) << msg;
+  }
 }
 
 TEST(CudaPlugin, EverySlotRejectsANullContext) {
@@ -498,7 +513,8 @@ TEST(CudaConfig, UnknownAndRepeatedKeysNameTheKeyAndListTheAcceptedOnes) {
   const std::string twice = parse_error({{"register_chunk_mb", "1"}, {"register_chunk_mb", "2"}});
   EXPECT_TRUE(contains(twice, "'register_chunk_mb' is given twice")) << twice;
   // Keys are exact: no trimming, no case folding.
-  EXPECT_TRUE(contains(parse_error({{" register_chunk_mb", "1"}}), "unknown key ' register_chunk_mb'"));
+  EXPECT_TRUE(
+      contains(parse_error({{" register_chunk_mb", "1"}}), "unknown key ' register_chunk_mb'"));
   EXPECT_TRUE(contains(parse_error({{"Register_Chunk_MB", "1"}}), "unknown key"));
   EXPECT_TRUE(contains(parse_error({{nullptr, "1"}}), "NULL key"));
   EXPECT_TRUE(contains(parse_error({{"register_chunk_mb", nullptr}}), "NULL value"));
@@ -507,7 +523,8 @@ TEST(CudaConfig, UnknownAndRepeatedKeysNameTheKeyAndListTheAcceptedOnes) {
 // The keys of the backends that made host memory themselves are refused saying where their
 // job went (the runtime's placement), not as a typo.
 TEST(CudaConfig, TheKeysOfTheOldPinnedModesSayTheRuntimeDoesItNow) {
-  for (const char* key : {"pinned_mode", "register_threshold_mb", "prefault_threads", "register_thp"}) {
+  for (const char* key :
+       {"pinned_mode", "register_threshold_mb", "prefault_threads", "register_thp"}) {
     const std::string msg = parse_error({{key, "1"}});
     EXPECT_TRUE(contains(msg, std::string("key '") + key + "' is gone")) << msg;
     EXPECT_TRUE(contains(msg, "PINSTAGE_HOST_HUGE_PAGES")) << msg;

@@ -78,6 +78,15 @@ typedef void (*fake_acl_trace_on_fn)(int on);
 typedef uint64_t (*fake_acl_trace_size_fn)(void);
 typedef const char* (*fake_acl_trace_at_fn)(uint64_t index);
 typedef void (*fake_acl_live_fn)(int device, fake_acl_live* out);
+/* What the double holds [ptr, ptr + bytes) as: FAKE_ACL_PINNED_MALLOC_HOST or
+ * FAKE_ACL_PINNED_REGISTERED when the range lies inside one such block, else
+ * FAKE_ACL_PINNED_NONE (a test's view of what was pinned, not the backend's). */
+typedef enum fake_acl_pinned_kind {
+  FAKE_ACL_PINNED_NONE = 0,
+  FAKE_ACL_PINNED_MALLOC_HOST = 1,
+  FAKE_ACL_PINNED_REGISTERED = 2
+} fake_acl_pinned_kind;
+typedef int (*fake_acl_pinned_fn)(const void* ptr, uint64_t bytes);
 
 #ifdef __cplusplus
 } /* extern "C" */

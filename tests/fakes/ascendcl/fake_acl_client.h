@@ -30,6 +30,7 @@ struct FakeAcl {
   fake_acl_trace_size_fn trace_size = nullptr;
   fake_acl_trace_at_fn trace_at = nullptr;
   fake_acl_live_fn live_fn = nullptr;
+  fake_acl_pinned_fn pinned = nullptr;
 
   // All violations' texts, one per line (for failure messages).
   std::string all_violations() const {
@@ -82,6 +83,7 @@ inline FakeAcl& fake_acl() {
     f->trace_size = reinterpret_cast<fake_acl_trace_size_fn>(sym("pinstage_fake_acl_trace_size"));
     f->trace_at = reinterpret_cast<fake_acl_trace_at_fn>(sym("pinstage_fake_acl_trace_at"));
     f->live_fn = reinterpret_cast<fake_acl_live_fn>(sym("pinstage_fake_acl_live"));
+    f->pinned = reinterpret_cast<fake_acl_pinned_fn>(sym("pinstage_fake_acl_pinned"));
     return f;
   }();
   return *fake;

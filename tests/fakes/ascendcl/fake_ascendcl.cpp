@@ -784,4 +784,15 @@ void pinstage_fake_acl_live(int device, fake_acl_live* out) {
   if (out != nullptr) *out = live_on(device);
 }
 
+int pinstage_fake_acl_pinned(const void* ptr, uint64_t bytes) {
+  std::lock_guard lock(S().mu);
+  const auto* c = static_cast<const char*>(ptr);
+  const auto inside = [&](const std::map<const char*, Alloc>& m) {
+    const auto* e = find_in(m, ptr);
+    return e != nullptr && bytes <= static_cast<uint64_t>(e->first + e->second.bytes - c);
+  };
+  if (inside(S().host)) return FAKE_ACL_PINNED_MALLOC_HOST;
+  return inside(S().reg) ? FAKE_ACL_PINNED_REGISTERED : FAKE_ACL_PINNED_NONE;
+}
+
 }  // extern "C"
