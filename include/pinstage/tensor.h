@@ -69,6 +69,9 @@ class PINSTAGE_API HostAllocator {
   }
   // Every writer is done: what reserve() left unpinned is pinned now. Nothing by default.
   virtual void finish() {}
+  // The writers failed (a load's read error): what reserve() left unpinned is never pinned,
+  // and goes back once its storages are released. Nothing by default; never throws.
+  virtual void abandon() noexcept {}
   virtual bool pinned() const = 0;
   virtual std::string name() const = 0;  // "pageable" or "pinned"
 };
@@ -100,6 +103,7 @@ class PINSTAGE_API PinnedAllocator final : public HostAllocator {
   void reserve(std::span<const size_t> sizes) override;
   void prepare(void* data, size_t bytes) override;
   void finish() override;
+  void abandon() noexcept override;
   // The last reserve()'s fill (its fault and pin seconds, the pages it took); nullptr
   // before any reserve().
   const HostFill* fill() const noexcept { return fill_.get(); }

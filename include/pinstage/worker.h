@@ -346,6 +346,9 @@ class PINSTAGE_API HostFill {
   void prepare(void* data, size_t bytes);
   // Pins the segment (host_register); Error as alloc_pinned_host's. Idempotent.
   void finish();
+  // Ends the fill without pinning (its writers failed): the segment goes back to the OS once
+  // its blocks are freed, never pinned. A no-op after finish(). Never throws.
+  void abandon() noexcept;
   // Seconds spent in prepare() on every thread (summed), and in finish().
   double fault_seconds() const noexcept;
   double pin_seconds() const noexcept { return pin_seconds_; }

@@ -194,6 +194,7 @@ class BufferAllocator final : public HostAllocator {
   }
   void prepare(void* data, size_t bytes) override { fill_.prepare(data, bytes); }
   void finish() override { fill_.finish(); }
+  void abandon() noexcept override { fill_.abandon(); }
   bool pinned() const override { return true; }
   std::string name() const override { return "pinned"; }
   std::vector<PinnedHostBuffer>& buffers() { return buffers_; }

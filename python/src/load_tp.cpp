@@ -39,6 +39,7 @@ class BufferAllocator final : public HostAllocator {
   void reserve(std::span<const size_t> sizes) override { pinned_.reserve(sizes); }
   void prepare(void* data, size_t bytes) override { pinned_.prepare(data, bytes); }
   void finish() override { pinned_.finish(); }
+  void abandon() noexcept override { pinned_.abandon(); }
   bool pinned() const override { return true; }
   std::string name() const override { return "pinned"; }
 

@@ -430,7 +430,12 @@ HostLoad copy_to_host(const Checkpoint& c, const std::vector<const CheckpointTen
     targets.push_back({t, out.tensors.back().storage->data()});
   }
   const double alloc_s = alloc.seconds();
-  out.report = read_targets(c, targets, o, &allocator);
+  try {
+    out.report = read_targets(c, targets, o, &allocator);
+  } catch (...) {
+    allocator.abandon();  // a failed load's fresh memory is never pinned; it goes with `out`
+    throw;
+  }
   const Stopwatch pin;
   allocator.finish();  // fresh pinned pages are pinned behind the readers
   out.report.pin_s = pin.seconds();

@@ -168,7 +168,7 @@ namespace {
 std::string entry_name(EntryKind kind) {
   static constexpr const char* kNames[] = {"device allocation", "stream", "event",
                                            "pageable fallback allocation"};
-  if (is_host_segment(kind)) return std::string(source_name(source_of(kind))) + " host segment";
+  if (is_host_segment(kind)) return "pinned host segment";
   return kNames[static_cast<size_t>(kind)];
 }
 
@@ -198,13 +198,15 @@ int release_entry(WorkerState& s, EntryKind kind, const ps_allocation& a) {
 void release_all(WorkerState& s, EntryKind kind, const std::vector<ps_allocation>& left) {
   if (left.empty()) return;
   const std::string what = entry_name(kind);
+  const std::string source =  // "(anonymous)": which source's segments they were
+      is_host_segment(kind) ? std::string(" (") + source_name(source_of(kind)) + ")" : "";
   uint64_t bytes = 0;
   for (const ps_allocation& a : left) {
     bytes += a.bytes;
     const int status = release_entry(s, kind, a);
     if (status != PS_OK) {
-      log(LogLevel::error, "finalize: releasing a " + what + " failed: " + ps_status_str(status) +
-                               " " + s.api().last_error());
+      log(LogLevel::error, "finalize: releasing a " + what + " failed" + source + ": " +
+                               ps_status_str(status) + " " + s.api().last_error());
       std::lock_guard lock(s.mu);
       ++s.free_failures;
     }
@@ -213,8 +215,8 @@ void release_all(WorkerState& s, EntryKind kind, const std::vector<ps_allocation
     log(LogLevel::warn, "finalize: " + std::to_string(left.size()) + " " + what +
                             "(s) still alive; released with the context");
   else if (is_host_segment(kind) && pooled(source_of(kind)))  // live blocks or not
-    log(LogLevel::info, "finalize released " + std::to_string(left.size()) + " " + what + "(s), " +
-                            std::to_string(bytes) + " bytes");
+    log(LogLevel::info, "finalize released " + std::to_string(left.size()) + " " + what + "(s)" +
+                            source + ", " + std::to_string(bytes) + " bytes");
   else
     log(LogLevel::info, "finalize reclaimed " + std::to_string(left.size()) + " outstanding " +
                             what + "(s), " + std::to_string(bytes) + " bytes");

@@ -63,6 +63,10 @@ void PinnedAllocator::finish() {
   if (fill_) fill_->finish();
 }
 
+void PinnedAllocator::abandon() noexcept {
+  if (fill_) fill_->abandon();
+}
+
 PinnedAllocator::~PinnedAllocator() = default;
 
 std::shared_ptr<Storage> PinnedAllocator::allocate(size_t bytes) {

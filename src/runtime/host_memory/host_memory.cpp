@@ -444,6 +444,21 @@ void HostFill::finish() {
                                             s.api().last_error());
 }
 
+void HostFill::abandon() noexcept {
+  if (!active()) return;
+  finished_ = true;
+  runtime::WorkerState& s = *owner_;
+  runtime::CallGuard guard(s);
+  if (!guard.entered()) return;  // finalize released it already
+  std::vector<runtime::HostPool::Owned> free_now;
+  {
+    std::lock_guard lock(s.mu);
+    s.host.end_fill(data_, false);
+    free_now = s.host.take_free_segments(0);  // wholly free already: back now
+  }
+  if (!free_now.empty()) s.release_segments(free_now, false);
+}
+
 double HostFill::fault_seconds() const noexcept {
   return fault_ns_ ? static_cast<double>(fault_ns_->load()) / 1e9 : 0;
 }
