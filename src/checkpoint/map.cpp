@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/folios.h"
 #include "checkpoint/load_internal.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/clock.h"
@@ -69,9 +70,12 @@ Mappings map_files(const Checkpoint& c, const std::vector<const CheckpointTensor
   }
   Mappings maps(c.files().size());
   uint64_t done = 0;
+  detail::enter_phase(o, "pin");
+  detail::FolioCensus folios;
   for (size_t f = 0; f < c.files().size(); ++f) {
     if (!wanted[f]) continue;
     maps[f] = worker.map_file_pinned(c.files()[f].path, c.files()[f].size);
+    folios.add(*maps[f], r);
     r.map_s += maps[f]->map_seconds();
     r.pin_s += maps[f]->pin_seconds();
     if (!maps[f]->pinned() && r.map_note.empty())
@@ -86,6 +90,7 @@ Mappings map_files(const Checkpoint& c, const std::vector<const CheckpointTensor
 void verify_views(const Checkpoint& c, const HostLoad& load, const CheckpointLoadOptions& o,
                   LoadReport& r) {
   if (!o.verify) return;
+  detail::enter_phase(o, "verify");
   const Stopwatch verify;
   std::atomic<size_t> unverified{0};
   parallel_for(
@@ -132,6 +137,7 @@ HostLoad map_to_host(const Checkpoint& c, const std::vector<const CheckpointTens
     else
       out.tensors.push_back({*t, pool.allocate(static_cast<size_t>(t->bytes))});
   }
+  if (!copied_sizes.empty()) detail::enter_phase(o, "read");
   const Stopwatch copy;
   parallel_for(
       out.tensors.size(), 1,
@@ -220,11 +226,13 @@ std::optional<DeviceLoad> map_to_device(const Checkpoint& c,
                                      t->bytes, true, nullptr)});
     verify_views(c, views, o, r);
   }
+  detail::enter_phase(o, "allocate");
   const Stopwatch alloc;
   for (const CheckpointTensor* t : tensors)
     out.tensors.push_back({*t, t->bytes > 0 ? worker.alloc_device(t->bytes) : DeviceBuffer{}});
   r.alloc_s = alloc.seconds();
   Stream stream = worker.create_stream();
+  detail::enter_phase(o, "upload");
   const Stopwatch upload;
   uint64_t done = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -238,7 +246,10 @@ std::optional<DeviceLoad> map_to_device(const Checkpoint& c,
   }
   worker.synchronize(stream);
   r.upload_s = upload.seconds();
-  if (o.verify) check_arrived(c, worker, out, r);
+  if (o.verify) {
+    detail::enter_phase(o, "verify");
+    check_arrived(c, worker, out, r);
+  }
   r.peak_pinned_bytes = worker.stats().pinned_bytes;
   r.total_s = total.seconds();
   return out;
