@@ -8,6 +8,7 @@ skips. The wheel is built once per run by scripts/test.sh (PINSTAGE_WHEEL); with
 file builds one itself (`pip wheel`, build isolation: pip fetches the newest setuptools)."""
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import urllib.request
@@ -72,6 +73,10 @@ def venv(wheel, tmp_path_factory):
 
 def test_the_wheel_declares_the_console_script(wheel):
     with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/WHEEL"))
+        generator = re.search(r"^Generator: setuptools \((\d+)", z.read(meta).decode(), re.M)
+        assert generator and int(generator.group(1)) >= 84, \
+            f"{wheel.name} was not built by a setuptools >= 84 (pip's isolated build)"
         found = [n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt")]
         assert found, f"{wheel.name} declares no entry points: no `pinstage` command"
         text = z.read(found[0]).decode()
