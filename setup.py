@@ -5,12 +5,15 @@ needs nothing from PyPI, but it needs `wheel` where setuptools is older than 70.
 python3-wheel; a plain `python3 -m venv` has none: `pip install wheel` there first, or let
 pip fetch it by leaving out --no-build-isolation). The extension, libpinstage, its companion
 libraries, the backend plugins and the CLI (as pinstage-cli, run by the `pinstage` console
-command, python/pinstage/_cli.py) are built in one CMake tree with RUNPATH $ORIGIN and
-copied side by side into the package folder, where libpinstage finds the plugins next to
-itself (src/runtime/plugin.cpp, plugin_dir()).
+command, python/pinstage/_cli.py, declared in pyproject.toml) are built in one CMake tree
+with what the package ships only (no tests, benchmarks or tools) and RUNPATH $ORIGIN
+everywhere (PINSTAGE_PYTHON_PACKAGE), and copied side by side into the package folder,
+where libpinstage finds the plugins next to itself (src/runtime/plugin.cpp, plugin_dir()).
 
 Environment:
-  PINSTAGE_CMAKE_BUILD_DIR  reuse this CMake build folder (incremental rebuilds)
+  PINSTAGE_CMAKE_BUILD_DIR  the CMake build folder (default build-pip-cmake beside this
+                            file: a rebuild is incremental, and ccache shares objects with
+                            scripts/build.sh's build/, a folder of the same depth)
   PINSTAGE_CMAKE_ARGS       extra CMake arguments, e.g. "-DPINSTAGE_CUDA=OFF"
 """
 import os
@@ -65,27 +68,32 @@ class CMakeBuild(build_ext):
 
     def build_extension(self, ext):
         build = pathlib.Path(os.environ.get("PINSTAGE_CMAKE_BUILD_DIR")
-                             or pathlib.Path(self.build_temp).resolve() / "cmake")
+                             or ROOT / "build-pip-cmake")
         build.mkdir(parents=True, exist_ok=True)
         configure = [
             "cmake", "-S", str(ROOT), "-B", str(build),
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DPython_EXECUTABLE={sys.executable}",
+            # What the package ships, nothing more: its default target is the lot.
             "-DPINSTAGE_BUILD_PYTHON=ON", "-DPINSTAGE_BUILD_TESTS=OFF",
-            "-DPINSTAGE_BUILD_BENCH=OFF",
-            # Every library carries RUNPATH $ORIGIN: the package folder holds them all.
-            "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+            "-DPINSTAGE_BUILD_BENCH=OFF", "-DPINSTAGE_BUILD_TOOLS=OFF",
+            # Every binary carries RUNPATH $ORIGIN: the package folder holds them all.
+            "-DPINSTAGE_PYTHON_PACKAGE=ON", "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
         ]
+        env = dict(os.environ)
         if shutil.which("ninja"):
             configure += ["-G", "Ninja"]
         if shutil.which("ccache"):
-            configure += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+            configure += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
+                          "-DCMAKE_C_COMPILER_LAUNCHER=ccache"]
+            # scripts/ccache-env.sh's keys: objects shared with any clone's build/.
+            for key, value in (("CCACHE_BASEDIR", str(ROOT)), ("CCACHE_NOHASHDIR", "1"),
+                               ("CCACHE_IGNOREOPTIONS", "-fmacro-prefix-map=*")):
+                env.setdefault(key, value)
         configure += shlex.split(os.environ.get("PINSTAGE_CMAKE_ARGS", ""))
-        subprocess.run(configure, check=True)
-        targets = ["_pinstage", "pinstage_cli"] + self.plugin_targets(build)
+        subprocess.run(configure, check=True, env=env)
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
-        subprocess.run(["cmake", "--build", str(build), "-j", jobs, "--target", *targets],
-                       check=True)
+        subprocess.run(["cmake", "--build", str(build), "-j", jobs], check=True, env=env)
         out = pathlib.Path(self.get_ext_fullpath(ext.name)).parent
         out.mkdir(parents=True, exist_ok=True)
         extension = next((build / "python" / "pinstage").glob("_pinstage*.so"))
@@ -95,13 +103,10 @@ class CMakeBuild(build_ext):
         # The CLI beside the libraries (RUNPATH $ORIGIN): the `pinstage` command runs it.
         shutil.copy2(build / "bin" / "pinstage", out / "pinstage-cli")
 
-    @staticmethod
-    def plugin_targets(build):
-        """Every backend plugin the configured tree can build (pinstage_backend_*)."""
-        help_text = subprocess.run(["cmake", "--build", str(build), "--target", "help"],
-                                   check=True, capture_output=True, text=True).stdout
-        return sorted(set(re.findall(r"\b(pinstage_backend_\w+?)(?=:|\s)", help_text)))
 
+# setuptools' own build and egg-info folder (the options below): egg_info refuses a missing
+# egg_base, and an isolated `pip install .` of a fresh clone runs egg_info first.
+(ROOT / "build-pip").mkdir(exist_ok=True)
 
 setup(
     version=project_version(),
@@ -110,7 +115,6 @@ setup(
     package_data={"pinstage": ["py.typed", "*.pyi"]},
     ext_modules=[Extension("pinstage._pinstage", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
-    entry_points={"console_scripts": ["pinstage = pinstage._cli:main"]},
     # Keep setuptools' own build and egg-info folders out of the source tree's way.
     options={"build": {"build_base": "build-pip"}, "egg_info": {"egg_base": "build-pip"}},
     zip_safe=False,

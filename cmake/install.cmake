@@ -43,6 +43,9 @@ function(pinstage_install target kind)
                         "PROGRAM, not '${kind}'")
   endif()
   pinstage_origin_rpath(${dest} rpath)
+  if(PINSTAGE_PYTHON_PACKAGE)  # setup.py copies them all into the package folder
+    set(rpath "$ORIGIN")
+  endif()
   # __FILE__ (PINSTAGE_CHECK's message) relative to the source tree: installed files do
   # not name the folder they were built in. Tests keep absolute paths (they open them).
   target_compile_options(${target} PRIVATE -fmacro-prefix-map=${PROJECT_SOURCE_DIR}/=)

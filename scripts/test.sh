@@ -10,7 +10,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # the build compiles, since its time is mostly the download.
 venv_log=$(mktemp)
 # On any exit: no venv build or pytest pass left running, no log left behind.
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -f "$venv_log" "$venv_log".*' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$venv_log" "$venv_log".*' EXIT
 "$root/scripts/venv.sh" >"$venv_log.path" 2>"$venv_log" &
 venv_pid=$!
 "$root/scripts/build.sh" "$root/build"
@@ -21,10 +21,19 @@ cat "$venv_log" >&2
 [ "$venv_status" -eq 0 ] || { echo "test.sh: scripts/venv.sh failed" >&2; exit 1; }
 venv=$(cat "$venv_log.path")
 # Both passes at once: each is mostly one core (the suite is serial), and the machine has
-# two. PINSTAGE_REQUIRE_PEERS=1: a missing peer fails the venv pass.
+# two. PINSTAGE_REQUIRE_PEERS=1: a missing peer fails the venv pass. The venv pass first
+# builds the package's wheel once, as `pip install .` does (isolated: the newest
+# setuptools from PyPI; its CMake tree build-wheel/ is of build/'s depth, so ccache
+# serves its objects), for tests/python/test_pip49.py (PINSTAGE_WHEEL).
 start=$SECONDS
-(cd "$root" && PINSTAGE_BUILD_DIR="$root/build" PINSTAGE_REQUIRE_PEERS=1 \
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python >"$venv_log.venv" 2>&1) &
+(cd "$root" && wheel_start=$SECONDS && mkdir -p "$venv_log.whl" &&
+  { PINSTAGE_CMAKE_BUILD_DIR="$root/build-wheel" "$venv/bin/python" -m pip wheel -q \
+      --no-deps -w "$venv_log.whl" . >"$venv_log.venv" 2>&1 ||
+    echo "test.sh: pip wheel failed (above): test_pip49.py builds its own" >>"$venv_log.venv"; } &&
+  echo "test.sh: the wheel took $((SECONDS - wheel_start)) s" >>"$venv_log.venv" &&
+  PINSTAGE_WHEEL=$(ls "$venv_log.whl"/pinstage-*.whl 2>/dev/null || true) \
+  PINSTAGE_BUILD_DIR="$root/build" PINSTAGE_REQUIRE_PEERS=1 \
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python >>"$venv_log.venv" 2>&1) &
 venv_pass=$!
 debian_status=0
 PINSTAGE_BUILD_DIR="$root/build" /usr/bin/python3 -m pytest -q -p no:cacheprovider \

@@ -73,8 +73,12 @@ void print_report(FILE* out, const Checkpoint& c, const LoadReport& r, const std
   else if (!r.host_pages.empty())  // copy mode: a fresh segment, faulted by the readers
     std::fprintf(out, "  pin      %8.3f s  (a fresh segment on %s pages, behind the readers)\n",
                  r.pin_s, r.host_pages.c_str());
+  if (!r.map_folios.empty()) std::fprintf(out, "  folios   %s\n", r.map_folios.c_str());
   if (!r.map_note.empty()) std::fprintf(out, "  %s\n", r.map_note.c_str());
   std::fprintf(out, "  alloc    %8.3f s\n", r.alloc_s);
+  if (!r.device_first_touch_reason.empty())  // sim's own cost, not a device's
+    std::fprintf(out, "           %.3f s of it backing %s of sim's device pool (first touch)\n",
+                 r.device_first_touch_s, format_bytes(r.device_first_touch_bytes).c_str());
   if (r.verify_s > 0) std::fprintf(out, "  verify   %8.3f s\n", r.verify_s);
   if (!r.direct_note.empty()) std::fprintf(out, "  %s\n", r.direct_note.c_str());
   if (r.verified)

@@ -150,6 +150,14 @@ struct CheckpointLoadOptions {
   // exception it throws stops the load, which then fails with that exception as it fails
   // on a read error (nothing stays allocated).
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // Called from the calling thread as each phase of the load begins, so a progress display
+  // can name what runs before the first byte and after the last: "allocate" (pinned host or
+  // device memory), "read" (preads into place; map mode's copies out of a mapping the
+  // backend would not pin), "pin" (map mode: mapping and pinning the files),
+  // "read+upload" (a device load's reads and copies through the staging ring, overlapped),
+  // "upload" (map mode: copies from the pinned mappings), "verify" (hash checks). An
+  // exception it throws stops the load as progress's does.
+  std::function<void(const char* phase)> phase;
 };
 
 // What a load did. Seconds are wall time of the whole load and of each phase; on a device
@@ -183,6 +191,22 @@ struct LoadReport {
   // faulted ("huge", "base", "huge, then base after a stall of N ms"), or "" when the pool
   // had the memory already (nothing faulted) or nothing was pinned fresh.
   std::string host_pages;
+  // Map mode: the page cache's folios under the mappings, which pin_s depends on (docs/
+  // loading.md, "Folios"). map_folio_source is "kpageflags" (64 pages of each file sampled
+  // through /proc/self/pagemap and /proc/kpageflags, readable with CAP_SYS_ADMIN) or
+  // "FileHugePages" (/proc/meminfo's system-wide figure before and after, when they are
+  // not). map_folios: each folio size's share of the bytes, largest first ("2 MiB 84%,
+  // 4 KiB 16% of the bytes (128 of 131074 pages sampled)"), or the FileHugePages figures and
+  // why. map_huge_bytes: the estimated bytes in 2 MiB folios, or FileHugePages after.
+  std::string map_folio_source;
+  std::string map_folios;
+  uint64_t map_huge_bytes = 0;
+  // Device loads on sim: the part of alloc_s spent backing sim's device pool the first
+  // time (its device memory is host RAM, faulted in on first use; a device's is not).
+  // device_first_touch_reason says so; all three stay empty on another backend.
+  uint64_t device_first_touch_bytes = 0;
+  double device_first_touch_s = 0;
+  std::string device_first_touch_reason;
   double gbps(double seconds) const {
     return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
   }
@@ -191,8 +215,10 @@ struct LoadReport {
 // Every field of `r`, in this order, with the rates it implies: bytes, tensors, files,
 // threads, chunk_bytes, total_s, total_gbps, alloc_s, read_s, read_gbps, verify_s,
 // upload_s, overlap, ring_pinned_bytes, peak_pinned_bytes, direct, direct_note,
-// verified, unverified, verify_readback_bytes, mode, map_s, pin_s, map_note, host_pages. The CLI's `load` JSON
-// and Python's report dicts are these (docs/loading.md, "The load report").
+// verified, unverified, verify_readback_bytes, mode, map_s, pin_s, map_note, host_pages,
+// map_folio_source, map_folios, map_huge_bytes, and (only when device_first_touch_reason
+// is set) device_first_touch_bytes, device_first_touch_s, device_first_touch_reason. The
+// CLI's `load` JSON and Python's report dicts are these (docs/loading.md, "The load report").
 PINSTAGE_API ReportFields report_fields(const LoadReport& r);
 
 // A tensor in host memory: its description and its storage (exactly its bytes).

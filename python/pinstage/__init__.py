@@ -61,6 +61,19 @@ from .staging import PendingTensor  # noqa: E402,F401  (also adds Worker.to_devi
 
 DeviceLoad = _pinstage._DeviceLoad  # what load_to_device returns (tensor(name): a typed view)
 
+
+def _as_mapping(cls):
+    """cls (with __getitem__, __iter__, __len__, __contains__, keys) as a read-only
+    collections.abc.Mapping: its items/values/get, and isinstance(x, Mapping), which
+    torch's load_state_dict checks."""
+    import collections.abc
+    for name in ("items", "values", "get"):
+        setattr(cls, name, getattr(collections.abc.Mapping, name))
+    collections.abc.Mapping.register(cls)
+
+
+_as_mapping(DeviceLoad)
+
 __version__ = _pinstage_version  # project(VERSION) in CMakeLists.txt, via libpinstage
 
 # torch is imported only when a torch-facing name is first used, so `import pinstage`

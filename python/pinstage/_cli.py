@@ -20,12 +20,9 @@ def main():
     if exe is None:
         sys.exit("pinstage: this install of the Python package has no CLI binary "
                  "(pinstage-cli next to the package; docs/python.md, \"Install\")")
-    env = dict(os.environ)
-    if exe.name == "pinstage-cli":
-        # Its RUNPATH is the installed layout's ($ORIGIN/../lib): libpinstage is beside it.
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            p for p in (str(exe.parent), env.get("LD_LIBRARY_PATH")) if p)
-    os.execve(exe, ["pinstage", *sys.argv[1:]], env)
+    # pinstage-cli finds libpinstage and the scene libraries beside itself (RUNPATH $ORIGIN,
+    # setup.py's PINSTAGE_PYTHON_PACKAGE): it also runs directly, with no LD_LIBRARY_PATH.
+    os.execv(exe, ["pinstage", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

@@ -103,8 +103,8 @@ def _options(who, threads, chunk_bytes, verify, direct):
 
 
 def _progress(progress, who):
-    """None, a callable progress(done_bytes, total_bytes), or True: a progress bar on a
-    terminal (tqdm's where it is installed) for a load that lasts more than a second."""
+    """None, a callable progress(done_bytes, total_bytes), or True: a _ProgressBar (run the
+    load inside `with _running(progress):`, which draws it while no byte moves)."""
     if progress is True:
         return _ProgressBar(who)
     if progress is not None and progress is not False and not callable(progress):
@@ -113,43 +113,100 @@ def _progress(progress, who):
     return progress or None
 
 
-class _ProgressBar:
-    """progress=True: nothing for the first second (a quick load stays quiet), then a bar on
-    stderr when it is a terminal: tqdm's if importable, else one line redrawn in place."""
+def _running(progress):
+    """The context a load runs in: a progress bar's (its ticker, its last line), else none."""
+    import contextlib
+    return progress if isinstance(progress, _ProgressBar) else contextlib.nullcontext()
 
-    def __init__(self, who, stream=None, delay=1.0):
+
+class _ProgressBar:
+    """progress=True: one line on stderr when it is a terminal, redrawn in place from the
+    call to the last byte: the phase now running (the C++ load names each as it begins:
+    allocate, pin, read, read+upload, upload, verify), the bytes done, and the rate over the
+    whole load so far (bytes / seconds since the call, allocation included). Nothing for the
+    first `delay` seconds (a quick load stays quiet); a ticker thread redraws every `tick`
+    seconds while a phase moves no byte (a long allocation). The last line sums the load up:
+    "load_file: 2.20 GB in 1.75 s, 1.26 GB/s (allocate 0.50 s, read 1.25 s)"."""
+
+    def __init__(self, who, stream=None, delay=1.0, clock=None, tick=0.25):
         import sys
+        import threading
         import time
-        self._clock = time.monotonic
+        self._clock = clock or time.monotonic
         self._start = self._clock()
         self._who = who
         self._stream = stream or sys.stderr
         self._delay = delay
-        self._tqdm = None
+        self._tick = tick  # None: no ticker thread (tests call tick())
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+        self._phases = []  # (name, start time)
+        self._done = 0
+        self._total = None
         self.drawn = 0  # redraws made (tests read it)
 
+    def __enter__(self):
+        import threading
+        if self._tick is not None and self._stream.isatty():
+            self._thread = threading.Thread(target=self._run, name="pinstage-progress",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        with self._lock:
+            if self.drawn:
+                self._stream.write(f"\r{self.summary()}\x1b[K\n")
+                self._stream.flush()
+
+    def _run(self):
+        while not self._stop.wait(self._tick):
+            self.tick()
+
+    def phase(self, name):
+        """The C++ load's phase callback: `name` begins now."""
+        with self._lock:
+            self._phases.append((name, self._clock()))
+            self._draw()
+
     def __call__(self, done, total):
-        if self._clock() - self._start < self._delay or not self._stream.isatty():
+        with self._lock:
+            self._done, self._total = done, total
+            self._draw()
+
+    def tick(self):
+        """A redraw with nothing new (the ticker thread's): the seconds go on."""
+        with self._lock:
+            self._draw()
+
+    def summary(self):
+        """'load_file: 2.20 GB in 1.75 s, 1.26 GB/s (allocate 0.50 s, read 1.25 s)'."""
+        now = self._clock()
+        seconds = now - self._start
+        ends = [at for _, at in self._phases[1:]] + [now]
+        spans = ", ".join(f"{name} {end - at:.2f} s"
+                          for (name, at), end in zip(self._phases, ends))
+        return (f"{self._who}: {self._done / 1e9:.2f} GB in {seconds:.2f} s, "
+                f"{self._done / 1e9 / max(seconds, 1e-9):.2f} GB/s" +
+                (f" ({spans})" if spans else ""))
+
+    def _draw(self):
+        now = self._clock()
+        if now - self._start < self._delay or not self._stream.isatty():
             return
-        if self._tqdm is None:
-            try:
-                from tqdm import tqdm
-                self._tqdm = tqdm(total=total, unit="B", unit_scale=True, desc=self._who,
-                                  file=self._stream)
-            except ImportError:
-                self._tqdm = False
         self.drawn += 1
-        if self._tqdm:
-            self._tqdm.update(done - self._tqdm.n)
-            if done >= total:
-                self._tqdm.close()
-            return
-        gb = 1e9
-        rate = done / gb / max(self._clock() - self._start, 1e-9)
-        bar = "#" * int(30 * done / max(total, 1))
-        end = "\n" if done >= total else ""
-        self._stream.write(f"\r{self._who}: [{bar:<30}] {done / gb:.2f}/{total / gb:.2f} GB "
-                           f"{rate:.2f} GB/s{end}")
+        seconds = now - self._start
+        phase = self._phases[-1][0] if self._phases else "open"
+        total = self._total or 0
+        bar = "#" * int(30 * self._done / max(total, 1))
+        size = f"{self._done / 1e9:.2f}/{total / 1e9:.2f} GB" if self._total else "-"
+        self._stream.write(f"\r{self._who}: {phase:<11} [{bar:<30}] {size} "
+                           f"{self._done / 1e9 / max(seconds, 1e-9):.2f} GB/s {seconds:.1f} s"
+                           "\x1b[K")
         self._stream.flush()
 
 
@@ -622,8 +679,11 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
     `progress`: called as progress(done_bytes, total_bytes) after each chunk read, from the
     loading threads (the caller's among them) with the GIL taken, one call at a time,
     done increasing; an exception it raises stops the load and is raised by load_file,
-    with nothing left allocated (tensors given in `into` may be partly written).
-    progress=True draws a progress bar on a terminal for a load that lasts over a second.
+    with nothing left allocated (tensors given in `into` may be partly written). When it
+    has a phase(name) method, that is called as each phase begins ("allocate", "pin",
+    "read", "read+upload", "upload", "verify"). progress=True draws a bar on a terminal
+    for a load that lasts over a second, from the call on: the phase, the bytes, the rate
+    over the whole load, and a last line with each phase's seconds.
 
     `mode`: "copy" (default: writable tensors that own pinned memory) or "map": read-only
     views of the files' page cache, pinned in place, nothing read or copied (torch gets
@@ -649,17 +709,19 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
     if into is not None and mode == "map":
         raise InvalidArgumentError("load_file(): into= reads into your tensors, and mode='map' "
                                    "reads nothing: pass one of them")
-    if target is not None:
-        loaded = checkpoint.load_to_device(worker, ring_bytes=ring_bytes,
-                                           names=_names(names, checkpoint, "load_file"),
-                                           progress=progress, mode=mode, **options)
-        return (loaded, loaded.report) if report else loaded
-    if into is None:
-        tensors, got = _read(checkpoint, worker, _names(names, checkpoint, "load_file"), options,
-                             progress, mode=mode)
-        return (tensors, got) if report else tensors
-    names, tensors = _into(into, checkpoint, "load_file(into=)")
-    got = _read_into(checkpoint, worker, names, tensors, options, "load_file(into=)", progress)
+    with _running(progress):
+        if target is not None:
+            loaded = checkpoint.load_to_device(worker, ring_bytes=ring_bytes,
+                                               names=_names(names, checkpoint, "load_file"),
+                                               progress=progress, mode=mode, **options)
+            return (loaded, loaded.report) if report else loaded
+        if into is None:
+            tensors, got = _read(checkpoint, worker, _names(names, checkpoint, "load_file"),
+                                 options, progress, mode=mode)
+            return (tensors, got) if report else tensors
+        names, tensors = _into(into, checkpoint, "load_file(into=)")
+        got = _read_into(checkpoint, worker, names, tensors, options, "load_file(into=)",
+                         progress)
     return (dict(zip(names, tensors)), got) if report else dict(zip(names, tensors))
 
 
@@ -680,5 +742,6 @@ def load_to_device(path, *, worker, verify=False, threads=0, chunk_bytes=8 << 20
     progress = _progress(progress, "load_to_device")
     checkpoint = _pinstage._Checkpoint(path, "load_to_device")
     selected = None if names is None else _names(names, checkpoint, "load_to_device")
-    return checkpoint.load_to_device(worker, ring_bytes=ring_bytes, names=selected,
-                                     progress=progress, mode=mode, **options)
+    with _running(progress):
+        return checkpoint.load_to_device(worker, ring_bytes=ring_bytes, names=selected,
+                                         progress=progress, mode=mode, **options)

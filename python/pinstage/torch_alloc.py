@@ -194,7 +194,8 @@ class PinnedTorchAllocator:
         return self.empty_like(tensor).copy_(tensor)
 
     def is_pinned(self, tensor):
-        """True when all of `tensor`'s bytes lie in an open pinned buffer of this worker."""
+        """True when all of `tensor`'s bytes lie in this worker's pinned memory (an open
+        pinned buffer, or a pinned range of its table such as a map-mode file mapping)."""
         return _pinned_owner(tensor) is self._worker
 
     def __repr__(self):
@@ -231,7 +232,9 @@ def _pinned_owner(tensor):
 def is_pinned(tensor):
     """is_pinned(tensor: torch.Tensor) -> bool
 
-    True when all of `tensor`'s bytes lie in an open PinnedHostBuffer of any pinstage
-    Worker (zero-element tensors: their storage). Unlike torch.Tensor.is_pinned(), which
-    only knows memory torch itself pinned (docs/python.md)."""
+    True when all of `tensor`'s bytes lie in pinned memory of a live pinstage Worker: an
+    open PinnedHostBuffer, or a range in the worker's own table of pinned ranges
+    (Worker.is_pinned_host), such as a map-mode tensor's pinned file mapping (zero-element
+    tensors: their storage). Unlike torch.Tensor.is_pinned(), which only knows memory torch
+    itself pinned (docs/python.md)."""
     return _pinned_owner(tensor) is not None

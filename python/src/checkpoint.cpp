@@ -302,7 +302,6 @@ std::unique_ptr<PyDeviceLoad> to_device(const Checkpoint& c, py::object worker_o
   out->load = run_with_progress(o, progress, [&](const CheckpointLoadOptions& p) {
     return names ? load_to_device(c, w.worker, p, *names) : load_to_device(c, w.worker, p);
   });
-  out->note_first_touch();  // sim: the device pages this load faulted in (its report says)
   return out;
 }
 
@@ -316,7 +315,7 @@ void bind_device_load(py::module_& m) {
   py::class_<PyDeviceLoad> cls(m, "_DeviceLoad");
   bind_device_load_views(cls);
   cls.def_property_readonly(
-         "report", [](const PyDeviceLoad& d) { return d.report(); },
+         "report", [](const PyDeviceLoad& d) { return report_dict(d.load.report); },
          "dict[str, Any]: the load's report (bytes, seconds, GB/s per phase).")
       .def(
           "keys",
@@ -386,12 +385,15 @@ py::dict slice_dict(const Checkpoint& c, const TpTensor& t) {
   return d;
 }
 
+py::list slice_dicts(const Checkpoint& c, const TpPlan& plan, int tp, int rank) {
+  py::list out;
+  for (const TpTensor& t : tp_rank_slices(c, plan, tp, rank)) out.append(slice_dict(c, t));
+  return out;
+}
+
 py::list tp_slices(const Checkpoint& c, const std::string& plan, const std::string& source, int tp,
                    int rank) {
-  py::list out;
-  for (const TpTensor& t : tp_rank_slices(c, TpPlan::parse(plan, source), tp, rank))
-    out.append(slice_dict(c, t));
-  return out;
+  return slice_dicts(c, TpPlan::parse(plan, source), tp, rank);
 }
 
 // The open PinnedHostBuffers `buffers`, leased for the call and counted busy on their
@@ -532,6 +534,11 @@ void bind_tp(py::module_& m) {
         function_doc("_tp_slices(checkpoint: _Checkpoint, plan: str, source: str, tp: int, "
                      "rank: int) -> list[dict[str, Any]]",
                      "Rank `rank`'s slice of every tensor (the plan's JSON text)."));
+  m.def("_tp_plan_slices", &slice_dicts, py::arg("checkpoint"), py::arg("plan"), py::arg("tp"),
+        py::arg("rank"),
+        function_doc("_tp_plan_slices(checkpoint: _Checkpoint, plan: TpPlan, tp: int, rank: "
+                     "int) -> list[dict[str, Any]]",
+                     "Rank `rank`'s slice of every tensor under a TpPlan."));
   m.def("_read_tp_into", &read_tp_into, py::arg("checkpoint"), py::arg("plan"), py::arg("source"),
         py::arg("tp"), py::arg("rank"), py::arg("buffers"), py::arg("threads") = 0,
         py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("direct") = false,

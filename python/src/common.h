@@ -79,6 +79,8 @@ struct PyBuffer : ViewHolder {
   std::string name;  // the tensor a load read into it ("" if none): finalize() names it
 };
 
+// Every PyWorker alive (is_pinned asks each one's table of pinned ranges). Under the GIL.
+std::unordered_set<PyWorker*>& live_workers();
 // Open buffers by start address (all workers), to find out whether memory is pinned.
 // Touched only under the GIL. An entry is erased only by the buffer it names, so a stale
 // entry can never remove another buffer's (see PyBuffer's constructor).

@@ -80,6 +80,7 @@ struct PyCopyEvent {
   PyWorker* worker;
   py::object device_obj;         // the DeviceBuffer
   std::unique_ptr<Lease> lease;  // on the host side's PinnedHostBuffer (null for 0 bytes)
+  py::object host_obj;           // a map-mode tensor uploaded: it keeps its mapping alive
   Event event;
   std::string direction;  // "to_device" or "to_host"
   uint64_t nbytes = 0;
@@ -95,6 +96,7 @@ struct PyCopyEvent {
     done = true;
     worker->pending_copies -= 1;
     lease.reset();
+    host_obj = py::object();
     if (device_obj) device_obj.cast<PyDeviceBuffer&>().pending -= 1;
   }
 
@@ -116,14 +118,18 @@ struct PyCopyEvent {
 };
 
 // The pinned host range a torch tensor or PinnedHostBuffer `host` covers, as (buffer,
-// pointer, bytes): refused unless it lies in an open pinned buffer of `w`.
+// pointer, bytes): refused unless it lies in an open pinned buffer of `w`, or (mapped)
+// in a map-mode tensor's pinned file mapping of `w` when `read_only_ok` (an upload reads it;
+// the tensor keeps its mapping alive, so the copy holds the tensor).
 struct HostRange {
   PyBuffer* buffer = nullptr;
   void* data = nullptr;
   uint64_t bytes = 0;
+  bool mapped = false;
 };
 
-HostRange host_range(const py::object& host, PyWorker& w, const std::string& who) {
+HostRange host_range(const py::object& host, PyWorker& w, const std::string& who,
+                     bool read_only_ok = false) {
   HostRange r;
   if (py::isinstance<PyBuffer>(host)) {
     auto& b = host.cast<PyBuffer&>();
@@ -149,6 +155,16 @@ HostRange host_range(const py::object& host, PyWorker& w, const std::string& who
   }
   if (r.bytes == 0) return r;
   r.buffer = find_pinned(r.data, r.bytes);
+  if (r.buffer == nullptr && w.worker.is_pinned_host(r.data, static_cast<size_t>(r.bytes))) {
+    // Pinned by this worker outside any PinnedHostBuffer: a map-mode tensor's file mapping.
+    if (!read_only_ok)
+      throw Error(ErrorCode::invalid_argument,
+                  who + ": the host tensor is a read-only map-mode view of a checkpoint file " +
+                      "(pinned, but the file's page cache): copy into writable pinned memory "
+                      "instead, a PinnedTorchAllocator(worker) tensor");
+    r.mapped = true;
+    return r;
+  }
   if (r.buffer == nullptr || r.buffer->worker != &w)
     throw Error(ErrorCode::invalid_argument,
                 who + ": the host memory (" + std::to_string(r.bytes) +
@@ -183,7 +199,7 @@ py::object copy_async(const py::object& self, const py::object& device, const py
   const std::string who = to_device ? "copy_to_device_async" : "copy_to_host_async";
   require_chip_worker(w.worker, "Worker." + who);
   PyDeviceBuffer& d = device_arg(device, w, who);
-  const HostRange h = host_range(host, w, who);
+  const HostRange h = host_range(host, w, who, to_device);
   const int64_t offset = int_arg(offset_obj, who + ": offset");
   if (offset < 0 || static_cast<uint64_t>(offset) > d.nbytes ||
       h.bytes > d.nbytes - static_cast<uint64_t>(offset))
@@ -199,6 +215,7 @@ py::object copy_async(const py::object& self, const py::object& device, const py
   if (h.buffer != nullptr)
     ev->lease = std::make_unique<Lease>(py::cast(h.buffer, py::return_value_policy::reference),
                                         h.buffer, LeaseHolder::copy);
+  if (h.mapped) ev->host_obj = host;
   Stream& stream = copy_stream(w);
   ev->event = w.worker.create_event();
   // Counted pending from here: finish() undoes both counts if queueing fails.
@@ -502,8 +519,7 @@ void bind_worker_copies(py::module_& m) {
 
 const DeviceTensor& load_tensor(const PyDeviceLoad& d, const std::string& name,
                                 const std::string& who) {
-  for (const DeviceTensor& t : d.load.tensors)
-    if (t.info.name == name) return t;
+  if (const DeviceTensor* t = d.find(name)) return *t;
   throw Error(ErrorCode::not_found,
               who + ": the device load has no tensor '" + name + "'" +
                   (d.load.tensors.empty() ? " (it is closed, or loaded nothing)" : ""));
@@ -572,47 +588,16 @@ void PyDeviceLoad::close() {
     throw py::buffer_error("cannot close the DeviceLoad: " + std::to_string(views) +
                            " view(s) of it are alive (" + describe_live_tensors(this, nullptr, 0) +
                            "); delete them first");
+  index.clear();
   std::vector<DeviceTensor> dying = std::move(load.tensors);
   load.tensors.clear();
 }
 
-namespace {
-
-// sim's device pool figures (sim.stats), or false on another backend.
-bool sim_pool(const Worker& w, uint64_t* backed, double* seconds) {
-  if (!w.initialized()) return false;
-  const auto stats = reinterpret_cast<ps_sim_stats_fn>(w.backend_extension(PS_SIM_STATS_NAME));
-  ps_sim_stats s{};
-  if (stats == nullptr || stats(w.native_context(), &s) != PS_OK) return false;
-  *backed = s.pool_backed_bytes;
-  *seconds = s.pool_backing_seconds;
-  return true;
-}
-
-}  // namespace
-
-void PyDeviceLoad::start_first_touch() {
-  sim = sim_pool(worker->worker, &backed_before, &backing_before_s);
-}
-
-void PyDeviceLoad::note_first_touch() {
-  uint64_t backed = 0;
-  double seconds = 0;
-  if (!sim || !sim_pool(worker->worker, &backed, &seconds)) return;
-  first_touch_bytes = backed - backed_before;
-  first_touch_s = seconds - backing_before_s;
-}
-
-py::dict PyDeviceLoad::report() const {
-  py::dict out = report_dict(load.report);
-  if (!sim) return out;
-  out["device_first_touch_bytes"] = first_touch_bytes;
-  out["device_first_touch_s"] = first_touch_s;
-  out["device_first_touch_reason"] =
-      "sim's device memory is host RAM, faulted in the first time the pool hands a block out: "
-      "these seconds are part of alloc_s, a cost of sim (a device's memory is not faulted), "
-      "paid once per worker; a second load into the same worker reuses the backed pages";
-  return out;
+const DeviceTensor* PyDeviceLoad::find(const std::string& name) const {
+  if (index.empty())
+    for (size_t i = 0; i < load.tensors.size(); ++i) index.emplace(load.tensors[i].info.name, i);
+  const auto found = index.find(name);
+  return found == index.end() ? nullptr : &load.tensors[found->second];
 }
 
 void bind_device_load_views(py::class_<PyDeviceLoad>& cls) {
@@ -622,6 +607,28 @@ void bind_device_load_views(py::class_<PyDeviceLoad>& cls) {
                      "and shape, no copy (on sim a CPU tensor: sim's device memory is host "
                      "RAM). close() and the worker's finalize() refuse while it lives, naming "
                      "it. acl: pinstage.Error, code 'unsupported' (docs/acl.md, \"torch_npu\")."));
+  // A read-only Mapping of name -> tensor(name) (collections.abc.Mapping registers it in
+  // python/pinstage/__init__.py), so model.load_state_dict(load, assign=True) takes it.
+  cls.def(
+         "__getitem__",
+         [](py::object self, const std::string& name) {
+           if (self.cast<PyDeviceLoad&>().find(name) == nullptr) throw py::key_error(name);
+           return load_tensor_view(self, name);
+         },
+         py::arg("name"),
+         method_doc("__getitem__(name: str) -> torch.Tensor", "tensor(name); KeyError if absent."))
+      .def(
+          "__contains__",
+          [](const PyDeviceLoad& d, const py::object& name) {
+            return py::isinstance<py::str>(name) && d.find(name.cast<std::string>()) != nullptr;
+          },
+          py::arg("name"), method_doc("__contains__(name: object) -> bool"))
+      .def(
+          "__len__", [](const PyDeviceLoad& d) { return d.load.tensors.size(); },
+          method_doc("__len__() -> int", "The tensors loaded (0 once closed)."))
+      .def(
+          "__iter__", [](const py::object& self) { return py::iter(self.attr("keys")()); },
+          method_doc("__iter__() -> Iterator[str]", "The names, in checkpoint order."));
 }
 
 std::pair<const void*, uint64_t> device_range(const ViewHolder* holder) {

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 
 #include "common.h"
@@ -15,20 +17,12 @@ namespace pinstage::python {
 struct PyDeviceLoad : ViewHolder {
   py::object worker_obj;  // declared first: released last
   PyWorker* worker = nullptr;
-  DeviceLoad load;
-  // sim only: its device memory is host RAM, backed (faulted in) the first time a block is
-  // used, inside device_malloc, so inside the load's alloc_s. The pool's backed bytes and
-  // backing seconds when the load began, then what this load added (note_first_touch).
-  bool sim = false;
-  uint64_t backed_before = 0;
-  double backing_before_s = 0;
-  uint64_t first_touch_bytes = 0;
-  double first_touch_s = 0;
+  DeviceLoad load;  // its report has sim's first-touch split (LoadReport)
+  mutable std::unordered_map<std::string_view, size_t> index;  // find(); cleared by close()
 
   PyDeviceLoad(py::object worker_obj_, PyWorker* worker_)
       : worker_obj(std::move(worker_obj_)), worker(worker_) {
     worker->holders.insert(this);
-    start_first_touch();
   }
   PyDeviceLoad(const PyDeviceLoad&) = delete;
   PyDeviceLoad& operator=(const PyDeviceLoad&) = delete;
@@ -37,11 +31,9 @@ struct PyDeviceLoad : ViewHolder {
 
   // Frees the device memory now; BufferError naming the tensors while views of it live.
   void close();
-  // sim: the pool's backing figures now (start) and what the load added (note, after it).
-  void start_first_touch();
-  void note_first_touch();
-  // The load's report dict, with device_first_touch_{bytes,s,reason} on sim.
-  py::dict report() const;
+  // The tensor `name`, or null (an index made on first use: a state dict asks for every
+  // name, and a load may hold 70,000).
+  const DeviceTensor* find(const std::string& name) const;
 };
 
 // DeviceLoad.tensor(name) and the other view methods (device.cpp), on checkpoint.cpp's class.

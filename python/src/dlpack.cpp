@@ -61,11 +61,13 @@ std::string describe_live_tensors(const ViewHolder* holder, const void* data, ui
     }
   }
   std::ostringstream out;
+  constexpr size_t kNamed = 5;  // a DeviceLoad's 201 live tensors: the first few, then a count
   const char* sep = names.size() > 1 ? "tensors " : "tensor ";
-  for (const std::string& n : names) {
-    out << sep << "'" << n << "'";
+  for (size_t i = 0; i < names.size() && i < kNamed; ++i) {
+    out << sep << "'" << names[i] << "'";
     sep = ", ";
   }
+  if (names.size() > kNamed) out << " and " << names.size() - kNamed << " more";
   if (!shapes.empty()) out << (names.empty() ? shapes : " (" + shapes + ")");
   return out.str();
 }

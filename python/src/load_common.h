@@ -21,30 +21,38 @@ CheckpointLoadOptions load_options(int threads, uint64_t chunk_bytes, bool verif
                                    bool verify_if_present, bool direct, uint64_t ring_bytes);
 
 // A Python progress callable called from the loader's reader threads (the caller's among
-// them, its GIL released): each call takes the GIL. The first exception it raises is kept
-// and stops the load (ProgressStopped through the readers, as a failed read); the binding
-// then raises that exception itself once the GIL is back. Lives in the binding's frame,
-// destroyed with the GIL held.
+// them, its GIL released): each call takes the GIL. When it has a phase(name) method (the
+// progress bar of progress=True), that is called as each phase begins
+// (CheckpointLoadOptions::phase). The first exception either raises is kept and stops the
+// load (ProgressStopped through the readers, as a failed read); the binding then raises
+// that exception itself once the GIL is back. Lives in the binding's frame, destroyed with
+// the GIL held.
 struct ProgressStopped : std::exception {
   const char* what() const noexcept override { return "the progress callback raised"; }
 };
 struct ProgressRelay {
   explicit ProgressRelay(py::object callable) : fn(std::move(callable)) {}
-  py::object fn;  // None: no callback
+  py::object fn;        // None: no callback
+  py::object phase_fn;  // fn.phase, or None
   std::unique_ptr<py::error_already_set> error;
 
   void attach(CheckpointLoadOptions& o) {
     if (fn.is_none()) return;
-    o.progress = [this](uint64_t done, uint64_t total) {
-      const py::gil_scoped_acquire gil;
-      if (error) throw ProgressStopped();  // another reader's call already raised
-      try {
-        fn(done, total);
-      } catch (py::error_already_set& e) {
-        error = std::make_unique<py::error_already_set>(std::move(e));
-        throw ProgressStopped();
-      }
-    };
+    o.progress = [this](uint64_t done, uint64_t total) { call(fn, done, total); };
+    phase_fn = py::getattr(fn, "phase", py::none());
+    if (!phase_fn.is_none()) o.phase = [this](const char* name) { call(phase_fn, name); };
+  }
+  // From a loader thread, its GIL released: fn(args...) with the GIL taken.
+  template <typename... Args>
+  void call(const py::object& f, Args... args) {
+    const py::gil_scoped_acquire gil;
+    if (error) throw ProgressStopped();  // another reader's call already raised
+    try {
+      f(args...);
+    } catch (py::error_already_set& e) {
+      error = std::make_unique<py::error_already_set>(std::move(e));
+      throw ProgressStopped();
+    }
   }
   // With the GIL: raises the callback's exception when it stopped the load.
   [[noreturn]] void rethrow() {

@@ -79,13 +79,20 @@ PyBuffer* find_pinned(const void* ptr, uint64_t bytes) {
   return buffer;
 }
 
+std::unordered_set<PyWorker*>& live_workers() {
+  static auto* workers = new std::unordered_set<PyWorker*>();  // never destroyed: used at exit
+  return *workers;
+}
+
 // ---- PyWorker ----
 
 PyWorker::PyWorker(WorkerLevel level, std::string backend, int device_id_, WorkerOptions options_)
     : backend_name(std::move(backend)),
       device_id(device_id_),
       options(std::move(options_)),
-      worker(level) {}
+      worker(level) {
+  live_workers().insert(this);
+}
 
 // Keeps the GIL: a destructor that took it back at interpreter exit would be ended by a
 // forced unwind through its noexcept frame (std::terminate).
@@ -93,6 +100,7 @@ PyWorker::PyWorker(WorkerLevel level, std::string backend, int device_id_, Worke
 // after finalize(), which then warns "1 stream(s) still alive": docs/distributed.md's
 // ranks, which end without finalize()). No copy is pending: each CopyEvent held the worker.
 PyWorker::~PyWorker() {
+  live_workers().erase(this);
   copy_stream.reset();
   worker.finalize();
 }
@@ -111,30 +119,43 @@ void PyWorker::count_views(int64_t* holders_with_views, int64_t* views) const {
 }
 
 std::string PyWorker::describe_views() const {
+  // Buffers in address order (a load's tensors in their order), then the other holders: the
+  // first kListed each on a line, then how many more (a 201-tensor load once listed all 201
+  // in 27,522 characters, each line a walk over every live Python object).
+  constexpr size_t kListed = 5;
+  std::vector<const PyBuffer*> held;
+  for (const PyBuffer* b : buffers)
+    if (b->views > 0) held.push_back(b);
+  std::sort(held.begin(), held.end(), [](const PyBuffer* a, const PyBuffer* b) {
+    return a->buffer.data() < b->buffer.data();
+  });
+  std::vector<const ViewHolder*> others;
+  for (const ViewHolder* h : holders)
+    if (h->views > 0) others.push_back(h);
   std::ostringstream out;
-  const char* sep = "";
-  for (const PyBuffer* b : buffers) {
-    if (b->views == 0) continue;
+  size_t listed = 0;
+  for (const PyBuffer* b : held) {
+    if (listed++ == kListed) break;
     const std::string tensors = describe_live_tensors(b, b->buffer.data(), b->nbytes, b->name);
-    out << sep << (tensors.empty() ? "" : tensors + " in ") << "PinnedHostBuffer at 0x" << std::hex
-        << reinterpret_cast<uintptr_t>(b->buffer.data()) << std::dec << " (" << b->nbytes
-        << " bytes): " << b->views << " view(s)";
+    out << "\n  " << (tensors.empty() ? "" : tensors + " in ") << "PinnedHostBuffer at 0x"
+        << std::hex << reinterpret_cast<uintptr_t>(b->buffer.data()) << std::dec << " ("
+        << b->nbytes << " bytes): " << b->views << " view(s)";
     if (b->args_views > 0) out << ", " << b->args_views << " of them held by TaskArgs";
     if (b->read_views > 0)
       out << ", " << b->read_views << " of them held by a running checkpoint read";
     if (b->copy_views > 0)
       out << ", " << b->copy_views
           << " of them held by a pending async copy (wait() its CopyEvent)";
-    sep = "; ";
   }
-  for (const ViewHolder* h : holders) {
-    if (h->views == 0) continue;
+  for (const ViewHolder* h : others) {
+    if (listed++ == kListed) break;
     const auto [data, nbytes] = device_range(h);
     const std::string tensors = describe_live_tensors(h, data, nbytes);
-    out << sep << (tensors.empty() ? "" : tensors + " of a ") << h->holder_name() << ": "
+    out << "\n  " << (tensors.empty() ? "" : tensors + " of a ") << h->holder_name() << ": "
         << h->views << " view(s)";
-    sep = "; ";
   }
+  const size_t all = held.size() + others.size();
+  if (all > kListed) out << "\n  and " << all - kListed << " more";
   return out.str();
 }
 
@@ -155,8 +176,8 @@ void PyWorker::require_no_views(const char* what) const {
     throw py::buffer_error(
         std::string("cannot ") + what + ": " + held + " still have " + std::to_string(views) +
         " live view(s) (memoryview, NumPy array, torch tensor, DLPack "
-        "capsule or TaskArgs): " +
-        describe_views() + "; delete them first (del, then gc.collect() for cycles)");
+        "capsule or TaskArgs); delete them first (del, then gc.collect() for cycles):" +
+        describe_views());
   if (busy > 0)
     throw py::buffer_error(std::string("cannot ") + what + ": " + std::to_string(busy) +
                            " call(s) on other threads are still reading this worker's pinned "
@@ -894,13 +915,19 @@ void bind_worker(py::module_& m) {
   bind_worker_class(worker);
   bind_buffer_class(buffer);
 
-  // The Worker whose open buffer holds [address, address + nbytes), or None (internal:
-  // how is_pinned() and TaskArgs tell pinned tensors apart).
+  // The Worker whose open buffer holds [address, address + nbytes), else the live Worker
+  // whose table of pinned ranges does (Worker::is_pinned_host: a map-mode tensor's file
+  // mapping), or None (internal: how is_pinned() and to_device tell pinned tensors apart).
   m.def(
       "_pinned_owner",
       [](uintptr_t address, uint64_t nbytes) -> py::object {
-        PyBuffer* found = find_pinned(reinterpret_cast<const void*>(address), nbytes);
-        return found ? found->worker_obj : py::object(py::none());
+        const auto* at = reinterpret_cast<const void*>(address);
+        if (PyBuffer* found = find_pinned(at, nbytes)) return found->worker_obj;
+        for (PyWorker* w : live_workers())
+          if (nbytes > 0 && w->worker.initialized() &&
+              w->worker.is_pinned_host(at, static_cast<size_t>(nbytes)))
+            return py::cast(w, py::return_value_policy::reference);
+        return py::none();
       },
       py::arg("address"), py::arg("nbytes"),
       function_doc("_pinned_owner(address: int, nbytes: int) -> Worker | None"));

@@ -375,9 +375,11 @@ LoadReport read_targets(const Checkpoint& c, const std::vector<ReadTarget>& targ
   ranges.reserve(targets.size());
   for (const ReadTarget& t : targets)
     ranges.push_back({t.tensor->file, t.tensor->offset, t.tensor->bytes, t.dst});
+  detail::enter_phase(o, "read");
   LoadReport r = detail::read_ranges(c, ranges, o, allocator);
   r.tensors = targets.size();
   if (o.verify) {
+    detail::enter_phase(o, "verify");
     const Stopwatch verify;
     std::atomic<size_t> unverified{0};
     parallel_for(
@@ -418,6 +420,7 @@ HostLoad copy_to_host(const Checkpoint& c, const std::vector<const CheckpointTen
   const Stopwatch total;
   HostLoad out;
   std::vector<ReadTarget> targets;
+  enter_phase(o, "allocate");
   const Stopwatch alloc;
   std::vector<size_t> sizes;
   sizes.reserve(tensors.size());
@@ -599,6 +602,7 @@ DeviceLoad load_selected(const Checkpoint& c, const std::vector<CheckpointTensor
   check_verifiable(c, wanted, o);
   const Files files(c, files_of(c, wanted), o.direct, r);
   std::vector<Bounce> bounces(static_cast<size_t>(r.threads));
+  detail::enter_phase(o, "allocate");
   const Stopwatch alloc;
   for (const CheckpointTensor& t : tensors)
     out.tensors.push_back({t, t.bytes > 0 ? worker.alloc_device(t.bytes) : DeviceBuffer{}});
@@ -614,6 +618,7 @@ DeviceLoad load_selected(const Checkpoint& c, const std::vector<CheckpointTensor
   uint64_t done = 0;
   double overlapped_read_s = 0;
   size_t queued = 0;  // pieces whose copies may still run
+  detail::enter_phase(o, "read+upload");
   for (Piece p = next_piece(tensors, &i, &off, ring.buffer_bytes()); p.bytes > 0;
        p = next_piece(tensors, &i, &off, ring.buffer_bytes())) {
     Stopwatch phase;
@@ -635,6 +640,7 @@ DeviceLoad load_selected(const Checkpoint& c, const std::vector<CheckpointTensor
   r.upload_s += drain.seconds();
   r.overlap = r.read_s > 0 ? overlapped_read_s / r.read_s : 0;
   if (o.verify) {
+    detail::enter_phase(o, "verify");
     const Stopwatch verify;
     check_hashes(c, tensors, hashes, r);
     check_device_hashes(c, ring, out.tensors, r);
@@ -647,12 +653,14 @@ DeviceLoad load_selected(const Checkpoint& c, const std::vector<CheckpointTensor
 }  // namespace
 
 DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointLoadOptions& o) {
-  return load_selected(c, c.tensors(), worker, o);
+  return detail::with_first_touch(worker, [&] { return load_selected(c, c.tensors(), worker, o); });
 }
 
 DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointLoadOptions& o,
                           const std::vector<std::string>& names) {
-  return load_selected(c, detail::select_tensors(c, names, "load_to_device"), worker, o);
+  return detail::with_first_touch(worker, [&] {
+    return load_selected(c, detail::select_tensors(c, names, "load_to_device"), worker, o);
+  });
 }
 
 namespace detail {

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +14,10 @@
 
 namespace pinstage::detail {
 
+// Tells options.phase (when set) that `phase` begins (CheckpointLoadOptions::phase).
+inline void enter_phase(const CheckpointLoadOptions& options, const char* phase) {
+  if (options.phase) options.phase(phase);
+}
 // Error(invalid_argument), its message starting with `what`, for a value outside the bounds
 // of checkpoint.h (kLoadMax*) and (device) a ring of fewer than 2 buffers.
 void check_load_options(const CheckpointLoadOptions& options, bool device,
@@ -66,6 +71,9 @@ std::optional<DeviceLoad> map_to_device(const Checkpoint& checkpoint,
                                         const std::vector<CheckpointTensor>& tensors,
                                         Worker& worker, const CheckpointLoadOptions& options,
                                         std::string* note);
+// load() with the first-touch split of its alloc_s in its report on sim (first_touch.cpp,
+// LoadReport::device_first_touch_*); load() as it is on another backend.
+DeviceLoad with_first_touch(Worker& worker, const std::function<DeviceLoad()>& load);
 // A tensor around a split dimension `dim` (>= 0): `outer` rows (the product of the
 // dimensions before it), each of `row_bytes`, holding the dimension's indices of
 // `inner_bytes` each. load_tp.cpp and load_tp_rank.cpp cut slices from it.

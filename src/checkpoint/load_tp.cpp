@@ -295,11 +295,13 @@ TpHostLoad load_tp_to_host(const Checkpoint& c, const TpPlan& plan, int tp,
   jobs.reserve(decisions.size());
   for (const TpDecision& d : decisions) jobs.push_back(job_of(d, tp));
   count_kinds(jobs, plan, r);
+  detail::enter_phase(o, "allocate");
   const Stopwatch alloc;
   r.host_bytes = allocate(jobs, tp, allocators);
   r.load.alloc_s = alloc.seconds();
   uint64_t base = 0;
   const CheckpointLoadOptions p = detail::part_options(o, &base, r.checkpoint_bytes);
+  detail::enter_phase(o, "read");
   read_direct(c, jobs, tp, p, r, &base);
   std::vector<unsigned char> stage;
   for (Job& j : jobs)
@@ -307,7 +309,10 @@ TpHostLoad load_tp_to_host(const Checkpoint& c, const TpPlan& plan, int tp,
   const Stopwatch pin;
   for (HostAllocator* a : allocators) a->finish();  // what reserve() left to the writers
   r.load.pin_s = pin.seconds();
-  if (o.verify) verify(c, jobs, r.load.threads, r);
+  if (o.verify) {
+    detail::enter_phase(o, "verify");
+    verify(c, jobs, r.load.threads, r);
+  }
   out.ranks = by_rank(jobs, tp, r);
   r.load.total_s = total.seconds();
   return out;

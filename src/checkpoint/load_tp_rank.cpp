@@ -147,6 +147,7 @@ TpRankLoad load_tp_rank_to_host(const Checkpoint& c, const TpPlan& plan, int tp,
   out.tensors = tp_rank_slices(c, plan, tp, rank);
   std::vector<size_t> sizes;
   for (const TpTensor& t : out.tensors) sizes.push_back(static_cast<size_t>(t.bytes));
+  detail::enter_phase(o, "allocate");
   const Stopwatch alloc;
   allocator.reserve(sizes);
   std::vector<void*> dsts;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/folios.h"
 #include "checkpoint/load_internal.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/clock.h"
@@ -77,10 +78,13 @@ Mappings map_files(const Checkpoint& c, const std::vector<const CheckpointTensor
     sizes.push_back(c.files()[f].size);
     index.push_back(f);
   }
+  detail::enter_phase(o, "pin");
+  detail::FolioCensus folios;  // before the files are mapped: it reads FileHugePages then
   const Mappings made = worker.map_files_pinned(paths, sizes, o.threads);
   Mappings maps(c.files().size());
   for (size_t k = 0; k < made.size(); ++k) {
     const std::shared_ptr<PinnedFileMapping>& m = maps[index[k]] = made[k];
+    folios.add(*m, r);
     r.map_s = std::max(r.map_s, m->map_seconds());  // the files were mapped in parallel
     r.pin_s = std::max(r.pin_s, m->pin_seconds());
     if (!m->note().empty() && r.map_note.empty()) r.map_note = m->note();
@@ -101,6 +105,7 @@ Mappings map_files(const Checkpoint& c, const std::vector<const CheckpointTensor
 void verify_views(const Checkpoint& c, const HostLoad& load, const CheckpointLoadOptions& o,
                   LoadReport& r) {
   if (!o.verify) return;
+  detail::enter_phase(o, "verify");
   const Stopwatch verify;
   std::atomic<size_t> unverified{0};
   parallel_for(
@@ -147,6 +152,7 @@ HostLoad map_to_host(const Checkpoint& c, const std::vector<const CheckpointTens
     else
       out.tensors.push_back({*t, pool.allocate(static_cast<size_t>(t->bytes))});
   }
+  if (!copied_sizes.empty()) detail::enter_phase(o, "read");
   const Stopwatch copy;
   parallel_for(
       out.tensors.size(), 1,
@@ -329,10 +335,12 @@ std::optional<DeviceLoad> map_to_device(const Checkpoint& c,
                                      t->bytes, true, nullptr)});
     verify_views(c, views, o, r);
   }
+  detail::enter_phase(o, "allocate");
   const Stopwatch alloc;
   for (const CheckpointTensor* t : tensors)
     out.tensors.push_back({*t, t->bytes > 0 ? worker.alloc_device(t->bytes) : DeviceBuffer{}});
   r.alloc_s = alloc.seconds();
+  detail::enter_phase(o, "upload");
   const Stopwatch upload;
   if (maps) {
     std::vector<size_t> all(tensors.size());
@@ -348,7 +356,10 @@ std::optional<DeviceLoad> map_to_device(const Checkpoint& c,
         tensors.begin(), tensors.end(), [](const CheckpointTensor* t) { return !t->xxh3; }));
     r.verified = r.unverified == 0;
   }
-  if (o.verify) check_arrived(c, worker, out, r);
+  if (o.verify) {
+    detail::enter_phase(o, "verify");
+    check_arrived(c, worker, out, r);
+  }
   r.peak_pinned_bytes = worker.stats().pinned_bytes;
   r.total_s = total.seconds();
   return out;

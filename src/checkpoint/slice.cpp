@@ -120,6 +120,7 @@ LoadReport read_tensor_slice(const Checkpoint& c, const CheckpointTensor& t,
   uint64_t base = 0;
   const CheckpointLoadOptions p = detail::part_options(o, &base, bytes);
   auto* out = static_cast<unsigned char*>(dst);
+  detail::enter_phase(o, "read");
   for (size_t i = 0; i < ranges.size() || i == 0; i += kRangesPerRead) {
     std::vector<detail::FileRange> part;
     for (size_t j = i; j < std::min(ranges.size(), i + kRangesPerRead); ++j) {

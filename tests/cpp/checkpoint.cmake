@@ -13,3 +13,9 @@ pinstage_sim_gtest(test_defects41 LABELS tensor checkpoint)
 # Segment sources (issue 39): map mode (a checkpoint's page cache pinned in place through
 # host_register), the pin budget's one verdict, the pool's give-back before a refusal.
 pinstage_sim_gtest(test_segment_sources LABELS runtime checkpoint)
+
+# Issue 49: the phase callback, map mode's folio census (internal to libpinstage, so its
+# source is compiled in: src/checkpoint/folios.cpp), the first-touch split of a sim device
+# load's alloc_s.
+pinstage_sim_gtest(test_newcomer49 ${PROJECT_SOURCE_DIR}/src/checkpoint/folios.cpp
+                   LABELS checkpoint)

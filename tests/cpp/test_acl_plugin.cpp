@@ -557,11 +557,24 @@ TEST_F(AclPlugin, InitOncePerProcessAndFinalizeAfterTheLastWorker) {
   EXPECT_EQ(fake_acl().live().initialized, 0);
 }
 
-TEST_F(AclPlugin, ARuntimeInitialisedElsewhereIsFine) {
-  ASSERT_EQ(fake_acl().rt->aclInit(nullptr), ACL_SUCCESS);  // someone else's aclInit
-  Worker worker;
-  worker.init("acl");  // answered ACL_ERROR_REPEAT_INITIALIZE: harmless
-  EXPECT_NO_THROW(worker.alloc_device(64));
+TEST_F(AclPlugin, ARuntimeInitialisedElsewhereIsLeftToFinalizeIt) {
+  ASSERT_EQ(fake_acl().rt->aclInit(nullptr), ACL_SUCCESS);  // someone else's (torch_npu's)
+  for (int round = 0; round < 2; ++round) {  // the plugin's state stays right across workers
+    Worker worker;
+    worker.init("acl");  // answered ACL_ERROR_REPEAT_INITIALIZE: ACL is the other runtime's
+    EXPECT_NO_THROW(worker.alloc_device(64));
+    worker.finalize();
+    EXPECT_EQ(fake_acl().calls("aclFinalize"), 0u) << "round " << round;
+    EXPECT_EQ(fake_acl().live().initialized, 1);  // still initialised for its owner
+  }
+  uint32_t devices = 0;  // the other runtime goes on using ACL
+  EXPECT_EQ(fake_acl().rt->aclrtGetDeviceCount(&devices), ACL_SUCCESS);
+  EXPECT_EQ(fake_acl().rt->aclFinalize(), ACL_SUCCESS);  // and finalizes it itself
+  Worker ours;  // ACL initialised by the plugin again: finalized by it after its last worker
+  ours.init("acl");
+  ours.finalize();
+  EXPECT_EQ(fake_acl().calls("aclFinalize"), 2u);
+  EXPECT_EQ(fake_acl().live().initialized, 0);
 }
 
 TEST_F(AclPlugin, DevicesAreCountedAndABadOneIsRefusedByName) {

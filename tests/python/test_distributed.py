@@ -12,6 +12,7 @@ import os
 import pathlib
 import re
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -146,22 +147,38 @@ def test_ranks_load_their_slices_both_ways_and_a_failure_is_named_everywhere(
 DOC = ROOT / "docs" / "distributed.md"
 
 
-def doc_example():
+def doc_blocks():
+    """(the python example, the shell command line that starts it) of docs/distributed.md."""
     text = DOC.read_text()
-    blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
-    assert len(blocks) == 1, "docs/distributed.md has one python block: the torchrun example"
-    return blocks[0]
+    python = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    assert len(python) == 1, "docs/distributed.md has one python block: the torchrun example"
+    shell = re.findall(r"^```sh\n(.*?)^```", text, re.S | re.M)
+    assert len(shell) == 1, "docs/distributed.md has one sh block: the command that starts it"
+    return python[0], shell[0]
 
 
 @needs_torchrun
-def test_the_docs_torchrun_example_runs(tmp_path, build_dir):
-    code = doc_example()
+def test_the_docs_torchrun_example_runs_as_written(tmp_path, build_dir):
+    """Issue 49: the docs' own command line, `torchrun ... load_tp.py`, run by bash in a
+    folder where build/ is the build under test, with `torchrun` this interpreter's
+    torch.distributed.run (Debian's torch 1.13 or the venv's torch 2.x)."""
+    code, command = doc_blocks()
     assert len(code.splitlines()) <= 20, "the example is 20 lines at most"
-    model, plan = tp_checkpoint.write_checkpoint(tmp_path)
-    script = tmp_path / "load_tp.py"
-    script.write_text(code)
-    done = torchrun(build_dir, 2, script, cwd=tmp_path)  # it reads model/ and plan.json
-    assert "rank 0 of 2" in done.stdout and "once per node" in done.stdout, done.stdout
+    assert "torchrun" in command and "load_tp.py" in command, command
+    tp_checkpoint.write_checkpoint(tmp_path)  # model/ and plan.json, which the script reads
+    (tmp_path / "load_tp.py").write_text(code)
+    (tmp_path / "build").symlink_to(build_dir)
+    shim = tmp_path / "bin" / "torchrun"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m torch.distributed.run "$@"\n')
+    shim.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("PINSTAGE_NUM_THREADS", "PYTHONPATH")}
+    env["PATH"] = f"{shim.parent}:{env['PATH']}"
+    done = subprocess.run(["bash", "-e", "-c", command], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    assert "rank 0 of 2: own slices" in done.stdout, done.stdout
+    assert "rank 0 of 2: once per node" in done.stdout, done.stdout
 
 
 # ---- pieces, in this process ----

@@ -38,8 +38,15 @@ def test_the_documented_pip_path_names_wheel():
     assert "pip install wheel" in install and "--no-build-isolation" in install
 
 
-def test_setup_declares_the_pinstage_command():
-    assert '"pinstage = pinstage._cli:main"' in (ROOT / "setup.py").read_text()
+def test_pyproject_declares_the_pinstage_command():
+    """[project.scripts], where setuptools >= 84 reads it (issue 49: setup.py's entry points
+    are dropped once pyproject.toml has a [project] table); the wheel's own entry points are
+    checked by test_pip49.py."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"] == {"pinstage": "pinstage._cli:main"}
+    assert "entry_points" not in (ROOT / "setup.py").read_text(), "ignored there: pyproject only"
 
 
 def test_the_console_command_runs_the_cli(build_dir):

@@ -118,12 +118,11 @@ def test_progress_bar_waits_a_second_then_draws_on_a_terminal():
     quiet(5, 10)
     assert quiet.drawn == 0  # a quick load stays quiet
     out = _Tty()
-    bar = _ProgressBar("load_file", stream=out, delay=0)
-    bar(5, 10)
-    bar(10, 10)
+    with _ProgressBar("load_file", stream=out, delay=0, tick=None) as bar:
+        bar(5, 10)
+        bar(10, 10)
     assert bar.drawn == 2
-    if bar._tqdm is False:  # without tqdm: our own line
-        assert "load_file" in out.getvalue() and out.getvalue().endswith("\n")
+    assert "load_file" in out.getvalue() and out.getvalue().endswith("\n")
     piped = _ProgressBar("load_file", stream=io.StringIO(), delay=0)
     piped(5, 10)
     assert piped.drawn == 0  # not a terminal: nothing

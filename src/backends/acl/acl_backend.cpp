@@ -5,8 +5,10 @@
 // Note [Process, device, context]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // aclInit runs once per process: the plugin counts the contexts alive and calls
-// aclFinalize when the last one goes (ACL_ERROR_REPEAT_INITIALIZE from a runtime someone
-// else initialised is harmless). Each context opens its device with aclrtSetDevice and
+// aclFinalize when the last one goes, but only when its own aclInit initialised ACL. An
+// ACL_ERROR_REPEAT_INITIALIZE from a runtime someone else initialised (torch_npu) means
+// that runtime owns ACL: finalizing it would pull ACL from beneath it, so the plugin
+// leaves aclFinalize to it. Each context opens its device with aclrtSetDevice and
 // makes its own aclrtContext; that context is made current on the calling thread at the
 // start of every slot, since the binder's copy threads and Python threads call in and the
 // runtime's current context is per thread.
@@ -134,6 +136,7 @@ struct Process {
   std::mutex mu;
   std::unique_ptr<Runtime> rt;  // loaded once, never unloaded
   int contexts = 0;             // alive; aclFinalize when it drops to 0
+  bool ours = false;            // our aclInit initialised ACL (not another runtime's)
 };
 
 Process& process() {
@@ -246,6 +249,12 @@ void acquire_process() {
     if (code != acl::ACL_SUCCESS && code != acl::ACL_ERROR_REPEAT_INITIALIZE)
       fail(acl::status_from_acl(code, PS_ERR_NO_DEVICE),
            "acl: " + acl::call_error(*p.rt, "aclInit", code));
+    // A repeat keeps `ours` as it was: a listing of ours may have initialised it.
+    if (code == acl::ACL_SUCCESS) p.ours = true;
+    if (!p.ours)
+      pinstage::log(pinstage::LogLevel::info,
+                    "acl: ACL was initialised by another runtime in this process; its "
+                    "aclFinalize is left to that runtime");
   }
   ++p.contexts;
 }
@@ -268,7 +277,8 @@ class Listing {
 std::string release_process() noexcept {
   Process& p = process();
   std::lock_guard lock(p.mu);
-  if (p.contexts == 0 || --p.contexts > 0) return {};
+  if (p.contexts == 0 || --p.contexts > 0 || !p.ours) return {};
+  p.ours = false;
   const aclError code = p.rt->aclFinalize();
   return code == acl::ACL_SUCCESS ? std::string() : acl::call_error(*p.rt, "aclFinalize", code);
 }
