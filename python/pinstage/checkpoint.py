@@ -22,6 +22,7 @@ import torch
 
 from . import _pinstage
 from ._pinstage import InvalidArgumentError, Worker
+from ._readonly import ReadOnlyError, ReadOnlyTensor  # noqa: F401  (pinstage.ReadOnlyError)
 
 # Each safetensors dtype by torch's name for it. Where this torch has no such dtype, the
 # 1-byte floats come as their raw bytes (uint8 of the same shape: Debian's torch 2.x
@@ -196,73 +197,6 @@ def _element_type(info, name, framework):
     return _torch_dtype(info["dtype"], name)
 
 
-class ReadOnlyError(InvalidArgumentError):
-    """A write to a tensor of a map-mode load (a read-only view of the page cache)."""
-
-
-# The in-place dunders torch routes through __torch_function__ (the other in-place ops end
-# in "_": add_, copy_, zero_...).
-_INPLACE = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",
-            "__ifloordiv__", "__imod__", "__ipow__", "__imatmul__", "__iand__", "__ior__",
-            "__ixor__", "__ilshift__", "__irshift__"}
-# Trailing-underscore methods that change no element.
-_HARMLESS = {"requires_grad_", "retain_grad", "share_memory_", "_fix_weakref"}
-
-
-def _writes(func, args, kwargs):
-    name = getattr(func, "__name__", "")
-    if name in _INPLACE or (name.endswith("_") and not name.startswith("__")
-                            and name not in _HARMLESS):
-        return bool(args) and isinstance(args[0], ReadOnlyTensor)
-    out = kwargs.get("out")
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    return any(isinstance(o, ReadOnlyTensor) for o in outs)
-
-
-class ReadOnlyTensor(torch.Tensor):
-    """A torch tensor of a map-mode load: a view of a checkpoint file's page cache, pinned
-    in place and mapped read-only. torch has no read-only tensors, so an in-place op on
-    one (add_, copy_, t[0] = 1, out=t) raises ReadOnlyError instead of the segfault a
-    write to read-only memory would be; clone() gives a writable copy. Views of it (t[0],
-    t.view(...)) are ReadOnlyTensors too; new results are plain tensors."""
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if _writes(func, args, kwargs):
-            raise ReadOnlyError(
-                f"{getattr(func, '__name__', 'this op')}: the tensor is a read-only view of "
-                "a mapped checkpoint (mode='map'); clone() it for a writable copy, or load "
-                "with mode='copy'")
-        with torch._C.DisableTorchFunction():
-            result = func(*args, **kwargs)
-        return _rewrap(result, args)
-
-
-def _mapped_span(args):
-    """The (start, end) addresses of the mapped tensors among `args`."""
-    spans = []
-    for a in args:
-        if isinstance(a, ReadOnlyTensor):
-            with torch._C.DisableTorchFunction():
-                st = a.untyped_storage() if hasattr(a, "untyped_storage") else a.storage()
-                spans.append((st.data_ptr(), st.data_ptr() + st.nbytes()))
-    return spans
-
-
-def _rewrap(result, args):
-    """Results that share a mapped tensor's memory (views) stay read-only."""
-    if isinstance(result, (tuple, list)):
-        return type(result)(_rewrap(r, args) for r in result)
-    if not isinstance(result, torch.Tensor) or isinstance(result, ReadOnlyTensor):
-        return result
-    with torch._C.DisableTorchFunction():
-        ptr = result.data_ptr() if result.numel() > 0 else 0
-    if any(lo <= ptr < hi for lo, hi in _mapped_span(args)):
-        return result.as_subclass(ReadOnlyTensor)
-    return result
-
-
 def _view(buffer, info, name, framework="pt", mapped=False):
     """The torch (or NumPy) view of a buffer holding tensor `name`'s bytes: info's nbytes,
     dtype and shape (a slice's shape, for a slice). `mapped`: a map-mode tensor (read-only:
@@ -280,7 +214,7 @@ def _view(buffer, info, name, framework="pt", mapped=False):
     if mapped:
         flat = (torch.from_dlpack(buffer.__dlpack__()) if nbytes > 0
                 else torch.empty(0, dtype=torch.uint8))
-        return flat.view(dtype).view(info["shape"]).as_subclass(ReadOnlyTensor)
+        return ReadOnlyTensor(flat.view(dtype).view(info["shape"]))
     flat = torch.from_dlpack(buffer)  # uint8 [len(buffer)]: one counted view of the buffer
     return flat[:nbytes].view(dtype).view(info["shape"])
 

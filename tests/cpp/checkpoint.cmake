@@ -13,3 +13,7 @@ pinstage_sim_gtest(test_defects41 LABELS tensor checkpoint)
 # Segment sources (issue 39): map mode (a checkpoint's page cache pinned in place through
 # host_register), the pin budget's one verdict, the pool's give-back before a refusal.
 pinstage_sim_gtest(test_segment_sources LABELS runtime checkpoint)
+
+# Issue 47 in the library: read-only memory (a map-mode load's page cache) refused as an
+# OUT or INOUT argument.
+pinstage_sim_gtest(test_readonly47 LABELS tensor checkpoint)
