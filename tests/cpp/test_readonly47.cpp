@@ -1,13 +1,17 @@
 // Issue 47 in the library: read-only memory (a map-mode load's view of the page cache) is
-// refused as an OUT or INOUT argument, so no run writes it back.
+// refused as an OUT or INOUT argument, so no run writes it back; a TP plan's regex matches
+// non-ASCII characters as characters, not bytes.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "pinstage/checkpoint.h"
 #include "pinstage/error.h"
+#include "pinstage/load_plan.h"
 #include "pinstage/safetensors.h"
 #include "pinstage/tensor.h"
 #include "pinstage/worker.h"
@@ -88,6 +92,77 @@ TEST_F(ReadOnly47Files, AMapModeLoadsStoragesAreReadOnlyACopyModesAreNot) {
             "");
   TaskArgs ok;
   ok.add(Tensor("a", DType::f32, {1000}, Direction::out, copied.tensors[0].storage));
+}
+
+// ---- the regex of a TP plan rule, by character ----
+
+bool matches(const std::string& re, const std::string& name) {
+  TpPlan plan;
+  plan.split_regex(re, 0);
+  return plan.match(name) == 0;
+}
+
+TEST(Regex47, NonAsciiCharactersMatchAsCharacters) {
+  const std::vector<std::tuple<std::string, std::string, bool>> cases = {
+      {"x[éè]y", "xéy", true},
+      {"x[éè]y", "xèy", true},
+      {"x[éè]y", "xay", false},
+      {"x[éè]y", "x\xc3y", false},  // a lone lead byte is no character of the class
+      {"é+", "é", true},
+      {"é+", "ééé", true},
+      {"é+", "", false},  // + with zero repeats
+      {"é+", "é\xa9", false},
+      {"é?x", "x", true},
+      {"ñ{2}", "ññ", true},
+      {"ñ{2}", "ñ", false},
+      {"ñ{2}", "ñññ", false},
+      {"ñ{2,}", "ññññ", true},
+      {"x.y", "xéy", true},  // two, three and four bytes: one character each
+      {"x.y", "x€y", true},
+      {"x.y", "x😀y", true},
+      {"x..y", "xéy", false},
+      {"x.y", "x\ny", false},
+      {"[^a]", "é", true},
+      {"[^a]+", "éé€", true},
+      {"\\D\\W\\S", "ééé", true},
+      {"\\w", "é", false},   // \w is ASCII, as in ECMAScript
+      {"\\xe9", "é", true},  // U+00E9, as ECMAScript reads it
+      {"\\xe9", "\xe9", false},
+      {"[\\xe9]", "é", true},
+      {"\\é", "é", true},
+      {"layers\\.\\d+\\.注意力\\.(?:q|k)", "layers.12.注意力.k", true},
+      {"(?:é|ü)*x", "éüéüx", true},
+      {"[a-cé]+", "aébé", true},
+  };
+  for (const auto& [re, name, want] : cases)
+    EXPECT_EQ(matches(re, name), want) << re << " on " << name;
+}
+
+TEST(Regex47, WhatCannotMatchByCharacterIsRefusedByName) {
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"[à-ÿ]", "a range in '[...]' with a non-ASCII end (not supported: list its characters)"},
+      {"[a-\\xe9]", "a range in '[...]' with a non-ASCII end"},
+      {"[^é]", "a negated class '[^...]' with a non-ASCII character (not supported)"},
+      {"x\xc3",
+       "a byte that is not UTF-8 (a pattern is UTF-8 text, matched by character) at "
+       "offset 1"},
+      {"\xed\xa0\x80", "a byte that is not UTF-8"},  // a surrogate
+      {"\xc0\xaf", "a byte that is not UTF-8"},      // an overlong '/'
+  };
+  for (const auto& [re, why] : refused) {
+    const Error e = test::error_of([&] { TpPlan().split_regex(re, 0); });
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << re;
+    EXPECT_NE(std::string(e.what()).find("does not compile: " + why), std::string::npos)
+        << re << ": " << e.what();
+  }
+}
+
+TEST(Regex47, ANonAsciiNameOfAMillionCharactersIsMatchedInOnePass) {
+  std::string name = "m.";
+  for (int i = 0; i < 1'000'000; ++i) name += i % 3 ? "é" : "€";
+  EXPECT_TRUE(matches("m\\..*", name));
+  EXPECT_TRUE(matches("m\\.(?:é|€)+", name));
+  EXPECT_FALSE(matches("m\\.(?:é|€)+x", name));
 }
 
 }  // namespace
