@@ -47,6 +47,20 @@ def _torch_dtype(name, tensor):
     return dtype
 
 
+def _open_checkpoint(path, who, verify=False):
+    """The checkpoint at `path`, opened for `who`. A hash sidecar that could not be used
+    (stale: a file changed since `pinstage hash`; or broken) refuses a load that verifies
+    (pinstage.Error, code 'io') and is a warning for one that does not: a hash nobody asked
+    to check does not block a load."""
+    checkpoint = _pinstage._Checkpoint(path, who)
+    checkpoint.check_sidecar(bool(verify))
+    if checkpoint.sidecar_problem:
+        import warnings
+        warnings.warn(f"{who}: {checkpoint.sidecar_problem}; loading without its hashes "
+                      "(nothing asked to verify)", stacklevel=3)
+    return checkpoint
+
+
 # `worker` is a required keyword argument of safe_open, load_file and load_to_device: the
 # tensors live in a worker's pinned memory, and no worker is made behind the caller's back
 # (its lifetime, backend and finalize() are the caller's). Leaving it out is Python's own
@@ -317,7 +331,7 @@ class safe_open(_ReadCounter):  # noqa: N801 (the safetensors name)
                 f"safe_open: device must be 'cpu' (pinned host memory), got {device!r}; "
                 "use pinstage.load_to_device for the device")
         self._options = _options("safe_open", threads, chunk_bytes, verify, False)
-        self._checkpoint = _pinstage._Checkpoint(path, "safe_open")
+        self._checkpoint = _open_checkpoint(path, "safe_open", self._options["verify"])
         self._worker = worker
 
     def __enter__(self):
@@ -579,7 +593,7 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
     if into is not None and target is not None:
         raise InvalidArgumentError(f"load_file(): into= is host memory, but device={device!r}; "
                                    "load into pinned tensors with device='cpu'")
-    checkpoint = _pinstage._Checkpoint(path, "load_file")
+    checkpoint = _open_checkpoint(path, "load_file", options["verify"])
     if into is not None and mode == "map":
         raise InvalidArgumentError("load_file(): into= reads into your tensors, and mode='map' "
                                    "reads nothing: pass one of them")
@@ -612,7 +626,7 @@ def load_to_device(path, *, worker, verify=False, threads=0, chunk_bytes=8 << 20
     mode = _mode(mode, "load_to_device")
     ring_bytes = _int(ring_bytes, "load_to_device", "ring_bytes", 64)
     progress = _progress(progress, "load_to_device")
-    checkpoint = _pinstage._Checkpoint(path, "load_to_device")
+    checkpoint = _open_checkpoint(path, "load_to_device", options["verify"])
     selected = None if names is None else _names(names, checkpoint, "load_to_device")
     return checkpoint.load_to_device(worker, ring_bytes=ring_bytes, names=selected,
                                      progress=progress, mode=mode, **options)

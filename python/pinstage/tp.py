@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 from . import _pinstage
 from ._pinstage import TpPlan
-from .checkpoint import (_check_worker, _element_type, _framework, _int, _options, _progress,
-                         _view)
+from .checkpoint import (_check_worker, _element_type, _framework, _int, _open_checkpoint,
+                         _options, _progress, _view)
 
 
 def _plan(plan, who):
@@ -66,7 +66,7 @@ def load_tp(path, tp, plan=None, *, worker, framework="pt", verify=False, thread
     options = _options("load_tp", threads, chunk_bytes, verify, direct)
     progress = _progress(progress, "load_tp")
     plan = _plan(plan, "load_tp")
-    checkpoint = _pinstage._Checkpoint(path, "load_tp")
+    checkpoint = _open_checkpoint(path, "load_tp", options["verify"])
     for name in checkpoint.keys():
         _element_type(checkpoint.info(name), name, kind)  # before any memory is taken
     buffers, rank_slices, report = _pinstage._load_tp(checkpoint, plan, tp, worker,
