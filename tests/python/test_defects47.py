@@ -69,3 +69,33 @@ def test_a_tp_rule_with_non_ascii_characters_splits_what_it_names(worker, tmp_pa
     for name in names:
         assert load.ranks[1][name].tolist() == [[4, 5], [6, 7]], name  # split, not replicated
     del load
+
+
+def test_as_tensor_refuses_a_shape_whose_bytes_pass_two_to_the_64(worker):
+    """(2**61 + 1,) float64 is 2**64 + 8 bytes: the check wrapped to 8 and passed, and torch
+    then raised a RuntimeError."""
+    torch = pytest.importorskip("torch")
+    buffer = worker.alloc_device(64)
+    for shape in [(2**61 + 1,), (2**59 + 1,), (2**31, 2**28 + 1)]:
+        with pytest.raises(pinstage.InvalidArgumentError, match=r"float64 is too large \(over"):
+            buffer.as_tensor(torch.float64, shape)
+    # the largest shape the check lets through is still refused by the buffer's size
+    with pytest.raises(pinstage.InvalidArgumentError, match=f"needs {2**62} bytes; the "
+                                                            "DeviceBuffer has 64"):
+        buffer.as_tensor(torch.float64, (2**59,))
+    assert buffer.as_tensor(torch.float64, (8,)).shape == (8,)
+    buffer.close()
+
+
+def test_to_device_and_to_host_name_themselves_for_a_dtype_they_cannot_stage(worker):
+    torch = pytest.importorskip("torch")
+    for call, who in ((lambda: worker.to_device(torch.zeros(3, dtype=torch.complex64)),
+                       "Worker.to_device"),
+                      (lambda: worker.to_host(torch.zeros(3, dtype=torch.complex128)),
+                       "Worker.to_host")):
+        with pytest.raises(pinstage.InvalidArgumentError) as e:
+            call()
+        message = str(e.value)
+        assert message.startswith(f"{who}: dtype must be one of float32, float64"), message
+        assert "bfloat16" in message and "complex" in message.split("got")[-1], message
+        assert "PinnedTorchAllocator" not in message
