@@ -15,7 +15,7 @@ arrays), __dlpack__ (a read-only capsule, or a copy where the consumer ignores t
 `.data =`, storage access (refused on torch 1.13), pickling, torch.save and deepcopy
 (plain copies). What no Python hook sees (`plain.data = t`, torch.utils.dlpack.to_dlpack)
 takes the outer tensor's own memory, which on torch 2.x sits under a storage flagged to
-raise on any write (_outer_base). docs/loading.md, "Modes", lists every path.
+raise on any write (_shadow_of). docs/loading.md, "Modes", lists every path.
 """
 import sys
 
@@ -82,13 +82,14 @@ def _refuse_writes(func, op, args, kwargs):
         raise _refusal(f"{func} would give a plain tensor the mapping's memory")
 
 
-def _address(t):
-    """Where `t`'s storage starts (0 for fake tensors under torch.compile: the schema's
-    alias sets say it all there)."""
+def _span(t):
+    """[start, end) of `t`'s storage: (0, 0) for fake tensors under torch.compile (the
+    schema's alias sets say it all there) and for a storage without bytes."""
     if type(t) is not torch.Tensor:
-        return 0
+        return 0, 0
     storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-    return storage.data_ptr()
+    start = storage.data_ptr()
+    return (start, start + storage.nbytes()) if start else (0, 0)
 
 
 def _wrap_views(op, args, kwargs, out):
@@ -98,16 +99,19 @@ def _wrap_views(op, args, kwargs, out):
     for index, name, sets in op.aliasing:
         if _holds_mapped(_value(args, kwargs, index, name)):
             mapped_sets |= sets
-    addresses = {v._address for v in (*args, *kwargs.values())
-                 if isinstance(v, ReadOnlyTensor) and v._address}
+    mapped = [(v._span, v._shadow) for v in (*args, *kwargs.values())
+              if isinstance(v, ReadOnlyTensor) and v._span[0]]
 
     def wrap(result, aliased):
         if isinstance(result, (list, tuple)):
             return type(result)(wrap(r, aliased) for r in result)
         if not isinstance(result, torch.Tensor) or isinstance(result, ReadOnlyTensor):
             return result
-        if aliased or _address(result) in addresses:
-            return ReadOnlyTensor(result)
+        # A result whose first byte lies in a mapping shares it (new memory cannot).
+        at = result.data_ptr() if type(result) is torch.Tensor else 0
+        shadow = next((sh for (lo, hi), sh in mapped if lo <= at < hi), False)
+        if aliased or shadow is not False:
+            return ReadOnlyTensor(result, shadow=shadow or None)
         return result
 
     if len(op.returns) == 1:
@@ -121,16 +125,23 @@ def _wrap_views(op, args, kwargs, out):
 _THROW_ON_WRITE = getattr(torch._C, "_set_throw_on_mutable_data_ptr", None)
 
 
-def _outer_base(elem):
-    """What the outer tensor is made from: `elem`'s memory, so that torch code outside the
-    dispatcher that takes the outer tensor's memory (`plain.data = t`, to_dlpack) sees the
-    file's bytes. On torch 2.x under a storage of its own (a DLPack import of the same
-    bytes, which keeps `elem` alive) that __new__ flags to raise on any write; torch 1.13
-    has no such flag and shares `elem`'s storage."""
-    if _THROW_ON_WRITE is None or elem.numel() == 0:
+def _shadow_of(elem):
+    """torch 2.x: a second storage over the bytes of `elem`'s whole storage (a DLPack import
+    of it, which keeps `elem`'s alive), flagged so that any write through it raises. The
+    outer tensor sits on it, so torch code outside the dispatcher that takes the outer
+    tensor's memory (`plain.data = t`, to_dlpack) reads the file's bytes and cannot write
+    them. None on torch 1.13, which has no such flag (the outer tensor shares `elem`'s
+    storage), and for a tensor without bytes."""
+    if _THROW_ON_WRITE is None or not _span(elem)[0]:
+        return None
+    shadow = torch.from_dlpack(torch.empty(0, dtype=torch.uint8).set_(elem.untyped_storage()))
+    _THROW_ON_WRITE(shadow)
+    return shadow.untyped_storage()
+
+
+def _outer_base(elem, shadow):
+    if shadow is None:
         return elem
-    whole = torch.empty(0, dtype=torch.uint8).set_(elem.untyped_storage())
-    shadow = torch.from_dlpack(whole).untyped_storage()
     return torch.empty(0, dtype=elem.dtype).set_(shadow, elem.storage_offset(), elem.size(),
                                                  elem.stride())
 
@@ -153,23 +164,23 @@ class ReadOnlyTensor(torch.Tensor):
     torch.save, pickle and copy.deepcopy give plain tensors with the same bytes."""
 
     @staticmethod
-    def __new__(cls, elem, requires_grad=False):
+    def __new__(cls, elem, requires_grad=False, shadow=None):
         if isinstance(elem, ReadOnlyTensor):
             elem = elem._elem
-        if type(elem) is torch.Tensor:
-            out = torch.Tensor._make_subclass(cls, _outer_base(elem), requires_grad)
-            if _THROW_ON_WRITE is not None and out.numel() > 0:
-                _THROW_ON_WRITE(out)
+        if type(elem) is torch.Tensor:  # `shadow`: a view's, its base's (_shadow_of)
+            shadow = _shadow_of(elem) if shadow is None else shadow
+            out = torch.Tensor._make_subclass(cls, _outer_base(elem, shadow), requires_grad)
         else:  # torch.compile's fake or functional inner tensor: a wrapper, as DTensor
             out = torch.Tensor._make_wrapper_subclass(
                 cls, elem.size(), strides=elem.stride(), storage_offset=elem.storage_offset(),
                 dtype=elem.dtype, layout=elem.layout, device=elem.device,
                 requires_grad=requires_grad)
         out._elem = elem
-        out._address = _address(elem)  # what its views share (_wrap_views)
+        out._span = _span(elem)  # the memory its views share (_wrap_views)
+        out._shadow = shadow
         return out
 
-    def __init__(self, elem, requires_grad=False):
+    def __init__(self, elem, requires_grad=False, shadow=None):
         super().__init__()
 
     @classmethod
@@ -304,11 +315,14 @@ def _dlpack(self, stream=None, *, max_version=None, dl_device=None, copy=None, r
 
 def _refuse_storage(name):
     def refuse(self, *args, **kwargs):
-        if not self._address:  # no bytes (an empty tensor): nothing to write
+        if not self._span[0]:  # no bytes (an empty tensor): nothing to write
             return getattr(self._elem, name)(*args, **kwargs)
         raise _refusal(f"{name}() would hand out the mapping's memory unguarded (a storage "
                        "or plain tensor over it)")
     return refuse
+
+
+_OWN = ("_elem", "_span", "_shadow")  # a ReadOnlyTensor's attributes (a plain one has none)
 
 
 def _set_data(self, value):
@@ -318,18 +332,19 @@ def _set_data(self, value):
     if isinstance(value, ReadOnlyTensor):
         with _NO_TORCH_FUNCTION():
             self.data = value
-        self._elem = value._elem
+        self._elem, self._span, self._shadow = value._elem, value._span, value._shadow
         return
     requires_grad = self.requires_grad
     swap = getattr(torch.utils, "swap_tensors", None)
     if swap is not None:
-        attributes = {k: v for k, v in self.__dict__.items() if k != "_elem"}
+        attributes = {k: v for k, v in self.__dict__.items() if k not in _OWN}
         swap(self, value.detach())  # self is now a plain tensor over value's memory
         self.__dict__.update(attributes)  # _is_param: still a Parameter
     else:  # torch 1.13: the tensor keeps torch's Python dispatch key, served by torch.Tensor
         with _NO_TORCH_FUNCTION():
             self.data = value
-        del self._elem
+        for name in _OWN:
+            delattr(self, name)
         self.__class__ = torch.Tensor
     self.requires_grad_(requires_grad)
 
@@ -346,7 +361,7 @@ def _specials():
         torch.Tensor.__dlpack__: _dlpack,
         torch.Tensor.data.__set__: _set_data,
     }
-    # torch 2.x: the outer tensor's storage is the flagged one (_outer_base), whose every
+    # torch 2.x: the outer tensor's storage is the flagged one (_shadow_of), whose every
     # write raises, and torch.compile reads it; torch 1.13 refuses to hand it out.
     names = ["share_memory_"] + (["storage", "_storage"] if _THROW_ON_WRITE is None else [])
     for name in names:

@@ -276,6 +276,7 @@ def alias_paths(c):
              ("nn.Parameter(t)", lambda: nn.Parameter(t)),
              ("nn.Parameter(t).data", lambda: nn.Parameter(t).data),
              ("list(t)[0]", lambda: list(t)[0])]
+    views.append(("an op whose schema does not mark its view", lambda: _unmarked_view(t)))
     paths = [(name, lambda make=make: guarded(make())) for name, make in views]
     # torch 1.13 refuses to make a second Python object for the tensor; 2.x hands back
     # the ReadOnlyTensor itself
@@ -285,6 +286,19 @@ def alias_paths(c):
               ("Tensor._make_subclass",
                lambda: guarded(torch.Tensor._make_subclass(torch.Tensor, t)), subclass)]
     return paths + storage_paths(c)
+
+
+_LIBRARY = []  # the test op's library, defined once per process
+
+
+def _unmarked_view(t):
+    """A view made by an op whose schema does not say it aliases its input (as a custom
+    kernel may): caught by the memory it shares, not by the schema."""
+    if not _LIBRARY:
+        _LIBRARY.append(torch.library.Library("pinstage_test47", "DEF"))
+        _LIBRARY[0].define("unmarked_view(Tensor x) -> Tensor")
+        _LIBRARY[0].impl("unmarked_view", lambda x: x.view(-1), "CPU")
+    return torch.ops.pinstage_test47.unmarked_view(t)
 
 
 def storage_paths(c):

@@ -3,8 +3,10 @@ written through by any torch, NumPy, DLPack or pinstage path, on torch 1.13 and 
 
 Each group of paths runs in a child process (readonly47_paths.py): a write that gets
 through is SIGSEGV, so a crash is an exit code naming the path that was running, not a
-dead pytest. The old guard (a name-based __torch_function__ on args[0]) crashed in every
-group but "copies"' deepcopy and save paths, which raised instead."""
+dead pytest. Against the old guard (a name-based __torch_function__ on args[0]) the
+functional, aliases and bridges groups died of SIGSEGV, t.set_() emptied a mapped tensor,
+the copies group failed (pickling, deepcopy, module.to) and the compile test raised
+Dynamo's RecursionError, on torch 1.13 and 2.15."""
 import hashlib
 import os
 import pathlib
