@@ -52,10 +52,14 @@ class _Op:
         args = list(enumerate(schema.arguments))
         self.written = tuple((i, a.name) for i, a in args
                              if a.alias_info is not None and a.alias_info.is_write)
-        self.aliasing = tuple((i, a.name, frozenset(a.alias_info.before_set)) for i, a in args
-                              if a.alias_info is not None)
-        self.returns = tuple(frozenset(r.alias_info.before_set) if r.alias_info else frozenset()
-                             for r in schema.returns)
+        # A list result (split, unbind: `Tensor(a -> *) self -> Tensor(a)[]`) has an empty
+        # alias set of its own; the argument's `*` says its items may alias it.
+        self.aliasing = tuple(
+            (i, a.name, frozenset(a.alias_info.before_set) | frozenset(a.alias_info.after_set))
+            for i, a in args if a.alias_info is not None)
+        self.returns = tuple(
+            (frozenset(r.alias_info.before_set) or frozenset("*")) if r.alias_info else frozenset()
+            for r in schema.returns)
         # set_ makes its (written) self share another tensor's memory; _unsafe_view returns
         # a view its schema does not mark.
         packet = func.overloadpacket
