@@ -267,11 +267,22 @@ nlohmann::ordered_json device_report_json(const Checkpoint& c, const TpPlan& pla
   return j;
 }
 
+// The checkpoint, validated before any memory is taken. A hash sidecar that could not be
+// used (stale or broken) is refused with --verify, and a warning otherwise.
+Checkpoint open_checkpoint(const LoadArgs& a, const CheckpointLoadOptions& o) {
+  Checkpoint c = Checkpoint::open(a.path);
+  check_sidecar(c, o);
+  if (!c.sidecar_problem().empty())
+    std::fprintf(stderr, "warning: %s; loading without its hashes (nothing asked to verify)\n",
+                 c.sidecar_problem().c_str());
+  return c;
+}
+
 // --devices LIST [--tp N] [--plan FILE]: read once on the host, each rank onto its device.
 void run_device_tp_load(LoadArgs& a, CheckpointLoadOptions& o, const WorkerOptions& wo,
                         const std::vector<int>& ids) {
   const TpPlan plan = device_tp_plan(a, ids);
-  const Checkpoint c = Checkpoint::open(a.path);
+  const Checkpoint c = open_checkpoint(a, o);
   resolve_tp_plan(c, plan, a.tp);  // every refusal before any memory is taken
   chatter(a.report, "plan: %s for %d ranks on devices %s\n",
           a.plan.empty() ? "none given, every tensor replicated" : a.plan.c_str(), a.tp,
@@ -295,7 +306,7 @@ void run_device_tp_load(LoadArgs& a, CheckpointLoadOptions& o, const WorkerOptio
 // --tp N [--plan FILE]: the plan and every split checked before the worker starts.
 void run_tp_load(LoadArgs& a, CheckpointLoadOptions& o, const WorkerOptions& wo) {
   const TpPlan plan = tp_plan(a);
-  const Checkpoint c = Checkpoint::open(a.path);
+  const Checkpoint c = open_checkpoint(a, o);
   resolve_tp_plan(c, plan, a.tp);  // every refusal before any memory is taken
   chatter(a.report, "plan: %s for %d ranks\n",
           a.plan.empty() ? "none given, every tensor replicated" : a.plan.c_str(), a.tp);
@@ -323,7 +334,7 @@ void run_load(LoadArgs& a) {
   const bool tp = a.tp > 0 || !a.plan.empty();
   if (a.devices.given && (ids.size() > 1 || tp)) return run_device_tp_load(a, o, wo, ids);
   if (tp) return run_tp_load(a, o, wo);
-  const Checkpoint c = Checkpoint::open(a.path);  // validated before any memory is taken
+  const Checkpoint c = open_checkpoint(a, o);
   Worker worker;
   worker.init(a.backend.name, ids[0], wo);
   ProgressBar bar(a.report);

@@ -94,6 +94,12 @@ class PINSTAGE_API Checkpoint {
   const CheckpointTensor* find(std::string_view name) const noexcept;
   const CheckpointTensor& get(std::string_view name) const;
   uint64_t total_bytes() const noexcept;
+  // Why the hash sidecar next to the checkpoint was not used: "" when there is none or it
+  // was; else the Error(io) message open() used to throw (stale: a file changed since
+  // `pinstage hash`, naming the command that replaces it; or broken). Its hashes are then
+  // not taken: a load that asks to verify is refused (check_sidecar), one that does not
+  // goes on, since a hash nobody asked to check should not block it.
+  const std::string& sidecar_problem() const noexcept { return sidecar_problem_; }
 
  private:
   CheckpointLayout layout_ = CheckpointLayout::single_file;
@@ -101,6 +107,7 @@ class PINSTAGE_API Checkpoint {
   std::vector<CheckpointFile> files_;
   std::vector<CheckpointTensor> tensors_;
   std::vector<std::pair<std::string, std::string>> metadata_;
+  std::string sidecar_problem_;
 };
 
 // The bounds of CheckpointLoadOptions: every load and hash_checkpoint refuses a value
@@ -333,11 +340,16 @@ PINSTAGE_API DeviceLoad load_to_device(const Checkpoint& checkpoint, Worker& wor
 
 // The hash sidecar (docs/loading.md, "Integrity"): per-tensor xxh3-64 recorded next to a
 // checkpoint whose writer recorded none, so that verify checks it from then on.
-// Checkpoint::open reads it when present (a sidecar that no longer matches the checkpoint
-// is Error(io)). <dir>/pinstage.xxh3.json for a directory, <file>.pinstage.xxh3.json for a
-// file.
+// Checkpoint::open reads it when present (one that no longer matches the checkpoint, or is
+// broken, is not used: Checkpoint::sidecar_problem says why). <dir>/pinstage.xxh3.json for a
+// directory, <file>.pinstage.xxh3.json for a file.
 inline constexpr const char* kHashSidecarName = "pinstage.xxh3.json";
 PINSTAGE_API std::string hash_sidecar_path(const std::string& checkpoint_path);
+// Error(io) with checkpoint.sidecar_problem() when `options` ask to verify (verify, with
+// or without verify_if_present) and the sidecar could not be used: the hashes asked for
+// are not there. Nothing otherwise. The CLI, Python and the TP loads call it before
+// loading (and warn when a load that does not verify goes on without the sidecar).
+PINSTAGE_API void check_sidecar(const Checkpoint& checkpoint, const CheckpointLoadOptions& options);
 
 // What hash_checkpoint did.
 struct HashReport {

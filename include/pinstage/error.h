@@ -41,6 +41,14 @@ class PINSTAGE_API Error : public std::runtime_error {
   ErrorCode code_;
 };
 
+// A write into read-only memory refused: a map-mode tensor (the page cache, mapped
+// PROT_READ) given as an OUT or INOUT argument. Code invalid_argument; Python raises
+// pinstage.ReadOnlyError, an InvalidArgumentError.
+class PINSTAGE_API ReadOnlyError : public Error {
+ public:
+  explicit ReadOnlyError(const std::string& message);
+};
+
 // ErrorCode of a platform ABI status (ps_status); PS_OK is not an error.
 PINSTAGE_API ErrorCode error_code_from_status(int status);
 // The ps_status a plugin returns for an Error it caught (PS_ERR_INTERNAL for the codes

@@ -35,16 +35,20 @@ PINSTAGE_API std::optional<Direction> parse_direction(std::string_view name);
 class PINSTAGE_API Storage {
  public:
   // `owner` keeps `data` alive; dropping the last reference releases it. data may be
-  // null only when bytes is 0.
-  Storage(void* data, size_t bytes, bool pinned, std::shared_ptr<void> owner);
+  // null only when bytes is 0. `read_only`: memory nothing may write (a map-mode
+  // tensor's page cache, mapped PROT_READ); TaskArgs refuses it as an OUT or INOUT.
+  Storage(void* data, size_t bytes, bool pinned, std::shared_ptr<void> owner,
+          bool read_only = false);
   void* data() const noexcept { return data_; }
   size_t bytes() const noexcept { return bytes_; }
   bool pinned() const noexcept { return pinned_; }
+  bool read_only() const noexcept { return read_only_; }
 
  private:
   void* data_;
   size_t bytes_;
   bool pinned_;
+  bool read_only_;
   std::shared_ptr<void> owner_;  // releasing it frees the memory
 };
 
@@ -164,7 +168,8 @@ class PINSTAGE_API Tensor {
 // The ordered, named arguments of one task.
 class PINSTAGE_API TaskArgs {
  public:
-  // Appends; throws Error(invalid_argument) on a duplicate name.
+  // Appends; throws Error(invalid_argument) on a duplicate name, and ReadOnlyError for
+  // an OUT or INOUT tensor whose storage is read-only (a run would write it back).
   void add(Tensor tensor);
   size_t size() const noexcept { return tensors_.size(); }
   bool empty() const noexcept { return tensors_.empty(); }

@@ -362,7 +362,7 @@ class SafeSlice:
     def get_dtype(self) -> str: ...
     def __getitem__(self, index: Any) -> Any: ...
 
-# A torch.Tensor subclass whose in-place ops raise ReadOnlyError (map-mode loads); stubbed
+# A torch.Tensor subclass that refuses every write with ReadOnlyError (map-mode loads); stubbed
 # as a type so the stub does not repeat torch.Tensor's members.
 ReadOnlyTensor: type[torch.Tensor]
 

@@ -22,6 +22,7 @@ import torch
 
 from . import _pinstage
 from ._pinstage import InvalidArgumentError, Worker
+from ._readonly import ReadOnlyError, ReadOnlyTensor  # noqa: F401  (pinstage.ReadOnlyError)
 
 # Each safetensors dtype by torch's name for it. Where this torch has no such dtype, the
 # 1-byte floats come as their raw bytes (uint8 of the same shape: Debian's torch 2.x
@@ -44,6 +45,20 @@ def _torch_dtype(name, tensor):
         raise InvalidArgumentError(
             f"tensor {tensor!r} is {name}, which this torch ({torch.__version__}) has no dtype for")
     return dtype
+
+
+def _open_checkpoint(path, who, verify=False):
+    """The checkpoint at `path`, opened for `who`. A hash sidecar that could not be used
+    (stale: a file changed since `pinstage hash`; or broken) refuses a load that verifies
+    (pinstage.Error, code 'io') and is a warning for one that does not: a hash nobody asked
+    to check does not block a load."""
+    checkpoint = _pinstage._Checkpoint(path, who)
+    checkpoint.check_sidecar(bool(verify))
+    if checkpoint.sidecar_problem:
+        import warnings
+        warnings.warn(f"{who}: {checkpoint.sidecar_problem}; loading without its hashes "
+                      "(nothing asked to verify)", stacklevel=3)
+    return checkpoint
 
 
 # `worker` is a required keyword argument of safe_open, load_file and load_to_device: the
@@ -253,73 +268,6 @@ def _element_type(info, name, framework):
     return _torch_dtype(info["dtype"], name)
 
 
-class ReadOnlyError(InvalidArgumentError):
-    """A write to a tensor of a map-mode load (a read-only view of the page cache)."""
-
-
-# The in-place dunders torch routes through __torch_function__ (the other in-place ops end
-# in "_": add_, copy_, zero_...).
-_INPLACE = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",
-            "__ifloordiv__", "__imod__", "__ipow__", "__imatmul__", "__iand__", "__ior__",
-            "__ixor__", "__ilshift__", "__irshift__"}
-# Trailing-underscore methods that change no element.
-_HARMLESS = {"requires_grad_", "retain_grad", "share_memory_", "_fix_weakref"}
-
-
-def _writes(func, args, kwargs):
-    name = getattr(func, "__name__", "")
-    if name in _INPLACE or (name.endswith("_") and not name.startswith("__")
-                            and name not in _HARMLESS):
-        return bool(args) and isinstance(args[0], ReadOnlyTensor)
-    out = kwargs.get("out")
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    return any(isinstance(o, ReadOnlyTensor) for o in outs)
-
-
-class ReadOnlyTensor(torch.Tensor):
-    """A torch tensor of a map-mode load: a view of a checkpoint file's page cache, pinned
-    in place and mapped read-only. torch has no read-only tensors, so an in-place op on
-    one (add_, copy_, t[0] = 1, out=t) raises ReadOnlyError instead of the segfault a
-    write to read-only memory would be; clone() gives a writable copy. Views of it (t[0],
-    t.view(...)) are ReadOnlyTensors too; new results are plain tensors."""
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if _writes(func, args, kwargs):
-            raise ReadOnlyError(
-                f"{getattr(func, '__name__', 'this op')}: the tensor is a read-only view of "
-                "a mapped checkpoint (mode='map'); clone() it for a writable copy, or load "
-                "with mode='copy'")
-        with torch._C.DisableTorchFunction():
-            result = func(*args, **kwargs)
-        return _rewrap(result, args)
-
-
-def _mapped_span(args):
-    """The (start, end) addresses of the mapped tensors among `args`."""
-    spans = []
-    for a in args:
-        if isinstance(a, ReadOnlyTensor):
-            with torch._C.DisableTorchFunction():
-                st = a.untyped_storage() if hasattr(a, "untyped_storage") else a.storage()
-                spans.append((st.data_ptr(), st.data_ptr() + st.nbytes()))
-    return spans
-
-
-def _rewrap(result, args):
-    """Results that share a mapped tensor's memory (views) stay read-only."""
-    if isinstance(result, (tuple, list)):
-        return type(result)(_rewrap(r, args) for r in result)
-    if not isinstance(result, torch.Tensor) or isinstance(result, ReadOnlyTensor):
-        return result
-    with torch._C.DisableTorchFunction():
-        ptr = result.data_ptr() if result.numel() > 0 else 0
-    if any(lo <= ptr < hi for lo, hi in _mapped_span(args)):
-        return result.as_subclass(ReadOnlyTensor)
-    return result
-
-
 def _view(buffer, info, name, framework="pt", mapped=False):
     """The torch (or NumPy) view of a buffer holding tensor `name`'s bytes: info's nbytes,
     dtype and shape (a slice's shape, for a slice). `mapped`: a map-mode tensor (read-only:
@@ -337,7 +285,7 @@ def _view(buffer, info, name, framework="pt", mapped=False):
     if mapped:
         flat = (torch.from_dlpack(buffer.__dlpack__()) if nbytes > 0
                 else torch.empty(0, dtype=torch.uint8))
-        return flat.view(dtype).view(info["shape"]).as_subclass(ReadOnlyTensor)
+        return ReadOnlyTensor(flat.view(dtype).view(info["shape"]))
     flat = torch.from_dlpack(buffer)  # uint8 [len(buffer)]: one counted view of the buffer
     return flat[:nbytes].view(dtype).view(info["shape"])
 
@@ -440,7 +388,7 @@ class safe_open(_ReadCounter):  # noqa: N801 (the safetensors name)
                 f"safe_open: device must be 'cpu' (pinned host memory), got {device!r}; "
                 "use pinstage.load_to_device for the device")
         self._options = _options("safe_open", threads, chunk_bytes, verify, False)
-        self._checkpoint = _pinstage._Checkpoint(path, "safe_open")
+        self._checkpoint = _open_checkpoint(path, "safe_open", self._options["verify"])
         self._worker = worker
 
     def __enter__(self):
@@ -705,7 +653,7 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
     if into is not None and target is not None:
         raise InvalidArgumentError(f"load_file(): into= is host memory, but device={device!r}; "
                                    "load into pinned tensors with device='cpu'")
-    checkpoint = _pinstage._Checkpoint(path, "load_file")
+    checkpoint = _open_checkpoint(path, "load_file", options["verify"])
     if into is not None and mode == "map":
         raise InvalidArgumentError("load_file(): into= reads into your tensors, and mode='map' "
                                    "reads nothing: pass one of them")
@@ -740,7 +688,7 @@ def load_to_device(path, *, worker, verify=False, threads=0, chunk_bytes=8 << 20
     mode = _mode(mode, "load_to_device")
     ring_bytes = _int(ring_bytes, "load_to_device", "ring_bytes", 64)
     progress = _progress(progress, "load_to_device")
-    checkpoint = _pinstage._Checkpoint(path, "load_to_device")
+    checkpoint = _open_checkpoint(path, "load_to_device", options["verify"])
     selected = None if names is None else _names(names, checkpoint, "load_to_device")
     with _running(progress):
         return checkpoint.load_to_device(worker, ring_bytes=ring_bytes, names=selected,

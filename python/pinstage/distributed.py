@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from . import _pinstage
 from ._pinstage import InvalidArgumentError, Worker
-from .checkpoint import _torch_dtype, _view
+from .checkpoint import _open_checkpoint, _torch_dtype, _view
 
 READ_MODES = ("own-slices", "once-per-node")
 SHM_DIR = "/dev/shm"
@@ -392,7 +392,7 @@ def load_sharded(path, plan, group=None, read="own-slices", *, tp=None, stage=Tr
 
 def _open(path, plan, tp, gsize, out):
     plan_text, source = _plan_text(plan)
-    checkpoint = _pinstage._Checkpoint(path, "load_sharded")
+    checkpoint = _open_checkpoint(path, "load_sharded")
     if tp is None:
         tp = json.loads(plan_text).get("tp", gsize) if plan_text.lstrip().startswith("{") \
             else gsize

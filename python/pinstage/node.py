@@ -10,7 +10,7 @@ device's NUMA node and a thread team of its own (the C++ WorkerGroup does the wo
 """
 from . import _pinstage
 from ._pinstage import Worker, parse_device_list, split_threads
-from .checkpoint import _int, _options, _progress, _running
+from .checkpoint import _int, _open_checkpoint, _options, _progress, _running
 from .tp import _plan
 
 
@@ -141,7 +141,7 @@ def load_to_devices(path, group, plan=None, *, verify=False, threads=0, chunk_by
     options = _options("load_to_devices", threads, chunk_bytes, verify, direct)
     progress = _progress(progress, "load_to_devices")
     plan = _plan(plan, "load_to_devices")
-    checkpoint = _pinstage._Checkpoint(path, "load_to_devices")
+    checkpoint = _open_checkpoint(path, "load_to_devices", options["verify"])
     with _running(progress):
         ranks, report = group._group.load_tp(checkpoint, plan, progress=progress, **options)
     buffers = [{name: buf for name, _dtype, _shape, buf in rank} for rank in ranks]

@@ -70,9 +70,10 @@ def to_device(self, tensor, non_blocking=False):
     pinned memory, uploaded into a new DeviceBuffer, returned as a torch tensor of the same
     dtype and shape over it (zero-copy; on sim a CPU tensor). non_blocking=True returns a
     PendingTensor at once (wait() gives the tensor)."""
-    from .torch_alloc import PinnedTorchAllocator
+    from .torch_alloc import PinnedTorchAllocator, _check_dtype
     who = "Worker.to_device"
     host = _host_tensor(tensor, who)
+    _check_dtype(host.dtype, who)  # named as this call, not the allocator it uses
     if self.initialized and self.backend == "acl":  # refused before anything is copied
         raise _unsupported(who)
     alloc = PinnedTorchAllocator(self)
@@ -92,11 +93,12 @@ def to_host(self, tensor, non_blocking=False):
     DeviceLoad.tensor) copied into a new tensor in pinned memory: a CPU torch tensor of the
     same dtype and shape (tensor.numpy() shares it with NumPy). non_blocking=True returns a
     PendingTensor at once (a DeviceLoad tensor's copy is done before it returns)."""
-    from .torch_alloc import PinnedTorchAllocator
+    from .torch_alloc import PinnedTorchAllocator, _check_dtype
     torch = _torch()
     who = "Worker.to_host"
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{who}: expected a torch.Tensor, not {type(tensor).__name__}")
+    _check_dtype(tensor.dtype, who)
     if not tensor.is_contiguous():
         raise InvalidArgumentError(f"{who}: the device tensor is not contiguous "
                                    f"(strides {tensor.stride()})")

@@ -17,7 +17,7 @@ from . import _pinstage
 from ._pinstage import TpPlan
 from ._pinstage import InvalidArgumentError
 from .checkpoint import (_check_worker, _device, _element_type, _framework, _int, _mode,
-                         _options, _progress, _read, _running, _view)
+                         _open_checkpoint, _options, _progress, _read, _running, _view)
 
 
 def _plan(plan, who):
@@ -79,7 +79,7 @@ def load_tp(path, tp, plan=None, *, worker, framework="pt", verify=False, thread
                                    "device memory; pass framework='pt' with it")
     progress = _progress(progress, "load_tp")
     plan = _plan(plan, "load_tp")
-    checkpoint = _pinstage._Checkpoint(path, "load_tp")
+    checkpoint = _open_checkpoint(path, "load_tp", options["verify"])
     for name in checkpoint.keys():
         _element_type(checkpoint.info(name), name, kind)  # before any memory is taken
     with _running(progress):

@@ -664,6 +664,20 @@ void bind_checkpoint(py::module_& m) {
           "list[str]: the shard files.")
       .def_property_readonly("total_bytes", &Checkpoint::total_bytes,
                              "int: the bytes of all tensors.")
+      .def_property_readonly("sidecar_problem", &Checkpoint::sidecar_problem,
+                             "str: why the hash sidecar was not used ('' when it was, or there "
+                             "is none).")
+      .def(
+          "check_sidecar",
+          [](const Checkpoint& c, bool verify) {
+            CheckpointLoadOptions o;
+            o.verify = verify;
+            check_sidecar(c, o);
+          },
+          py::arg("verify"),
+          method_doc("check_sidecar(verify: bool) -> None",
+                     "Error (code 'io') naming sidecar_problem when verify and the sidecar "
+                     "was not used."))
       .def(
           "keys",
           [](const Checkpoint& c) {

@@ -325,20 +325,24 @@ uint64_t typed_bytes(const py::object& dtype, const py::object& shape, const std
   py::object torch = py::module_::import("torch");
   if (!py::isinstance(dtype, torch.attr("dtype")))
     throw py::type_error(who + ": dtype must be a torch.dtype, not " + type_name(dtype));
-  uint64_t count = 1;
+  const auto itemsize = torch.attr("empty")(py::tuple(), py::arg("dtype") = dtype)
+                            .attr("element_size")()
+                            .cast<uint64_t>();
+  // The bytes, not only the count, stay under 2**62: (2**61 + 1,) float64 wrapped past
+  // 2**64 to 8 bytes and passed the size check (issue 47).
+  uint64_t bytes = itemsize;
   for (const py::handle d : shape) {
     const int64_t n = int_arg(d, who + ": shape");
     if (n < 0)
       throw Error(ErrorCode::invalid_argument,
                   who + ": shape " + py::repr(shape).cast<std::string>() + " has a negative size");
-    if (n > 0 && count > (uint64_t{1} << 62) / static_cast<uint64_t>(n))
+    if (n > 0 && bytes > (uint64_t{1} << 62) / static_cast<uint64_t>(n))
       throw Error(ErrorCode::invalid_argument,
-                  who + ": shape " + py::repr(shape).cast<std::string>() + " is too large");
-    count *= static_cast<uint64_t>(n);
+                  who + ": shape " + py::repr(shape).cast<std::string>() + " of " +
+                      py::str(dtype).cast<std::string>() + " is too large (over 2**62 bytes)");
+    bytes *= static_cast<uint64_t>(n);
   }
-  const auto itemsize =
-      torch.attr("empty")(py::tuple(), py::arg("dtype") = dtype).attr("element_size")();
-  return count * itemsize.cast<uint64_t>();
+  return bytes;
 }
 
 // DeviceBuffer.__dlpack__: the device memory itself, as uint8 [nbytes], no copy.

@@ -1,6 +1,7 @@
 // pinstage::Error -> pinstage.Error (a RuntimeError) carrying .code, the stable
 // error_code_name string; invalid_argument -> pinstage.InvalidArgumentError, which is
-// also a ValueError; pinstage::BindError -> pinstage.BindError with .phase and .tensor.
+// also a ValueError (pinstage::ReadOnlyError -> its subclass pinstage.ReadOnlyError);
+// pinstage::BindError -> pinstage.BindError with .phase and .tensor.
 #include "common.h"
 
 #include "pinstage/bind.h"
@@ -12,6 +13,7 @@ namespace {
 PyObject* g_error = nullptr;
 PyObject* g_invalid_argument = nullptr;
 PyObject* g_bind_error = nullptr;
+PyObject* g_read_only = nullptr;
 
 PyObject* new_exception(const char* name, const char* doc, PyObject* bases,
                         const char* code_default) {
@@ -53,11 +55,18 @@ void register_errors(py::module_& m) {
       "A bind failed: .phase names the step ('device_alloc', 'upload', 'verify', 'execute', "
       "'download', 'release') and .tensor the argument ('' when the step concerns none).",
       g_error, nullptr);
+  g_read_only = new_exception(
+      "ReadOnlyError",
+      "A write to read-only memory refused: a map-mode tensor (a view of a checkpoint's page "
+      "cache) written in place, given as out=, or as a TaskArgs 'out'/'inout'. clone() it "
+      "for a writable copy, or load with mode='copy'.",
+      g_invalid_argument, "invalid_argument");
   PyObject_SetAttrString(g_bind_error, "phase", Py_None);
   PyObject_SetAttrString(g_bind_error, "tensor", Py_None);
   m.attr("Error") = py::handle(g_error);
   m.attr("InvalidArgumentError") = py::handle(g_invalid_argument);
   m.attr("BindError") = py::handle(g_bind_error);
+  m.attr("ReadOnlyError") = py::handle(g_read_only);
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -67,6 +76,8 @@ void register_errors(py::module_& m) {
       extra["phase"] = bind_phase_name(e.phase());
       extra["tensor"] = e.tensor();
       raise(g_bind_error, e, extra);
+    } catch (const ReadOnlyError& e) {
+      raise(g_read_only, e);
     } catch (const Error& e) {
       raise(e.code() == ErrorCode::invalid_argument ? g_invalid_argument : g_error, e);
     }

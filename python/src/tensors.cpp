@@ -172,7 +172,12 @@ void add_tensor(PyArgs& a, const py::object& name_obj, const py::object& tensor,
     py::object buffer_obj = py::cast(buffer, py::return_value_policy::reference);
     owner = py::make_tuple(tensor, make_lease(buffer_obj, buffer, LeaseHolder::args, name));
   }
-  auto storage = std::make_shared<Storage>(data, nbytes, buffer != nullptr, python_owner(owner));
+  // A map-mode tensor's memory is the page cache mapped PROT_READ: TaskArgs refuses it
+  // as OUT or INOUT (ReadOnlyError) instead of letting a run write it back.
+  const bool read_only =
+      py::isinstance(tensor, py::module_::import("pinstage._readonly").attr("ReadOnlyTensor"));
+  auto storage =
+      std::make_shared<Storage>(data, nbytes, buffer != nullptr, python_owner(owner), read_only);
   a.args.add(Tensor(name, *dtype, std::move(shape), *dir, std::move(storage)));
 }
 

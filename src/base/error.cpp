@@ -21,6 +21,9 @@ const char* error_code_name(ErrorCode code) { return enum_name(code, kCodeNames,
 Error::Error(ErrorCode code, const std::string& message)
     : std::runtime_error(message), code_(code) {}
 
+ReadOnlyError::ReadOnlyError(const std::string& message)
+    : Error(ErrorCode::invalid_argument, message) {}
+
 // The statuses PS_ERR_INVALID_ARGUMENT (-1) .. PS_ERR_BACKEND (-9) are the first nine
 // codes, in order; anything else is internal.
 ErrorCode error_code_from_status(int status) {

@@ -352,7 +352,15 @@ Checkpoint Checkpoint::open(const std::string& path) {
     merge_metadata(c.metadata_, origin, index->metadata, path + "/" + kCheckpointIndexName);
   }
   for (const CheckpointFile& f : c.files_) merge_metadata(c.metadata_, origin, f.metadata, f.path);
-  if (!t_skip_sidecar) detail::apply_hash_sidecar(path, c.files_, c.tensors_);
+  if (!t_skip_sidecar) {
+    std::vector<CheckpointTensor> hashed = c.tensors_;  // all of the sidecar or none of it
+    try {
+      detail::apply_hash_sidecar(path, c.files_, hashed);
+      c.tensors_ = std::move(hashed);
+    } catch (const Error& e) {
+      c.sidecar_problem_ = e.what();
+    }
+  }
   return c;
 }
 

@@ -126,6 +126,13 @@ uint64_t hash_tensor(int fd, const CheckpointTensor& t, uint64_t chunk, std::vec
 
 }  // namespace
 
+void check_sidecar(const Checkpoint& checkpoint, const CheckpointLoadOptions& options) {
+  if (options.verify && !checkpoint.sidecar_problem().empty())
+    throw Error(ErrorCode::io, checkpoint.sidecar_problem() +
+                                   " (a load that verifies needs its hashes; or load without "
+                                   "verify)");
+}
+
 std::string hash_sidecar_path(const std::string& checkpoint_path) {
   std::error_code ec;
   if (fs::is_directory(checkpoint_path, ec))

@@ -280,7 +280,8 @@ TpHostLoad load_tp_to_host(const Checkpoint& c, const TpPlan& plan, int tp,
   std::vector<const CheckpointTensor*> all;
   all.reserve(decisions.size());
   for (const TpDecision& d : decisions) all.push_back(d.tensor);
-  detail::check_verifiable(c, all, o);  // every refusal before any memory is taken
+  check_sidecar(c, o);  // every refusal before any memory is taken
+  detail::check_verifiable(c, all, o);
   const Stopwatch total;
   TpHostLoad out;
   out.tp = tp;

@@ -148,7 +148,7 @@ HostLoad map_to_host(const Checkpoint& c, const std::vector<const CheckpointTens
         const_cast<unsigned char*>(m->data()) + t->offset;  // NOLINT: read-only view
     if (m->pinned())
       out.tensors.push_back(
-          {*t, std::make_shared<Storage>(t->bytes > 0 ? at : nullptr, t->bytes, true, m)});
+          {*t, std::make_shared<Storage>(t->bytes > 0 ? at : nullptr, t->bytes, true, m, true)});
     else
       out.tensors.push_back({*t, pool.allocate(static_cast<size_t>(t->bytes))});
   }

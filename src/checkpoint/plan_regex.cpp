@@ -1,11 +1,15 @@
 // A plan rule's regex: a recursive-descent parser of the documented subset (its depth
 // bounded by the group limit, never by the name), a compiler to NFA instructions, and a
 // Thompson simulation over the name with an explicit stack (docs/loading.md, "Regex rules").
+// Pattern and name are UTF-8 and match by character: a non-ASCII character compiles to its
+// byte sequence, `.` and negated classes to "any ASCII byte of the set, or any multi-byte
+// character", so the automaton still reads bytes and stays linear in the name.
 #include "checkpoint/plan_regex.h"
 
 #include <cctype>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 
 namespace pinstage::detail {
@@ -42,11 +46,96 @@ Node leaf(Node::Kind kind, ByteSet set = {}) {
   return n;
 }
 
+ByteSet ascii() { return byte_range(0, 0x7f); }
+
+// The bytes of one character, in order.
+Node sequence(std::string_view bytes) {
+  if (bytes.size() == 1) return leaf(Node::bytes, one(static_cast<unsigned char>(bytes[0])));
+  Node cat = leaf(Node::concat);
+  for (char b : bytes) cat.kids.push_back(leaf(Node::bytes, one(static_cast<unsigned char>(b))));
+  return cat;
+}
+
+// Any character of two, three or four bytes (the lead byte says how many follow).
+Node any_multibyte() {
+  const ByteSet next = byte_range(0x80, 0xbf);
+  Node alt = leaf(Node::alternate);
+  for (const auto& [lo, hi, follow] :
+       {std::tuple{0xc2, 0xdf, 1}, {0xe0, 0xef, 2}, {0xf0, 0xf4, 3}}) {
+    Node cat = leaf(Node::concat);
+    cat.kids.push_back(leaf(Node::bytes, byte_range(lo, hi)));
+    for (int k = 0; k < follow; ++k) cat.kids.push_back(leaf(Node::bytes, next));
+    alt.kids.push_back(std::move(cat));
+  }
+  return alt;
+}
+
+// A set of characters: ASCII ones as bytes, plus every multi-byte character or a list of
+// them (each as its UTF-8 bytes).
+struct CharSet {
+  ByteSet bytes;
+  bool multibyte = false;
+  std::vector<std::string> chars;
+
+  CharSet& operator|=(const CharSet& o) {
+    bytes |= o.bytes;
+    multibyte = multibyte || o.multibyte;
+    chars.insert(chars.end(), o.chars.begin(), o.chars.end());
+    return *this;
+  }
+};
+
+CharSet ascii_set(ByteSet bytes) { return {bytes & ascii(), false, {}}; }
+// The complement of an ASCII class (\D, \W, \S): the other ASCII bytes and every
+// multi-byte character.
+CharSet all_but(ByteSet bytes) { return {ascii() & ~bytes, true, {}}; }
+
+Node set_node(const CharSet& s) {
+  Node alt = leaf(Node::alternate);
+  if (s.bytes.any() || (!s.multibyte && s.chars.empty()))
+    alt.kids.push_back(leaf(Node::bytes, s.bytes));
+  if (s.multibyte) alt.kids.push_back(any_multibyte());
+  for (const std::string& c : s.chars) alt.kids.push_back(sequence(c));
+  if (alt.kids.size() == 1) return std::move(alt.kids.front());
+  return alt;
+}
+
+// The length of the well-formed UTF-8 character at text[i] (RFC 3629: no overlong forms,
+// surrogates or code points past U+10FFFF), or 0.
+size_t utf8_length(std::string_view text, size_t i) {
+  const auto at = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = at(i);
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
+  if (c >= 0xc2 && c <= 0xdf)
+    n = 2;
+  else if (c >= 0xe0 && c <= 0xef)
+    n = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
+  else if (c >= 0xf0 && c <= 0xf4)
+    n = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
+  if (n == 0 || i + n > text.size() || at(i + 1) < lo || at(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k)
+    if (at(i + k) < 0x80 || at(i + k) > 0xbf) return 0;
+  return n;
+}
+
+// U+0080..U+00FF (\xHH past ASCII) as UTF-8.
+std::string latin1(int value) {
+  return {static_cast<char>(0xc0 | (value >> 6)), static_cast<char>(0x80 | (value & 0x3f))};
+}
+
 class Parser {
  public:
   explicit Parser(std::string_view p) : p_(p) {}
 
   Node parse() {
+    for (size_t i = 0; i < p_.size();) {
+      const size_t n = utf8_length(p_, i);
+      if (n == 0)
+        bad(i, "a byte that is not UTF-8 (a pattern is UTF-8 text, matched by character)");
+      i += n;
+    }
     Node n = alternation(0);
     if (more()) bad(i_, "a ')' with no '(' before it (write \\) for the character)");
     return n;
@@ -143,19 +232,20 @@ class Parser {
       case ']':
         bad(at, std::string("a lone '") + c + "' (write \\" + c + " for the character)");
       case '.':
-        return leaf(Node::bytes, ~(one('\n') | one('\r')));
+        return set_node(all_but(one('\n') | one('\r')));
       case '^':
         return leaf(Node::begin);
       case '$':
         return leaf(Node::end);
       case '[':
-        return leaf(Node::bytes, char_class(at));
+        return set_node(char_class(at));
       case '\\':
-        return leaf(Node::bytes, escape(at, false));
+        return set_node(escape(at, false));
       case '(':
         return group(at, depth);
       default:
-        return leaf(Node::bytes, one(static_cast<unsigned char>(c)));
+        i_ = at + utf8_length(p_, at);  // a character of one to four bytes
+        return sequence(p_.substr(at, i_ - at));
     }
   }
 
@@ -179,87 +269,112 @@ class Parser {
     return std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : (std::tolower(c) - 'a' + 10);
   }
 
-  ByteSet escape(size_t at, bool in_class) {
+  CharSet escape(size_t at, bool in_class) {
     if (!more()) bad(at, "a '\\' at the end");
+    const size_t from = i_;
     const char c = p_[i_++];
     switch (c) {
       case 'd':
-        return digits();
+        return ascii_set(digits());
       case 'D':
-        return ~digits();
+        return all_but(digits());
       case 'w':
-        return word();
+        return ascii_set(word());
       case 'W':
-        return ~word();
+        return all_but(word());
       case 's':
-        return space();
+        return ascii_set(space());
       case 'S':
-        return ~space();
+        return all_but(space());
       case 't':
-        return one('\t');
+        return ascii_set(one('\t'));
       case 'n':
-        return one('\n');
+        return ascii_set(one('\n'));
       case 'r':
-        return one('\r');
+        return ascii_set(one('\r'));
       case 'f':
-        return one('\f');
+        return ascii_set(one('\f'));
       case 'v':
-        return one('\v');
-      case 'x': {
+        return ascii_set(one('\v'));
+      case 'x': {  // U+00HH, as ECMAScript reads it: past ASCII, two bytes of UTF-8
         const int hi = hex_digit(at);
-        return one(static_cast<unsigned char>(hi * 16 + hex_digit(at)));
+        const int value = hi * 16 + hex_digit(at);
+        return value < 0x80 ? ascii_set(one(static_cast<unsigned char>(value)))
+                            : CharSet{{}, false, {latin1(value)}};
       }
       default:
         break;
     }
-    if (c == '0' && !(more() && std::isdigit(static_cast<unsigned char>(peek())))) return one(0);
-    if (c == 'b' && in_class) return one('\b');
+    if (static_cast<unsigned char>(c) >= 0x80) {  // an escaped character stands for itself
+      i_ = from + utf8_length(p_, from);
+      return {{}, false, {std::string(p_.substr(from, i_ - from))}};
+    }
+    if (c == '0' && !(more() && std::isdigit(static_cast<unsigned char>(peek()))))
+      return ascii_set(one(0));
+    if (c == 'b' && in_class) return ascii_set(one('\b'));
     if (std::isdigit(static_cast<unsigned char>(c)))
       bad(at, "a backreference '\\" + std::string(1, c) + "' (not supported)");
     if (c == 'b' || c == 'B')
       bad(at, "a word boundary '\\" + std::string(1, c) + "' (not supported)");
     if (std::isalnum(static_cast<unsigned char>(c)))
       bad(at, "an unknown escape '\\" + std::string(1, c) + "'");
-    return one(static_cast<unsigned char>(c));  // escaped punctuation stands for itself
+    return ascii_set(one(static_cast<unsigned char>(c)));  // escaped punctuation
   }
 
-  // One item of a class: its byte, or -1 for a class escape such as \d (set in `s`).
-  int class_item(size_t at, ByteSet& s) {
+  // One item of a class: its set, and its character's bytes when it is one character
+  // ("" for a class escape such as \d).
+  struct Item {
+    CharSet set;
+    std::string character;
+  };
+
+  Item class_item(size_t at) {
     if (peek() != '\\') {
-      const auto c = static_cast<unsigned char>(p_[i_++]);
-      s = one(c);
-      return c;
+      const size_t n = utf8_length(p_, i_);
+      std::string character(p_.substr(i_, n));
+      i_ += n;
+      if (n > 1) return {{{}, false, {character}}, character};
+      return {ascii_set(one(static_cast<unsigned char>(character[0]))), character};
     }
     ++i_;
-    s = escape(at, true);
-    if (s.count() != 1) return -1;
-    for (int c = 0; c < 256; ++c)
-      if (s.test(static_cast<size_t>(c))) return c;
-    return -1;
+    Item item{escape(at, true), ""};
+    const CharSet& s = item.set;
+    if (!s.multibyte && s.chars.empty() && s.bytes.count() == 1)
+      for (int c = 0; c < 0x80; ++c)
+        if (s.bytes.test(static_cast<size_t>(c)))
+          item.character = std::string(1, static_cast<char>(c));
+    if (!s.multibyte && s.bytes.none() && s.chars.size() == 1) item.character = s.chars.front();
+    return item;
   }
 
-  ByteSet char_class(size_t at) {
+  CharSet char_class(size_t at) {
     const bool negate = more() && peek() == '^';
     if (negate) ++i_;
-    ByteSet set;
+    CharSet set;
     for (;;) {
       if (!more()) bad(at, "a '[' that is never closed");
       if (peek() == ']') break;
-      ByteSet lo_set;
-      const int lo = class_item(at, lo_set);
+      const Item lo = class_item(at);
       if (i_ + 1 < p_.size() && peek() == '-' && p_[i_ + 1] != ']') {
         ++i_;
-        ByteSet hi_set;
-        const int hi = class_item(at, hi_set);
-        if (lo < 0 || hi < 0) bad(at, "a range in '[...]' with a class such as \\d at an end");
-        if (hi < lo) bad(at, "a range in '[...]' out of order");
-        set |= byte_range(lo, hi);
+        const Item hi = class_item(at);
+        if (lo.character.empty() || hi.character.empty())
+          bad(at, "a range in '[...]' with a class such as \\d at an end");
+        if (lo.character.size() > 1 || hi.character.size() > 1)
+          bad(at, "a range in '[...]' with a non-ASCII end (not supported: list its characters)");
+        const auto a = static_cast<unsigned char>(lo.character[0]);
+        const auto b = static_cast<unsigned char>(hi.character[0]);
+        if (b < a) bad(at, "a range in '[...]' out of order");
+        set.bytes |= byte_range(a, b);
       } else {
-        set |= lo_set;
+        set |= lo.set;
       }
     }
     ++i_;
-    return negate ? ~set : set;
+    if (!negate) return set;
+    if (!set.chars.empty())
+      bad(at, "a negated class '[^...]' with a non-ASCII character (not supported)");
+    return {ascii() & ~set.bytes, !set.multibyte, {}};
   }
 
   std::string_view p_;

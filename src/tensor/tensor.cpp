@@ -23,8 +23,8 @@ std::optional<Direction> parse_direction(std::string_view name) {
   return enum_from_name<Direction>(upper, kDirectionNames);
 }
 
-Storage::Storage(void* data, size_t bytes, bool pinned, std::shared_ptr<void> owner)
-    : data_(data), bytes_(bytes), pinned_(pinned), owner_(std::move(owner)) {
+Storage::Storage(void* data, size_t bytes, bool pinned, std::shared_ptr<void> owner, bool read_only)
+    : data_(data), bytes_(bytes), pinned_(pinned), read_only_(read_only), owner_(std::move(owner)) {
   if (data_ == nullptr && bytes_ != 0)
     throw Error(ErrorCode::invalid_argument,
                 "Storage: null data with " + std::to_string(bytes_) + " bytes");
@@ -105,6 +105,12 @@ void TaskArgs::add(Tensor tensor) {
   if (find(tensor.name()) != nullptr)
     throw Error(ErrorCode::invalid_argument, "TaskArgs: a tensor named '" + tensor.name() +
                                                  "' is already there; names must be unique");
+  if (tensor.direction() != Direction::in && tensor.storage()->read_only())
+    throw ReadOnlyError("TaskArgs: tensor '" + tensor.name() + "' is read-only memory (a " +
+                        "map-mode load's view of the page cache), and as " +
+                        direction_name(tensor.direction()) +
+                        " a run would write it; pass a writable copy (clone() in Python, or "
+                        "load with mode 'copy'), or add it as IN");
   tensors_.push_back(std::move(tensor));
 }
 

@@ -19,3 +19,7 @@ pinstage_sim_gtest(test_segment_sources LABELS runtime checkpoint)
 # load's alloc_s.
 pinstage_sim_gtest(test_newcomer49 ${PROJECT_SOURCE_DIR}/src/checkpoint/folios.cpp
                    LABELS checkpoint)
+
+# Issue 47 in the library: read-only memory (a map-mode load's page cache) refused as an
+# OUT or INOUT argument.
+pinstage_sim_gtest(test_readonly47 LABELS tensor checkpoint)

@@ -118,19 +118,29 @@ class Defects41Files : public test::TempDirTest {
   Defects41Files() : TempDirTest("defects41") {}
 };
 
-TEST_F(Defects41Files, AStaleSidecarIsNamedStaleAtOpen) {
+// Issue 47: the stale sidecar no longer blocks a load that does not verify.
+TEST_F(Defects41Files, AStaleSidecarIsNamedStaleAndRefusesOnlyAVerifiedLoad) {
   const std::string f = path("hf.safetensors");
   write_u8(f, {{"w", std::string(64, 'a')}});
   hash_checkpoint(Checkpoint::open(f));
   fs::rename(f, path("old"));  // re-saved by its writer: a new file, same layout
   write_u8(f, {{"w", std::string(64, 'b')}});
-  const Error e = error_of([&] { Checkpoint::open(f); });
+  const Checkpoint c = Checkpoint::open(f);
+  const std::string& why = c.sidecar_problem();
+  EXPECT_NE(why.find("is stale: 'hf.safetensors' changed since it was recorded"), std::string::npos)
+      << why;
+  EXPECT_NE(why.find("run `pinstage hash " + f + "` to replace it"), std::string::npos) << why;
+  EXPECT_FALSE(c.get("w").xxh3) << "the stale sidecar's hash was taken";
+  CheckpointLoadOptions verify;
+  verify.verify = verify.verify_if_present = true;
+  const Error e = error_of([&] { check_sidecar(c, verify); });
   EXPECT_EQ(e.code(), ErrorCode::io);
-  EXPECT_NE(what(e).find("is stale: 'hf.safetensors' changed since it was recorded"),
-            std::string::npos)
-      << e.what();
-  EXPECT_NE(what(e).find("run `pinstage hash " + f + "` to replace it"), std::string::npos)
-      << e.what();
+  EXPECT_NE(what(e).find(why), std::string::npos) << e.what();
+  EXPECT_NO_THROW(check_sidecar(c, {}));
+  PageableAllocator pageable;
+  const HostLoad load = load_to_host(c, pageable);  // the new bytes, unverified
+  EXPECT_EQ(std::string(static_cast<const char*>(load.tensors[0].storage->data()), 64),
+            std::string(64, 'b'));
 }
 
 TEST_F(Defects41Files, AShardDirectoryMissingANumberedShardIsRefused) {
