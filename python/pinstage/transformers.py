@@ -51,10 +51,11 @@ def _refuse_cast(state, dtype):
 
 
 def _copied(model, state):
-    """(count, bytes) of the parameters and buffers that are not views of the mapping."""
+    """(count, bytes) of the parameters that are not views of the mapping (buffers such as
+    rotary tables are computed, never loaded)."""
     spans = _mapped_span(list(state.values()))
     count = nbytes = 0
-    for t in list(model.parameters()) + list(model.buffers()):
+    for t in model.parameters():
         with torch._C.DisableTorchFunction():
             ptr, size = t.data_ptr(), t.numel() * t.element_size()
         if size and not any(lo <= ptr < hi for lo, hi in spans):
@@ -89,7 +90,7 @@ def from_pretrained(model_class, path, *, worker, mode="map", config=None, threa
         mapped = sum(t.nbytes for t in state.values() if isinstance(t, ReadOnlyTensor))
         if count and nbytes > 0.01 * mapped:
             warnings.warn(
-                f"pinstage.transformers.from_pretrained: {count} parameter(s) and buffer(s) "
+                f"pinstage.transformers.from_pretrained: {count} parameter(s) "
                 f"({nbytes / 1e6:.1f} MB) are not views of the mapped checkpoint (weights the "
                 "checkpoint lacks, or that transformers converted): that memory is a copy "
                 "beside the mapping", stacklevel=2)
