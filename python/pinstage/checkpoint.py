@@ -480,7 +480,8 @@ def _slice_dims(index, shape, name):
 
 class SafeSlice(_ReadCounter):
     """One tensor of a safe_open, read in part: [index] reads the index's bytes alone
-    (rows: one range; columns: one range per row) into fresh pinned memory. `read_bytes`
+    (rows: one range; columns: one range per row) into fresh pinned memory; in map mode it
+    is a read-only view of the pinned file mapping instead, nothing read. `read_bytes`
     counts what this object read from the files."""
 
     def __init__(self, owner, name, info):
@@ -498,6 +499,8 @@ class SafeSlice(_ReadCounter):
 
     def __getitem__(self, index):
         dims, shape = _slice_dims(index, self._info["shape"], self._name)
+        if self._owner._mode == "map":
+            return self._mapped(index)
         nbytes = self._info["element_size"]
         for _, count, _ in dims:
             nbytes *= count
@@ -512,6 +515,15 @@ class SafeSlice(_ReadCounter):
         owner._read_bytes += report["bytes"]
         info = {"nbytes": nbytes, "dtype": self._info["dtype"], "shape": shape}
         return _view(buffer, info, self._name, owner._framework)
+
+    def _mapped(self, index):
+        """Map mode: the index applied to a view of the pinned file mapping, nothing read
+        (a row slice is contiguous, a column slice strided); every rank of a node that
+        slices the same file shares its page cache."""
+        owner = self._owner
+        tensors, owner.report = _read(owner._checkpoint, owner._worker, [self._name],
+                                      owner._options, framework=owner._framework, mode="map")
+        return tensors[self._name][index]
 
 
 def _refuse_unknown(what, wanted, keys):
