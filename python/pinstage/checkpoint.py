@@ -675,6 +675,41 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
     return (dict(zip(names, tensors)), got) if report else dict(zip(names, tensors))
 
 
+def iter_tensors(path, *, worker, mode="copy", names=None, verify=False, threads=0,
+                 chunk_bytes=8 << 20, progress=None):
+    """(name, tensor) for each tensor of the checkpoint at `path` (or those `names` selects,
+    as in load_file), in file order, loaded one file at a time as load_file loads them:
+    the engines' weight iterators (docs/engines.md). Memory beyond what the caller keeps is
+    at most one file's tensors (copy mode: that file's pinned copies; map mode: views of
+    that file's mapping). Everything is checked before the first tensor is yielded;
+    `progress(done, total)` counts over the whole checkpoint."""
+    _check_worker(worker, "iter_tensors")
+    options = _options("iter_tensors", threads, chunk_bytes, verify, False)
+    mode = _mode(mode, "iter_tensors")
+    progress = _progress(progress, "iter_tensors")
+    checkpoint = _pinstage._Checkpoint(path, "iter_tensors")
+    selected = _names(names, checkpoint, "iter_tensors")
+    files, sizes = {}, {}
+    for name, info in zip(selected, checkpoint.infos(selected)):
+        _element_type(info, name, "pt")  # refused before anything is yielded
+        files.setdefault(info["file"], []).append(name)
+        sizes[info["file"]] = sizes.get(info["file"], 0) + info["nbytes"]
+    groups = [(files[f], sizes[f]) for f in files]
+    return _each_file(checkpoint, worker, groups, options, mode, progress, sum(sizes.values()))
+
+
+def _each_file(checkpoint, worker, groups, options, mode, progress, total):
+    """iter_tensors' generator: one _read per file, the progress offset by the files before."""
+    offset = 0
+    for names, nbytes in groups:
+        step = None if progress is None else (
+            lambda done, _file_total, base=offset: progress(base + done, total))
+        tensors, _ = _read(checkpoint, worker, names, options, step, mode=mode)
+        yield from tensors.items()
+        offset += nbytes
+        del tensors
+
+
 def load_to_device(path, *, worker, verify=False, threads=0, chunk_bytes=8 << 20,
                    direct=False, ring_bytes=64 << 20, names=None, progress=None, mode="copy"):
     """Streams the checkpoint (or the tensors `names` selects, as in load_file) onto

@@ -30,7 +30,6 @@ except ImportError as e:  # pinstage itself imports without vLLM; this module ne
         f"environment). Importing vLLM failed: {e}") from e
 
 import pinstage
-from .checkpoint import _ProgressBar
 
 LOAD_FORMAT = "pinstage"
 OPTIONS = ("mode", "threads", "verify", "progress")
@@ -75,18 +74,6 @@ def _worker():
     return pinstage.Worker(backend="sim")
 
 
-class _Progress:
-    """One progress bar over the whole checkpoint, fed by per-file loads."""
-
-    def __init__(self, total):
-        self.total = total
-        self.offset = 0
-        self.bar = _ProgressBar("pinstage (vLLM)")
-
-    def __call__(self, done, _file_total):
-        self.bar(self.offset + done, self.total)
-
-
 class PinstageModelLoader(BaseModelLoader):
     """vLLM's `--load-format pinstage`: safetensors checkpoints through pinstage's pinned
     load (docs/engines.md). `options` holds the checked extra config."""
@@ -110,27 +97,13 @@ class PinstageModelLoader(BaseModelLoader):
             ignore_patterns=self.load_config.ignore_patterns)
 
     def weights_iterator(self, model_config):
-        """(name, tensor) for every tensor of the checkpoint, whole, one file at a time (a
-        copy-mode load holds at most one file's tensors beyond what the model keeps)."""
-        folder = self._folder(model_config)
+        """(name, tensor) for every tensor of the checkpoint, whole, one file at a time
+        (pinstage.iter_tensors: a copy-mode load holds at most one file's tensors beyond
+        what the model keeps)."""
         o = self.options
-        worker = _worker()
-        with pinstage.safe_open(folder, worker=worker) as f:
-            files = {}
-            sizes = 0
-            for name in f.keys():
-                info = f.info(name)
-                files.setdefault(info["file"], []).append(name)
-                sizes += info["nbytes"]
-        progress = _Progress(sizes) if o["progress"] else None
-        for names in files.values():
-            tensors = pinstage.load_file(folder, worker=worker, names=names, mode=o["mode"],
-                                         threads=o["threads"], verify=o["verify"],
-                                         progress=progress)
-            yield from tensors.items()
-            if progress is not None:
-                progress.offset += sum(t.nbytes for t in tensors.values())
-            del tensors
+        return pinstage.iter_tensors(self._folder(model_config), worker=_worker(),
+                                     mode=o["mode"], threads=o["threads"], verify=o["verify"],
+                                     progress=o["progress"] or None)
 
     def load_weights(self, model, model_config):
         """Feeds `model.load_weights` every tensor; a weight of an unquantized model that
