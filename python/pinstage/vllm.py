@@ -18,6 +18,7 @@ by DMA, with no bounce buffer. Options (`--model-loader-extra-config`, JSON):
 """
 import gc
 import os
+import time
 
 try:
     from vllm.model_executor.model_loader import register_model_loader
@@ -29,8 +30,11 @@ except ImportError as e:  # pinstage itself imports without vLLM; this module ne
         "requirements/engines.txt; scripts/venv.sh requirements/engines.txt makes that "
         f"environment). Importing vLLM failed: {e}") from e
 
+from vllm.logger import init_logger
+
 import pinstage
 
+logger = init_logger(__name__)
 LOAD_FORMAT = "pinstage"
 OPTIONS = ("mode", "threads", "verify", "progress")
 
@@ -108,6 +112,7 @@ class PinstageModelLoader(BaseModelLoader):
     def load_weights(self, model, model_config):
         """Feeds `model.load_weights` every tensor; a weight of an unquantized model that
         the checkpoint did not give is vLLM's own error naming it."""
+        start = time.perf_counter()
         try:
             loaded = model.load_weights(self.weights_iterator(model_config))
         except pinstage.ReadOnlyError as e:
@@ -117,6 +122,9 @@ class PinstageModelLoader(BaseModelLoader):
                 "'{\"mode\": \"copy\"}'") from e
         finally:
             gc.collect()  # the last file's views: their mapping or pinned memory goes now
+        # vLLM's default loader's line, so what reads its logs reads ours.
+        logger.info("Loading weights took %.2f seconds (pinstage, mode=%s)",
+                    time.perf_counter() - start, self.options["mode"])
         if loaded is not None and model_config.quantization is None:
             # vLLM's own check of a weight the checkpoint did not give, as its default
             # loader runs it on an unquantized model.

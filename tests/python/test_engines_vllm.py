@@ -9,12 +9,12 @@ pinstage.vllm` says what to install (tested in every pass).
 vLLM is only in the engines venv (scripts/engines-check.sh runs this file there with
 PINSTAGE_REQUIRE_ENGINES=1, which makes a missing vLLM an error, not a skip)."""
 import importlib
+import importlib.util
 import json
 import os
 import pathlib
 import subprocess
 import sys
-import tomllib
 import types
 
 import pytest
@@ -53,17 +53,14 @@ def test_pinstage_imports_without_vllm_and_pinstage_vllm_says_what_to_install(
 
 
 def _entry_points_dist(directory):
-    """A dist-info declaring pyproject.toml's vllm.general_plugins entry points as written,
-    so vLLM's plugin loader finds them as it would in an installed pinstage."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    group = project["entry-points"]["vllm.general_plugins"]
-    info = directory / "pinstage_plugin_test-0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pinstage-plugin-test\n"
-                                   "Version: 0\n")
-    lines = "".join(f"{k} = {v}\n" for k, v in group.items())
-    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{lines}")
-    return group
+    """A dist-info declaring pyproject.toml's vllm.general_plugins entry points as written
+    (scripts/lib/vllm_check.py's, which gpu-check-vllm.sh uses too), so vLLM's plugin
+    loader finds them as it would in an installed pinstage; returns the group."""
+    spec = importlib.util.spec_from_file_location(
+        "vllm_check", ROOT / "scripts" / "lib" / "vllm_check.py")
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    return helper.plugin(directory)
 
 
 def test_the_entry_point_registers_the_loader_in_a_fresh_process(tmp_path, build_dir):
