@@ -74,7 +74,12 @@ def _worker():
     import torch
     from vllm.platforms import current_platform
     if current_platform.is_cuda() and torch.cuda.is_available():
-        return pinstage.Worker(backend="cuda", device_id=torch.cuda.current_device())
+        try:
+            return pinstage.Worker(backend="cuda", device_id=torch.cuda.current_device())
+        except pinstage.Error as e:
+            e.add_note("pinstage.vllm: vLLM runs on CUDA, so the loader needs pinstage's cuda "
+                       "backend: install a pinstage built with it (-DPINSTAGE_CUDA=ON)")
+            raise
     return pinstage.Worker(backend="sim")
 
 
