@@ -169,13 +169,22 @@ def rank_main(arm, model, out):
 
 def evict(model):
     """Drops the checkpoint's pages from the page cache (clean, unmapped pages go), so each
-    job starts cold and the cache it fills is counted."""
-    for f in pathlib.Path(model).glob("*.safetensors"):
+    job starts cold and the cache it fills is counted; returns the bytes still resident
+    (util-linux's fincore; None without it)."""
+    files = sorted(pathlib.Path(model).glob("*.safetensors"))
+    for f in files:
         fd = os.open(f, os.O_RDONLY)
         try:
+            os.fsync(fd)  # dirty pages (a checkpoint just written) are not dropped
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+    try:
+        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES",
+                              *map(str, files)], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sum(int(x) for x in out.stdout.split())
 
 
 def run_arm(arm, model, ranks, build, tmp):
@@ -205,7 +214,8 @@ def figures(result):
 
 def report(arm, rounds, size, ranks):
     """One table row: medians over rounds (the range of the main figure beside it)."""
-    med = {k: statistics.median(f[k] for f in rounds) for k in rounds[0]}
+    med = {k: statistics.median(f[k] for f in rounds) for k in rounds[0]
+           if k != "resident_before"}
     spread = [f["added"] / size for f in rounds]
     x = {k: med[k] / size for k in ("added", "peak", "pss", "unavailable")}
     print(f"| {arm} | {ranks} | {med['added'] / 1e9:.2f} | **{x['added']:.2f}x** "
@@ -263,8 +273,12 @@ def measure(a, arms, build):
         for arm in arms:
             rounds = []
             for _ in range(a.rounds):
-                evict(model)
-                rounds.append(figures(run_arm(arm, model, a.ranks, build, tmp)))
+                resident = evict(model)
+                if resident:
+                    print(f"({arm}: {resident / 1e9:.2f} GB of the checkpoint stayed in the "
+                          "page cache after the eviction)", flush=True)
+                rounds.append(dict(figures(run_arm(arm, model, a.ranks, build, tmp)),
+                                   resident_before=resident))
             everything[arm] = {"rounds": rounds, "median": report(arm, rounds, size, a.ranks)}
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     if a.json:
