@@ -34,7 +34,7 @@ def test_map_mode_get_slice_is_a_view_of_the_mapping(tmp_path, worker):
 
 
 @needs_torchrun
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [4])  # the 4 ranks; 2 adds CI time, not cover
 def test_every_rank_slices_the_one_shared_mapping(tmp_path, build_dir, nproc):
     model, _ = tp_checkpoint.write_checkpoint(tmp_path)
     out = tmp_path / "ranks.json"
