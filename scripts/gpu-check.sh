@@ -18,6 +18,10 @@
 #   4. pinstage bench qwen3-decode --backend cuda --layers 10 --arms pageable,pinned,staged
 #      --rounds 4, one process per group (3 groups), each writing its own JSON, so a run
 #      stopped by the budget keeps every group that finished
+#   4b. before the bench: vllm serve of a small model with --load-format safetensors,
+#      fastsafetensors and pinstage, the load times side by side (scripts/gpu-check-vllm.sh:
+#      vllm.txt, vllm.json, vllm-*.log; skipped unless PINSTAGE_CHECK_VLLM_PYTHON has vLLM
+#      and pinstage, at most PINSTAGE_CHECK_VLLM_S seconds, default 150)
 #   5. a summary against the issue-7 targets (scripts/gpu_check_summary.py)
 # Output under $OUT (default ./gpu-check-out, git-ignored): gpu-check.log, map.txt,
 # map-*.json, ctest.xml, probe.json, bench-g<N>.json, bench.log, summary.json. $OUT starts empty: a folder this
@@ -28,7 +32,9 @@
 # PINSTAGE_CHECK_PIN_MIB (4096), PINSTAGE_CHECK_LINK_MIB (1024),
 # PINSTAGE_CHECK_PREFAULT_MIB (2048), PINSTAGE_CHECK_JOBS (cores),
 # PINSTAGE_CHECK_BUDGET_S (420: the bench is cut short so the whole run ends within it),
-# PINSTAGE_CHECK_MAP_TASK (the fixture the map step loads; default "qwen3-decode --layers 2").
+# PINSTAGE_CHECK_MAP_TASK (the fixture the map step loads; default "qwen3-decode --layers 2"),
+# PINSTAGE_CHECK_VLLM_S (150), PINSTAGE_CHECK_VLLM_PYTHON, PINSTAGE_CHECK_VLLM,
+# PINSTAGE_CHECK_VLLM_MODEL (scripts/gpu-check-vllm.sh).
 # For the ctest run on the fake runtime (tests/cpp/cuda.cmake): PINSTAGE_CHECK_PREBUILT=1
 # (use the build folder as it is), PINSTAGE_CHECK_FAKE_GPU=<folder of the fake
 # libcudart> (no nvidia-smi; the probe and the bench load the fake),
@@ -48,6 +54,7 @@ DEPS="${PINSTAGE_CHECK_DEPS:-$ROOT/.deps}"
 PIN_MIB="${PINSTAGE_CHECK_PIN_MIB:-4096}"  # 4 GiB: the pool's cold vs warm figure (issue 20)
 LINK_MIB="${PINSTAGE_CHECK_LINK_MIB:-1024}"
 PREFAULT_MIB="${PINSTAGE_CHECK_PREFAULT_MIB:-2048}"
+VLLM_S="${PINSTAGE_CHECK_VLLM_S:-150}"  # the vLLM step's share of the budget
 BUDGET="${PINSTAGE_CHECK_BUDGET_S:-420}"
 FAKE_GPU="${PINSTAGE_CHECK_FAKE_GPU:-}"
 CTEST_ARGS="${PINSTAGE_CHECK_CTEST_ARGS:--L ^(cuda|requires_gpu)$}"
@@ -61,7 +68,8 @@ if [ "$PREBUILT" != 1 ] && { [ ! -f "$DEPS/include/nlohmann/json.hpp" ] ||
   refuse "no $DEPS with include/nlohmann and include/CLI: run scripts/vendor-deps.sh on" \
     "the development machine and carry .deps/ along with the tree (docs/cuda.md)"
 fi
-whole_sizes "$LAYERS" "$GROUPS_N" "$ROUNDS" "$PIN_MIB" "$LINK_MIB" "$PREFAULT_MIB" "$BUDGET"
+whole_sizes "$LAYERS" "$GROUPS_N" "$ROUNDS" "$PIN_MIB" "$LINK_MIB" "$PREFAULT_MIB" "$BUDGET" \
+  "$VLLM_S"
 # $OUT starts empty, so old results are never summarised as new.
 if [ -d "$OUT" ] && [ -n "$(ls -A "$OUT")" ]; then
   [ -f "$OUT/$MARK" ] || refuse "$OUT is not empty and was not made by this script: choose another OUT"
@@ -261,6 +269,12 @@ w.finalize()
     failed+=(dlpack)
     notes+=("a DeviceBuffer did not round-trip through torch CUDA; see dlpack.txt")
   fi
+
+  # vLLM serving a small model with each load format (scripts/gpu-check-vllm.sh): runs
+  # where PINSTAGE_CHECK_VLLM_PYTHON has vLLM and pinstage, else says skipped.
+  step "vllm serve: --load-format safetensors, fastsafetensors, pinstage (at most ${VLLM_S} s)"
+  OUT="$OUT" run_cuda bash "$ROOT/scripts/gpu-check-vllm.sh" "$VLLM_S" ||
+    { failed+=(vllm); notes+=("a vllm serve run failed or ran out of time; see vllm-*.log"); }
 
   # One process per group, each with its own JSON: a group cut short by the budget
   # loses only itself. Estimate on an H200 host (PCIe Gen5, ~50 GB/s pinned): ~1 GB per

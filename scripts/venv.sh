@@ -2,6 +2,7 @@
 # Makes once, or reuses, the PyPI venv of the ecosystem checks and prints its path.
 #
 #   scripts/venv.sh [REQUIREMENTS]      # default requirements/peers.txt
+#   scripts/venv.sh requirements/engines.txt   # vLLM's (docs/engines.md)
 #
 # The venv lives outside the clone, in ${XDG_CACHE_HOME:-~/.cache}/pinstage/venv-<key>,
 # <key> the hash of the requirements file and of the base interpreter (its path and
@@ -79,8 +80,10 @@ files=$(find "$build/.wheels" -type f | wc -l)
   || die "installing $req failed (above)"
 "${pip[@]}" check >&2 || die "$req is not a complete, consistent set of pins (pip check above)"
 rm -rf "$build/.wheels"
-"$py" -c 'import torch, numpy, safetensors, fastsafetensors, runai_model_streamer, hypothesis, pytest, huggingface_hub' \
-  || die "the venv's packages do not import (above)"
+# What must import: the file's "# venv.sh-imports: a b c" line, else the peers' modules.
+imports=$(sed -n 's/^# venv.sh-imports: *//p' "$req" | head -n 1)
+imports=${imports:-torch numpy safetensors fastsafetensors runai_model_streamer hypothesis pytest huggingface_hub}
+"$py" -c "import ${imports// /, }" || die "the venv's packages ($imports) do not import (above)"
 t2=$(date +%s.%N)
 "$base" - "$bytes" "$files" "$t0" "$t1" "$t2" <<'EOF' >&2
 import sys

@@ -85,6 +85,7 @@ _LAZY = {
     "safe_open": ("checkpoint", "safe_open"),
     "SafeSlice": ("checkpoint", "SafeSlice"),
     "load_file": ("checkpoint", "load_file"),
+    "iter_tensors": ("checkpoint", "iter_tensors"),
     "load_to_device": ("checkpoint", "load_to_device"),
     "ReadOnlyTensor": ("_readonly", "ReadOnlyTensor"),
     "load_tp": ("tp", "load_tp"),
@@ -123,4 +124,5 @@ __all__ = [
     "SafeSlice", "TpPlan", "tp_part", "load_tp", "TpLoad", "DeviceInfo", "devices",
     "WorkerGroup", "GroupBindReport", "load_to_devices", "TpDeviceLoad", "parse_device_list",
     "split_threads", "PendingTensor", "DeviceLoad", "ReadOnlyTensor", "ReadOnlyError",
+    "iter_tensors",
 ]

@@ -426,6 +426,11 @@ def load_file(path: str | os.PathLike[str], device: str | torch.device = "cpu", 
               ring_bytes: int = 67108864,
               progress: Callable[[int, int], None] | bool | None = None,
               mode: str = "copy", report: bool = False) -> Any: ...
+def iter_tensors(path: str | os.PathLike[str], *, worker: Worker, mode: str = "copy",
+                 names: Sequence[str] | Callable[[str], bool] | None = None,
+                 verify: _Verify = False, threads: int = 0, chunk_bytes: int = 8388608,
+                 progress: Callable[[int, int], None] | bool | None = None
+                 ) -> Iterator[tuple[str, torch.Tensor]]: ...
 def load_to_device(path: str | os.PathLike[str], *, worker: Worker, verify: _Verify = False,
                    threads: int = 0, chunk_bytes: int = 8388608, direct: bool = False,
                    ring_bytes: int = 67108864,

@@ -485,7 +485,8 @@ def _slice_dims(index, shape, name):
 
 class SafeSlice(_ReadCounter):
     """One tensor of a safe_open, read in part: [index] reads the index's bytes alone
-    (rows: one range; columns: one range per row) into fresh pinned memory. `read_bytes`
+    (rows: one range; columns: one range per row) into fresh pinned memory; in map mode it
+    is a read-only view of the pinned file mapping instead, nothing read. `read_bytes`
     counts what this object read from the files."""
 
     def __init__(self, owner, name, info):
@@ -503,6 +504,8 @@ class SafeSlice(_ReadCounter):
 
     def __getitem__(self, index):
         dims, shape = _slice_dims(index, self._info["shape"], self._name)
+        if self._owner._mode == "map":
+            return self._mapped(index)
         nbytes = self._info["element_size"]
         for _, count, _ in dims:
             nbytes *= count
@@ -517,6 +520,15 @@ class SafeSlice(_ReadCounter):
         owner._read_bytes += report["bytes"]
         info = {"nbytes": nbytes, "dtype": self._info["dtype"], "shape": shape}
         return _view(buffer, info, self._name, owner._framework)
+
+    def _mapped(self, index):
+        """Map mode: the index applied to a view of the pinned file mapping, nothing read
+        (a row slice is contiguous, a column slice strided); every rank of a node that
+        slices the same file shares its page cache."""
+        owner = self._owner
+        tensors, owner.report = _read(owner._checkpoint, owner._worker, [self._name],
+                                      owner._options, framework=owner._framework, mode="map")
+        return tensors[self._name][index]
 
 
 def _refuse_unknown(what, wanted, keys):
@@ -671,6 +683,41 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
         got = _read_into(checkpoint, worker, names, tensors, options, "load_file(into=)",
                          progress)
     return (dict(zip(names, tensors)), got) if report else dict(zip(names, tensors))
+
+
+def iter_tensors(path, *, worker, mode="copy", names=None, verify=False, threads=0,
+                 chunk_bytes=8 << 20, progress=None):
+    """(name, tensor) for each tensor of the checkpoint at `path` (or those `names` selects,
+    as in load_file), in file order, loaded one file at a time as load_file loads them:
+    the engines' weight iterators (docs/engines.md). Memory beyond what the caller keeps is
+    at most one file's tensors (copy mode: that file's pinned copies; map mode: views of
+    that file's mapping). Everything is checked before the first tensor is yielded;
+    `progress(done, total)` counts over the whole checkpoint."""
+    _check_worker(worker, "iter_tensors")
+    options = _options("iter_tensors", threads, chunk_bytes, verify, False)
+    mode = _mode(mode, "iter_tensors")
+    progress = _progress(progress, "iter_tensors")
+    checkpoint = _pinstage._Checkpoint(path, "iter_tensors")
+    selected = _names(names, checkpoint, "iter_tensors")
+    files, sizes = {}, {}
+    for name, info in zip(selected, checkpoint.infos(selected)):
+        _element_type(info, name, "pt")  # refused before anything is yielded
+        files.setdefault(info["file"], []).append(name)
+        sizes[info["file"]] = sizes.get(info["file"], 0) + info["nbytes"]
+    groups = [(files[f], sizes[f]) for f in files]
+    return _each_file(checkpoint, worker, groups, options, mode, progress, sum(sizes.values()))
+
+
+def _each_file(checkpoint, worker, groups, options, mode, progress, total):
+    """iter_tensors' generator: one _read per file, the progress offset by the files before."""
+    offset = 0
+    for names, nbytes in groups:
+        step = None if progress is None else (
+            lambda done, _file_total, base=offset: progress(base + done, total))
+        tensors, _ = _read(checkpoint, worker, names, options, step, mode=mode)
+        yield from tensors.items()
+        offset += nbytes
+        del tensors
 
 
 def load_to_device(path, *, worker, verify=False, threads=0, chunk_bytes=8 << 20,

@@ -47,6 +47,7 @@ SKIP = {
     "docs/loading.md": "needs a checkpoint folder model/ (its own tests cover loading)",
     "docs/distributed.md": "runs under torchrun: tests/python/test_distributed.py runs it",
     "docs/acl.md": "runs on the libascendcl double: tests/python/test_acl_docs42.py runs it",
+    "docs/engines.md": "needs the engines: tests/python/test_engines_docs.py runs it",
 }
 
 
