@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "host_source_checks.h"
 #include "lock_test_util.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/error.h"
@@ -39,29 +40,7 @@ using test::error_of;
 
 constexpr size_t kMiB = size_t{1} << 20;
 
-// Sets (or, with nullptr, unsets) an environment variable for the scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* key, const char* value) : key_(key) {
-    if (const char* old = std::getenv(key)) old_ = old;
-    if (value != nullptr)
-      ::setenv(key, value, 1);
-    else
-      ::unsetenv(key);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      ::setenv(key_, old_->c_str(), 1);
-    else
-      ::unsetenv(key_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* key_;
-  std::optional<std::string> old_;
-};
+using test::ScopedEnv;
 
 bool thp_never() {
   std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
@@ -319,6 +298,30 @@ TEST_F(HostSources, ASharedNamedSegmentOutlivesItsMapping) {
   ASSERT_TRUE(source->release(again.allocation(), nullptr));
   ::close(fd);
   ::unlink(name.c_str());
+}
+
+// The checks the cuda fake and the acl double run (host_source_checks.h), on sim: what sim
+// pins is what the kernel says is locked (smaps' Locked of the mapping), not pinstage.
+test::PinView sim_view() {
+  test::PinView v;
+  v.backend = "sim";
+  v.pinned = [](const void* p, size_t n) { return test::smaps_of(p).locked >= n; };
+  return v;
+}
+
+TEST(SimSources, TheAnonymousSourceIsLockedAndRoundTrips) {
+  if (!test::kVmLckTracksMlock) GTEST_SKIP() << "mlock is a no-op under a sanitizer";
+  test::check_anonymous_source(sim_view());
+}
+
+TEST(SimSources, NumaPlacementIsReadBackFromTheKernel) {
+  if (!test::kVmLckTracksMlock) GTEST_SKIP() << "mlock is a no-op under a sanitizer";
+  test::check_numa_placement(sim_view());
+}
+
+TEST(SimSources, HugePagesFollowTheOneSwitch) {
+  if (!test::kVmLckTracksMlock) GTEST_SKIP() << "mlock is a no-op under a sanitizer";
+  test::check_huge_page_switch(sim_view());
 }
 
 // ---- a fill by the readers, pinned behind them ----
