@@ -326,7 +326,8 @@ class PINSTAGE_API PinnedFileMapping {
 // Fresh pinned memory that its writers fault in (Worker::reserve_host_fill): a load's
 // reader threads each call prepare() on the range they are about to write, which faults it
 // under the worker's placement (its NUMA node, huge pages with the stall watch) in parallel
-// with their reads, and finish() pins the segment behind them. Until then its blocks are
+// with their reads, and the segment is pinned behind them: page by page as they fault it
+// where the backend can (sim: PS_REGISTER_ON_FAULT), else whole by finish(). Until finish() its blocks are
 // not pinned memory (is_pinned_host says false; copies take the pageable path), so nothing
 // reports as pinned what is not. Move-only. Destroying an unfinished fill finishes it (a
 // failure is logged and the segment stays unpinned, released once its blocks are freed).
@@ -362,6 +363,7 @@ class PINSTAGE_API HostFill {
   unsigned char* data_ = nullptr;
   size_t bytes_ = 0;
   bool huge_ = false;
+  bool on_fault_ = false;  // registered before its writers (PS_REGISTER_ON_FAULT)
   bool finished_ = false;
   std::unique_ptr<FaultPlan> plan_;
   std::unique_ptr<std::atomic<int64_t>> fault_ns_;

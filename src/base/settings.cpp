@@ -54,7 +54,7 @@ constexpr SettingInfo kSettings[] = {
      "that stalls gives them up for the rest of the segment (docs/worker.md, \"Placement\")"},
     {Setting::host_huge_stall_ms, "PINSTAGE_HOST_HUGE_STALL_MS", "0..60000",
      "CPU milliseconds a 2 MiB huge-page fault may cost (memory compaction) before the "
-     "segment's remaining pages fall back to base pages (default 5; 0: the first one gives up)"},
+     "segment's remaining pages fall back to base pages (default 2; 0: the first one gives up)"},
 };
 
 [[noreturn]] void bad(std::string_view what, std::string_view text, const std::string& why) {

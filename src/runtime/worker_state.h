@@ -105,7 +105,8 @@ struct WorkerState {
   // segments come pinned) and enters it in the table under its source's kind. PS_OK, or
   // PS_ERR_UNSUPPORTED (the backend cannot pin this kind of memory; nothing registered);
   // any other failure throws.
-  int pin_segment(const HostSegment& segment);
+  // `flags` adds PS_REGISTER_ON_FAULT for a segment its writers will fault.
+  int pin_segment(const HostSegment& segment, uint32_t flags = 0);
   // Makes one pool segment of `bytes` (or `minimum`, see pin_verdict) through the pool's
   // source, faulted and pinned (`fault`) or left to a HostFill; "" when made, else the
   // fallback policy's refusal. `base` gets the segment's address.

@@ -222,7 +222,12 @@ int host_register(typename P::Ctx* ctx, void* ptr, size_t bytes, uint32_t flags)
   return P::guarded([&] {
     P::require_ctx(ctx);
     require(ptr != nullptr && bytes > 0, "host_register: NULL pointer or 0 bytes");
-    require((flags & ~PS_REGISTER_READ_ONLY) == 0, "host_register: unknown flags");
+    require((flags & ~(PS_REGISTER_READ_ONLY | PS_REGISTER_ON_FAULT)) == 0,
+            "host_register: unknown flags");
+    // A device runtime pins the pages there are (cudaHostRegister, aclrtHostRegister): the
+    // runtime registers a fill once it is written.
+    if ((flags & PS_REGISTER_ON_FAULT) != 0)
+      fail(PS_ERR_UNSUPPORTED, "host_register: pinning pages as they fault in is not supported");
     ctx->faults.maybe_fail(PS_FAULT_HOST_ALLOC, "host_register");
     const typename P::Scope scope(ctx);
     P::register_range(ctx, ptr, bytes, (flags & PS_REGISTER_READ_ONLY) != 0);

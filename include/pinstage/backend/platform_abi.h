@@ -191,6 +191,12 @@ typedef struct ps_allocation {
 /* host_register flags (ABI v7). PS_REGISTER_READ_ONLY: the range is mapped read-only (a
  * checkpoint file's page cache); the device only reads it (cudaHostRegisterReadOnly). */
 #define PS_REGISTER_READ_ONLY 1u
+/* (ABI v8) PS_REGISTER_ON_FAULT: the range is not faulted in yet (its writers fault it
+ * after this call, a load's readers chunk by chunk): pin each page as it faults in, and the
+ * pages present now at once (sim: mlock2 MLOCK_ONFAULT), so pinning costs no pass of its
+ * own. A backend that can only pin present pages answers PS_ERR_UNSUPPORTED, and the
+ * runtime registers the range once it is written. */
+#define PS_REGISTER_ON_FAULT 2u
 
 /* A host callable run by host_execute; returns a ps_status. */
 typedef int (*ps_host_fn)(void* user);
@@ -290,7 +296,8 @@ typedef struct ps_platform_api {
    * place: [ptr, ptr + bytes) is page-aligned,
    * bytes > 0, and no part of it is registered already. On PS_OK the range is page-locked
    * (or device-registered) until host_unregister gets the same ptr and bytes, exactly
-   * once; on failure nothing of it stays registered. `flags`: PS_REGISTER_READ_ONLY, or 0.
+   * once; on failure nothing of it stays registered. `flags`: PS_REGISTER_READ_ONLY,
+   * PS_REGISTER_ON_FAULT (v8), or 0.
    * sim: mlock/munlock; cuda: cudaHostRegister in pieces; acl: aclrtHostRegister, whole
    * (a copy must lie inside one registration: the runtime registers a segment or a file
    * mapping as one range). A backend that cannot register this kind of memory fails with

@@ -405,8 +405,8 @@ int event_sync(ps_device_ctx* raw, ps_event* event) {
 }
 
 // Locks [ptr, ptr+bytes); on refusal records it, warns once, and leaves the range usable.
-void try_lock(Context* ctx, void* ptr, size_t bytes) {
-  if (mlock(ptr, bytes) == 0) return;
+void try_lock(Context* ctx, void* ptr, size_t bytes, bool on_fault = false) {
+  if ((on_fault ? mlock2(ptr, bytes, MLOCK_ONFAULT) : mlock(ptr, bytes)) == 0) return;
   const int err = errno;
   ctx->lock_refused.store(true);
   static std::once_flag warned;
@@ -437,7 +437,8 @@ int host_alloc_pinned(ps_device_ctx* raw, size_t bytes, ps_allocation* out) {
 }
 
 // ABI v7: pins memory the runtime mapped (fresh anonymous pages, a read-only file
-// mapping) in place. mlock faults in what is not resident yet; a refusal leaves the range
+// mapping) in place. mlock faults in what is not resident yet (with PS_REGISTER_ON_FAULT,
+// mlock2 MLOCK_ONFAULT locks each page as its writer faults it); a refusal leaves the range
 // usable, unlocked, as host_alloc_pinned does (the capability query says so). The fault
 // kinds are host_alloc and host_free: pinning is one concern whatever made the memory.
 int host_register(ps_device_ctx* raw, void* ptr, size_t bytes, uint32_t flags) {
@@ -446,9 +447,11 @@ int host_register(ps_device_ctx* raw, void* ptr, size_t bytes, uint32_t flags) {
     require(ptr != nullptr && bytes > 0, "sim: host_register: NULL pointer or 0 bytes");
     require(reinterpret_cast<uintptr_t>(ptr) % page_size() == 0 && bytes % page_size() == 0,
             "sim: host_register: the range is not page-aligned");
-    require((flags & ~PS_REGISTER_READ_ONLY) == 0, "sim: host_register: unknown flags");
+    require((flags & ~(PS_REGISTER_READ_ONLY | PS_REGISTER_ON_FAULT)) == 0,
+            "sim: host_register: unknown flags");
     fault(ctx, PS_FAULT_HOST_ALLOC);
-    try_lock(ctx, ptr, bytes);
+    // On fault (ABI v8): each page locked as its writer faults it, in the writer's thread.
+    try_lock(ctx, ptr, bytes, (flags & PS_REGISTER_ON_FAULT) != 0);
   });
 }
 

@@ -54,11 +54,12 @@ std::string WorkerState::pin_verdict(size_t& bytes, size_t minimum, size_t reque
   return refusal;  // acted on by the caller as it is: never read again (the race)
 }
 
-int WorkerState::pin_segment(const HostSegment& segment) {
+int WorkerState::pin_segment(const HostSegment& segment, uint32_t flags) {
   if (registered(segment.source)) {
     if (api().host_register == nullptr) return PS_ERR_UNSUPPORTED;
-    const int status = api().host_register(ctx, segment.data, segment.bytes,
-                                           segment.read_only ? PS_REGISTER_READ_ONLY : 0u);
+    const int status =
+        api().host_register(ctx, segment.data, segment.bytes,
+                            flags | (segment.read_only ? PS_REGISTER_READ_ONLY : 0u));
     if (status == PS_ERR_UNSUPPORTED) return status;
     check(status, "host_register");
   }
@@ -105,22 +106,24 @@ std::string WorkerState::map_segment(size_t bytes, size_t minimum, size_t reques
     HostSource& source = *sources[static_cast<size_t>(kind)];
     HostSegment seg = source.make(SegmentRequest{bytes, now, -1, ""});
     int status = PS_OK;
-    if (now) {
-      try {
-        status = pin_segment(seg);
-      } catch (...) {
-        source.release(seg.allocation(), nullptr);
-        throw;
-      }
+    try {
+      // Faulted now: pinned now. Left to its writers: pinned as they fault it where the
+      // backend can (PS_REGISTER_ON_FAULT), else by HostFill::finish after them.
+      status = now ? pin_segment(seg) : pin_segment(seg, PS_REGISTER_ON_FAULT);
+    } catch (...) {
+      source.release(seg.allocation(), nullptr);
+      throw;
     }
-    if (status == PS_ERR_UNSUPPORTED) {
+    if (status == PS_ERR_UNSUPPORTED && now) {
       source.release(seg.allocation(), nullptr);
       fall_back_to_vendor(*this);
       continue;
     }
+    seg.on_fault = !now && status == PS_OK;
     if (made != nullptr) *made = seg;
     std::lock_guard lock(mu);
-    host.add_segment(HostPool::Owned{seg.allocation(), seg.source, now}, watch.seconds());
+    host.add_segment(HostPool::Owned{seg.allocation(), seg.source, now || seg.on_fault},
+                     watch.seconds(), !now);
     return {};
   }
 }
@@ -346,6 +349,7 @@ HostFill Worker::reserve_host_fill(size_t bytes) {
   fill.data_ = static_cast<unsigned char*>(seg.data);
   fill.bytes_ = seg.bytes;
   fill.huge_ = seg.huge;
+  fill.on_fault_ = seg.on_fault;
   fill.plan_ = std::make_unique<FaultPlan>();
   fill.plan_->method = state_->placement.method;
   fill.plan_->threads = 1;  // each writer faults its own range
@@ -386,6 +390,7 @@ HostFill& HostFill::operator=(HostFill&& other) noexcept {
   data_ = std::exchange(other.data_, nullptr);
   bytes_ = std::exchange(other.bytes_, 0);
   huge_ = other.huge_;
+  on_fault_ = other.on_fault_;
   finished_ = std::exchange(other.finished_, false);
   plan_ = std::move(other.plan_);
   fault_ns_ = std::move(other.fault_ns_);
@@ -423,11 +428,17 @@ void HostFill::finish() {
   runtime::CallGuard guard(s);
   finished_ = true;
   if (!guard.entered()) return;  // finalize released it already
+  const Stopwatch watch;
+  if (on_fault_) {  // pinned already, page by page as the writers faulted it
+    std::lock_guard lock(s.mu);
+    s.host.end_fill(data_, true);
+    pin_seconds_ = watch.seconds();
+    return;
+  }
   runtime::HostSegment seg;
   seg.source = runtime::SourceKind::anonymous;
   seg.data = data_;
   seg.bytes = bytes_;
-  const Stopwatch watch;
   int status = PS_ERR_INTERNAL;
   try {
     status = s.pin_segment(seg);
@@ -450,6 +461,15 @@ void HostFill::abandon() noexcept {
   runtime::WorkerState& s = *owner_;
   runtime::CallGuard guard(s);
   if (!guard.entered()) return;  // finalize released it already
+  if (on_fault_) {  // registered before its writers: out of the table, unpinned again
+    {
+      std::lock_guard lock(s.mu);
+      s.table.erase(runtime::entry_kind(runtime::SourceKind::anonymous), data_);
+    }
+    const std::string why =
+        s.release_host(runtime::SourceKind::anonymous, {data_, bytes_, nullptr}, true, false);
+    if (!why.empty()) log(LogLevel::error, "unpinning an abandoned fill failed: " + why);
+  }
   std::vector<runtime::HostPool::Owned> free_now;
   {
     std::lock_guard lock(s.mu);

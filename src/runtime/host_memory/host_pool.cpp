@@ -57,10 +57,11 @@ std::optional<void*> HostPool::take(size_t bytes, bool retry) {
   return reinterpret_cast<void*>(*at);
 }
 
-void HostPool::add_segment(const Owned& segment, double alloc_seconds) {
+void HostPool::add_segment(const Owned& segment, double alloc_seconds, bool filling) {
   const auto base = reinterpret_cast<uintptr_t>(segment.allocation.ptr);
   const size_t bytes = block_bytes_for(segment.allocation.bytes);
-  segments_[base] = Segment{segment, segment.pinned ? State::pinned : State::filling, ++clock_};
+  const State state = filling ? State::filling : segment.pinned ? State::pinned : State::unpinned;
+  segments_[base] = Segment{segment, state, ++clock_};
   free_.add_fence(base);
   free_.give(base, bytes);
   stats_.reserved_bytes += bytes;

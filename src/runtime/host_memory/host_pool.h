@@ -37,12 +37,13 @@ class HostPool {
     SourceKind source = SourceKind::anonymous;
     bool pinned = true;
   };
-  // Enters a segment a source just made; its bytes become cached. `pinned`: registered
-  // (or vendor) and in the table; false: a HostFill's, faulted and pinned by its writers
-  // (its blocks are not pinned memory until mark_pinned, and no trim takes it meanwhile).
-  void add_segment(const Owned& segment, double alloc_seconds);
-  // The fill of the segment at `base` is over: pinned, or (false) left unpinned, to be
-  // released once wholly free.
+  // Enters a segment a source just made; its bytes become cached. `segment.pinned`: it is
+  // registered (or vendor) and in the table. `filling`: a HostFill's, faulted by its writers
+  // (pinned as they fault it, or after them): its blocks are not pinned memory until
+  // end_fill, and no trim takes it meanwhile.
+  void add_segment(const Owned& segment, double alloc_seconds, bool filling = false);
+  // The fill of the segment at `base` is over: pinned (and in the table), or (false) left
+  // unpinned and out of the table, to be released once wholly free.
   void end_fill(const void* base, bool pinned);
 
   // A live block, taken out of the live set by release().

@@ -42,6 +42,7 @@ struct HostSegment {
   void* handle = nullptr;   // vendor: the plugin's record
   bool read_only = false;   // file_shared: PROT_READ, registered read-only
   bool huge = false;        // advised huge pages
+  bool on_fault = false;    // registered before it was faulted (PS_REGISTER_ON_FAULT)
   PrefaultReport fault;     // its pre-fault when it had one
   double map_seconds = 0;
   std::string note;         // why the placement's huge pages were not asked for, or ""

@@ -34,10 +34,11 @@ std::string sysfs_choice(const std::string& path) {
 }
 
 constexpr size_t kHugePage = size_t{2} << 20;
-// A 2 MiB fault costs about 0.2 ms of zeroing; 512 base-page faults about 1-2 ms. One that
-// costs more than this is compaction or a host backing the guest's memory lazily, where
-// base pages come out ahead (docs/benchmarks.md, "The host memory provider").
-constexpr int kDefaultStallMs = 5;
+// A 2 MiB fault costs about 0.2 ms of CPU (zeroing), 512 base-page faults about 0.7 ms
+// (measured here, docs/benchmarks.md, "The host memory provider"). One that costs more than
+// 2 ms is compaction, or a hypervisor backing a block it had taken back (free page
+// reporting: 4.5 ms a block on this VM), where base pages come out ahead.
+constexpr int kDefaultStallMs = 2;
 
 }  // namespace
 
