@@ -15,7 +15,7 @@ jobs=${JOBS:-2}
 # name | file | perl substitution | ninja targets | test command (run in $build); no field
 # may hold a '|'.
 mutations=(
-  "skip_mlock|src/backends/sim/sim_backend.cpp|s/if \(mlock\(ptr, bytes\) == 0\) return;/if (ptr != nullptr) return;/|test_runtime pinstage_backend_sim|bin/test_runtime '--gtest_filter=WorkerTest.PinnedMemoryIsReallyLockedToThePage'"
+  "skip_mlock|src/backends/sim/sim_backend.cpp|s/if \(\(on_fault \? mlock2\(ptr, bytes, MLOCK_ONFAULT\) : mlock\(ptr, bytes\)\) == 0\) return;/if (ptr != nullptr) return;/|test_runtime pinstage_backend_sim|bin/test_runtime '--gtest_filter=WorkerTest.PinnedMemoryIsReallyLockedToThePage'"
   "forget_registry_entry|src/runtime/worker_state.cpp|s/inserted = a\.ptr != nullptr && table\.insert\(EntryKind::device, a\);/inserted = a.ptr != nullptr;/|test_runtime|bin/test_runtime '--gtest_filter=WorkerTest.*:WorkerLifetime.*'"
   "widen_golden_tolerance|scenes/qwen3/include/pinstage/qwen3/decode.h|s/kAtol = 1e-1f;/kAtol = 1e3f;/|test_scene|bin/test_scene '--gtest_filter=SceneExecute.*'"
   "corrupt_uploaded_byte|src/backends/sim/sim_backend.cpp|s/(channel\.direct\(dst, src, bytes\);)/{ \1 if (up \&\& bytes > 0) static_cast<unsigned char*>(dst)[bytes - 1] ^= 1; }/|pinstage_backend_sim test_bind|bin/test_bind"
@@ -90,7 +90,7 @@ mutations=(
   "defect13_config_missing|apps/pinstage/cmd_report.cpp|s/if \(const char\* kind = other_report_kind\(r\.doc\)\)/if (const char* kind = nullptr)/|pinstage_cli|PINSTAGE_BUILD_DIR=$build /usr/bin/python3 -m pytest -q -x -p no:cacheprovider $tree/tests/python/test_defects41.py -k compare_names"
   "also_proc_sys_late|apps/pinstage/cli_common.cpp|s/PROC_SUPER_MAGIC, SYSFS_MAGIC,/0x1, 0x2,/|pinstage_cli|PINSTAGE_BUILD_DIR=$build /usr/bin/python3 -m pytest -q -x -p no:cacheprovider $tree/tests/python/test_defects41.py -k proc_or_sys"
   # Issue 46: the host-memory provider (tests/cpp/test_host_sources.cpp).
-  "provider_segment_leaked|src/runtime/host_memory/host_memory.cpp|s/      \} catch \(\.\.\.\) \{\n        source\.release\(seg\.allocation\(\), nullptr\);\n        throw;/      } catch (...) {\n        throw;/|test_host_sources|bin/test_host_sources '--gtest_filter=HostSources.EverySourceFailing*'"
+  "provider_segment_leaked|src/runtime/host_memory/host_memory.cpp|s/    \} catch \(\.\.\.\) \{\n      source\.release\(seg\.allocation\(\), nullptr\);\n      throw;/    } catch (...) {\n      throw;/|test_host_sources|bin/test_host_sources '--gtest_filter=HostSources.EverySourceFailing*'"
   "fill_pinned_before_readers|src/runtime/host_memory/host_memory.cpp|s/                     watch\.seconds\(\), !now\);/                     watch.seconds(), false);/|test_host_sources|bin/test_host_sources '--gtest_filter=HostSources.AFirstLoad*:HostSources.PrepareFaults*'"
   "stall_not_abandoned|src/base/pages.cpp|s/\(void\)madvise\(plan\.segment, plan\.segment_bytes, MADV_NOHUGEPAGE\);/;/|test_host_sources|bin/test_host_sources '--gtest_filter=HugePages.AStalled*'"
   "private_mapping_shared|src/base/pages.cpp|s/private_writable \? MAP_PRIVATE : MAP_SHARED/MAP_SHARED/|test_host_sources|bin/test_host_sources '--gtest_filter=HostSources.AWriteToAPrivateCopy*'"
