@@ -87,9 +87,11 @@ void overhead() {
     pow2 += uint64_t{1} << static_cast<int>(std::ceil(std::log2(static_cast<double>(n))));
     if (!pool.take(n)) {
       const size_t seg = pinstage::runtime::HostPool::segment_bytes_for(n);
-      pool.add_segment(pinstage::runtime::HostPool::Owned{ps_allocation{reinterpret_cast<void*>(next), seg, nullptr},
-                                       pinstage::runtime::SourceKind::anonymous, true},
-                       0);
+      pool.add_segment(
+          pinstage::runtime::HostPool::Owned{
+              ps_allocation{reinterpret_cast<void*>(next), seg, nullptr},
+              pinstage::runtime::SourceKind::anonymous, true},
+          0);
       next += seg;
       pool.take(n);
     }

@@ -67,9 +67,9 @@ void print_report(FILE* out, const Checkpoint& c, const LoadReport& r, const std
                  r.overlap * 100, format_bytes(r.ring_pinned_bytes).c_str());
   }
   if (r.mode == "map")  // "in place" only where no file's tensors were copied
-    std::fprintf(out, "  map      %8.3f s\n  pin      %8.3f s%s\n", r.map_s, r.pin_s,
-                 r.map_note.find("copied") == std::string::npos ? "  (in place: nothing copied)"
-                                                                : "");
+    std::fprintf(
+        out, "  map      %8.3f s\n  pin      %8.3f s%s\n", r.map_s, r.pin_s,
+        r.map_note.find("copied") == std::string::npos ? "  (in place: nothing copied)" : "");
   else if (!r.host_pages.empty())  // copy mode: a fresh segment, faulted by the readers
     std::fprintf(out, "  pin      %8.3f s  (a fresh segment on %s pages, behind the readers)\n",
                  r.pin_s, r.host_pages.c_str());

@@ -327,9 +327,9 @@ class PINSTAGE_API PinnedFileMapping {
 // reader threads each call prepare() on the range they are about to write, which faults it
 // under the worker's placement (its NUMA node, huge pages with the stall watch) in parallel
 // with their reads, and the segment is pinned behind them: page by page as they fault it
-// where the backend can (sim: PS_REGISTER_ON_FAULT), else whole by finish(). Until finish() its blocks are
-// not pinned memory (is_pinned_host says false; copies take the pageable path), so nothing
-// reports as pinned what is not. Move-only. Destroying an unfinished fill finishes it (a
+// where the backend can (sim: PS_REGISTER_ON_FAULT), else whole by finish(). Until finish() its
+// blocks are not pinned memory (is_pinned_host says false; copies take the pageable path), so
+// nothing reports as pinned what is not. Move-only. Destroying an unfinished fill finishes it (a
 // failure is logged and the segment stays unpinned, released once its blocks are freed).
 class PINSTAGE_API HostFill {
  public:

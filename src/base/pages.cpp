@@ -21,11 +21,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <ctime>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -85,8 +85,8 @@ int64_t thread_cpu_ns() {
 // advises the whole segment NOHUGEPAGE (once), and what is left faults base pages.
 int prefault_huge_range(char* begin, size_t len, FaultPlan& plan, bool& used_populate) {
   for (size_t off = 0; off < len;) {
-    const size_t n = std::min(kHugePage - (reinterpret_cast<uintptr_t>(begin + off) % kHugePage),
-                              len - off);
+    const size_t n =
+        std::min(kHugePage - (reinterpret_cast<uintptr_t>(begin + off) % kHugePage), len - off);
     const int64_t start = thread_cpu_ns();
     if (const int err = prefault_range(begin + off, n, plan.method, used_populate); err != 0)
       return err;

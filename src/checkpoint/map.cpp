@@ -191,10 +191,9 @@ HostLoad load_to_host(const Checkpoint& c, Worker& worker, const CheckpointLoadO
         HostLoad out = detail::copy_to_host(c, tensors, pool, copy);
         const std::string why = refused.what();
         out.report.mode = "map";
-        out.report.map_note = "the files do not fit the pin budget (" +
-                              why.substr(0, why.find(". ")) + "); the " +
-                              std::to_string(tensors.size()) +
-                              " tensor(s) asked for were copied into pinned memory";
+        out.report.map_note =
+            "the files do not fit the pin budget (" + why.substr(0, why.find(". ")) + "); the " +
+            std::to_string(tensors.size()) + " tensor(s) asked for were copied into pinned memory";
         out.report.peak_pinned_bytes = worker.stats().pinned_bytes;
         return out;
       } catch (const Error& again) {
@@ -330,9 +329,9 @@ std::optional<DeviceLoad> map_to_device(const Checkpoint& c,
     HostLoad views;
     for (const CheckpointTensor* t : tensors)
       views.tensors.push_back(
-          {*t,
-           std::make_shared<Storage>(const_cast<unsigned char*>((*maps)[t->file]->data()) + t->offset,
-                                     t->bytes, true, nullptr)});
+          {*t, std::make_shared<Storage>(
+                   const_cast<unsigned char*>((*maps)[t->file]->data()) + t->offset, t->bytes, true,
+                   nullptr)});
     verify_views(c, views, o, r);
   }
   detail::enter_phase(o, "allocate");

@@ -112,7 +112,8 @@ void Worker::init(const std::string& backend, int device_id, const WorkerOptions
   check_settings();
   auto state = std::make_shared<runtime::WorkerState>();
   state->plugin = &runtime::acquire_plugin(backend, options);
-  state->placement = runtime::decide_placement(runtime::resolve_host_numa_node(options.host_numa_node));
+  state->placement =
+      runtime::decide_placement(runtime::resolve_host_numa_node(options.host_numa_node));
   state->options = options;
   std::vector<ps_config_entry> entries;
   const ps_context_options ctx_options =
@@ -131,8 +132,8 @@ void Worker::init(const std::string& backend, int device_id, const WorkerOptions
   // The runtime makes the memory, the plugin pins it (Note [Segment sources]): the pool's
   // source is the plugin's own allocation only where it cannot pin memory we map.
   for (size_t k = 0; k < runtime::kSourceKindCount; ++k)
-    state->sources[k] = runtime::make_source(static_cast<runtime::SourceKind>(k),
-                                             state->placement, state->api(), ctx);
+    state->sources[k] = runtime::make_source(static_cast<runtime::SourceKind>(k), state->placement,
+                                             state->api(), ctx);
   if (state->api().host_register == nullptr) state->pool_source = runtime::SourceKind::vendor;
   state->host_cache_limit = options.host_cache_limit_bytes.value_or(
       setting_host_cache_max().value_or(physical_memory_bytes() / 8));

@@ -99,8 +99,7 @@ struct WorkerState {
   // Error(out_of_memory) naming `what` and `requested` (the caller's own size), or, under
   // PINSTAGE_PIN_POLICY=fallback, the refusal, which the caller acts on without reading the
   // budget again. Wholly free cached segments are released before anyone is refused.
-  std::string pin_verdict(size_t& bytes, size_t minimum, size_t requested,
-                          const std::string& what);
+  std::string pin_verdict(size_t& bytes, size_t minimum, size_t requested, const std::string& what);
   // Pins a segment a source made (host_register, read-only for a read-only one; vendor
   // segments come pinned) and enters it in the table under its source's kind. PS_OK, or
   // PS_ERR_UNSUPPORTED (the backend cannot pin this kind of memory; nothing registered);

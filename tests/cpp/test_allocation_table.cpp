@@ -14,14 +14,15 @@ TEST(AllocationTable, TracksEntriesPerKindWithTheirHandles) {
   AllocationTable table;
   int token = 0;
   EXPECT_TRUE(table.insert(EntryKind::device, {at(0x1000), 100, &token}));
-  EXPECT_FALSE(table.insert(EntryKind::device, {at(0x1000), 5, nullptr}));      // no aliasing
-  EXPECT_TRUE(table.insert(entry_kind(SourceKind::anonymous), {at(0x1000), 7, nullptr}));  // other kind
+  EXPECT_FALSE(table.insert(EntryKind::device, {at(0x1000), 5, nullptr}));  // no aliasing
+  EXPECT_TRUE(
+      table.insert(entry_kind(SourceKind::anonymous), {at(0x1000), 7, nullptr}));  // other kind
   EXPECT_EQ(table.bytes(EntryKind::device), 100u);
   EXPECT_EQ(table.count(entry_kind(SourceKind::anonymous)), 1u);
   const auto erased = table.erase(EntryKind::device, at(0x1000));
   ASSERT_TRUE(erased);
   EXPECT_EQ(erased->handle, &token);  // handed back exactly as the backend gave it
-  EXPECT_FALSE(table.erase(EntryKind::device, at(0x1000)));       // double free: unknown
+  EXPECT_FALSE(table.erase(EntryKind::device, at(0x1000)));                  // double free: unknown
   EXPECT_FALSE(table.erase(entry_kind(SourceKind::anonymous), at(0x1001)));  // interior pointer
   EXPECT_EQ(table.bytes(EntryKind::device), 0u);
 }

@@ -67,7 +67,8 @@ TEST(HostPoolTable, BlocksAreExactPagesBestFitAndMergeOnlyInsideASegment) {
   // are met: the first segment was used last (the whole-segment take above).
   const auto trimmed = pool.take_free_segments(1);
   ASSERT_EQ(trimmed.size(), 1u);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(trimmed[0].allocation.ptr), (uintptr_t{1} << 30) + 2 * kMiB);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(trimmed[0].allocation.ptr),
+            (uintptr_t{1} << 30) + 2 * kMiB);
   EXPECT_EQ(pool.stats().reserved_bytes, 2 * kMiB);
   auto b = pool.take(4096);
   ASSERT_TRUE(b);

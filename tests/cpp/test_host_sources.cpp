@@ -283,7 +283,8 @@ TEST_F(HostSources, ASharedNamedSegmentOutlivesItsMapping) {
   ASSERT_GE(fd, 0) << std::strerror(errno);
   const runtime::HostPlacement placement;
   ps_platform_api none{};
-  const auto source = runtime::make_source(runtime::SourceKind::shared_named, placement, none, nullptr);
+  const auto source =
+      runtime::make_source(runtime::SourceKind::shared_named, placement, none, nullptr);
   EXPECT_EQ(source->kind(), runtime::SourceKind::shared_named);
   const size_t bytes = 3 * kMiB + 5;
   runtime::HostSegment seg = source->make({bytes, true, fd, "'" + name + "'"});

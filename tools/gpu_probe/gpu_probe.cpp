@@ -171,9 +171,9 @@ std::vector<double> copy_rates(size_t bytes, int reps, Copy&& copy) {
 json pinning_row(const Args& a, const std::string& config, double pin_s, double warm_s,
                  double free_s, const std::vector<double>& rates) {
   const double gib = static_cast<double>(a.pin_bytes()) / (1ull << 30);
-  json j{{"config", config}, {"bytes", a.pin_bytes()}, {"pin_seconds", pin_s},
-         {"pin_gib_per_s", gib / pin_s}, {"free_seconds", free_s},
-         {"copy_h2d_wall", summarize(rates)}};
+  json j{{"config", config},       {"bytes", a.pin_bytes()},
+         {"pin_seconds", pin_s},   {"pin_gib_per_s", gib / pin_s},
+         {"free_seconds", free_s}, {"copy_h2d_wall", summarize(rates)}};
   if (warm_s >= 0) {
     j["warm_pin_seconds"] = warm_s;
     j["warm_over_cold"] = pin_s > 0 ? warm_s / pin_s : 0.0;
@@ -234,7 +234,8 @@ json measure_pinning(const Args& a, const std::string& huge) {
   std::vector<double> rates;
   {
     pinstage::DeviceBuffer dev = worker.alloc_device(copy_bytes);
-    rates = copy_rates(copy_bytes, a.reps, [&] { worker.copy_to_device(dev, 0, host.data(), copy_bytes); });
+    rates = copy_rates(copy_bytes, a.reps,
+                       [&] { worker.copy_to_device(dev, 0, host.data(), copy_bytes); });
   }
   // The host memory pool: the same request again is a cache hit; empty_cache() is where
   // the memory really goes back (unregistered and unmapped).
@@ -257,9 +258,9 @@ json measure_pinning(const Args& a, const std::string& huge) {
   return j;
 }
 
-// Pre-faulting alone, as the runtime's anonymous source does it (the one pre-fault of pinstage/pages.h),
-// for 1 thread and the default count, without and with transparent huge pages (each
-// size mapped fresh, then unmapped).
+// Pre-faulting alone, as the runtime's anonymous source does it (the one pre-fault of
+// pinstage/pages.h), for 1 thread and the default count, without and with transparent huge pages
+// (each size mapped fresh, then unmapped).
 json measure_prefault(const Args& a) {
   json runs = json::array();
   const int all = pinstage::prefault_thread_count(a.prefault_bytes(), 0);

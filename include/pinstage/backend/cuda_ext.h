@@ -31,11 +31,11 @@ typedef struct ps_cuda_pin_stats {
   double alloc_seconds, alloc_free_seconds;
   uint64_t register_count, register_bytes; /* host_register */
   double register_seconds, register_free_seconds;
-  uint64_t read_only_count;    /* of them, with cudaHostRegisterReadOnly */
-  int read_only_supported;     /* cudaDevAttrHostRegisterReadOnlySupported of the device */
-  int last_mode;               /* ps_cuda_pin_mode of the latest pinning */
+  uint64_t read_only_count; /* of them, with cudaHostRegisterReadOnly */
+  int read_only_supported;  /* cudaDevAttrHostRegisterReadOnlySupported of the device */
+  int last_mode;            /* ps_cuda_pin_mode of the latest pinning */
   uint64_t last_bytes;
-  double last_seconds;         /* the whole cudaHostAlloc or cudaHostRegister */
+  double last_seconds; /* the whole cudaHostAlloc or cudaHostRegister */
 } ps_cuda_pin_stats;
 
 /* Copies the context's pinning statistics into *out; PS_ERR_INVALID_ARGUMENT on NULL. */

@@ -1,6 +1,7 @@
 // Plugin SDK: slots a device plugin writes the same way whatever its runtime (cuda, acl),
 // as templates over the plugin's traits `P`, so each is written once. What `P` gives:
-//   using P::Ctx = ps_device_ctx, with `device`, `config` (backend::PinConfig: its pieces), `capacity`
+//   using P::Ctx = ps_device_ctx, with `device`, `config` (backend::PinConfig: its pieces),
+//   `capacity`
 //     (backend::CapacityLedger), `faults` (backend::FaultCountdowns), `mu` and `pin_stats`;
 //   static int P::guarded(body)         the plugin's guarded() (slot.h);
 //   static void P::require_ctx(ctx)     refuses a NULL context;

@@ -408,7 +408,8 @@ std::string teardown(ps_device_ctx* ctx, bool device_set) noexcept {
   const Runtime& rt = runtime();
   if (ctx->context != nullptr) {
     step(errors, [&] { use_ctx(ctx); });
-    for (Retry kind : {Retry::stream, Retry::event, Retry::device, Retry::registered, Retry::host}) {
+    for (Retry kind :
+         {Retry::stream, Retry::event, Retry::device, Retry::registered, Retry::host}) {
       std::vector<RetryItem> items;
       for (const RetryItem& r : ctx->retry)
         if (r.kind == kind) items.push_back(r);

@@ -36,8 +36,8 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // cudaFreeHost and cudaHostUnregister do not wait for copies still queued on a stream
 // (cudaFree does), and in register mode munmap would then return pages the copy engine
-// still reads. So host_free_pinned and host_unregister first synchronize every stream of the context (the
-// backend keeps a list of them for this alone; handles are still checked by the
+// still reads. So host_free_pinned and host_unregister first synchronize every stream of the
+// context (the backend keeps a list of them for this alone; handles are still checked by the
 // runtime's table). Copies of other contexts from a buffer are the caller's to finish.
 //
 // Note [Sticky errors]
@@ -798,8 +798,8 @@ void CudaSlots::register_range(ps_device_ctx* ctx, void* ptr, size_t bytes, bool
            std::to_string(ctx->config.register_chunk_bytes >> 20) + " MiB)";
   };
   if (read_only && ctx->pin_stats.read_only_supported == 0)
-    fail(PS_ERR_UNSUPPORTED, "cuda: " + what() +
-                                 ": cudaDevAttrHostRegisterReadOnlySupported is 0 on this device");
+    fail(PS_ERR_UNSUPPORTED,
+         "cuda: " + what() + ": cudaDevAttrHostRegisterReadOnlySupported is 0 on this device");
   const pinstage::Stopwatch watch;
   const RegisteredRange range{ptr, bytes, ctx->config.register_chunk_bytes};
   const cudaError_t err = register_pieces(range, read_only ? cudaHostRegisterReadOnly : 0);
@@ -820,8 +820,9 @@ void CudaSlots::unregister_range(ps_device_ctx* ctx, void* ptr, size_t bytes) {
 // The vendor source: one cudaHostAlloc, portable and deliberately not write-combined.
 void CudaSlots::pin(ps_device_ctx* ctx, size_t bytes, ps_allocation& out) {
   const pinstage::Stopwatch watch;
-  check(cudaHostAlloc(&out.ptr, bytes, cudaHostAllocPortable),
-        [&] { return "cudaHostAlloc of " + std::to_string(bytes) + " bytes for " + dev_name(ctx); });
+  check(cudaHostAlloc(&out.ptr, bytes, cudaHostAllocPortable), [&] {
+    return "cudaHostAlloc of " + std::to_string(bytes) + " bytes for " + dev_name(ctx);
+  });
   record_pinning(ctx, PS_CUDA_PIN_ALLOC, bytes, watch.seconds(), false);
 }
 

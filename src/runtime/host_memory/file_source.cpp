@@ -48,7 +48,6 @@ class FileSource final : public HostSource {
   const HostPlacement& placement_;
 };
 
-
 template <SourceKind kKind>
 std::unique_ptr<HostSource> make_file_source(const HostPlacement& p, const ps_platform_api&,
                                              ps_device_ctx*) {
@@ -234,9 +233,9 @@ std::vector<Mapping> Worker::map_files_pinned(const std::vector<std::string>& pa
         s.mapped_files.erase(it);
       }
     }
-    const runtime::HostSegment seg = s.sources[static_cast<size_t>(runtime::SourceKind::file_shared)]
-                                         ->make({files[i].key.size, false, files[i].fd.get(),
-                                                 "'" + paths[i] + "'"});
+    const runtime::HostSegment seg =
+        s.sources[static_cast<size_t>(runtime::SourceKind::file_shared)]->make(
+            {files[i].key.size, false, files[i].fd.get(), "'" + paths[i] + "'"});
     std::shared_ptr<PinnedFileMapping> m(new PinnedFileMapping());
     m->owner_ = state_;
     m->data_ = static_cast<unsigned char*>(seg.data);

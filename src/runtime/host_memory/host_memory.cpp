@@ -57,9 +57,8 @@ std::string WorkerState::pin_verdict(size_t& bytes, size_t minimum, size_t reque
 int WorkerState::pin_segment(const HostSegment& segment, uint32_t flags) {
   if (registered(segment.source)) {
     if (api().host_register == nullptr) return PS_ERR_UNSUPPORTED;
-    const int status =
-        api().host_register(ctx, segment.data, segment.bytes,
-                            flags | (segment.read_only ? PS_REGISTER_READ_ONLY : 0u));
+    const int status = api().host_register(
+        ctx, segment.data, segment.bytes, flags | (segment.read_only ? PS_REGISTER_READ_ONLY : 0u));
     if (status == PS_ERR_UNSUPPORTED) return status;
     check(status, "host_register");
   }
@@ -79,8 +78,9 @@ void fall_back_to_vendor(WorkerState& s) {
   if (s.api().host_alloc_pinned == nullptr)
     throw Error(ErrorCode::unsupported, "the " + s.name() +
                                             " backend cannot pin anonymous host memory (" +
-                                            s.api().last_error() + ") and has no allocation "
-                                                                   "of its own");
+                                            s.api().last_error() +
+                                            ") and has no allocation "
+                                            "of its own");
   log(LogLevel::info, s.name() + ": host_register refused anonymous memory (" +
                           s.api().last_error() +
                           "); pinned memory comes from the backend's own allocation");
@@ -202,8 +202,7 @@ std::string WorkerState::release_host(SourceKind source, const ps_allocation& se
   }
 }
 
-uint64_t WorkerState::release_segments(const std::vector<HostPool::Owned>& segments,
-                                       bool strict) {
+uint64_t WorkerState::release_segments(const std::vector<HostPool::Owned>& segments, bool strict) {
   uint64_t released = 0;
   uint64_t failed = 0;
   std::string why;
@@ -451,8 +450,8 @@ void HostFill::finish() {
   std::lock_guard lock(s.mu);
   s.host.end_fill(data_, status == PS_OK);
   if (status != PS_OK)
-    throw Error(ErrorCode::unsupported, s.name() + " refused to pin a filled host segment: " +
-                                            s.api().last_error());
+    throw Error(ErrorCode::unsupported,
+                s.name() + " refused to pin a filled host segment: " + s.api().last_error());
 }
 
 void HostFill::abandon() noexcept {
@@ -461,7 +460,7 @@ void HostFill::abandon() noexcept {
   runtime::WorkerState& s = *owner_;
   runtime::CallGuard guard(s);
   if (!guard.entered()) return;  // finalize released it already
-  if (on_fault_) {  // registered before its writers: out of the table, unpinned again
+  if (on_fault_) {               // registered before its writers: out of the table, unpinned again
     {
       std::lock_guard lock(s.mu);
       s.table.erase(runtime::entry_kind(runtime::SourceKind::anonymous), data_);

@@ -180,7 +180,8 @@ bool HostPool::contains(const void* ptr, size_t bytes) const {
 bool HostPool::note_use(const void* ptr, size_t bytes, ps_stream* stream) {
   auto* b = const_cast<Block*>(pinned_block(ptr, bytes));  // live_ is ours to change here
   if (b == nullptr) return false;
-  if (stream != nullptr && std::find(b->streams.begin(), b->streams.end(), stream) == b->streams.end())
+  if (stream != nullptr &&
+      std::find(b->streams.begin(), b->streams.end(), stream) == b->streams.end())
     b->streams.push_back(stream);
   return true;
 }

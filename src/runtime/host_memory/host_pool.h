@@ -97,9 +97,9 @@ class HostPool {
   };
   enum class State { pinned, filling, unpinned };
   struct Segment {
-    Owned owned;             // the source's record
+    Owned owned;  // the source's record
     State state = State::pinned;
-    uint64_t last_use = 0;   // the pool's clock when a block was last carved from it
+    uint64_t last_use = 0;  // the pool's clock when a block was last carved from it
   };
   // The live block holding [ptr, ptr + bytes) in a pinned segment, or nullptr.
   const Block* pinned_block(const void* ptr, size_t bytes) const;

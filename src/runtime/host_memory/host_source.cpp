@@ -64,7 +64,8 @@ std::unique_ptr<HostSource> make_source(SourceKind kind, const HostPlacement& pl
                                         const ps_platform_api& api, ps_device_ctx* ctx) {
   const auto i = static_cast<size_t>(kind);
   if (i >= kSourceKindCount || registry()[i].make == nullptr)
-    throw Error(ErrorCode::internal, "no host source of kind " + std::to_string(i) + " is built in");
+    throw Error(ErrorCode::internal,
+                "no host source of kind " + std::to_string(i) + " is built in");
   return registry()[i].make(placement, api, ctx);
 }
 
@@ -141,16 +142,16 @@ class Vendor final : public HostSource {
   ps_device_ctx* ctx_;
 };
 
-const SourceRegistration kAnonymous(
-    SourceKind::anonymous, "anonymous",
-    [](const HostPlacement& p, const ps_platform_api&, ps_device_ctx*) -> std::unique_ptr<HostSource> {
-      return std::make_unique<Anonymous>(p);
-    });
-const SourceRegistration kVendor(
-    SourceKind::vendor, "vendor",
-    [](const HostPlacement&, const ps_platform_api& api, ps_device_ctx* ctx) -> std::unique_ptr<HostSource> {
-      return std::make_unique<Vendor>(api, ctx);
-    });
+const SourceRegistration kAnonymous(SourceKind::anonymous, "anonymous",
+                                    [](const HostPlacement& p, const ps_platform_api&,
+                                       ps_device_ctx*) -> std::unique_ptr<HostSource> {
+                                      return std::make_unique<Anonymous>(p);
+                                    });
+const SourceRegistration kVendor(SourceKind::vendor, "vendor",
+                                 [](const HostPlacement&, const ps_platform_api& api,
+                                    ps_device_ctx* ctx) -> std::unique_ptr<HostSource> {
+                                   return std::make_unique<Vendor>(api, ctx);
+                                 });
 
 }  // namespace
 

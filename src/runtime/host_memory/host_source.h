@@ -38,14 +38,14 @@ constexpr bool registered(SourceKind kind) { return kind != SourceKind::vendor; 
 struct HostSegment {
   SourceKind source = SourceKind::anonymous;
   void* data = nullptr;
-  size_t bytes = 0;         // whole pages: what is mapped, and registered
-  void* handle = nullptr;   // vendor: the plugin's record
-  bool read_only = false;   // file_shared: PROT_READ, registered read-only
-  bool huge = false;        // advised huge pages
-  bool on_fault = false;    // registered before it was faulted (PS_REGISTER_ON_FAULT)
-  PrefaultReport fault;     // its pre-fault when it had one
+  size_t bytes = 0;        // whole pages: what is mapped, and registered
+  void* handle = nullptr;  // vendor: the plugin's record
+  bool read_only = false;  // file_shared: PROT_READ, registered read-only
+  bool huge = false;       // advised huge pages
+  bool on_fault = false;   // registered before it was faulted (PS_REGISTER_ON_FAULT)
+  PrefaultReport fault;    // its pre-fault when it had one
   double map_seconds = 0;
-  std::string note;         // why the placement's huge pages were not asked for, or ""
+  std::string note;  // why the placement's huge pages were not asked for, or ""
   ps_allocation allocation() const { return ps_allocation{data, bytes, handle}; }
 };
 
@@ -97,8 +97,7 @@ std::unique_ptr<HostSource> make_source(SourceKind kind, const HostPlacement& pl
 // How a source's file enters it in the list make_source() and source_name() read: one
 // static SourceRegistration per kind, made when the library loads.
 using SourceMaker = std::unique_ptr<HostSource> (*)(const HostPlacement& placement,
-                                                    const ps_platform_api& api,
-                                                    ps_device_ctx* ctx);
+                                                    const ps_platform_api& api, ps_device_ctx* ctx);
 struct SourceRegistration {
   SourceRegistration(SourceKind kind, const char* name, SourceMaker make) noexcept;
 };

@@ -78,7 +78,8 @@ MapOptions HostPlacement::map_options(size_t bytes, bool fault, std::string* not
       o.huge_pages = false;
       if (note != nullptr)
         *note = "base pages: " + std::to_string(free >> 20) + " MiB free in 2 MiB blocks for " +
-                std::to_string(bytes >> 20) + " MiB (PINSTAGE_HOST_HUGE_PAGES=thp takes them anyway)";
+                std::to_string(bytes >> 20) +
+                " MiB (PINSTAGE_HOST_HUGE_PAGES=thp takes them anyway)";
     }
   }
   return o;

@@ -19,7 +19,8 @@ namespace {
 // writable, placed on the node and faulted for writing (allocating its pages).
 class SharedNamed final : public HostSource {
  public:
-  explicit SharedNamed(const HostPlacement& p) : HostSource(SourceKind::shared_named), placement_(p) {}
+  explicit SharedNamed(const HostPlacement& p)
+      : HostSource(SourceKind::shared_named), placement_(p) {}
   HostSegment make(const SegmentRequest& r) override {
     struct stat st {};
     if (::fstat(r.fd, &st) != 0)
@@ -36,8 +37,9 @@ class SharedNamed final : public HostSource {
     MappedPages pages{data, bytes, data, bytes, {}, 0};
     try {
       if (placement_.numa_node >= 0) numa_system().bind(data, bytes, placement_.numa_node);
-      if (r.fault) pages.prefault = prefault(data, bytes, placement_.fault_threads, 0,
-                                             PrefaultMethod::populate);
+      if (r.fault)
+        pages.prefault =
+            prefault(data, bytes, placement_.fault_threads, 0, PrefaultMethod::populate);
     } catch (...) {
       ::munmap(data, bytes);
       throw;
@@ -49,12 +51,11 @@ class SharedNamed final : public HostSource {
   const HostPlacement& placement_;
 };
 
-
-const SourceRegistration kSharedNamed(
-    SourceKind::shared_named, "shared_named",
-    [](const HostPlacement& p, const ps_platform_api&, ps_device_ctx*) -> std::unique_ptr<HostSource> {
-      return std::make_unique<SharedNamed>(p);
-    });
+const SourceRegistration kSharedNamed(SourceKind::shared_named, "shared_named",
+                                      [](const HostPlacement& p, const ps_platform_api&,
+                                         ps_device_ctx*) -> std::unique_ptr<HostSource> {
+                                        return std::make_unique<SharedNamed>(p);
+                                      });
 
 }  // namespace
 }  // namespace pinstage::runtime
