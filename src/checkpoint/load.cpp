@@ -291,6 +291,7 @@ namespace detail {
 // anything is read, unless verify_if_present.
 void check_verifiable(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors,
                       const CheckpointLoadOptions& o) {
+  check_sidecar(c, o);  // a stale sidecar refuses a load that verifies, as the CLI's does
   if (!o.verify || o.verify_if_present) return;
   size_t unhashed = 0;
   const CheckpointTensor* first = nullptr;

@@ -158,8 +158,6 @@ def test_from_pretrained_refuses_a_state_dict_of_its_own(saved, worker):
         from_pretrained(transformers.Qwen3ForCausalLM, path, worker=worker, state_dict={})
 
 
-@pytest.mark.xfail(strict=True, reason="issue 47: dynamo cannot trace ReadOnlyTensor yet "
-                   "(RecursionError in torch 2.14); flip this once map tensors compile")
 def test_logits_under_torch_compile_in_map_mode(saved, worker):
     # backend="eager": dynamo's tracing, which is what fails, without inductor's minutes
     # of C++ compilation on a 2-core machine.

@@ -460,22 +460,25 @@ void HostFill::abandon() noexcept {
   runtime::WorkerState& s = *owner_;
   runtime::CallGuard guard(s);
   if (!guard.entered()) return;  // finalize released it already
-  if (on_fault_) {               // registered before its writers: out of the table, unpinned again
+  try {
+    if (on_fault_) {  // registered before its writers: out of the table, unpinned again
+      {
+        std::lock_guard lock(s.mu);
+        s.table.erase(runtime::entry_kind(runtime::SourceKind::anonymous), data_);
+      }
+      const std::string why =
+          s.release_host(runtime::SourceKind::anonymous, {data_, bytes_, nullptr}, true, false);
+      if (!why.empty()) log(LogLevel::error, "unpinning an abandoned fill failed: " + why);
+    }
+    std::vector<runtime::HostPool::Owned> free_now;
     {
       std::lock_guard lock(s.mu);
-      s.table.erase(runtime::entry_kind(runtime::SourceKind::anonymous), data_);
+      s.host.end_fill(data_, false);
+      free_now = s.host.take_free_segments(0);  // wholly free already: back now
     }
-    const std::string why =
-        s.release_host(runtime::SourceKind::anonymous, {data_, bytes_, nullptr}, true, false);
-    if (!why.empty()) log(LogLevel::error, "unpinning an abandoned fill failed: " + why);
+    if (!free_now.empty()) s.release_segments(free_now, false);
+  } catch (...) {  // no memory for a log line: the segment stays for finalize
   }
-  std::vector<runtime::HostPool::Owned> free_now;
-  {
-    std::lock_guard lock(s.mu);
-    s.host.end_fill(data_, false);
-    free_now = s.host.take_free_segments(0);  // wholly free already: back now
-  }
-  if (!free_now.empty()) s.release_segments(free_now, false);
 }
 
 double HostFill::fault_seconds() const noexcept {
