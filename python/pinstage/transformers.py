@@ -19,7 +19,8 @@ import torch
 
 import pinstage
 from ._pinstage import InvalidArgumentError
-from .checkpoint import ReadOnlyTensor, _mapped_span, _mode
+from ._readonly import _span
+from .checkpoint import ReadOnlyTensor, _mode
 
 
 def _model_class(model_class, config):
@@ -50,14 +51,20 @@ def _refuse_cast(state, dtype):
             "the mapped one; pass dtype='auto' to keep the checkpoint's, or mode='copy'")
 
 
+def _mapped_span(tensors):
+    """[start, end) of the mapped storage under each read-only tensor among `tensors`."""
+    return [_span(t._elem) for t in tensors if isinstance(t, ReadOnlyTensor)]
+
+
 def _copied(model, state):
     """(count, bytes) of the parameters that are not views of the mapping (buffers such as
     rotary tables are computed, never loaded)."""
     spans = _mapped_span(list(state.values()))
     count = nbytes = 0
     for t in model.parameters():
+        base = getattr(t, "_elem", t)  # a read-only wrapper: the mapped tensor under it
         with torch._C.DisableTorchFunction():
-            ptr, size = t.data_ptr(), t.numel() * t.element_size()
+            ptr, size = base.data_ptr(), base.numel() * base.element_size()
         if size and not any(lo <= ptr < hi for lo, hi in spans):
             count, nbytes = count + 1, nbytes + size
     return count, nbytes
