@@ -587,9 +587,10 @@ def child_arm(arm, mode, files, d):
     return out
 # --- the floors ------------------------------------------------------------------------------
 
-def in_threads(fn, n, threads):
-    """fn(lo, hi) on `threads` page-aligned slices of [0, n), one thread each; seconds."""
-    step = -(-n // threads // PAGE) * PAGE
+def in_threads(fn, n, threads, align=PAGE):
+    """fn(lo, hi) on `threads` slices of [0, n) aligned to `align`, one thread each;
+    seconds."""
+    step = -(-n // threads // align) * align
     parts = [(lo, min(n, lo + step)) for lo in range(0, n, step)]
     ts = [threading.Thread(target=fn, args=p) for p in parts]
     t0 = time.perf_counter()
@@ -661,15 +662,7 @@ def floor_pread(files, n, threads, chunk=16 << 20):
             os.preadv(fds[f], [view[dst:dst + length]], off)
 
     try:
-        step = -(-len(ranges) // threads)
-        parts = [(lo, min(len(ranges), lo + step)) for lo in range(0, len(ranges), step)]
-        ts = [threading.Thread(target=read, args=p) for p in parts]
-        t0 = time.perf_counter()
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        seconds = time.perf_counter() - t0
+        seconds = in_threads(read, len(ranges), threads, align=1)
     finally:
         for fd in fds.values():
             os.close(fd)

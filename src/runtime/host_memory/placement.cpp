@@ -65,23 +65,20 @@ HostPlacement decide_placement(int numa_node, const std::string& thp_root) {
 }
 
 MapOptions HostPlacement::map_options(size_t bytes, bool fault, std::string* note) const {
-  MapOptions o;
-  o.prefault = fault;
-  o.method = method;
-  o.threads = fault_threads;
-  o.numa_node = numa_node;
-  o.huge_stall_seconds = stall_seconds;
-  o.huge_pages = huge_pages && bytes >= kHugePage;
-  if (o.huge_pages && huge_needs_free_blocks) {
-    const uint64_t free = free_huge_page_bytes(numa_node);
-    if (free != UINT64_MAX && free < bytes) {
-      o.huge_pages = false;
-      if (note != nullptr)
-        *note = "base pages: " + std::to_string(free >> 20) + " MiB free in 2 MiB blocks for " +
-                std::to_string(bytes >> 20) +
-                " MiB (PINSTAGE_HOST_HUGE_PAGES=thp takes them anyway)";
-    }
-  }
+  MapOptions o{.prefault = fault,
+               .method = method,
+               .threads = fault_threads,
+               .huge_pages = huge_pages && bytes >= kHugePage,
+               .huge_stall_seconds = stall_seconds,
+               .numa_node = numa_node};
+  if (!o.huge_pages || !huge_needs_free_blocks) return o;
+  // auto: only where the kernel has the free blocks, so no fault compacts memory for one.
+  const uint64_t free = free_huge_page_bytes(numa_node);
+  if (free == UINT64_MAX || free >= bytes) return o;
+  o.huge_pages = false;
+  if (note != nullptr)
+    *note = "base pages: " + std::to_string(free >> 20) + " MiB free in 2 MiB blocks for " +
+            std::to_string(bytes >> 20) + " MiB (PINSTAGE_HOST_HUGE_PAGES=thp takes them anyway)";
   return o;
 }
 

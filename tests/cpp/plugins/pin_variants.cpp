@@ -16,25 +16,31 @@ int refuse_read_only(ps_device_ctx* ctx, void* ptr, size_t bytes, uint32_t flags
   return sim_api.host_register(ctx, ptr, bytes, flags);
 }
 
-ps_platform_api table = [] {
+// sim's table with the pinning slots this variant lacks, or a refusing host_register.
+ps_platform_api variant(const char* name, bool register_slots, bool vendor_slots,
+                        decltype(ps_platform_api::host_register) host_register) {
   sim_api = sim_table();
   ps_platform_api api = sim_api;
-#if defined(PINSTAGE_NO_READ_ONLY)
-  api.name = "no_read_only";
-  api.host_register = refuse_read_only;
-#elif defined(PINSTAGE_NO_PINNING)
-  api.name = "no_pinning";
-  api.host_register = nullptr;
-  api.host_unregister = nullptr;
-  api.host_alloc_pinned = nullptr;
-  api.host_free_pinned = nullptr;
-#else
-  api.name = "no_register";
-  api.host_register = nullptr;
-  api.host_unregister = nullptr;
-#endif
+  api.name = name;
+  if (host_register != nullptr) api.host_register = host_register;
+  if (!register_slots) {
+    api.host_register = nullptr;
+    api.host_unregister = nullptr;
+  }
+  if (!vendor_slots) {
+    api.host_alloc_pinned = nullptr;
+    api.host_free_pinned = nullptr;
+  }
   return api;
-}();
+}
+
+#if defined(PINSTAGE_NO_READ_ONLY)
+ps_platform_api table = variant("no_read_only", true, true, refuse_read_only);
+#elif defined(PINSTAGE_NO_PINNING)
+ps_platform_api table = variant("no_pinning", false, false, nullptr);
+#else
+ps_platform_api table = variant("no_register", false, true, nullptr);
+#endif
 }  // namespace
 
 extern "C" PINSTAGE_PLUGIN_EXPORT const ps_platform_api* pinstage_platform_entry(void) {
