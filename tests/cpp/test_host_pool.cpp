@@ -80,7 +80,7 @@ TEST(HostPoolTable, BlocksAreExactPagesBestFitAndMergeOnlyInsideASegment) {
 TEST(HostPoolTable, ASegmentBeingFilledIsNotPinnedAndNotTrimmed) {
   HostPool pool;
   const uintptr_t base = uintptr_t{1} << 30;
-  pool.add_segment(fake_segment(base, 2 * kMiB, false), 0);
+  pool.add_segment(fake_segment(base, 2 * kMiB, false), 0, /*filling=*/true);
   auto a = pool.take(kMiB);
   ASSERT_TRUE(a);
   EXPECT_FALSE(pool.contains(*a, 1)) << "a block of a segment still being filled";
@@ -95,7 +95,7 @@ TEST(HostPoolTable, ASegmentBeingFilledIsNotPinnedAndNotTrimmed) {
   rel = pool.release(*b);
   pool.recycle(rel->ptr, rel->span);
   // A second segment whose fill failed: released first, even when no bytes are asked for.
-  pool.add_segment(fake_segment(base + 4 * kMiB, 2 * kMiB, false), 0);
+  pool.add_segment(fake_segment(base + 4 * kMiB, 2 * kMiB, false), 0, /*filling=*/true);
   pool.end_fill(reinterpret_cast<void*>(base + 4 * kMiB), false);
   const auto out = pool.take_free_segments(0);
   ASSERT_EQ(out.size(), 1u);
