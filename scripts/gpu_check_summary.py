@@ -83,47 +83,26 @@ def target(name, value, limit, ok, detail):
             "status": "n/a" if ok is None else ("pass" if ok else "FAIL"), "detail": detail}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    ap.add_argument("--probe")
-    ap.add_argument("--bench", action="append", default=[])
-    ap.add_argument("--tests", default="not run")
-    ap.add_argument("--note", action="append", default=[])
-    ap.add_argument("--expect", action="append", default=[], choices=["probe", "bench"])
-    ap.add_argument("--junit")
-    args = ap.parse_args()
-    if args.junit:
-        print(junit_line(args.junit))
-        return 0
-    if not args.out:
-        ap.error("--out is required")
-
-    probe = load(args.probe)
-    bench = merge_benches(args.bench)
-    link = None
-    if probe:
-        link = probe.get("link", {}).get("pinned_h2d", {}).get("best_gbps")
-
+def arm_stats(bench):
+    """Per arm: its per-group GB/s (whole bind and upload phase) and their min/max/median."""
     arms = {}
-    if bench:
-        for arm in bench.get("config", {}).get("arms", []):
-            per_group = arm_group_gbps(bench, arm)
-            upload = arm_group_gbps(bench, arm, "upload_gbps")
-            if per_group:
-                arms[arm] = {"group_gbps": per_group, "min_gbps": min(per_group),
-                             "max_gbps": max(per_group),
-                             "median_gbps": statistics.median(per_group),
-                             "upload_group_gbps": upload}
+    for arm in (bench or {}).get("config", {}).get("arms", []):
+        per_group = arm_group_gbps(bench, arm)
+        upload = arm_group_gbps(bench, arm, "upload_gbps")
+        if per_group:
+            arms[arm] = {"group_gbps": per_group, "min_gbps": min(per_group),
+                         "max_gbps": max(per_group),
+                         "median_gbps": statistics.median(per_group),
+                         "upload_group_gbps": upload}
+    return arms
 
-    targets = []
+
+def link_targets(arms, link):
+    """The pinned arm against the link limit, and its spread across groups."""
     pinned = arms.get("pinned")
-    staged = arms.get("staged")
-
     # The upload phase alone: the whole bind also downloads the caches and allocates, so
     # it can reach only about 0.74 of the link however fast the upload is.
-    ok = None
-    value = None
+    ok = value = None
     upload = pinned["upload_group_gbps"] if pinned else []
     if upload and link:
         value = min(upload) / link
@@ -133,40 +112,113 @@ def main():
         detail = (f"pinned upload phase {min(upload or [0]):.2f}-{max(upload or [0]):.2f} GB/s, "
                   f"link {link:.2f} GB/s; whole bind {pinned['min_gbps']:.2f}-"
                   f"{pinned['max_gbps']:.2f} GB/s = {pinned['min_gbps'] / link:.3f} of the link")
-    targets.append(target("pinned arm upload / link limit (worst group)", value, PINNED_VS_LINK,
-                          ok, detail))
-
+    out = [target("pinned arm upload / link limit (worst group)", value, PINNED_VS_LINK, ok,
+                  detail)]
     ok = value = None
     if pinned:
         value = (pinned["max_gbps"] - pinned["min_gbps"]) / pinned["max_gbps"]
         ok = value <= PINNED_SPREAD
-    targets.append(target("pinned min-max spread across groups", value, PINNED_SPREAD, ok,
-                          "(max - min) / max of the per-group GB/s" if pinned else "needs bench"))
+    out.append(target("pinned min-max spread across groups", value, PINNED_SPREAD, ok,
+                      "(max - min) / max of the per-group GB/s" if pinned else "needs bench"))
+    return out
 
-    ok = value = None
-    staging = None
+
+def staged_target(arms, bench):
+    """The staged arm against the pinned one, with the staging ring's size limit."""
+    pinned, staged = arms.get("pinned"), arms.get("staged")
+    ok = value = staging = None
     if bench:
         cfg = bench.get("config", {})
         staging = cfg.get("staging_buffers", 0) * cfg.get("staging_buffer_bytes", 0)
     if pinned and staged:
         value = staged["median_gbps"] / pinned["median_gbps"]
         ok = value >= STAGED_VS_PINNED and staging is not None and staging <= STAGING_MAX_BYTES
-    targets.append(target("staged arm / pinned arm (group medians)", value, STAGED_VS_PINNED, ok,
-                          f"staging ring {staging / 2**20:.0f} MiB (limit 64 MiB)"
-                          if staging is not None and staged else "needs bench with staged arm"))
+    return target("staged arm / pinned arm (group medians)", value, STAGED_VS_PINNED, ok,
+                  f"staging ring {staging / 2**20:.0f} MiB (limit 64 MiB)"
+                  if staging is not None and staged else "needs bench with staged arm")
 
+
+def pinning_target(probe):
+    """The runtime's pinning against cudaHostAlloc, from the probe."""
     ok = value = None
-    if probe and "register_speedup" in probe:  # the runtime's memory vs cudaHostAlloc
+    if probe and "register_speedup" in probe:
         value = probe["register_speedup"]
         ok = value >= REGISTER_SPEEDUP
-    pin_detail = "needs probe"
+    detail = "needs probe"
     if probe and probe.get("pinning"):
-        pin_detail = "; ".join(f"{p['config']}: {p['pin_seconds']:.2f} s" for p in probe["pinning"])
+        detail = "; ".join(f"{p['config']}: {p['pin_seconds']:.2f} s" for p in probe["pinning"])
+    return target("the runtime's pinning speed-up vs cudaHostAlloc", value, REGISTER_SPEEDUP,
+                  ok, detail)
+
+
+def print_probe(probe):
+    d = probe["device"]
+    print(f"device: {d['name']} ({d['total_bytes'] / 2**30:.1f} GiB, bus {d['pci_bus_id']}, "
+          f"driver {d['driver_version']}, runtime {d['runtime_version']})")
+    lk = probe["link"]
+    print(f"link limit ({lk['bytes'] / 2**20:.0f} MiB cudaMemcpy, best of {lk['reps']}): pinned H2D "
+          f"{lk['pinned_h2d']['best_gbps']:.2f} GB/s, D2H {lk['pinned_d2h']['best_gbps']:.2f}"
+          f" GB/s, pageable H2D {lk['pageable_h2d']['best_gbps']:.2f} GB/s")
+    for p in probe.get("pinning", []):
+        extra = ""
+        if p["mode"] == "register":
+            extra = (f" (placing and faulting {p['fault_seconds']:.2f} s, cudaHostRegister "
+                     f"{p['register_seconds']:.2f} s; huge pages: {p['huge_reason']})")
+        print(f"pin {p['bytes'] / 2**30:.2f} GiB [{p['config']}, round {p.get('round', 0) + 1}]: "
+              f"{p['pin_seconds']:.2f} s "
+              f"= {p['pin_gib_per_s']:.2f} GiB/s{extra}; "
+              + (f"warm (pool hit) {p['warm_pin_seconds'] * 1e3:.3f} ms = "
+                 f"{p['warm_over_cold']:.1e} of cold; " if "warm_pin_seconds" in p else "")
+              + f"free {p['free_seconds']:.2f} s; "
+              f"copy from it {p['copy_h2d_wall']['best_gbps']:.2f} GB/s")
+
+
+def print_summary(summary, probe, bench):
+    print("==== pinstage GPU check summary ====")
+    if probe:
+        print_probe(probe)
+    else:
+        print("probe: no result")
+    for arm, a in summary["arms"].items():
+        print(f"bench arm {arm}: {a['min_gbps']:.2f}-{a['max_gbps']:.2f} GB/s across groups "
+              f"(median {a['median_gbps']:.2f})")
+    if not bench:
+        print("bench: no result")
+    print(f"tests: {summary['tests']}")
+    for t in summary["targets"]:
+        v = "-" if t["value"] is None else f"{t['value']:.3f}"
+        print(f"[{t['status']:>4}] {t['target']}: {v} (limit {t['limit']}) {t['detail']}")
+    for n in summary["notes"]:
+        print(f"note: {n}")
+
+
+def parse_args():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--probe")
+    ap.add_argument("--bench", action="append", default=[])
+    ap.add_argument("--tests", default="not run")
+    ap.add_argument("--note", action="append", default=[])
+    ap.add_argument("--expect", action="append", default=[], choices=["probe", "bench"])
+    ap.add_argument("--junit")
+    args = ap.parse_args()
+    if not args.junit and not args.out:
+        ap.error("--out is required")
+    return args
+
+
+def main():
+    args = parse_args()
+    if args.junit:
+        print(junit_line(args.junit))
+        return 0
+    probe = load(args.probe)
+    bench = merge_benches(args.bench)
+    link = probe.get("link", {}).get("pinned_h2d", {}).get("best_gbps") if probe else None
+    arms = arm_stats(bench)
     if probe and not probe.get("complete", True):
         args.note.append("the probe did not finish: its JSON holds the sections it completed")
-    targets.append(target("the runtime's pinning speed-up vs cudaHostAlloc", value,
-                          REGISTER_SPEEDUP, ok, pin_detail))
-
+    targets = link_targets(arms, link) + [staged_target(arms, bench), pinning_target(probe)]
     summary = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": probe.get("device") if probe else None,
@@ -182,41 +234,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
-
-    print("==== pinstage GPU check summary ====")
-    if probe:
-        d = probe["device"]
-        print(f"device: {d['name']} ({d['total_bytes'] / 2**30:.1f} GiB, bus {d['pci_bus_id']}, "
-              f"driver {d['driver_version']}, runtime {d['runtime_version']})")
-        lk = probe["link"]
-        print(f"link limit ({lk['bytes'] / 2**20:.0f} MiB cudaMemcpy, best of {lk['reps']}): pinned H2D "
-              f"{lk['pinned_h2d']['best_gbps']:.2f} GB/s, D2H {lk['pinned_d2h']['best_gbps']:.2f}"
-              f" GB/s, pageable H2D {lk['pageable_h2d']['best_gbps']:.2f} GB/s")
-        for p in probe.get("pinning", []):
-            extra = ""
-            if p["mode"] == "register":
-                extra = (f" (placing and faulting {p['fault_seconds']:.2f} s, cudaHostRegister "
-                         f"{p['register_seconds']:.2f} s; huge pages: {p['huge_reason']})")
-            print(f"pin {p['bytes'] / 2**30:.2f} GiB [{p['config']}, round {p.get('round', 0) + 1}]: "
-                  f"{p['pin_seconds']:.2f} s "
-                  f"= {p['pin_gib_per_s']:.2f} GiB/s{extra}; "
-                  + (f"warm (pool hit) {p['warm_pin_seconds'] * 1e3:.3f} ms = "
-                     f"{p['warm_over_cold']:.1e} of cold; " if "warm_pin_seconds" in p else "")
-                  + f"free {p['free_seconds']:.2f} s; "
-                  f"copy from it {p['copy_h2d_wall']['best_gbps']:.2f} GB/s")
-    else:
-        print("probe: no result")
-    for arm, a in arms.items():
-        print(f"bench arm {arm}: {a['min_gbps']:.2f}-{a['max_gbps']:.2f} GB/s across groups "
-              f"(median {a['median_gbps']:.2f})")
-    if not bench:
-        print("bench: no result")
-    print(f"tests: {args.tests}")
-    for t in targets:
-        v = "-" if t["value"] is None else f"{t['value']:.3f}"
-        print(f"[{t['status']:>4}] {t['target']}: {v} (limit {t['limit']}) {t['detail']}")
-    for n in args.note:
-        print(f"note: {n}")
+    print_summary(summary, probe, bench)
     missing = [what for what, got in (("probe", probe), ("bench", bench))
                if what in args.expect and not got]
     if missing:
