@@ -401,6 +401,36 @@ unsigned char* shadow_of(std::map<uintptr_t, Range>::iterator it, const void* p)
   return it->second.shadow + (reinterpret_cast<uintptr_t>(p) - it->first);
 }
 
+// The errors the fake names (cudaGetErrorName), each with the real runtime's text where
+// the fake gives it (cudaGetErrorString; NULL: the fake's generic text).
+struct FakeError {
+  cudaError_t code;
+  const char* name;
+  const char* text;
+};
+constexpr FakeError kFakeErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", nullptr},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorDevicesUnavailable, "cudaErrorDevicesUnavailable",
+     "CUDA-capable device(s) is/are busy or unavailable"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorHostMemoryAlreadyRegistered, "cudaErrorHostMemoryAlreadyRegistered", nullptr},
+    {cudaErrorHostMemoryNotRegistered, "cudaErrorHostMemoryNotRegistered", nullptr},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
+     "an illegal memory access was encountered"},
+    {cudaErrorNotReady, "cudaErrorNotReady", nullptr},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", nullptr},
+};
+
+const FakeError* fake_error(cudaError_t e) {
+  for (const FakeError& known : kFakeErrors)
+    if (known.code == e) return &known;
+  return nullptr;
+}
+
 }  // namespace
 
 extern "C" {
@@ -530,55 +560,13 @@ cudaError_t cudaPeekAtLastError(void) {
 }
 
 const char* cudaGetErrorName(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-      return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidDevice:
-      return "cudaErrorInvalidDevice";
-    case cudaErrorNoDevice:
-      return "cudaErrorNoDevice";
-    case cudaErrorDevicesUnavailable:
-      return "cudaErrorDevicesUnavailable";
-    case cudaErrorInvalidResourceHandle:
-      return "cudaErrorInvalidResourceHandle";
-    case cudaErrorHostMemoryAlreadyRegistered:
-      return "cudaErrorHostMemoryAlreadyRegistered";
-    case cudaErrorHostMemoryNotRegistered:
-      return "cudaErrorHostMemoryNotRegistered";
-    case cudaErrorIllegalAddress:
-      return "cudaErrorIllegalAddress";
-    case cudaErrorNotReady:
-      return "cudaErrorNotReady";
-    case cudaErrorLaunchFailure:
-      return "cudaErrorLaunchFailure";
-    default:
-      return "cudaErrorUnknown";
-  }
+  const FakeError* known = fake_error(e);
+  return known != nullptr ? known->name : "cudaErrorUnknown";
 }
 
 const char* cudaGetErrorString(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorMemoryAllocation:
-      return "out of memory";
-    case cudaErrorNoDevice:
-      return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevice:
-      return "invalid device ordinal";
-    case cudaErrorDevicesUnavailable:
-      return "CUDA-capable device(s) is/are busy or unavailable";
-    case cudaErrorInvalidResourceHandle:
-      return "invalid resource handle";
-    case cudaErrorIllegalAddress:
-      return "an illegal memory access was encountered";
-    default:
-      return "fake CUDA runtime error";
-  }
+  const FakeError* known = fake_error(e);
+  return known != nullptr && known->text != nullptr ? known->text : "fake CUDA runtime error";
 }
 
 cudaError_t cudaDriverGetVersion(int* version) {

@@ -17,8 +17,16 @@
 //   static void P::register_range(ctx, ptr, bytes, read_only), P::unregister_range(ctx, ptr,
 //     bytes)   pins / unpins memory the runtime mapped (ABI v7), in the device's scope;
 //   using P::PinStats, P::PinStatsFn; static constexpr const char* P::kPinStatsName   its
-//     pin_stats extension (the struct, the documented function type, the name).
-// A plugin's table names them: `.mem_info = slots::mem_info<CudaSlots>`.
+//     pin_stats extension (the struct, the documented function type, the name);
+//   static void P::copy_d2d(ctx, dst, src, bytes, stream), P::fill(ctx, dst, value, bytes,
+//     stream)   the device-side work (ABI v5), arguments checked (stream NULL: synchronous);
+//   static std::unique_ptr<Ctx> P::open_context(device_id, options)   the context for a
+//     device id >= 0 (create_context);
+//   static constexpr const char* P::kName, and the slots each plugin writes itself, with
+//     the ABI's signatures: P::last_error, destroy_context, device_free,
+//     stream_destroy, event_destroy, host_free_pinned, device_count, device_props, and
+//     optionally event_query.
+// A plugin's table is device_api<P>(): `kApi = slots::device_api<CudaSlots>()`.
 #pragma once
 
 #include <cstddef>
@@ -246,6 +254,28 @@ int host_unregister(typename P::Ctx* ctx, void* ptr, size_t bytes) {
   });
 }
 
+// ABI v5 device-side work: the pointers checked; a 0-byte copy or fill does nothing.
+template <class P>
+int copy_d2d_async(typename P::Ctx* ctx, void* dst, const void* src, size_t bytes,
+                   ps_stream* stream) {
+  return P::guarded([&] {
+    P::require_ctx(ctx);
+    require(dst != nullptr && src != nullptr, "device-to-device copy: a pointer is NULL");
+    if (bytes == 0) return;
+    P::copy_d2d(ctx, dst, src, bytes, stream);
+  });
+}
+
+template <class P>
+int memset_async(typename P::Ctx* ctx, void* dst, int value, size_t bytes, ps_stream* stream) {
+  return P::guarded([&] {
+    P::require_ctx(ctx);
+    require(dst != nullptr, "device fill: the pointer is NULL");
+    if (bytes == 0) return;
+    P::fill(ctx, dst, value, bytes, stream);
+  });
+}
+
 // A plugin that only stages data: its pinned memory is page-locked, copies may be async,
 // and it runs no host callables (device memory is not host memory).
 template <class P>
@@ -268,6 +298,68 @@ void* get_proc_address(const char* name) {
   if (name == nullptr || std::strcmp(name, P::kPinStatsName) != 0) return nullptr;
   const typename P::PinStatsFn fn = pin_stats<P, typename P::PinStats>;
   return reinterpret_cast<void*>(fn);
+}
+
+// create_context: the output pointer and the device id checked; `*out` is NULL unless
+// P::open_context made the context.
+template <class P>
+int create_context(int device_id, const ps_context_options* options, typename P::Ctx** out) {
+  return P::guarded([&] {
+    require(out != nullptr, "create_context: output pointer is NULL");
+    *out = nullptr;
+    if (device_id < 0)
+      fail(PS_ERR_INVALID_ARGUMENT, "device id must be >= 0, got " + std::to_string(device_id));
+    *out = P::open_context(device_id, options).release();
+  });
+}
+
+// An optional slot of the plugin's own: P::event_query where it has one, else NULL.
+template <class P>
+constexpr decltype(ps_platform_api::event_query) optional_event_query() {
+  if constexpr (requires { P::event_query; })
+    return P::event_query;
+  else
+    return nullptr;
+}
+
+// The plugin's table: the slots above, and the plugin's own (P::create_context ...).
+// host_execute is NULL: a device plugin only stages data.
+template <class P>
+constexpr ps_platform_api device_api() {
+  return {
+      .api_version = PINSTAGE_PLATFORM_API_VERSION,
+      .name = P::kName,
+      .last_error = P::last_error,
+      .get_proc_address = get_proc_address<P>,
+      .create_context = create_context<P>,
+      .destroy_context = P::destroy_context,
+      .device_malloc = device_malloc<P>,
+      .device_free = P::device_free,
+      .copy_h2d = copy_h2d<P>,
+      .copy_d2h = copy_d2h<P>,
+      .stream_create = stream_create<P>,
+      .stream_destroy = P::stream_destroy,
+      .stream_sync = stream_sync<P>,
+      .copy_h2d_async = copy_async<P, true>,
+      .copy_d2h_async = copy_async<P, false>,
+      .event_create = event_create<P>,
+      .event_destroy = P::event_destroy,
+      .event_record = event_record<P>,
+      .event_sync = event_sync<P>,
+      .host_alloc_pinned = host_alloc_pinned<P>,
+      .host_free_pinned = P::host_free_pinned,
+      .mem_info = mem_info<P>,
+      .get_capabilities = get_capabilities<P>,
+      .host_execute = nullptr,
+      .inject_fault = inject_fault<P>,
+      .event_query = optional_event_query<P>(),
+      .copy_d2d_async = copy_d2d_async<P>,
+      .memset_async = memset_async<P>,
+      .device_count = P::device_count,
+      .device_props = P::device_props,
+      .host_register = host_register<P>,
+      .host_unregister = host_unregister<P>,
+  };
 }
 
 }  // namespace pinstage::backend::slots

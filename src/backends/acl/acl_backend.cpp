@@ -205,6 +205,21 @@ struct AclSlots {
   static void pin(ps_device_ctx* ctx, size_t bytes, ps_allocation& out);
   static void register_range(ps_device_ctx* ctx, void* ptr, size_t bytes, bool read_only);
   static void unregister_range(ps_device_ctx* ctx, void* ptr, size_t bytes);
+  static void copy_d2d(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+                       ps_stream* stream);
+  static void fill(ps_device_ctx* ctx, void* dst, int value, size_t bytes, ps_stream* stream);
+  static std::unique_ptr<ps_device_ctx> open_context(int device_id,
+                                                     const ps_context_options* options);
+  // The slots of its own (slots::device_api names them in the table).
+  static constexpr const char* kName = "acl";
+  static const char* last_error();
+  static int destroy_context(ps_device_ctx* ctx);
+  static int device_free(ps_device_ctx* ctx, const ps_allocation* allocation);
+  static int stream_destroy(ps_device_ctx* ctx, ps_stream* stream);
+  static int event_destroy(ps_device_ctx* ctx, ps_event* event);
+  static int host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation);
+  static int device_count(const ps_context_options* options, int* out);
+  static int device_props(int device_id, const ps_context_options* options, ps_device_props* out);
 };
 
 // ---- retry list (Note [Releases that failed]) ----
@@ -432,33 +447,28 @@ std::string teardown(ps_device_ctx* ctx, bool device_set) noexcept {
 
 // ---- slots ----
 
-const char* acl_last_error() { return t_last_error.c_str(); }
+const char* AclSlots::last_error() { return t_last_error.c_str(); }
 
-int acl_create_context(int device_id, const ps_context_options* options, ps_device_ctx** out) {
-  return guarded([&] {
-    require(out != nullptr, "create_context: output pointer is NULL");
-    *out = nullptr;
-    if (device_id < 0)
-      fail(PS_ERR_INVALID_ARGUMENT, "device id must be >= 0, got " + std::to_string(device_id));
-    auto ctx = std::make_unique<ps_device_ctx>();
-    ctx->device = device_id;
-    ctx->config = parse_config(options, "create_context");
-    acquire_process();
-    bool device_set = false;
-    try {
-      require_device(device_id);
-      open_device(ctx.get(), options != nullptr ? options->device_capacity_bytes : 0, device_set);
-    } catch (...) {
-      const std::string left = teardown(ctx.get(), device_set);
-      if (!left.empty())
-        pinstage::log(pinstage::LogLevel::error,
-                      "acl: undoing a failed "
-                      "create_context: " +
-                          left);
-      throw;
-    }
-    *out = ctx.release();
-  });
+std::unique_ptr<ps_device_ctx> AclSlots::open_context(int device_id,
+                                                      const ps_context_options* options) {
+  auto ctx = std::make_unique<ps_device_ctx>();
+  ctx->device = device_id;
+  ctx->config = parse_config(options, "create_context");
+  acquire_process();
+  bool device_set = false;
+  try {
+    require_device(device_id);
+    open_device(ctx.get(), options != nullptr ? options->device_capacity_bytes : 0, device_set);
+  } catch (...) {
+    const std::string left = teardown(ctx.get(), device_set);
+    if (!left.empty())
+      pinstage::log(pinstage::LogLevel::error,
+                    "acl: undoing a failed "
+                    "create_context: " +
+                        left);
+    throw;
+  }
+  return ctx;
 }
 
 // ---- topology (ABI v6, Note [Devices without a context]) ----
@@ -491,7 +501,7 @@ void describe_device(int id, ps_device_props& out) {
   if (!why.empty()) put_text(out.reason, "acl: " + why);
 }
 
-int acl_device_count(const ps_context_options* options, int* out) {
+int AclSlots::device_count(const ps_context_options* options, int* out) {
   return guarded([&] {
     require(out != nullptr, "device_count: output pointer is NULL");
     *out = 0;
@@ -503,7 +513,7 @@ int acl_device_count(const ps_context_options* options, int* out) {
   });
 }
 
-int acl_device_props(int device_id, const ps_context_options* options, ps_device_props* out) {
+int AclSlots::device_props(int device_id, const ps_context_options* options, ps_device_props* out) {
   return guarded([&] {
     require(out != nullptr, "device_props: output pointer is NULL");
     *out = ps_device_props{};
@@ -515,7 +525,7 @@ int acl_device_props(int device_id, const ps_context_options* options, ps_device
   });
 }
 
-int acl_destroy_context(ps_device_ctx* ctx) {
+int AclSlots::destroy_context(ps_device_ctx* ctx) {
   return guarded([&] {
     require_ctx(ctx);
     std::unique_ptr<ps_device_ctx> owned(ctx);
@@ -535,7 +545,7 @@ void* AclSlots::device_alloc(ps_device_ctx* ctx, size_t bytes) {
   return ptr;
 }
 
-int acl_device_free(ps_device_ctx* ctx, const ps_allocation* allocation) {
+int AclSlots::device_free(ps_device_ctx* ctx, const ps_allocation* allocation) {
   if (ctx == nullptr || allocation == nullptr || allocation->ptr == nullptr)
     return guarded([] { require(false, "device_free: context, allocation or pointer is NULL"); });
   return release(ctx, Retry::device, *allocation, [&] {
@@ -592,63 +602,53 @@ void AclSlots::copy_body(ps_device_ctx* ctx, void* dst, const void* src, size_t 
 // `stream`, or aclrtMemcpy without one. A fill is aclrtMemsetAsync; without a stream it
 // runs on a stream made for it and synchronized (the facts name no synchronous memset).
 // destMax/maxCount are `bytes`, as for the copies above (see the top).
-int acl_copy_d2d_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
-                       ps_stream* stream) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(dst != nullptr && src != nullptr, "device-to-device copy: a pointer is NULL");
-    if (bytes == 0) return;
-    use_ctx(ctx);
-    const Runtime& rt = runtime();
-    auto desc = [&](const char* call) {
-      return std::string(call) + " (device-to-device copy of " + std::to_string(bytes) +
-             " bytes on " + dev_name(ctx) + ")";
-    };
-    const auto kind = acl::ACL_MEMCPY_DEVICE_TO_DEVICE;
-    if (stream != nullptr)
-      check(
-          rt.aclrtMemcpyAsync(dst, bytes, src, bytes, kind, stream->stream),
-          [&] { return desc("aclrtMemcpyAsync"); }, PS_ERR_COPY_FAILED);
-    else
-      check(
-          rt.aclrtMemcpy(dst, bytes, src, bytes, kind), [&] { return desc("aclrtMemcpy"); },
-          PS_ERR_COPY_FAILED);
-  });
+void AclSlots::copy_d2d(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+                        ps_stream* stream) {
+  use_ctx(ctx);
+  const Runtime& rt = runtime();
+  auto desc = [&](const char* call) {
+    return std::string(call) + " (device-to-device copy of " + std::to_string(bytes) +
+           " bytes on " + dev_name(ctx) + ")";
+  };
+  const auto kind = acl::ACL_MEMCPY_DEVICE_TO_DEVICE;
+  if (stream != nullptr)
+    check(
+        rt.aclrtMemcpyAsync(dst, bytes, src, bytes, kind, stream->stream),
+        [&] { return desc("aclrtMemcpyAsync"); }, PS_ERR_COPY_FAILED);
+  else
+    check(
+        rt.aclrtMemcpy(dst, bytes, src, bytes, kind), [&] { return desc("aclrtMemcpy"); },
+        PS_ERR_COPY_FAILED);
 }
 
-int acl_memset_async(ps_device_ctx* ctx, void* dst, int value, size_t bytes, ps_stream* stream) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(dst != nullptr, "device fill: the pointer is NULL");
-    if (bytes == 0) return;
-    const Runtime& rt = runtime();
-    if (rt.aclrtMemsetAsync == nullptr)
-      fail(PS_ERR_UNSUPPORTED,
-           "device fill: this Ascend runtime (" + rt.path + ") has no aclrtMemsetAsync");
-    use_ctx(ctx);
-    auto desc = [&](const char* call) {
-      return std::string(call) + " (device fill of " + std::to_string(bytes) + " bytes on " +
-             dev_name(ctx) + ")";
-    };
-    if (stream != nullptr) {
-      check(
-          rt.aclrtMemsetAsync(dst, bytes, value, bytes, stream->stream),
-          [&] { return desc("aclrtMemsetAsync"); }, PS_ERR_COPY_FAILED);
-      return;
-    }
-    acl::aclrtStream own = nullptr;
-    check(rt.aclrtCreateStream(&own), [&] { return desc("aclrtCreateStream"); });
-    acl::aclError err = rt.aclrtMemsetAsync(dst, bytes, value, bytes, own);
-    const char* call = "aclrtMemsetAsync";
-    if (err == acl::ACL_SUCCESS) {
-      err = rt.aclrtSynchronizeStream(own);
-      call = "aclrtSynchronizeStream";
-    }
-    const acl::aclError destroyed = rt.aclrtDestroyStream(own);  // even after a failure
+void AclSlots::fill(ps_device_ctx* ctx, void* dst, int value, size_t bytes, ps_stream* stream) {
+  const Runtime& rt = runtime();
+  if (rt.aclrtMemsetAsync == nullptr)
+    fail(PS_ERR_UNSUPPORTED,
+         "device fill: this Ascend runtime (" + rt.path + ") has no aclrtMemsetAsync");
+  use_ctx(ctx);
+  auto desc = [&](const char* call) {
+    return std::string(call) + " (device fill of " + std::to_string(bytes) + " bytes on " +
+           dev_name(ctx) + ")";
+  };
+  if (stream != nullptr) {
     check(
-        err, [&] { return desc(call); }, PS_ERR_COPY_FAILED);
-    check(destroyed, [&] { return desc("aclrtDestroyStream"); });
-  });
+        rt.aclrtMemsetAsync(dst, bytes, value, bytes, stream->stream),
+        [&] { return desc("aclrtMemsetAsync"); }, PS_ERR_COPY_FAILED);
+    return;
+  }
+  acl::aclrtStream own = nullptr;
+  check(rt.aclrtCreateStream(&own), [&] { return desc("aclrtCreateStream"); });
+  acl::aclError err = rt.aclrtMemsetAsync(dst, bytes, value, bytes, own);
+  const char* call = "aclrtMemsetAsync";
+  if (err == acl::ACL_SUCCESS) {
+    err = rt.aclrtSynchronizeStream(own);
+    call = "aclrtSynchronizeStream";
+  }
+  const acl::aclError destroyed = rt.aclrtDestroyStream(own);  // even after a failure
+  check(
+      err, [&] { return desc(call); }, PS_ERR_COPY_FAILED);
+  check(destroyed, [&] { return desc("aclrtDestroyStream"); });
 }
 
 std::unique_ptr<ps_stream> AclSlots::new_stream(ps_device_ctx* ctx) {
@@ -657,13 +657,21 @@ std::unique_ptr<ps_stream> AclSlots::new_stream(ps_device_ctx* ctx) {
   return s;
 }
 
-int acl_stream_destroy(ps_device_ctx* ctx, ps_stream* stream) {
-  if (ctx == nullptr || stream == nullptr)
-    return guarded([] { require(false, "stream_destroy: context or stream is NULL"); });
-  return release(ctx, Retry::stream, ps_allocation{stream, 0, nullptr}, [&] {
+// stream_destroy and event_destroy: `destroy` in the context, through release() (a
+// failed one goes on the retry list).
+template <class Handle>
+int destroy_handle(ps_device_ctx* ctx, Handle* handle, Retry kind, const char* message,
+                   void (*destroy)(const ps_device_ctx*, Handle*)) {
+  if (ctx == nullptr || handle == nullptr) return guarded([message] { require(false, message); });
+  return release(ctx, kind, ps_allocation{handle, 0, nullptr}, [&] {
     use_ctx(ctx);
-    destroy_stream(ctx, stream);
+    destroy(ctx, handle);
   });
+}
+
+int AclSlots::stream_destroy(ps_device_ctx* ctx, ps_stream* stream) {
+  return destroy_handle(ctx, stream, Retry::stream, "stream_destroy: context or stream is NULL",
+                        destroy_stream);
 }
 
 void AclSlots::sync_stream(ps_device_ctx* ctx, ps_stream* stream) {
@@ -678,13 +686,9 @@ std::unique_ptr<ps_event> AclSlots::new_event(ps_device_ctx* ctx) {
   return e;
 }
 
-int acl_event_destroy(ps_device_ctx* ctx, ps_event* event) {
-  if (ctx == nullptr || event == nullptr)
-    return guarded([] { require(false, "event_destroy: context or event is NULL"); });
-  return release(ctx, Retry::event, ps_allocation{event, 0, nullptr}, [&] {
-    use_ctx(ctx);
-    destroy_event(ctx, event);
-  });
+int AclSlots::event_destroy(ps_device_ctx* ctx, ps_event* event) {
+  return destroy_handle(ctx, event, Retry::event, "event_destroy: context or event is NULL",
+                        destroy_event);
 }
 
 void AclSlots::record_event(ps_device_ctx* ctx, ps_event* event, ps_stream* stream) {
@@ -763,7 +767,7 @@ void AclSlots::pin(ps_device_ctx* ctx, size_t bytes, ps_allocation& out) {
   count_pinning(ctx, PS_ACL_PIN_MALLOC_HOST, bytes, watch.seconds());
 }
 
-int acl_host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
+int AclSlots::host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
   if (ctx == nullptr || allocation == nullptr || allocation->ptr == nullptr)
     return guarded(
         [] { require(false, "host_free_pinned: context, allocation or pointer is NULL"); });
@@ -774,39 +778,7 @@ int acl_host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
   });
 }
 
-constexpr ps_platform_api kApi = {
-    .api_version = PINSTAGE_PLATFORM_API_VERSION,
-    .name = "acl",
-    .last_error = acl_last_error,
-    .get_proc_address = slots::get_proc_address<AclSlots>,
-    .create_context = acl_create_context,
-    .destroy_context = acl_destroy_context,
-    .device_malloc = slots::device_malloc<AclSlots>,
-    .device_free = acl_device_free,
-    .copy_h2d = slots::copy_h2d<AclSlots>,
-    .copy_d2h = slots::copy_d2h<AclSlots>,
-    .stream_create = slots::stream_create<AclSlots>,
-    .stream_destroy = acl_stream_destroy,
-    .stream_sync = slots::stream_sync<AclSlots>,
-    .copy_h2d_async = slots::copy_async<AclSlots, true>,
-    .copy_d2h_async = slots::copy_async<AclSlots, false>,
-    .event_create = slots::event_create<AclSlots>,
-    .event_destroy = acl_event_destroy,
-    .event_record = slots::event_record<AclSlots>,
-    .event_sync = slots::event_sync<AclSlots>,
-    .host_alloc_pinned = slots::host_alloc_pinned<AclSlots>,
-    .host_free_pinned = acl_host_free_pinned,
-    .mem_info = slots::mem_info<AclSlots>,
-    .get_capabilities = slots::get_capabilities<AclSlots>,
-    .host_execute = nullptr,  // the acl backend only stages data
-    .inject_fault = slots::inject_fault<AclSlots>,
-    .copy_d2d_async = acl_copy_d2d_async,
-    .memset_async = acl_memset_async,
-    .device_count = acl_device_count,
-    .device_props = acl_device_props,
-    .host_register = slots::host_register<AclSlots>,
-    .host_unregister = slots::host_unregister<AclSlots>,
-};
+constexpr ps_platform_api kApi = slots::device_api<AclSlots>();
 
 }  // namespace
 

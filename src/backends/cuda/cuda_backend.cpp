@@ -328,7 +328,44 @@ struct CudaSlots {
   static void pin(ps_device_ctx* ctx, size_t bytes, ps_allocation& out);
   static void register_range(ps_device_ctx* ctx, void* ptr, size_t bytes, bool read_only);
   static void unregister_range(ps_device_ctx* ctx, void* ptr, size_t bytes);
+  static void copy_d2d(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+                       ps_stream* stream);
+  static void fill(ps_device_ctx* ctx, void* dst, int value, size_t bytes, ps_stream* stream);
+  static std::unique_ptr<ps_device_ctx> open_context(int device_id,
+                                                     const ps_context_options* options);
+  // The slots of its own (slots::device_api names them in the table).
+  static constexpr const char* kName = "cuda";
+  static const char* last_error();
+  static int destroy_context(ps_device_ctx* ctx);
+  static int device_free(ps_device_ctx* ctx, const ps_allocation* allocation);
+  static int stream_destroy(ps_device_ctx* ctx, ps_stream* stream);
+  static int event_destroy(ps_device_ctx* ctx, ps_event* event);
+  static int host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation);
+  static int device_count(const ps_context_options* options, int* out);
+  static int device_props(int device_id, const ps_context_options* options, ps_device_props* out);
+  static int event_query(ps_device_ctx* ctx, ps_event* event);
 };
+
+// A release slot's fault hook (the frees): its kind and the slot's name.
+struct ReleaseFault {
+  ps_fault_kind kind;
+  const char* slot;
+};
+
+// The release slots: `message` when `ok` is false (a NULL argument), the fault hook, then
+// `body` in the device's scope for releases (Note [Sticky errors]: a release is still
+// attempted after one).
+template <class Body>
+int release_slot(ps_device_ctx* ctx, bool ok, const char* message, Body&& body,
+                 std::optional<ReleaseFault> fault = std::nullopt) {
+  return guarded([&] {
+    require_ctx(ctx);
+    require(ok, message);
+    if (fault) maybe_fault(ctx, fault->kind, fault->slot);
+    const SlotScope scope(ctx, true);
+    body();
+  });
+}
 
 std::string fmt(const char* format, double value) {
   char buf[64];
@@ -415,7 +452,7 @@ CudaOptions parse_options(const ps_context_options* options, const char* slot) {
 
 // ---- slots ----
 
-const char* cuda_last_error() { return t_last_error.c_str(); }
+const char* CudaSlots::last_error() { return t_last_error.c_str(); }
 
 // The capacity from cudaMemGetInfo's free memory (slots::set_capacity), logged with the
 // device's name.
@@ -432,30 +469,25 @@ void plan_capacity(ps_device_ctx* ctx, const ps_context_options* options) {
                       });
 }
 
-int cuda_create_context(int device_id, const ps_context_options* options, ps_device_ctx** out) {
-  return guarded([&] {
-    require(out != nullptr, "create_context: output pointer is NULL");
-    *out = nullptr;
-    if (device_id < 0)
-      fail(PS_ERR_INVALID_ARGUMENT, "device id must be >= 0, got " + std::to_string(device_id));
-    const CudaOptions parsed = parse_options(options, "create_context");
-    require_device(device_id);
+std::unique_ptr<ps_device_ctx> CudaSlots::open_context(int device_id,
+                                                       const ps_context_options* options) {
+  const CudaOptions parsed = parse_options(options, "create_context");
+  require_device(device_id);
 
-    auto ctx = std::make_unique<ps_device_ctx>();
-    ctx->device = device_id;
-    ctx->config = parsed.pin;
-    const DeviceSwitch device(device_id, true);
-    plan_capacity(ctx.get(), options);
-    // Note [Pinning the runtime's memory]: read once, so a read-only pin is refused at once.
-    int read_only = 0;
-    if (cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, device_id) !=
-        cudaSuccess) {
-      (void)cudaGetLastError();
-      read_only = 0;
-    }
-    ctx->pin_stats.read_only_supported = read_only;
-    *out = ctx.release();
-  });
+  auto ctx = std::make_unique<ps_device_ctx>();
+  ctx->device = device_id;
+  ctx->config = parsed.pin;
+  const DeviceSwitch device(device_id, true);
+  plan_capacity(ctx.get(), options);
+  // Note [Pinning the runtime's memory]: read once, so a read-only pin is refused at once.
+  int read_only = 0;
+  if (cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, device_id) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    read_only = 0;
+  }
+  ctx->pin_stats.read_only_supported = read_only;
+  return ctx;
 }
 
 // ---- topology (ABI v6, Note [Devices without a context]) ----
@@ -514,7 +546,7 @@ void describe_device(int id, const std::string& sysfs_root, ps_device_props& out
   out.numa_node = numa_node_of(sysfs_root, out.pci_bus_id);
 }
 
-int cuda_device_count(const ps_context_options* options, int* out) {
+int CudaSlots::device_count(const ps_context_options* options, int* out) {
   return guarded([&] {
     require(out != nullptr, "device_count: output pointer is NULL");
     *out = 0;
@@ -523,7 +555,8 @@ int cuda_device_count(const ps_context_options* options, int* out) {
   });
 }
 
-int cuda_device_props(int device_id, const ps_context_options* options, ps_device_props* out) {
+int CudaSlots::device_props(int device_id, const ps_context_options* options,
+                            ps_device_props* out) {
   return guarded([&] {
     require(out != nullptr, "device_props: output pointer is NULL");
     *out = ps_device_props{};
@@ -536,9 +569,9 @@ int cuda_device_props(int device_id, const ps_context_options* options, ps_devic
 
 // The runtime has destroyed every stream and event and freed every allocation first
 // (platform_abi.h): only the pool of copy streams is left.
-int cuda_destroy_context(ps_device_ctx* ctx) {
+int CudaSlots::destroy_context(ps_device_ctx* ctx) {
   return guarded([&] {
-    std::unique_ptr<ps_device_ctx> owned(require_ctx(ctx));
+    std::unique_ptr<ps_device_ctx> owned(::require_ctx(ctx));
     const SlotScope scope(ctx, true);
     cudaError_t first = cudaSuccess;
     for (cudaStream_t s : ctx->idle_copy_streams) {
@@ -560,19 +593,18 @@ void* CudaSlots::device_alloc(ps_device_ctx* ctx, size_t bytes) {
 
 // The runtime hands each allocation back exactly once: `allocation` is one this context
 // made, with the size it asked for. cudaFree waits for the device's queued work.
-int cuda_device_free(ps_device_ctx* ctx, const ps_allocation* allocation) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(allocation != nullptr && allocation->ptr != nullptr,
-            "device_free: allocation or its pointer is NULL");
-    maybe_fault(ctx, PS_FAULT_DEVICE_FREE, "device_free");
-    const SlotScope scope(ctx, true);
-    // On failure the memory may still be held: it stays committed.
-    check(cudaFree(allocation->ptr), [&] {
-      return "cudaFree of " + std::to_string(allocation->bytes) + " bytes on " + dev_name(ctx);
-    });
-    ctx->capacity.release(allocation->bytes);
-  });
+int CudaSlots::device_free(ps_device_ctx* ctx, const ps_allocation* allocation) {
+  return release_slot(
+      ctx, allocation != nullptr && allocation->ptr != nullptr,
+      "device_free: allocation or its pointer is NULL",
+      [&] {
+        // On failure the memory may still be held: it stays committed.
+        check(cudaFree(allocation->ptr), [&] {
+          return "cudaFree of " + std::to_string(allocation->bytes) + " bytes on " + dev_name(ctx);
+        });
+        ctx->capacity.release(allocation->bytes);
+      },
+      ReleaseFault{PS_FAULT_DEVICE_FREE, "device_free"});
 }
 
 // One copy: queued on `stream`, or (null) on a stream borrowed from the pool and waited
@@ -619,27 +651,16 @@ void device_work(ps_device_ctx* ctx, ps_stream* stream, const char* call, const 
         PS_ERR_COPY_FAILED);
 }
 
-int cuda_copy_d2d_async(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
-                        ps_stream* stream) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(dst != nullptr && src != nullptr, "device-to-device copy: a pointer is NULL");
-    if (bytes == 0) return;
-    device_work(ctx, stream, "cudaMemcpyAsync", "device-to-device copy", bytes,
-                [&](cudaStream_t s) {
-                  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
-                });
+void CudaSlots::copy_d2d(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,
+                         ps_stream* stream) {
+  device_work(ctx, stream, "cudaMemcpyAsync", "device-to-device copy", bytes, [&](cudaStream_t s) {
+    return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
   });
 }
 
-int cuda_memset_async(ps_device_ctx* ctx, void* dst, int value, size_t bytes, ps_stream* stream) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(dst != nullptr, "device fill: the pointer is NULL");
-    if (bytes == 0) return;
-    device_work(ctx, stream, "cudaMemsetAsync", "device fill", bytes,
-                [&](cudaStream_t s) { return cudaMemsetAsync(dst, value, bytes, s); });
-  });
+void CudaSlots::fill(ps_device_ctx* ctx, void* dst, int value, size_t bytes, ps_stream* stream) {
+  device_work(ctx, stream, "cudaMemsetAsync", "device fill", bytes,
+              [&](cudaStream_t s) { return cudaMemsetAsync(dst, value, bytes, s); });
 }
 
 std::unique_ptr<ps_stream> CudaSlots::new_stream(ps_device_ctx* ctx) {
@@ -656,11 +677,8 @@ std::unique_ptr<ps_stream> CudaSlots::new_stream(ps_device_ctx* ctx) {
   return s;
 }
 
-int cuda_stream_destroy(ps_device_ctx* ctx, ps_stream* stream) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(stream != nullptr, "stream_destroy: stream is NULL");
-    const SlotScope scope(ctx, true);
+int CudaSlots::stream_destroy(ps_device_ctx* ctx, ps_stream* stream) {
+  return release_slot(ctx, stream != nullptr, "stream_destroy: stream is NULL", [&] {
     std::unique_ptr<ps_stream> owned(stream);
     // cudaStreamDestroy returns before queued copies ran; the ABI promises they are done
     // (the runtime frees their buffers next), so wait here.
@@ -690,11 +708,8 @@ std::unique_ptr<ps_event> CudaSlots::new_event(ps_device_ctx* ctx) {
   return e;
 }
 
-int cuda_event_destroy(ps_device_ctx* ctx, ps_event* event) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(event != nullptr, "event_destroy: event is NULL");
-    const SlotScope scope(ctx, true);
+int CudaSlots::event_destroy(ps_device_ctx* ctx, ps_event* event) {
+  return release_slot(ctx, event != nullptr, "event_destroy: event is NULL", [&] {
     std::unique_ptr<ps_event> owned(event);
     check(cudaEventDestroy(event->event), "cudaEventDestroy on " + dev_name(ctx));
   });
@@ -711,7 +726,7 @@ void CudaSlots::sync_event(ps_device_ctx* ctx, ps_event* event) {
       [ctx] { return "cudaEventSynchronize on " + dev_name(ctx); }, PS_ERR_COPY_FAILED);
 }
 
-int cuda_event_query(ps_device_ctx* ctx, ps_event* event) {
+int CudaSlots::event_query(ps_device_ctx* ctx, ps_event* event) {
   if (ctx == nullptr || event == nullptr) return PS_ERR_INVALID_ARGUMENT;
   int status = PS_OK;
   const int guard = guarded([&] {
@@ -840,58 +855,24 @@ void wait_for_streams(ps_device_ctx* ctx) {
         PS_ERR_COPY_FAILED);
 }
 
-int cuda_host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
-  return guarded([&] {
-    require_ctx(ctx);
-    require(allocation != nullptr && allocation->ptr != nullptr,
-            "host_free_pinned: allocation or its pointer is NULL");
-    maybe_fault(ctx, PS_FAULT_HOST_FREE, "host_free_pinned");
-    const SlotScope scope(ctx, true);
-    wait_for_streams(ctx);
-    const pinstage::Stopwatch watch;
-    check(cudaFreeHost(allocation->ptr), [&] {
-      return "cudaFreeHost of a " + std::to_string(allocation->bytes) + " byte pinned buffer on " +
-             dev_name(ctx);
-    });
-    std::lock_guard lock(ctx->mu);
-    ctx->pin_stats.alloc_free_seconds += watch.seconds();
-  });
+int CudaSlots::host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation) {
+  return release_slot(
+      ctx, allocation != nullptr && allocation->ptr != nullptr,
+      "host_free_pinned: allocation or its pointer is NULL",
+      [&] {
+        wait_for_streams(ctx);
+        const pinstage::Stopwatch watch;
+        check(cudaFreeHost(allocation->ptr), [&] {
+          return "cudaFreeHost of a " + std::to_string(allocation->bytes) +
+                 " byte pinned buffer on " + dev_name(ctx);
+        });
+        std::lock_guard lock(ctx->mu);
+        ctx->pin_stats.alloc_free_seconds += watch.seconds();
+      },
+      ReleaseFault{PS_FAULT_HOST_FREE, "host_free_pinned"});
 }
 
-constexpr ps_platform_api kApi = {
-    .api_version = PINSTAGE_PLATFORM_API_VERSION,
-    .name = "cuda",
-    .last_error = cuda_last_error,
-    .get_proc_address = slots::get_proc_address<CudaSlots>,
-    .create_context = cuda_create_context,
-    .destroy_context = cuda_destroy_context,
-    .device_malloc = slots::device_malloc<CudaSlots>,
-    .device_free = cuda_device_free,
-    .copy_h2d = slots::copy_h2d<CudaSlots>,
-    .copy_d2h = slots::copy_d2h<CudaSlots>,
-    .stream_create = slots::stream_create<CudaSlots>,
-    .stream_destroy = cuda_stream_destroy,
-    .stream_sync = slots::stream_sync<CudaSlots>,
-    .copy_h2d_async = slots::copy_async<CudaSlots, true>,
-    .copy_d2h_async = slots::copy_async<CudaSlots, false>,
-    .event_create = slots::event_create<CudaSlots>,
-    .event_destroy = cuda_event_destroy,
-    .event_record = slots::event_record<CudaSlots>,
-    .event_sync = slots::event_sync<CudaSlots>,
-    .host_alloc_pinned = slots::host_alloc_pinned<CudaSlots>,
-    .host_free_pinned = cuda_host_free_pinned,
-    .mem_info = slots::mem_info<CudaSlots>,
-    .get_capabilities = slots::get_capabilities<CudaSlots>,
-    .host_execute = nullptr,  // the cuda backend only stages data
-    .inject_fault = slots::inject_fault<CudaSlots>,
-    .event_query = cuda_event_query,
-    .copy_d2d_async = cuda_copy_d2d_async,
-    .memset_async = cuda_memset_async,
-    .device_count = cuda_device_count,
-    .device_props = cuda_device_props,
-    .host_register = slots::host_register<CudaSlots>,
-    .host_unregister = slots::host_unregister<CudaSlots>,
-};
+constexpr ps_platform_api kApi = slots::device_api<CudaSlots>();
 
 }  // namespace
 

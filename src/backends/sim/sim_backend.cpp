@@ -319,13 +319,19 @@ int destroy_handle(ps_device_ctx* raw, Handle* handle) {
   });
 }
 
-int stream_sync(ps_device_ctx* raw, ps_stream* stream) {
+// stream_sync and event_sync: `wait(&error)`'s status, with its message, is the slot's.
+template <class Wait>
+int wait_slot(ps_device_ctx* raw, Wait&& wait) {
   return guarded([&] {
     as_ctx(raw);
     std::string error;
-    const int status = as_stream(stream)->sync(&error);
+    const int status = wait(&error);
     if (status != PS_OK) fail(static_cast<ps_status>(status), error);
   });
+}
+
+int stream_sync(ps_device_ctx* raw, ps_stream* stream) {
+  return wait_slot(raw, [&](std::string* error) { return as_stream(stream)->sync(error); });
 }
 
 int copy_async(ps_device_ctx* raw, ps_fault_kind kind, void* dst, const void* src, size_t bytes,
@@ -396,12 +402,7 @@ int event_query(ps_device_ctx* raw, ps_event* event) {
 }
 
 int event_sync(ps_device_ctx* raw, ps_event* event) {
-  return guarded([&] {
-    as_ctx(raw);
-    std::string error;
-    const int status = as_event(event)->wait(&error);
-    if (status != PS_OK) fail(static_cast<ps_status>(status), error);
-  });
+  return wait_slot(raw, [&](std::string* error) { return as_event(event)->wait(error); });
 }
 
 // Locks [ptr, ptr+bytes); on refusal records it, warns once, and leaves the range usable.

@@ -17,20 +17,27 @@
 
 namespace pinstage::test {
 
+// X(member, stem): the control functions of fake_acl.h, each the member of FakeAcl that
+// holds its fake_acl_<stem>_fn, looked up as pinstage_fake_acl_<stem>.
+#define FAKE_ACL_CONTROL_LIST(X)    \
+  X(configure, configure)           \
+  X(set_device, set_device)         \
+  X(reset, reset)                   \
+  X(violations, violations)         \
+  X(violation_text, violation_text) \
+  X(fail_nth, fail_nth)             \
+  X(calls, calls)                   \
+  X(trace_on, trace_on)             \
+  X(trace_size, trace_size)         \
+  X(trace_at, trace_at)             \
+  X(live_fn, live)                  \
+  X(pinned, pinned)
+
 struct FakeAcl {
   std::unique_ptr<acl::Runtime> rt;  // the ACL symbols
-  fake_acl_configure_fn configure = nullptr;
-  fake_acl_set_device_fn set_device = nullptr;
-  fake_acl_reset_fn reset = nullptr;
-  fake_acl_violations_fn violations = nullptr;
-  fake_acl_violation_text_fn violation_text = nullptr;
-  fake_acl_fail_nth_fn fail_nth = nullptr;
-  fake_acl_calls_fn calls = nullptr;
-  fake_acl_trace_on_fn trace_on = nullptr;
-  fake_acl_trace_size_fn trace_size = nullptr;
-  fake_acl_trace_at_fn trace_at = nullptr;
-  fake_acl_live_fn live_fn = nullptr;
-  fake_acl_pinned_fn pinned = nullptr;
+#define FAKE_ACL_MEMBER_(member, stem) fake_acl_##stem##_fn member = nullptr;
+  FAKE_ACL_CONTROL_LIST(FAKE_ACL_MEMBER_)
+#undef FAKE_ACL_MEMBER_
 
   // All violations' texts, one per line (for failure messages).
   std::string all_violations() const {
@@ -71,19 +78,10 @@ inline FakeAcl& fake_acl() {
       if (p == nullptr) throw std::runtime_error(std::string("the double has no ") + name);
       return p;
     };
-    f->configure = reinterpret_cast<fake_acl_configure_fn>(sym("pinstage_fake_acl_configure"));
-    f->set_device = reinterpret_cast<fake_acl_set_device_fn>(sym("pinstage_fake_acl_set_device"));
-    f->reset = reinterpret_cast<fake_acl_reset_fn>(sym("pinstage_fake_acl_reset"));
-    f->violations = reinterpret_cast<fake_acl_violations_fn>(sym("pinstage_fake_acl_violations"));
-    f->violation_text =
-        reinterpret_cast<fake_acl_violation_text_fn>(sym("pinstage_fake_acl_violation_text"));
-    f->fail_nth = reinterpret_cast<fake_acl_fail_nth_fn>(sym("pinstage_fake_acl_fail_nth"));
-    f->calls = reinterpret_cast<fake_acl_calls_fn>(sym("pinstage_fake_acl_calls"));
-    f->trace_on = reinterpret_cast<fake_acl_trace_on_fn>(sym("pinstage_fake_acl_trace_on"));
-    f->trace_size = reinterpret_cast<fake_acl_trace_size_fn>(sym("pinstage_fake_acl_trace_size"));
-    f->trace_at = reinterpret_cast<fake_acl_trace_at_fn>(sym("pinstage_fake_acl_trace_at"));
-    f->live_fn = reinterpret_cast<fake_acl_live_fn>(sym("pinstage_fake_acl_live"));
-    f->pinned = reinterpret_cast<fake_acl_pinned_fn>(sym("pinstage_fake_acl_pinned"));
+#define FAKE_ACL_LOAD_(member, stem) \
+  f->member = reinterpret_cast<fake_acl_##stem##_fn>(sym("pinstage_fake_acl_" #stem));
+    FAKE_ACL_CONTROL_LIST(FAKE_ACL_LOAD_)
+#undef FAKE_ACL_LOAD_
     return f;
   }();
   return *fake;

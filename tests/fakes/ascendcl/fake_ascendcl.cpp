@@ -59,7 +59,7 @@ struct Ctx {
 };
 struct Stream {
   int device;
-  std::deque<Op> queue;
+  std::deque<Op> queue{};
 };
 struct Event {
   int device;
@@ -359,6 +359,39 @@ aclError check_queue_handle(const char* fn, int device, bool known) {
   return ACL_SUCCESS;
 }
 
+// Stream and event calls: `var` is the handle `found`, known and of the current context's
+// device (check_queue_handle), or the call ends.
+#define NEED_QUEUE(fn, var, found)                                                  \
+  auto* var = found;                                                                \
+  if (aclError e_ = check_queue_handle(fn, var ? var->device : -1, var != nullptr)) \
+  return done(fn, e_)
+
+// aclrtCreateStream and aclrtCreateEvent: a new T of the current context's device, kept in
+// `live`.
+template <class T>
+aclError create_queue_object(const char* fn, std::set<T*>& live, void** out) {
+  BEGIN(fn);
+  NEED_CTX(fn);
+  if (out == nullptr) return done(fn, ACL_ERROR_INVALID_PARAM);
+  auto* x = new T{t_ctx->device};
+  live.insert(x);
+  *out = x;
+  return done(fn, ACL_SUCCESS);
+}
+
+// The frees and aclrtHostUnregister: `unknown()` when no block of `m` starts at `ptr`,
+// FREE_IN_USE while a queued copy touches it, else `release(block)` and it is forgotten.
+template <class Unknown, class Release>
+aclError release_block(const char* fn, std::map<const char*, Alloc>& m, void* ptr,
+                       Unknown&& unknown, Release&& release) {
+  auto it = m.find(static_cast<const char*>(ptr));
+  if (it == m.end()) return unknown();
+  if (aclError e = check_not_queued(fn, ptr, it->second.bytes)) return e;
+  release(it->second);
+  m.erase(it);
+  return ACL_SUCCESS;
+}
+
 }  // namespace
 
 extern "C" {
@@ -476,20 +509,12 @@ aclError aclrtSetCurrentContext(aclrtContext context) {
 }
 
 aclError aclrtCreateStream(aclrtStream* stream) {
-  BEGIN("aclrtCreateStream");
-  NEED_CTX("aclrtCreateStream");
-  if (stream == nullptr) return done("aclrtCreateStream", ACL_ERROR_INVALID_PARAM);
-  auto* s = new Stream{t_ctx->device, {}};
-  S().streams.insert(s);
-  *stream = s;
-  return done("aclrtCreateStream", ACL_SUCCESS);
+  return create_queue_object("aclrtCreateStream", S().streams, stream);
 }
 
 aclError aclrtDestroyStream(aclrtStream stream) {
   BEGIN("aclrtDestroyStream");
-  Stream* s = find_stream(stream);
-  if (aclError e = check_queue_handle("aclrtDestroyStream", s ? s->device : -1, s != nullptr))
-    return done("aclrtDestroyStream", e);
+  NEED_QUEUE("aclrtDestroyStream", s, find_stream(stream));
   run_queue(s);
   for (Event* e : S().events)
     if (e->stream == s) e->stream = nullptr;
@@ -500,21 +525,13 @@ aclError aclrtDestroyStream(aclrtStream stream) {
 
 aclError aclrtSynchronizeStream(aclrtStream stream) {
   BEGIN("aclrtSynchronizeStream");
-  Stream* s = find_stream(stream);
-  if (aclError e = check_queue_handle("aclrtSynchronizeStream", s ? s->device : -1, s != nullptr))
-    return done("aclrtSynchronizeStream", e);
+  NEED_QUEUE("aclrtSynchronizeStream", s, find_stream(stream));
   run_queue(s);
   return done("aclrtSynchronizeStream", ACL_SUCCESS);
 }
 
 aclError aclrtCreateEvent(aclrtEvent* event) {
-  BEGIN("aclrtCreateEvent");
-  NEED_CTX("aclrtCreateEvent");
-  if (event == nullptr) return done("aclrtCreateEvent", ACL_ERROR_INVALID_PARAM);
-  auto* e = new Event{t_ctx->device};
-  S().events.insert(e);
-  *event = e;
-  return done("aclrtCreateEvent", ACL_SUCCESS);
+  return create_queue_object("aclrtCreateEvent", S().events, event);
 }
 
 aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
@@ -530,18 +547,14 @@ aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
 
 aclError aclrtSynchronizeEvent(aclrtEvent event) {
   BEGIN("aclrtSynchronizeEvent");
-  Event* e = find_event(event);
-  if (aclError r = check_queue_handle("aclrtSynchronizeEvent", e ? e->device : -1, e != nullptr))
-    return done("aclrtSynchronizeEvent", r);
+  NEED_QUEUE("aclrtSynchronizeEvent", e, find_event(event));
   if (e->stream != nullptr) run_queue(e->stream);
   return done("aclrtSynchronizeEvent", ACL_SUCCESS);
 }
 
 aclError aclrtDestroyEvent(aclrtEvent event) {
   BEGIN("aclrtDestroyEvent");
-  Event* e = find_event(event);
-  if (aclError r = check_queue_handle("aclrtDestroyEvent", e ? e->device : -1, e != nullptr))
-    return done("aclrtDestroyEvent", r);
+  NEED_QUEUE("aclrtDestroyEvent", e, find_event(event));
   S().events.erase(e);
   delete e;
   return done("aclrtDestroyEvent", ACL_SUCCESS);
@@ -568,21 +581,18 @@ aclError aclrtFreeHost(void* ptr) {
   BEGIN("aclrtFreeHost");
   NEED_CTX("aclrtFreeHost");
   State& s = S();
-  auto it = s.host.find(static_cast<const char*>(ptr));
-  if (it == s.host.end()) {
+  const auto unknown = [&] {
     const bool foreign = find_in(s.reg, ptr) != nullptr || find_in(s.dev, ptr) != nullptr ||
                          find_in(s.host, ptr) != nullptr;
-    return done("aclrtFreeHost",
-                violation("aclrtFreeHost",
-                          foreign ? FAKE_ACL_FREEHOST_NOT_MALLOCHOST : FAKE_ACL_FREE_UNKNOWN,
-                          ACL_ERROR_RT_MEMORY_FREE));
-  }
-  if (aclError e = check_not_queued("aclrtFreeHost", ptr, it->second.bytes))
-    return done("aclrtFreeHost", e);
-  s.locked -= it->second.bytes;
-  std::free(ptr);
-  s.host.erase(it);
-  return done("aclrtFreeHost", ACL_SUCCESS);
+    return violation("aclrtFreeHost",
+                     foreign ? FAKE_ACL_FREEHOST_NOT_MALLOCHOST : FAKE_ACL_FREE_UNKNOWN,
+                     ACL_ERROR_RT_MEMORY_FREE);
+  };
+  return done("aclrtFreeHost",
+              release_block("aclrtFreeHost", s.host, ptr, unknown, [&](const Alloc& a) {
+                s.locked -= a.bytes;
+                std::free(ptr);
+              }));
 }
 
 aclError aclrtMalloc(void** ptr, size_t size, aclrtMemMallocPolicy policy) {
@@ -608,16 +618,14 @@ aclError aclrtFree(void* ptr) {
   BEGIN("aclrtFree");
   NEED_CTX("aclrtFree");
   State& s = S();
-  auto it = s.dev.find(static_cast<const char*>(ptr));
-  if (it == s.dev.end())
-    return done("aclrtFree", violation("aclrtFree", FAKE_ACL_FREE_UNKNOWN, ACL_ERROR_RT_MEMORY_FREE,
-                                       "not the start of an aclrtMalloc block"));
-  if (aclError e = check_not_queued("aclrtFree", ptr, it->second.bytes))
-    return done("aclrtFree", e);
-  s.used[it->second.device] -= it->second.bytes;
-  unmap_device(ptr, it->second.bytes);
-  s.dev.erase(it);
-  return done("aclrtFree", ACL_SUCCESS);
+  const auto unknown = [] {
+    return violation("aclrtFree", FAKE_ACL_FREE_UNKNOWN, ACL_ERROR_RT_MEMORY_FREE,
+                     "not the start of an aclrtMalloc block");
+  };
+  return done("aclrtFree", release_block("aclrtFree", s.dev, ptr, unknown, [&](const Alloc& a) {
+                s.used[a.device] -= a.bytes;
+                unmap_device(ptr, a.bytes);
+              }));
 }
 
 aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
@@ -633,9 +641,7 @@ aclError aclrtMemcpy(void* dst, size_t destMax, const void* src, size_t count,
 aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src, size_t count,
                           aclrtMemcpyKind kind, aclrtStream stream) {
   BEGIN("aclrtMemcpyAsync");
-  Stream* s = find_stream(stream);
-  if (aclError e = check_queue_handle("aclrtMemcpyAsync", s ? s->device : -1, s != nullptr))
-    return done("aclrtMemcpyAsync", e);
+  NEED_QUEUE("aclrtMemcpyAsync", s, find_stream(stream));
   if (aclError e = check_copy("aclrtMemcpyAsync", dst, destMax, src, count, kind, true))
     return done("aclrtMemcpyAsync", e);
   s->queue.push_back(Op{dst, src, count});
@@ -646,9 +652,7 @@ aclError aclrtMemcpyAsync(void* dst, size_t destMax, const void* src, size_t cou
 aclError aclrtMemsetAsync(void* devPtr, size_t maxCount, int32_t value, size_t count,
                           aclrtStream stream) {
   BEGIN("aclrtMemsetAsync");
-  Stream* s = find_stream(stream);
-  if (aclError e = check_queue_handle("aclrtMemsetAsync", s ? s->device : -1, s != nullptr))
-    return done("aclrtMemsetAsync", e);
+  NEED_QUEUE("aclrtMemsetAsync", s, find_stream(stream));
   if (devPtr == nullptr)
     return done("aclrtMemsetAsync", error("aclrtMemsetAsync", ACL_ERROR_INVALID_PARAM, "NULL"));
   if (count > maxCount)
@@ -698,15 +702,12 @@ aclError aclrtHostUnregister(void* ptr) {
   BEGIN("aclrtHostUnregister");
   NEED_CTX("aclrtHostUnregister");
   State& s = S();
-  auto it = s.reg.find(static_cast<const char*>(ptr));
-  if (it == s.reg.end())
-    return done("aclrtHostUnregister", violation("aclrtHostUnregister", FAKE_ACL_UNREGISTER_UNKNOWN,
-                                                 ACL_ERROR_RT_PARAM_INVALID));
-  if (aclError e = check_not_queued("aclrtHostUnregister", ptr, it->second.bytes))
-    return done("aclrtHostUnregister", e);
-  s.locked -= it->second.bytes;
-  s.reg.erase(it);
-  return done("aclrtHostUnregister", ACL_SUCCESS);
+  const auto unknown = [] {
+    return violation("aclrtHostUnregister", FAKE_ACL_UNREGISTER_UNKNOWN,
+                     ACL_ERROR_RT_PARAM_INVALID);
+  };
+  return done("aclrtHostUnregister", release_block("aclrtHostUnregister", s.reg, ptr, unknown,
+                                                   [&](const Alloc& a) { s.locked -= a.bytes; }));
 }
 
 // ---- control (fake_acl.h) ----
