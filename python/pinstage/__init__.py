@@ -79,21 +79,13 @@ __version__ = _pinstage_version  # project(VERSION) in CMakeLists.txt, via libpi
 
 # torch is imported only when a torch-facing name is first used, so `import pinstage`
 # stays cheap and works without torch.
-_LAZY = {
-    "PinnedTorchAllocator": ("torch_alloc", "PinnedTorchAllocator"),
-    "is_pinned": ("torch_alloc", "is_pinned"),
-    "safe_open": ("checkpoint", "safe_open"),
-    "SafeSlice": ("checkpoint", "SafeSlice"),
-    "load_file": ("checkpoint", "load_file"),
-    "iter_tensors": ("checkpoint", "iter_tensors"),
-    "load_to_device": ("checkpoint", "load_to_device"),
-    "ReadOnlyTensor": ("_readonly", "ReadOnlyTensor"),
-    "load_tp": ("tp", "load_tp"),
-    "TpLoad": ("tp", "TpLoad"),
-    "WorkerGroup": ("node", "WorkerGroup"),
-    "load_to_devices": ("node", "load_to_devices"),
-    "TpDeviceLoad": ("node", "TpDeviceLoad"),
-}
+_LAZY = {name: module for module, names in (
+    ("torch_alloc", ("PinnedTorchAllocator", "is_pinned")),
+    ("checkpoint", ("safe_open", "SafeSlice", "load_file", "iter_tensors", "load_to_device")),
+    ("_readonly", ("ReadOnlyTensor",)),
+    ("tp", ("load_tp", "TpLoad")),
+    ("node", ("WorkerGroup", "load_to_devices", "TpDeviceLoad")),
+) for name in names}  # name -> the submodule defining it under that name
 
 
 def __getattr__(name):
@@ -101,9 +93,8 @@ def __getattr__(name):
         import importlib
         return importlib.import_module(".distributed", __name__)
     if name in _LAZY:
-        module_name, attr = _LAZY[name]
         import importlib
-        value = getattr(importlib.import_module(f".{module_name}", __name__), attr)
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'pinstage' has no attribute '{name}'")

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -15,12 +14,12 @@
 #include <vector>
 
 #include "args.h"
+#include "bind_util.h"
 #include "common.h"
 #include "device_load.h"
 #include "load_common.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/load_plan.h"
-#include "pinstage/pages.h"
 #include "pinstage/parallel.h"
 #include "pinstage/safetensors.h"
 #include "pinstage/tensor.h"
@@ -31,14 +30,22 @@ py::dict report_dict(const LoadReport& r) { return fields_dict(report_fields(r))
 
 CheckpointLoadOptions load_options(int threads, uint64_t chunk_bytes, bool verify,
                                    bool verify_if_present, bool direct, uint64_t ring_bytes) {
-  CheckpointLoadOptions o;
-  o.threads = threads;
-  o.chunk_bytes = chunk_bytes;
-  o.verify = verify;
-  o.verify_if_present = verify_if_present;
-  o.direct = direct;
-  o.ring_bytes = ring_bytes;
-  return o;
+  return {.threads = threads,
+          .chunk_bytes = chunk_bytes,
+          .direct = direct,
+          .verify = verify,
+          .verify_if_present = verify_if_present,
+          .ring_bytes = ring_bytes};
+}
+
+std::string load_signature(std::string_view head, std::string_view tail) {
+  const CheckpointLoadOptions d;
+  const auto flag = [](bool b) { return b ? "True" : "False"; };
+  return std::string(head) + ", threads: int = " + std::to_string(d.threads) +
+         ", chunk_bytes: int = " + std::to_string(d.chunk_bytes) +
+         ", verify: bool = " + flag(d.verify) +
+         ", verify_if_present: bool = " + flag(d.verify_if_present) +
+         ", direct: bool = " + flag(d.direct) + ", " + std::string(tail);
 }
 
 namespace {
@@ -177,35 +184,6 @@ py::dict read_slice(const Checkpoint& c, const std::string& name,
                         }));
 }
 
-// The allocator of load_pinned's copy mode: each tensor's pinned buffer, kept here until
-// the load is done and Python wraps it (a failed load releases them all with it).
-class BufferAllocator final : public HostAllocator {
- public:
-  explicit BufferAllocator(Worker& worker) : worker_(worker) {}
-  std::shared_ptr<Storage> allocate(size_t bytes) override {
-    buffers_.push_back(worker_.alloc_pinned_host(std::max<size_t>(bytes, 1)));  // 0: 1 byte
-    return std::make_shared<Storage>(buffers_.back().data(), bytes, true, nullptr);
-  }
-  // A first load's fresh segment: faulted by the readers (prepare), pinned behind them.
-  void reserve(std::span<const size_t> sizes) override {
-    size_t total = 0;
-    for (size_t bytes : sizes) total += round_up_to_pages(std::max<size_t>(bytes, 1));
-    fill_ = worker_.reserve_host_fill(total);
-  }
-  void prepare(void* data, size_t bytes) override { fill_.prepare(data, bytes); }
-  void finish() override { fill_.finish(); }
-  void abandon() noexcept override { fill_.abandon(); }
-  bool pinned() const override { return true; }
-  std::string name() const override { return "pinned"; }
-  std::vector<PinnedHostBuffer>& buffers() { return buffers_; }
-  const HostFill& fill() const { return fill_; }
-
- private:
-  Worker& worker_;
-  std::vector<PinnedHostBuffer> buffers_;
-  HostFill fill_;
-};
-
 // A tensor of a map-mode load: a read-only view of a pinned file mapping, which it keeps
 // alive (pinstage._pinstage._MappedTensor; python/pinstage/checkpoint.py wraps it).
 struct PyMapped : ViewHolder {
@@ -235,11 +213,11 @@ py::tuple load_pinned(const Checkpoint& c, py::object worker_obj,
                                      : load_to_host(c, buffers, p, &names);
     });
   }
-  if (o.mode == LoadMode::copy) load.report.host_pages = buffers.fill().pages();
+  if (o.mode == LoadMode::copy) load.report.host_pages = buffers.fill_pages();
   py::list out;
   for (size_t i = 0; i < load.tensors.size(); ++i) {
     if (o.mode == LoadMode::copy) {
-      auto* b = new PyBuffer(worker_obj, &w, std::move(buffers.buffers()[i]));
+      auto* b = new PyBuffer(worker_obj, &w, std::move(buffers.buffers[i]));
       b->name = load.tensors[i].info.name;  // finalize()'s refusal names it
       out.append(py::cast(b, py::return_value_policy::take_ownership));
       continue;
@@ -320,9 +298,7 @@ void bind_device_load(py::module_& m) {
       .def(
           "keys",
           [](const PyDeviceLoad& d) {
-            std::vector<std::string> names;
-            for (const DeviceTensor& t : d.load.tensors) names.push_back(t.info.name);
-            return names;
+            return list_of(d.load.tensors, [](const DeviceTensor& t) { return t.info.name; });
           },
           method_doc("keys() -> list[str]"))
       .def(
@@ -353,21 +329,6 @@ void bind_device_load(py::module_& m) {
       .def("close", &PyDeviceLoad::close,
            method_doc("close() -> None",
                       "Frees the device memory now; BufferError while a tensor(name) view lives."));
-}
-
-void def_read_slice(py::class_<Checkpoint>& cls) {
-  cls.def(
-      "read_slice", &read_slice, py::arg("name"), py::arg("dims"), py::arg("buffer"),
-      py::arg("threads") = 0, py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
-      py::arg("verify_if_present") = false, py::arg("direct") = false,
-      py::arg("progress") = py::none(),
-      method_doc("read_slice(name: str, dims: list[tuple[int, int, int]], buffer: "
-                 "PinnedHostBuffer, threads: int = 0, chunk_bytes: int = 8388608, verify: bool = "
-                 "False, verify_if_present: bool = False, direct: bool = False, progress: "
-                 "Callable[[int, int], None] | None = None) -> dict[str, Any]",
-                 "Reads the slice (begin, count, step per dim) of tensor name into buffer, "
-                 "packed row-major, asking the files for exactly its bytes, without the GIL; "
-                 "returns the load report (bytes: the bytes read)."));
 }
 
 // ---- one tensor-parallel rank (python/pinstage/distributed.py) ----
@@ -588,56 +549,54 @@ void bind_tp(py::module_& m) {
 
 // _Checkpoint's reads: into pinned buffers, to pinned addresses, onto a device.
 void def_checkpoint_reads(py::class_<Checkpoint>& cls) {
-  cls.def("read_into", &read_into, py::arg("names"), py::arg("buffers"), py::arg("threads") = 0,
-          py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
-          py::arg("verify_if_present") = false, py::arg("direct") = false,
-          py::arg("progress") = py::none(),
-          method_doc(
-              "read_into(names: list[str], buffers: list[PinnedHostBuffer], threads: int = 0, "
-              "chunk_bytes: int = 8388608, verify: bool = False, verify_if_present: bool = "
-              "False, direct: bool = False, progress: Callable[[int, int], None] | None = "
-              "None) -> dict[str, Any]",
-              "Reads the named tensors into the PinnedHostBuffers (of at least their "
-              "bytes) without the GIL; returns the load report."))
-      .def("read_into_pinned", &read_into_pinned, py::arg("names"), py::arg("addresses"),
-           py::arg("worker"), py::arg("who") = "read_into_pinned", py::arg("threads") = 0,
-           py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
-           py::arg("verify_if_present") = false, py::arg("direct") = false,
-           py::arg("progress") = py::none(),
-           method_doc(
-               "read_into_pinned(names: list[str], addresses: list[int], worker: Worker, who: "
-               "str = 'read_into_pinned', threads: int = 0, chunk_bytes: int = 8388608, verify: "
-               "bool = False, verify_if_present: bool = False, direct: bool = False, progress: "
-               "Callable[[int, int], None] | None = None) -> dict[str, Any]",
-               "Reads the named tensors to the addresses, each range inside one open pinned "
-               "buffer of worker and no two overlapping (checked before any read), without "
-               "the GIL; returns the load report. Errors name `who`."))
-      .def("load_pinned", &load_pinned, py::arg("worker"), py::arg("names"),
-           py::arg("mode") = "copy", py::arg("threads") = 0,
-           py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
-           py::arg("verify_if_present") = false, py::arg("direct") = false,
-           py::arg("progress") = py::none(),
-           method_doc("load_pinned(worker: Worker, names: list[str], mode: str = 'copy', "
-                      "threads: int = 0, chunk_bytes: int = 8388608, verify: bool = False, "
-                      "verify_if_present: bool = False, direct: bool = False, progress: "
-                      "Callable[[int, int], None] | None = None) -> tuple[list[Any], "
-                      "dict[str, Any]]",
+  const auto progress = py::arg("progress") = py::none();
+  const char* const progress_returns =
+      "progress: Callable[[int, int], None] | None = None) -> dict[str, Any]";
+  def_load(cls, "read_into", &read_into, std::make_tuple(py::arg("names"), py::arg("buffers")),
+           progress,
+           method_doc(load_signature("read_into(names: list[str], buffers: list[PinnedHostBuffer]",
+                                     progress_returns),
+                      "Reads the named tensors into the PinnedHostBuffers (of at least their "
+                      "bytes) without the GIL; returns the load report."));
+  def_load(cls, "read_into_pinned", &read_into_pinned,
+           std::make_tuple(py::arg("names"), py::arg("addresses"), py::arg("worker"),
+                           py::arg("who") = "read_into_pinned"),
+           progress,
+           method_doc(load_signature("read_into_pinned(names: list[str], addresses: list[int], "
+                                     "worker: Worker, who: str = 'read_into_pinned'",
+                                     progress_returns),
+                      "Reads the named tensors to the addresses, each range inside one open "
+                      "pinned buffer of worker and no two overlapping (checked before any "
+                      "read), without the GIL; returns the load report. Errors name `who`."));
+  def_load(cls, "load_pinned", &load_pinned,
+           std::make_tuple(py::arg("worker"), py::arg("names"), py::arg("mode") = "copy"), progress,
+           method_doc(load_signature("load_pinned(worker: Worker, names: list[str], mode: str = "
+                                     "'copy'",
+                                     "progress: Callable[[int, int], None] | None = None) -> "
+                                     "tuple[list[Any], dict[str, Any]]"),
                       "The one host load: the named tensors in the worker's pinned memory "
                       "(copy: PinnedHostBuffers, the pool reserved once) or as read-only views "
-                      "of the pinned file mappings (map); and the load report."))
-      .def("load_to_device", &to_device, py::arg("worker"), py::arg("threads") = 0,
-           py::arg("chunk_bytes") = uint64_t{8} << 20, py::arg("verify") = false,
-           py::arg("verify_if_present") = false, py::arg("direct") = false,
-           py::arg("ring_bytes") = uint64_t{64} << 20, py::arg("names") = py::none(),
-           py::arg("progress") = py::none(), py::arg("mode") = "copy",
-           method_doc("load_to_device(worker: Worker, threads: int = 0, chunk_bytes: int = "
-                      "8388608, verify: bool = False, verify_if_present: bool = False, direct: "
-                      "bool = False, ring_bytes: int = 67108864, names: list[str] | None = "
-                      "None, progress: Callable[[int, int], None] | None = None, mode: str = "
-                      "'copy') -> _DeviceLoad",
+                      "of the pinned file mappings (map); and the load report."));
+  def_load(cls, "load_to_device", &to_device, std::make_tuple(py::arg("worker")),
+           py::arg("ring_bytes") = CheckpointLoadOptions{}.ring_bytes,
+           py::arg("names") = py::none(), progress, py::arg("mode") = "copy",
+           method_doc(load_signature("load_to_device(worker: Worker",
+                                     "ring_bytes: int = " +
+                                         std::to_string(CheckpointLoadOptions{}.ring_bytes) +
+                                         ", names: list[str] | None = None, progress: "
+                                         "Callable[[int, int], None] | None = None, mode: str = "
+                                         "'copy') -> _DeviceLoad"),
                       "Streams every tensor (or those named) onto worker's device through its "
                       "staging ring (copy), or uploads them from the pinned file mappings "
                       "(map)."));
+  def_load(cls, "read_slice", &read_slice,
+           std::make_tuple(py::arg("name"), py::arg("dims"), py::arg("buffer")), progress,
+           method_doc(load_signature("read_slice(name: str, dims: list[tuple[int, int, int]], "
+                                     "buffer: PinnedHostBuffer",
+                                     progress_returns),
+                      "Reads the slice (begin, count, step per dim) of tensor name into "
+                      "buffer, packed row-major, asking the files for exactly its bytes, "
+                      "without the GIL; returns the load report (bytes: the bytes read)."));
 }
 
 }  // namespace
@@ -657,9 +616,7 @@ void bind_checkpoint(py::module_& m) {
       .def_property_readonly(
           "files",
           [](const Checkpoint& c) {
-            std::vector<std::string> paths;
-            for (const CheckpointFile& f : c.files()) paths.push_back(f.path);
-            return paths;
+            return list_of(c.files(), [](const CheckpointFile& f) { return f.path; });
           },
           "list[str]: the shard files.")
       .def_property_readonly("total_bytes", &Checkpoint::total_bytes,
@@ -681,9 +638,7 @@ void bind_checkpoint(py::module_& m) {
       .def(
           "keys",
           [](const Checkpoint& c) {
-            std::vector<std::string> names;
-            for (const CheckpointTensor& t : c.tensors()) names.push_back(t.name);
-            return names;
+            return list_of(c.tensors(), [](const CheckpointTensor& t) { return t.name; });
           },
           method_doc("keys() -> list[str]"))
       .def(
@@ -714,7 +669,6 @@ void bind_checkpoint(py::module_& m) {
           },
           py::arg("names"), method_doc("infos(names: list[str]) -> list[dict[str, Any]]"));
   def_checkpoint_reads(cls);
-  def_read_slice(cls);
   bind_device_load(m);
   bind_mapped(m);
   bind_tp(m);

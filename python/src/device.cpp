@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "args.h"
+#include "bind_util.h"
 #include "common.h"
 #include "device_load.h"
 #include "load_common.h"
@@ -406,21 +407,16 @@ void bind_device_buffer(py::module_& m) {
              "(torch.from_dlpack), on sim a CPU one (its device memory is host RAM), on acl "
              "kDLExtDev. BufferError while async copies are pending; close() refuses while a "
              "view lives.");
-  c.def_readonly("nbytes", &PyDeviceBuffer::nbytes, "int: the size asked for (kept after close()).")
-      .def_property_readonly(
-          "device_ptr",
-          [](const PyDeviceBuffer& d) {
-            d.require_open("DeviceBuffer.device_ptr");
-            return reinterpret_cast<uintptr_t>(d.buffer.data());
-          },
-          "int: the address in the device's space.")
-      .def_property_readonly(
-          "closed", [](const PyDeviceBuffer& d) { return !d.open(); },
-          "bool: the memory was released (close(), or the worker's finalize()).")
+  def_memory_properties(c, "device memory");
+  c.def_property_readonly(
+       "device_ptr",
+       [](const PyDeviceBuffer& d) {
+         d.require_open("DeviceBuffer.device_ptr");
+         return reinterpret_cast<uintptr_t>(d.buffer.data());
+       },
+       "int: the address in the device's space.")
       .def_readonly("pending_copies", &PyDeviceBuffer::pending,
                     "int: async copies not yet known complete (close() refuses while any are).")
-      .def_readonly("worker", &PyDeviceBuffer::worker_obj,
-                    "Worker: the worker whose device memory this is.")
       .def(
           "__dlpack_device__",
           [](const PyDeviceBuffer& d) {

@@ -1,15 +1,23 @@
 // What the checkpoint bindings share (checkpoint.cpp: safe_open, load_file, slices;
-// load_tp.cpp: tensor-parallel loads): the report as a dict, the options, and the relay
-// that runs a load without the GIL while Python's progress callable sees it.
+// load_tp.cpp: tensor-parallel loads): the report as a dict, the options, their keywords,
+// the pinned allocator of the host loads, and the relay that runs a load without the GIL
+// while Python's progress callable sees it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "common.h"
 #include "pinstage/checkpoint.h"
+#include "pinstage/tensor.h"
 
 namespace pinstage::python {
 
@@ -19,6 +27,63 @@ py::dict report_dict(const LoadReport& r);
 // The reading options every Python load takes, as CheckpointLoadOptions.
 CheckpointLoadOptions load_options(int threads, uint64_t chunk_bytes, bool verify,
                                    bool verify_if_present, bool direct, uint64_t ring_bytes);
+
+// "head, threads: int = 0, chunk_bytes: int = 8388608, verify: bool = False,
+// verify_if_present: bool = False, direct: bool = False, tail": the typed docstring line of
+// a def_load binding, its reading keywords written once (defaults: CheckpointLoadOptions').
+std::string load_signature(std::string_view head, std::string_view tail);
+
+// target.def(name, fn, lead..., threads, chunk_bytes, verify, verify_if_present, direct,
+// rest...): a load binding's own leading arguments, then the reading keywords every load
+// takes (in load_options' order, CheckpointLoadOptions' defaults), then its own trailing
+// arguments and docstring (load_signature).
+template <class Target, class Fn, class... Lead, class... Rest>
+Target& def_load(Target& target, const char* name, Fn&& fn, std::tuple<Lead...> lead,
+                 Rest&&... rest) {
+  const CheckpointLoadOptions d;
+  return std::apply(
+      [&](auto&&... l) -> Target& {
+        return target.def(name, std::forward<Fn>(fn), std::move(l)...,
+                          py::arg("threads") = d.threads, py::arg("chunk_bytes") = d.chunk_bytes,
+                          py::arg("verify") = d.verify,
+                          py::arg("verify_if_present") = d.verify_if_present,
+                          py::arg("direct") = d.direct, std::forward<Rest>(rest)...);
+      },
+      std::move(lead));
+}
+
+// The allocator of the host loads into PinnedHostBuffers (load_pinned's copy mode,
+// _load_tp): each storage a PinnedHostBuffer of the worker, kept here until the load
+// succeeded and Python wraps them (a failed load releases them with this object). An empty
+// storage gets one byte, so that every tensor has a buffer; reserve(), prepare() and the
+// fill are PinnedAllocator's (one segment for the whole load), for those sizes.
+class BufferAllocator final : public HostAllocator {
+ public:
+  explicit BufferAllocator(Worker& worker) : worker_(worker), pinned_(worker) {}
+  std::shared_ptr<Storage> allocate(size_t bytes) override {
+    buffers.push_back(worker_.alloc_pinned_host(held_bytes(bytes)));
+    return std::make_shared<Storage>(buffers.back().data(), bytes, true, nullptr);
+  }
+  void reserve(std::span<const size_t> sizes) override {
+    std::vector<size_t> held(sizes.size());
+    std::transform(sizes.begin(), sizes.end(), held.begin(), &held_bytes);
+    pinned_.reserve(held);
+  }
+  void prepare(void* data, size_t bytes) override { pinned_.prepare(data, bytes); }
+  void finish() override { pinned_.finish(); }
+  void abandon() noexcept override { pinned_.abandon(); }
+  bool pinned() const override { return true; }
+  std::string name() const override { return "pinned"; }
+  // The pages reserve()'s segment took (HostFill::pages; "" before any reserve()).
+  std::string fill_pages() const { return pinned_.fill() ? pinned_.fill()->pages() : ""; }
+
+  std::vector<PinnedHostBuffer> buffers;  // one per allocate(), in order
+
+ private:
+  static size_t held_bytes(size_t bytes) { return std::max<size_t>(bytes, 1); }
+  Worker& worker_;
+  PinnedAllocator pinned_;
+};
 
 // A Python progress callable called from the loader's reader threads (the caller's among
 // them, its GIL released): each call takes the GIL. When it has a phase(name) method (the

@@ -4,11 +4,10 @@
 // (python/pinstage/tp.py builds them). See docs/python.md, "Tensor-parallel loading".
 #include <pybind11/stl.h>
 
-#include <algorithm>
 #include <map>
 #include <memory>
-#include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -24,31 +23,6 @@ namespace pinstage::python {
 namespace {
 
 using namespace py::literals;
-
-// Pinned storages Python will own: each one a PinnedHostBuffer of the worker, kept here
-// (a Storage holds only its address) until the load succeeded and they are handed to
-// Python; a failed load releases them with this object. A 0-byte storage gets one byte,
-// as load_file's buffers do, so that every slice has a buffer.
-class BufferAllocator final : public HostAllocator {
- public:
-  explicit BufferAllocator(Worker& worker) : worker_(worker), pinned_(worker) {}
-  std::shared_ptr<Storage> allocate(size_t bytes) override {
-    buffers.push_back(worker_.alloc_pinned_host(std::max<size_t>(bytes, 1)));
-    return std::make_shared<Storage>(buffers.back().data(), bytes, true, nullptr);
-  }
-  void reserve(std::span<const size_t> sizes) override { pinned_.reserve(sizes); }
-  void prepare(void* data, size_t bytes) override { pinned_.prepare(data, bytes); }
-  void finish() override { pinned_.finish(); }
-  void abandon() noexcept override { pinned_.abandon(); }
-  bool pinned() const override { return true; }
-  std::string name() const override { return "pinned"; }
-
-  std::vector<PinnedHostBuffer> buffers;
-
- private:
-  Worker& worker_;
-  PinnedAllocator pinned_;  // its reserve(): one segment for the whole load
-};
 
 py::dict tp_report_dict(const TpHostLoad& load) {
   const TpLoadReport& r = load.report;
@@ -190,16 +164,16 @@ void bind_load_tp(py::module_& m) {
       function_doc("tp_part(size: int, parts: int, rank: int) -> tuple[int, int]",
                    "(begin, count) of part rank of a dim of size split into parts, as "
                    "numpy.array_split cuts it: the first size % parts parts one longer."));
-  m.def("_load_tp", &load_tp, py::arg("checkpoint"), py::arg("plan"), py::arg("tp"),
-        py::arg("worker"), py::arg("threads") = 0, py::arg("chunk_bytes") = uint64_t{8} << 20,
-        py::arg("verify") = false, py::arg("verify_if_present") = false, py::arg("direct") = false,
-        py::arg("progress") = py::none(),
-        function_doc("_load_tp(checkpoint: _Checkpoint, plan: TpPlan, tp: int, worker: Worker, "
-                     "threads: int = 0, chunk_bytes: int = 8388608, verify: bool = False, "
-                     "verify_if_present: bool = False, direct: bool = False, progress: "
-                     "Callable[[int, int], None] | None = None) -> tuple[list[PinnedHostBuffer], "
-                     "list[list[dict[str, Any]]], dict[str, Any]]",
-                     "load_tp_to_host into PinnedHostBuffers of worker (pinstage.load_tp)."));
+  def_load(
+      m, "_load_tp", &load_tp,
+      std::make_tuple(py::arg("checkpoint"), py::arg("plan"), py::arg("tp"), py::arg("worker")),
+      py::arg("progress") = py::none(),
+      function_doc(load_signature("_load_tp(checkpoint: _Checkpoint, plan: TpPlan, tp: int, "
+                                  "worker: Worker",
+                                  "progress: Callable[[int, int], None] | None = None) -> "
+                                  "tuple[list[PinnedHostBuffer], list[list[dict[str, Any]]], "
+                                  "dict[str, Any]]"),
+                   "load_tp_to_host into PinnedHostBuffers of worker (pinstage.load_tp)."));
 }
 
 }  // namespace pinstage::python

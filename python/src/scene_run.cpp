@@ -8,6 +8,7 @@
 
 #include "args.h"
 #include "bind_options.h"
+#include "bind_util.h"
 #include "common.h"
 #include "pinstage/scene.h"
 
@@ -56,20 +57,16 @@ struct PyGolden {
 
 // TensorComparison and Comparison: outputs against a golden.
 void bind_comparisons(py::module_& m) {
-  py::class_<TensorComparison>(m, "TensorComparison", "One tensor against the golden.")
-      .def_readonly("tensor", &TensorComparison::tensor, "str: the tensor compared.")
+  py::class_<TensorComparison> tensor(m, "TensorComparison", "One tensor against the golden.");
+  def_worst_fields(tensor, {"int: flat index of the worst element (the largest |a - b|).",
+                            "float: the worst element's value.", "float: the golden's value there.",
+                            "float: |a - b| there."});
+  tensor.def_readonly("tensor", &TensorComparison::tensor, "str: the tensor compared.")
       .def_readonly("checked", &TensorComparison::checked, "int: elements compared.")
       .def_readonly("mismatches", &TensorComparison::mismatches,
                     "int: elements outside the tolerance.")
       .def_readonly("differing", &TensorComparison::differing,
                     "int: elements whose bits differ at all, within the tolerance or not.")
-      .def_readonly("worst_index", &TensorComparison::worst_index,
-                    "int: flat index of the worst element (the largest |a - b|).")
-      .def_readonly("worst_actual", &TensorComparison::worst_actual,
-                    "float: the worst element's value.")
-      .def_readonly("worst_expected", &TensorComparison::worst_expected,
-                    "float: the golden's value there.")
-      .def_readonly("worst_diff", &TensorComparison::worst_diff, "float: |a - b| there.")
       .def_readonly("atol", &TensorComparison::atol, "float: the absolute tolerance.")
       .def_readonly("rtol", &TensorComparison::rtol, "float: the relative tolerance.")
       .def_property_readonly("ok", &TensorComparison::ok, "bool: no mismatches.")
@@ -78,17 +75,15 @@ void bind_comparisons(py::module_& m) {
                       "'out: ok, 81,920 elements, 0 differ, ...' or what "
                       "mismatched, where and by how much."))
       .def("__repr__", &TensorComparison::message);
-  py::class_<Comparison>(m, "Comparison", "A run's outputs against the golden.")
-      .def_readonly("ok", &Comparison::ok, "bool: every tensor matched.")
+  py::class_<Comparison> comparison(m, "Comparison", "A run's outputs against the golden.");
+  def_worst_fields(comparison, {"int: see TensorComparison.", "float: see TensorComparison.",
+                                "float: see TensorComparison.", "float: see TensorComparison."});
+  comparison.def_readonly("ok", &Comparison::ok, "bool: every tensor matched.")
       .def_readonly("tensor", &Comparison::tensor,
                     "str: the first mismatching tensor ('' when ok); the worst_* fields are "
                     "its.")
       .def_readonly("mismatches", &Comparison::mismatches,
                     "int: that tensor's elements outside the tolerance.")
-      .def_readonly("worst_index", &Comparison::worst_index, "int: see TensorComparison.")
-      .def_readonly("worst_actual", &Comparison::worst_actual, "float: see TensorComparison.")
-      .def_readonly("worst_expected", &Comparison::worst_expected, "float: see TensorComparison.")
-      .def_readonly("worst_diff", &Comparison::worst_diff, "float: see TensorComparison.")
       .def_readonly("tensors", &Comparison::tensors,
                     "list[TensorComparison]: one per compared tensor.")
       .def("message", &Comparison::message,
@@ -238,11 +233,7 @@ void bind_scene_run(py::module_& m) {
   bind_reports(m);
   m.def(
       "scene_names",
-      [] {
-        std::vector<std::string> names;
-        for (const auto& s : registered_scenes()) names.push_back(s->name());
-        return names;
-      },
+      [] { return list_of(registered_scenes(), [](const auto& s) { return s->name(); }); },
       function_doc("scene_names() -> list[str]", "The registered scenes."));
   m.def("scene_params", &params_of, py::arg("scene"),
         function_doc("scene_params(scene: str) -> list[dict[str, Any]]",

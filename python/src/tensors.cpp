@@ -16,6 +16,7 @@
 
 #include "args.h"
 #include "bind_options.h"
+#include "bind_util.h"
 #include "common.h"
 #include "pinstage/bind.h"
 #include "pinstage/random.h"
@@ -431,11 +432,7 @@ void bind_task_args(py::module_& m) {
           method_doc("__len__() -> int", "The number of tensors."))
       .def_property_readonly(
           "names",
-          [](const PyArgs& a) {
-            std::vector<std::string> names;
-            for (const auto& t : a.args) names.push_back(t.name());
-            return names;
-          },
+          [](const PyArgs& a) { return list_of(a.args, [](const auto& t) { return t.name(); }); },
           "list[str]: the tensor names, in order.")
       .def(
           "describe",

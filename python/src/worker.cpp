@@ -31,6 +31,7 @@
 #include <variant>
 
 #include "args.h"
+#include "bind_util.h"
 #include "common.h"
 #include "pinstage/bind.h"
 
@@ -598,38 +599,26 @@ const char* state_name(const PyWorker& w) {
 }
 
 void bind_info(py::module_& m) {
-  py::class_<Capabilities>(m, "Capabilities", "What the worker's backend can do.")
-      .def_readonly("pinned_is_page_locked", &Capabilities::pinned_is_page_locked,
-                    "bool: the backend's pinned host memory is page-locked.")
-      .def_readonly("async_copy", &Capabilities::async_copy,
-                    "bool: copies can overlap with host work.")
-      .def_readonly("device_memory_is_host", &Capabilities::device_memory_is_host,
-                    "bool: device memory is host RAM (sim).")
-      .def_readonly("execute", &Capabilities::execute,
-                    "bool: the backend runs host callables between upload and download.")
-      .def("__repr__", [](const Capabilities& c) {
-        auto b = [](bool v) { return v ? "True" : "False"; };
-        return std::string("Capabilities(pinned_is_page_locked=") + b(c.pinned_is_page_locked) +
-               ", async_copy=" + b(c.async_copy) + ", execute=" + b(c.execute) +
-               ", device_memory_is_host=" + b(c.device_memory_is_host) + ")";
-      });
-  py::class_<DeviceInfo>(m, "DeviceInfo", "One device as its backend reports it.")
-      .def_readonly("id", &DeviceInfo::id, "int: the device id (0..n-1).")
-      .def_readonly("name", &DeviceInfo::name, "str: 'sim device 1', 'NVIDIA H200'.")
-      .def_readonly("memory_bytes", &DeviceInfo::memory_bytes,
-                    "int: the device's memory (sim: its capacity); 0 = unknown.")
-      .def_readonly("pci_bus_id", &DeviceInfo::pci_bus_id,
-                    "str: '0000:3b:00.0'; '' where there is none.")
-      .def_readonly("numa_node", &DeviceInfo::numa_node,
-                    "int: the host NUMA node nearest the device; -1 = unknown.")
-      .def_readonly("usable", &DeviceInfo::usable, "bool: a worker can use it now.")
-      .def_readonly("reason", &DeviceInfo::reason, "str: why not usable; '' when usable.")
-      .def("__repr__", [](const DeviceInfo& d) {
-        return "DeviceInfo(id=" + std::to_string(d.id) + ", name='" + d.name +
-               "', memory_bytes=" + std::to_string(d.memory_bytes) + ", pci_bus_id='" +
-               d.pci_bus_id + "', numa_node=" + std::to_string(d.numa_node) +
-               ", usable=" + (d.usable ? "True" : "False") + ", reason='" + d.reason + "')";
-      });
+  def_record(
+      py::class_<Capabilities>(m, "Capabilities", "What the worker's backend can do."),
+      field("pinned_is_page_locked", &Capabilities::pinned_is_page_locked,
+            "bool: the backend's pinned host memory is page-locked."),
+      field("async_copy", &Capabilities::async_copy, "bool: copies can overlap with host work."),
+      field("execute", &Capabilities::execute,
+            "bool: the backend runs host callables between upload and download."),
+      field("device_memory_is_host", &Capabilities::device_memory_is_host,
+            "bool: device memory is host RAM (sim)."));
+  def_record(
+      py::class_<DeviceInfo>(m, "DeviceInfo", "One device as its backend reports it."),
+      field("id", &DeviceInfo::id, "int: the device id (0..n-1)."),
+      field("name", &DeviceInfo::name, "str: 'sim device 1', 'NVIDIA H200'."),
+      field("memory_bytes", &DeviceInfo::memory_bytes,
+            "int: the device's memory (sim: its capacity); 0 = unknown."),
+      field("pci_bus_id", &DeviceInfo::pci_bus_id, "str: '0000:3b:00.0'; '' where there is none."),
+      field("numa_node", &DeviceInfo::numa_node,
+            "int: the host NUMA node nearest the device; -1 = unknown."),
+      field("usable", &DeviceInfo::usable, "bool: a worker can use it now."),
+      field("reason", &DeviceInfo::reason, "str: why not usable; '' when usable."));
   m.def(
       "devices",
       [](const std::string& backend, const py::kwargs& kwargs) {
@@ -857,16 +846,12 @@ void bind_worker_class(py::class_<PyWorker>& c) {
 }
 
 void bind_buffer_class(py::class_<PyBuffer>& c) {
-  c.def_readonly("nbytes", &PyBuffer::nbytes, "int: the size asked for (kept after close()).")
-      .def(
-          "__len__", [](const PyBuffer& b) { return b.nbytes; },
-          method_doc("__len__() -> int", "nbytes."))
-      .def_property_readonly(
-          "closed", [](const PyBuffer& b) { return !b.open(); },
-          "bool: the memory was released (close(), or the worker's finalize()).")
+  def_memory_properties(c, "memory");
+  c.def(
+       "__len__", [](const PyBuffer& b) { return b.nbytes; },
+       method_doc("__len__() -> int", "nbytes."))
       .def_readonly("live_views", &PyBuffer::views,
                     "int: views of the buffer still alive (close() refuses while any are).")
-      .def_readonly("worker", &PyBuffer::worker_obj, "Worker: the worker whose memory this is.")
       .def("close", &PyBuffer::close,
            method_doc("close() -> None",
                       "Releases the memory now; BufferError while views "

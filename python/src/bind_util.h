@@ -1,0 +1,77 @@
+// Registration shapes several binding files share: read-only records whose properties and
+// __repr__ come from one field list, a list of one thing of each item, the worst-element fields of
+// both comparison types, and the properties every worker-memory object (PinnedHostBuffer,
+// DeviceBuffer) has.
+#pragma once
+
+#include <iterator>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+
+namespace pinstage::python {
+
+// One read-only field of a record for def_record: its Python name, member and docstring.
+template <class T, class M>
+struct RecordField {
+  const char* name;
+  M T::*member;
+  const char* doc;
+};
+template <class T, class M>
+RecordField<T, M> field(const char* name, M T::*member, const char* doc) {
+  return {name, member, doc};
+}
+
+// A plain record (Capabilities, DeviceInfo): one read-only property per field, and a
+// __repr__ "Type(a=1, b='x')" naming the fields in this order with each value's Python repr,
+// so a field added to the list shows in both. `c` is a handle: taken by value.
+template <class T, class... M>
+void def_record(py::class_<T> c, const RecordField<T, M>&... fields) {
+  (c.def_readonly(fields.name, fields.member, fields.doc), ...);
+  std::vector<std::string> names{fields.name...};
+  const auto type = c.attr("__name__").template cast<std::string>();
+  c.def("__repr__", [type, names](const py::object& self) {
+    std::string out = type + "(";
+    for (size_t i = 0; i < names.size(); ++i)
+      out += (i > 0 ? ", " : "") + names[i] + "=" +
+             py::repr(self.attr(names[i].c_str())).template cast<std::string>();
+    return out + ")";
+  });
+}
+
+// fn(item) for each of `items`, in order: a checkpoint's file paths, its tensors' names.
+template <class Range, class Fn>
+auto list_of(const Range& items, Fn fn) {
+  std::vector<std::decay_t<decltype(fn(*std::begin(items)))>> out;
+  for (const auto& item : items) out.push_back(fn(item));
+  return out;
+}
+
+// worst_index, worst_actual, worst_expected and worst_diff, which TensorComparison and
+// Comparison (its first failing tensor's) both carry; `docs` in that order.
+template <class T>
+void def_worst_fields(py::class_<T>& c, const char* const (&docs)[4]) {
+  c.def_readonly("worst_index", &T::worst_index, docs[0])
+      .def_readonly("worst_actual", &T::worst_actual, docs[1])
+      .def_readonly("worst_expected", &T::worst_expected, docs[2])
+      .def_readonly("worst_diff", &T::worst_diff, docs[3]);
+}
+
+// nbytes, closed and worker of memory a Worker owns (T has nbytes, open() and worker_obj);
+// `memory` says whose: "memory" (PinnedHostBuffer), "device memory" (DeviceBuffer).
+// pybind11 copies property docstrings, so built ones may be temporaries.
+template <class T>
+void def_memory_properties(py::class_<T>& c, const std::string& memory) {
+  c.def_readonly("nbytes", &T::nbytes, "int: the size asked for (kept after close()).")
+      .def_property_readonly(
+          "closed", [](const T& b) { return !b.open(); },
+          "bool: the memory was released (close(), or the worker's finalize()).")
+      .def_readonly("worker", &T::worker_obj,
+                    ("Worker: the worker whose " + memory + " this is.").c_str());
+}
+
+}  // namespace pinstage::python
