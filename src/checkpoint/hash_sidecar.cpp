@@ -112,14 +112,12 @@ uint64_t hash_tensor(int fd, const CheckpointTensor& t, uint64_t chunk, std::vec
   buf.resize(static_cast<size_t>(std::min<uint64_t>(chunk, std::max<uint64_t>(t.bytes, 1))));
   for (uint64_t done = 0; done < t.bytes;) {
     const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), t.bytes - done));
-    const ssize_t got = ::pread(fd, buf.data(), want, static_cast<off_t>(t.offset + done));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0)
+    if (pread_full(fd, buf.data(), want, t.offset + done) < want)
       throw Error(ErrorCode::io, "reading tensor " + shown(t.name) + " of '" + file + "': " +
-                                     (got == 0 ? std::string("the file is shorter than at open")
-                                               : std::strerror(errno)));
-    stream.update(buf.data(), static_cast<size_t>(got));
-    done += static_cast<uint64_t>(got);
+                                     (errno == 0 ? std::string("the file is shorter than at open")
+                                                 : std::strerror(errno)));
+    stream.update(buf.data(), want);
+    done += want;
   }
   return stream.digest();
 }

@@ -133,19 +133,11 @@ std::vector<bool> files_of(const Checkpoint& c,
 
 // Buffered: exactly `bytes` at `offset` into dst.
 void pread_all(int fd, void* dst, uint64_t bytes, uint64_t offset, const std::string& path) {
-  auto* p = static_cast<unsigned char*>(dst);
-  while (bytes > 0) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(bytes, uint64_t{1} << 30));
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) read_error(path, std::string("read failed: ") + std::strerror(errno));
-    if (r == 0)
-      read_error(path, "the file ended at byte " + std::to_string(offset) +
-                           " (was it truncated after the checkpoint was opened?)");
-    p += r;
-    bytes -= static_cast<uint64_t>(r);
-    offset += static_cast<uint64_t>(r);
-  }
+  const uint64_t got = pread_full(fd, dst, bytes, offset);
+  if (got == bytes) return;
+  if (errno != 0) read_error(path, std::string("read failed: ") + std::strerror(errno));
+  read_error(path, "the file ended at byte " + std::to_string(offset + got) +
+                       " (was it truncated after the checkpoint was opened?)");
 }
 
 // A reader's aligned buffer for O_DIRECT, grown as needed and freed when its read
