@@ -279,6 +279,32 @@ namespace detail {
                                  " recorded (the file is corrupt)");
 }
 
+void verify_hashes(const Checkpoint& c, const CheckpointLoadOptions& o, size_t count,
+                   const std::function<const CheckpointTensor&(size_t)>& tensor,
+                   const std::function<uint64_t(size_t)>& digest, LoadReport& r) {
+  if (!o.verify) return;
+  enter_phase(o, "verify");
+  const Stopwatch verify;
+  std::atomic<size_t> unverified{0};
+  parallel_for(
+      count, 1,
+      [&](size_t b, size_t e) {
+        for (size_t i = b; i < e; ++i) {
+          const CheckpointTensor& t = tensor(i);
+          if (!t.xxh3) {
+            ++unverified;
+            continue;
+          }
+          const uint64_t got = digest(i);
+          if (got != *t.xxh3) hash_mismatch(c, t, got);
+        }
+      },
+      r.threads);
+  r.verify_s = verify.seconds();
+  r.unverified = unverified.load();
+  r.verified = r.unverified == 0;
+}
+
 // verify asks every tensor to be checked: one without a recorded hash is an error before
 // anything is read, unless verify_if_present.
 void check_verifiable(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors,
@@ -371,28 +397,9 @@ LoadReport read_targets(const Checkpoint& c, const std::vector<ReadTarget>& targ
   detail::enter_phase(o, "read");
   LoadReport r = detail::read_ranges(c, ranges, o, allocator);
   r.tensors = targets.size();
-  if (o.verify) {
-    detail::enter_phase(o, "verify");
-    const Stopwatch verify;
-    std::atomic<size_t> unverified{0};
-    parallel_for(
-        targets.size(), 1,
-        [&](size_t b, size_t e) {
-          for (size_t i = b; i < e; ++i) {
-            const CheckpointTensor& t = *targets[i].tensor;
-            if (!t.xxh3) {
-              ++unverified;
-              continue;
-            }
-            const uint64_t got = xxh3_64(targets[i].dst, t.bytes);
-            if (got != *t.xxh3) hash_mismatch(c, t, got);
-          }
-        },
-        r.threads);
-    r.verify_s = verify.seconds();
-    r.unverified = unverified.load();
-    r.verified = r.unverified == 0;
-  }
+  detail::verify_hashes(
+      c, o, targets.size(), [&](size_t i) -> const CheckpointTensor& { return *targets[i].tensor; },
+      [&](size_t i) { return xxh3_64(targets[i].dst, targets[i].tensor->bytes); }, r);
   r.total_s = total.seconds();
   return r;
 }
