@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -140,9 +139,9 @@ std::string hash_sidecar_path(const std::string& checkpoint_path) {
 
 namespace detail {
 
-void apply_hash_sidecar(const std::string& checkpoint_path,
-                        const std::vector<CheckpointFile>& files,
+void apply_hash_sidecar(const std::string& checkpoint_path, const Checkpoint& checkpoint,
                         std::vector<CheckpointTensor>& tensors) {
+  const std::vector<CheckpointFile>& files = checkpoint.files();
   const std::string path = hash_sidecar_path(checkpoint_path);
   std::error_code ec;
   if (!fs::exists(path, ec)) return;
@@ -162,16 +161,14 @@ void apply_hash_sidecar(const std::string& checkpoint_path,
   check_identities(doc, files, path, checkpoint_path);
   const nlohmann::json& list = member(doc, "tensors", path, "the sidecar");
   if (!list.is_object()) sidecar_error(path, "\"tensors\" is not an object");
-  std::map<std::string, CheckpointTensor*> by_name;
-  for (CheckpointTensor& t : tensors) by_name[t.name] = &t;
   for (const auto& [name, entry] : list.items()) {
     const std::string where = "tensor " + shown(name);
-    const auto it = by_name.find(name);
-    if (it == by_name.end())
+    const CheckpointTensor* found = checkpoint.find(name);
+    if (found == nullptr)
       sidecar_error(path, where +
                               " is not in the checkpoint: the sidecar was recorded for "
                               "another checkpoint (run pinstage hash again)");
-    CheckpointTensor& t = *it->second;
+    CheckpointTensor& t = tensors[static_cast<size_t>(found - checkpoint.tensors().data())];
     if (!entry.is_object()) sidecar_error(path, where + " is not an object");
     only_keys(entry, {"file", "offset", "bytes", "xxh3"}, path, where);
     const nlohmann::json& file = member(entry, "file", path, where);

@@ -13,10 +13,8 @@
 #include <functional>
 #include <mutex>
 #include <optional>
-#include <string_view>
 #include <system_error>
 #include <thread>
-#include <unordered_map>
 
 #include "checkpoint/load_internal.h"
 #include "pinstage/checkpoint.h"
@@ -665,23 +663,30 @@ DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointL
 
 namespace detail {
 
-std::vector<CheckpointTensor> select_tensors(const Checkpoint& c,
-                                             const std::vector<std::string>& names,
-                                             const char* who) {
-  // One index for the lot: Checkpoint::find is a scan, and a checkpoint may hold 70,000.
-  std::unordered_map<std::string_view, size_t> where;
-  where.reserve(c.tensors().size());
-  for (size_t i = 0; i < c.tensors().size(); ++i) where.emplace(c.tensors()[i].name, i);
+namespace {
+
+// Which of the checkpoint's tensors `names` choose, by place: Error(not_found) for a name
+// the checkpoint lacks, Error(invalid_argument) (starting with `who`) for one given twice.
+std::vector<bool> chosen_places(const Checkpoint& c, const std::vector<std::string>& names,
+                                const char* who) {
   std::vector<bool> chosen(c.tensors().size(), false);
   for (const std::string& name : names) {
-    const auto found = where.find(name);
-    if (found == where.end()) (void)c.get(name);  // Error(not_found) naming it
-    const size_t index = found->second;
+    const CheckpointTensor& t = c.get(name);  // Error(not_found) naming it
+    const auto index = static_cast<size_t>(&t - c.tensors().data());
     if (chosen[index])
       throw Error(ErrorCode::invalid_argument,
                   std::string(who) + ": tensor '" + name.substr(0, 96) + "' is named twice");
     chosen[index] = true;
   }
+  return chosen;
+}
+
+}  // namespace
+
+std::vector<CheckpointTensor> select_tensors(const Checkpoint& c,
+                                             const std::vector<std::string>& names,
+                                             const char* who) {
+  const std::vector<bool> chosen = chosen_places(c, names, who);
   std::vector<CheckpointTensor> tensors;
   tensors.reserve(names.size());
   for (size_t i = 0; i < chosen.size(); ++i)
@@ -693,18 +698,11 @@ std::vector<const CheckpointTensor*> selected(const Checkpoint& c,
                                               const std::vector<std::string>* names,
                                               const char* who) {
   std::vector<const CheckpointTensor*> out;
-  if (names == nullptr) {
-    out.reserve(c.tensors().size());
-    for (const CheckpointTensor& t : c.tensors()) out.push_back(&t);
-    return out;
-  }
-  const std::vector<CheckpointTensor> chosen = select_tensors(c, *names, who);
-  // The checkpoint's own records, found by order: both lists are in checkpoint order.
-  size_t at = 0;
-  for (const CheckpointTensor& t : chosen) {
-    while (c.tensors()[at].name != t.name) ++at;
-    out.push_back(&c.tensors()[at]);
-  }
+  out.reserve(names == nullptr ? c.tensors().size() : names->size());
+  const std::vector<bool> chosen = names == nullptr ? std::vector<bool>(c.tensors().size(), true)
+                                                    : chosen_places(c, *names, who);
+  for (size_t i = 0; i < chosen.size(); ++i)
+    if (chosen[i]) out.push_back(&c.tensors()[i]);
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lock_test_util.h"
@@ -940,6 +941,37 @@ TEST_F(CheckpointTest, TensorListedTwiceInTwoShards) {
   write_raw(path("b.safetensors"), {{"y", "F32", {1}}});
   expect_error([&] { Checkpoint::open(dir_.string()); },
                {"'y'", "listed twice", "a.safetensors", "b.safetensors"});
+}
+
+// find is the name index built at open: every name finds its own record (also in a copy,
+// whose records are its own), a missing name finds nothing, and a name given twice is
+// still refused at open, in one file (the strict header parser) or in two.
+TEST_F(CheckpointTest, FindReturnsEveryTensorByItsNameAndNothingForAMissingOne) {
+  const Checkpoint c = Checkpoint::open(indexed());
+  ASSERT_EQ(c.tensors().size(), every_dtype().size());
+  for (const CheckpointTensor& t : c.tensors()) {
+    EXPECT_EQ(c.find(t.name), &t) << t.name;
+    EXPECT_EQ(&c.get(t.name), &t) << t.name;
+  }
+  using std::string_view_literals::operator""sv;
+  for (const std::string_view missing : {"nope"sv, ""sv, "f"sv, "f32 "sv, "F32"sv, "u8\0"sv})
+    EXPECT_EQ(c.find(missing), nullptr) << missing;
+  EXPECT_EQ(error_of([&] { c.get("nope"); }).code(), ErrorCode::not_found);
+  const Checkpoint copy = c;
+  for (size_t i = 0; i < copy.tensors().size(); ++i)
+    EXPECT_EQ(copy.find(copy.tensors()[i].name), &copy.tensors()[i]);
+
+  const Checkpoint many = u8_file(5000, 1);
+  for (size_t i = 0; i < many.tensors().size(); ++i)
+    ASSERT_EQ(many.find("w" + std::to_string(i))->name, "w" + std::to_string(i));
+  EXPECT_EQ(many.find("w5000"), nullptr);
+
+  write_bytes(path("twice.safetensors"),
+              file_of(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                      R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                      std::string(8, '\0')));
+  expect_error([&] { Checkpoint::open(path("twice.safetensors")); },
+               {"twice.safetensors", "repeats the key", "'a'"});
 }
 
 TEST_F(CheckpointTest, OverlappingData) {
