@@ -164,6 +164,15 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
     EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << "'" << w << "' in: " << e.what();
 }
 
+// Opening `file`, written as `header` and `data_bytes` zero bytes, is an Error(io) naming
+// the file and every given word.
+void expect_header_refused(const std::string& file, const std::string& header, size_t data_bytes,
+                           std::vector<std::string> words) {
+  write_bytes(file, file_of(header, std::string(data_bytes, '\0')));
+  words.insert(words.begin(), fs::path(file).filename().string());
+  expect_error([&] { Checkpoint::open(file); }, words);
+}
+
 TEST_F(CheckpointTest, SingleFileListsEveryTensorAndTheMetadata) {
   write_raw(path("m.safetensors"), every_dtype());
   const Checkpoint c = Checkpoint::open(path("m.safetensors"));
@@ -966,37 +975,29 @@ TEST_F(CheckpointTest, FindReturnsEveryTensorByItsNameAndNothingForAMissingOne) 
     ASSERT_EQ(many.find("w" + std::to_string(i))->name, "w" + std::to_string(i));
   EXPECT_EQ(many.find("w5000"), nullptr);
 
-  write_bytes(path("twice.safetensors"),
-              file_of(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-                      R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-                      std::string(8, '\0')));
-  expect_error([&] { Checkpoint::open(path("twice.safetensors")); },
-               {"twice.safetensors", "repeats the key", "'a'"});
+  expect_header_refused(path("m.safetensors"),
+                        R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                        R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                        8, {"repeats the key", "'a'"});
 }
 
 TEST_F(CheckpointTest, OverlappingData) {
-  write_bytes(path("m.safetensors"),
-              file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                      R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-                      std::string(8, '\0')));
-  expect_error([&] { Checkpoint::open(path("m.safetensors")); },
-               {"m.safetensors", "'b'", "overlap"});
+  expect_header_refused(path("m.safetensors"),
+                        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                        R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                        8, {"'b'", "overlap"});
 }
 
 TEST_F(CheckpointTest, OutOfRangeData) {
-  write_bytes(
-      path("m.safetensors"),
-      file_of(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", std::string(8, '\0')));
-  expect_error([&] { Checkpoint::open(path("m.safetensors")); },
-               {"m.safetensors", "'a'", "past the end"});
+  expect_header_refused(path("m.safetensors"),
+                        R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8,
+                        {"'a'", "past the end"});
 }
 
 TEST_F(CheckpointTest, UnknownDtype) {
-  write_bytes(path("m.safetensors"),
-              file_of(R"({"a":{"dtype":"F128","shape":[1],"data_offsets":[0,16]}})",
-                      std::string(16, '\0')));
-  expect_error([&] { Checkpoint::open(path("m.safetensors")); },
-               {"m.safetensors", "'a'", "unknown dtype 'F128'"});
+  expect_header_refused(path("m.safetensors"),
+                        R"({"a":{"dtype":"F128","shape":[1],"data_offsets":[0,16]}})", 16,
+                        {"'a'", "unknown dtype 'F128'"});
 }
 
 TEST_F(CheckpointTest, HeaderTooLarge) {
