@@ -3,7 +3,7 @@ import argparse
 import json
 import os
 import pathlib
-import tempfile
+import importlib.util
 
 
 def add_dry_run(ap: argparse.ArgumentParser) -> None:
@@ -27,19 +27,21 @@ def dry_run_done(args: argparse.Namespace) -> bool:
     return args.dry_run
 
 
+def _plot_module():
+    """This tree's python/pinstage/plot.py, loaded by path: it needs nothing compiled, and a
+    bench may write before (or without) the build's package on sys.path."""
+    spec = importlib.util.spec_from_file_location(
+        "_pinstage_plot", pathlib.Path(__file__).resolve().parents[1] / "python/pinstage/plot.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def write_json_atomically(path, doc):
-    """Writes `doc` as JSON to `path` through a temp file and a rename: a reader sees the old
-    file or the new one, never a part."""
-    path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp-", dir=path.resolve().parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Writes `doc` as JSON to `path` through a temp file and a rename (plot.py's
+    write_atomically): a reader sees the old file or the new one, never a part."""
+    def write(f):
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+    _plot_module().write_atomically(path, write)

@@ -113,16 +113,12 @@ void arm_read_then_copy(const Checkpoint& c, HostAllocator& pinned) {
     const auto buf = pageable.allocate(file.size);
     const int fd = open_shard(file.path);
     auto* p = static_cast<unsigned char*>(buf->data());
-    for (uint64_t done = 0; done < file.size;) {
-      const ssize_t r = ::read(fd, p + done, std::min<uint64_t>(file.size - done, 1 << 30));
-      if (r <= 0) {
-        const int err = errno;
-        ::close(fd);
-        if (r == 0) truncated(file.path);  // end of file early: errno says nothing
-        errno = err;
-        bench_io(file.path, "read");
-      }
-      done += static_cast<uint64_t>(r);
+    if (pread_full(fd, p, file.size, 0) < file.size) {
+      const int err = errno;
+      ::close(fd);
+      if (err == 0) truncated(file.path);  // end of file early: errno says nothing
+      errno = err;
+      bench_io(file.path, "read");
     }
     ::close(fd);
     for (const CheckpointTensor& t : c.tensors()) {

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -90,7 +91,8 @@ class PINSTAGE_API Checkpoint {
   const std::vector<std::pair<std::string, std::string>>& metadata() const noexcept {
     return metadata_;
   }
-  // nullptr / Error(not_found) naming the tensor and the checkpoint.
+  // nullptr / Error(not_found) naming the tensor and the checkpoint. O(1): a name index
+  // built once at open serves every lookup, so callers need none of their own.
   const CheckpointTensor* find(std::string_view name) const noexcept;
   const CheckpointTensor& get(std::string_view name) const;
   uint64_t total_bytes() const noexcept;
@@ -108,6 +110,15 @@ class PINSTAGE_API Checkpoint {
   std::vector<CheckpointTensor> tensors_;
   std::vector<std::pair<std::string, std::string>> metadata_;
   std::string sidecar_problem_;
+  // Hashes a std::string and a std::string_view alike, so find() looks up without a copy.
+  struct NameHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view name) const noexcept {
+      return std::hash<std::string_view>{}(name);
+    }
+  };
+  // A tensor's name -> its place in tensors_ (a place, not a pointer: copies stay right).
+  std::unordered_map<std::string, size_t, NameHash, std::equal_to<>> by_name_;
 };
 
 // The bounds of CheckpointLoadOptions: every load and hash_checkpoint refuses a value

@@ -43,6 +43,12 @@ PINSTAGE_API const char* file_type_name(mode_t mode) noexcept;
 // the failed open (0 when the file was not regular).
 PINSTAGE_API int open_regular_file(const std::string& path, int flags, std::string* why);
 
+// Reads exactly `bytes` at `offset` of `fd` into `dst` by pread, retrying EINTR, in pieces
+// of at most 1 GiB (one Linux read stops short of 2 GiB). Returns the bytes read: `bytes`,
+// or fewer when the file ended first (errno 0) or a read failed (errno set to its error).
+// The one full-read loop of checkpoint loads, safetensors, hash sidecars and the benches.
+PINSTAGE_API uint64_t pread_full(int fd, void* dst, uint64_t bytes, uint64_t offset) noexcept;
+
 // Reads the whole of a regular file (opened as above, so nothing blocks) of at most
 // `max_bytes`, into `text`. Returns false with `why` set and `text` untouched: the open's
 // reason, "it is 70000000 bytes, over the 67108864-byte limit" (checked before any byte

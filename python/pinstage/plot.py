@@ -316,22 +316,29 @@ def main(argv=None) -> int:
     return 0
 
 
-def save_atomically(fig, out: str) -> None:
-    """Saves ``fig`` as PNG to a temporary file next to ``out``, then renames it over."""
+def write_atomically(path, write, mode: str = "w") -> None:
+    """Calls ``write(f)`` on a temporary file next to ``path`` (opened with ``mode``), syncs
+    it, then renames it over ``path``: a reader sees the old file or the new one, never a
+    part. The benches' JSON (bench/benchargs.py) is written through it too."""
     import tempfile
-    directory = os.path.dirname(os.path.abspath(out))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(out) + ".tmp-", dir=directory)
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp-", dir=directory)
     try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=110)
+        with os.fdopen(fd, mode) as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
+        os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
 
+
+def save_atomically(fig, out: str) -> None:
+    """Saves ``fig`` as PNG to a temporary file next to ``out``, then renames it over."""
+    write_atomically(out, lambda f: fig.savefig(f, format="png", dpi=110), "wb")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -60,6 +61,22 @@ int open_regular_file(const std::string& path, int flags, std::string* why) {
   return fd;
 }
 
+uint64_t pread_full(int fd, void* dst, uint64_t bytes, uint64_t offset) noexcept {
+  auto* p = static_cast<unsigned char*>(dst);
+  uint64_t done = 0;
+  while (done < bytes) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(bytes - done, uint64_t{1} << 30));
+    const ssize_t r = ::pread(fd, p + done, n, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      if (r == 0) errno = 0;  // the end of the file: no error to report
+      break;
+    }
+    done += static_cast<uint64_t>(r);
+  }
+  return done;
+}
+
 bool read_regular_file(const std::string& path, uint64_t max_bytes, std::string* text,
                        std::string* why) {
   const UniqueFd fd(open_regular_file(path, 0, why));
@@ -76,20 +93,9 @@ bool read_regular_file(const std::string& path, uint64_t max_bytes, std::string*
     return false;
   }
   std::string out(static_cast<size_t>(size), '\0');
-  size_t have = 0;
-  while (have < out.size()) {
-    const ssize_t n =
-        ::pread(fd.get(), out.data() + have, out.size() - have, static_cast<off_t>(have));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      *why = std::strerror(errno);
-      return false;
-    }
-    if (n == 0) {
-      *why = "it shrank while it was read";
-      return false;
-    }
-    have += static_cast<size_t>(n);
+  if (pread_full(fd.get(), out.data(), size, 0) < size) {
+    *why = errno != 0 ? std::strerror(errno) : "it shrank while it was read";
+    return false;
   }
   *text = std::move(out);
   return true;

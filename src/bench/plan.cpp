@@ -2,6 +2,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/refuse.h"
 #include "pinstage/ab_bench.h"
 #include "pinstage/names.h"
 #include "pinstage/tensor.h"
@@ -171,22 +172,19 @@ void validate(const BenchConfig& config) {
                                                      arm_name(config.arms[i]) +
                                                      "' twice; name each arm once");
   if (config.groups < 1)
-    throw Error(ErrorCode::invalid_argument,
-                "--groups is " + std::to_string(config.groups) +
-                    "; it must be at least 1 (each group runs every arm once; default 5)");
+    detail::refuse_number("--groups", config.groups,
+                          "it must be at least 1 (each group runs every arm once; default 5)");
   if (config.rounds < 1)
-    throw Error(ErrorCode::invalid_argument,
-                "--rounds is " + std::to_string(config.rounds) +
-                    "; it must be at least 1 (binds per arm per group; default 6)");
+    detail::refuse_number("--rounds", config.rounds,
+                          "it must be at least 1 (binds per arm per group; default 6)");
   if (config.rounds < 2 && !config.keep_cold)
     throw Error(ErrorCode::invalid_argument,
                 "--rounds " + std::to_string(config.rounds) +
                     " leaves no round to measure: the first, cold bind of every arm is "
                     "dropped; use --rounds 2 or more, or --keep-cold");
   if (config.size < 0)
-    throw Error(ErrorCode::invalid_argument,
-                "the size is " + std::to_string(config.size) +
-                    "; it must be at least 1 (or omitted for the automatic size)");
+    detail::refuse_number("the size", config.size,
+                          "it must be at least 1 (or omitted for the automatic size)");
   validate(config.bind);
 }
 

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/refuse.h"
 #include "pinstage/ab_bench.h"
 #include "pinstage/names.h"
 
@@ -92,13 +93,10 @@ const char* step_mode_name(StepMode mode) { return enum_name(mode, kStepModeName
 
 void validate(const StepsBenchConfig& config) {
   if (config.steps < 2)
-    throw Error(ErrorCode::invalid_argument,
-                "--steps is " + std::to_string(config.steps) +
-                    "; the steps benchmark needs at least 2 (step 1 uploads everything in both "
-                    "modes; steps 2..N are what it compares)");
-  if (config.groups < 1)
-    throw Error(ErrorCode::invalid_argument,
-                "--groups is " + std::to_string(config.groups) + "; it must be >= 1");
+    detail::refuse_number("--steps", config.steps,
+                          "the steps benchmark needs at least 2 (step 1 uploads everything in "
+                          "both modes; steps 2..N are what it compares)");
+  if (config.groups < 1) detail::refuse_number("--groups", config.groups, "it must be >= 1");
   validate(config.bind);
 }
 

@@ -3,6 +3,7 @@
 #include <limits>
 #include <string>
 
+#include "bench/refuse.h"
 #include "pinstage/ab_bench.h"
 #include "pinstage/parallel.h"
 
@@ -40,13 +41,11 @@ BenchTask scene_task(const Scene& scene, const SceneValues& values) {
 
 BenchTask synthetic_task(int64_t tensors, uint64_t bytes) {
   if (tensors < 1 || tensors > kMaxSyntheticTensors)
-    throw Error(ErrorCode::invalid_argument, "synthetic: --tensors is " + std::to_string(tensors) +
-                                                 "; it must be in [1, " +
-                                                 std::to_string(kMaxSyntheticTensors) + "]");
+    detail::refuse_number("synthetic: --tensors", tensors,
+                          "it must be in [1, " + std::to_string(kMaxSyntheticTensors) + "]");
   if (bytes == 0 || bytes % 4 != 0)
-    throw Error(ErrorCode::invalid_argument,
-                "synthetic: --bytes is " + std::to_string(bytes) +
-                    "; it must be a positive multiple of 4 (the tensors are i32)");
+    detail::refuse_number("synthetic: --bytes", bytes,
+                          "it must be a positive multiple of 4 (the tensors are i32)");
   if (bytes > std::numeric_limits<uint64_t>::max() / 2 / static_cast<uint64_t>(tensors))
     throw Error(ErrorCode::invalid_argument, "synthetic: --tensors x --bytes overflows");
   BenchTask task;

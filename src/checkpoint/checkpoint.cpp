@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <unordered_map>
 
 #include "pinstage/atomic_file.h"
 #include "pinstage/error.h"
@@ -232,10 +233,12 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, const std::string&
 
 namespace {
 
-// Reads every file's header and lists its tensors; a tensor in two files is refused.
+// Reads every file's header and lists its tensors, each name in `by_name` (name -> place
+// in `tensors`); a tensor in two files is refused. A template only so that it can fill
+// Checkpoint's private index type.
+template <class NameIndex>
 void add_files(std::vector<CheckpointFile>& files, std::vector<CheckpointTensor>& tensors,
-               const std::vector<std::string>& paths) {
-  std::map<std::string, size_t> where;  // tensor -> file
+               NameIndex& by_name, const std::vector<std::string>& paths) {
   for (const std::string& p : paths) {
     struct stat st {};
     if (::stat(p.c_str(), &st) != 0)
@@ -247,11 +250,12 @@ void add_files(std::vector<CheckpointFile>& files, std::vector<CheckpointTensor>
     for (const auto& [k, v] : h.metadata)
       if (k.rfind(kSafetensorsXxh3Key, 0) == 0)
         hashes[k.substr(std::strlen(kSafetensorsXxh3Key))] = *parse_xxh3_hex(v);
+    by_name.reserve(by_name.size() + h.tensors.size());
     for (const SafetensorsTensorInfo& t : h.tensors) {
-      const auto [it, fresh] = where.emplace(t.name, file);
+      const auto [it, fresh] = by_name.emplace(t.name, tensors.size());
       if (!fresh)
         ckpt_error(p, "tensor " + shown(t.name) + " is listed twice: also in '" +
-                          files[it->second].path + "'");
+                          files[tensors[it->second].file].path + "'");
       CheckpointTensor ct{t.name,          t.dtype,     t.element_size,
                           t.shape,         file,        h.data_start + t.begin,
                           t.end - t.begin, std::nullopt};
@@ -344,7 +348,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
   } else {
     ckpt_error(path, "neither a regular file nor a directory");
   }
-  add_files(c.files_, c.tensors_, paths);
+  add_files(c.files_, c.tensors_, c.by_name_, paths);
   std::map<std::string, std::string> origin;
   if (index) {
     check_against_index(*index, c.files_, c.tensors_, path);
@@ -355,7 +359,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
   if (!t_skip_sidecar) {
     std::vector<CheckpointTensor> hashed = c.tensors_;  // all of the sidecar or none of it
     try {
-      detail::apply_hash_sidecar(path, c.files_, hashed);
+      detail::apply_hash_sidecar(path, c, hashed);
       c.tensors_ = std::move(hashed);
     } catch (const Error& e) {
       c.sidecar_problem_ = e.what();
@@ -365,9 +369,8 @@ Checkpoint Checkpoint::open(const std::string& path) {
 }
 
 const CheckpointTensor* Checkpoint::find(std::string_view name) const noexcept {
-  for (const CheckpointTensor& t : tensors_)
-    if (t.name == name) return &t;
-  return nullptr;
+  const auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
 }
 
 const CheckpointTensor& Checkpoint::get(std::string_view name) const {
@@ -461,8 +464,9 @@ size_t save_sharded_checkpoint(const TaskArgs& args, const std::string& dir, uin
   }
   std::vector<CheckpointFile> files;
   std::vector<CheckpointTensor> tensors;
+  std::unordered_map<std::string, size_t> by_name;
   std::sort(paths.begin(), paths.end());  // the order Checkpoint::open reads them in
-  add_files(files, tensors, paths);
+  add_files(files, tensors, by_name, paths);
   index["metadata"][kCheckpointDigestKey] = xxh3_hex(checkpoint_digest(files, tensors));
   write_file_atomically(index_path, index.dump(2) + "\n");
   for (const std::string& old : old_shards)

@@ -54,10 +54,6 @@ uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-bool pread_all(int fd, void* out, size_t bytes, uint64_t offset) {
-  return ::pread(fd, out, bytes, static_cast<off_t>(offset)) == static_cast<ssize_t>(bytes);
-}
-
 }  // namespace
 
 uint64_t folio_pages(uint64_t pfn, const std::function<uint64_t(uint64_t)>& flags_of) {
@@ -118,7 +114,8 @@ bool FolioCensus::sample(const void* data, uint64_t bytes) {
   bool failed = false;
   const auto flags_of = [&](uint64_t pfn) {
     uint64_t flags = 0;
-    failed = failed || !pread_all(kflags.get(), &flags, sizeof flags, pfn * sizeof flags);
+    failed = failed ||
+             pread_full(kflags.get(), &flags, sizeof flags, pfn * sizeof flags) != sizeof flags;
     return flags;
   };
   for (uint64_t s = 0; s < samples; ++s) {
@@ -128,7 +125,8 @@ bool FolioCensus::sample(const void* data, uint64_t bytes) {
     const uint64_t stride_begin = s * pages / samples, stride_end = (s + 1) * pages / samples;
     const uint64_t page = stride_begin + mix(s) % (stride_end - stride_begin);
     uint64_t entry = 0;
-    if (!pread_all(pagemap.get(), &entry, sizeof entry, (first + page) * sizeof entry)) {
+    if (pread_full(pagemap.get(), &entry, sizeof entry, (first + page) * sizeof entry) !=
+        sizeof entry) {
       why_ = pagemap_ + ": " + std::strerror(errno);
       return false;
     }

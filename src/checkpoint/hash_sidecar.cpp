@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -112,14 +111,12 @@ uint64_t hash_tensor(int fd, const CheckpointTensor& t, uint64_t chunk, std::vec
   buf.resize(static_cast<size_t>(std::min<uint64_t>(chunk, std::max<uint64_t>(t.bytes, 1))));
   for (uint64_t done = 0; done < t.bytes;) {
     const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), t.bytes - done));
-    const ssize_t got = ::pread(fd, buf.data(), want, static_cast<off_t>(t.offset + done));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0)
+    if (pread_full(fd, buf.data(), want, t.offset + done) < want)
       throw Error(ErrorCode::io, "reading tensor " + shown(t.name) + " of '" + file + "': " +
-                                     (got == 0 ? std::string("the file is shorter than at open")
-                                               : std::strerror(errno)));
-    stream.update(buf.data(), static_cast<size_t>(got));
-    done += static_cast<uint64_t>(got);
+                                     (errno == 0 ? std::string("the file is shorter than at open")
+                                                 : std::strerror(errno)));
+    stream.update(buf.data(), want);
+    done += want;
   }
   return stream.digest();
 }
@@ -142,9 +139,9 @@ std::string hash_sidecar_path(const std::string& checkpoint_path) {
 
 namespace detail {
 
-void apply_hash_sidecar(const std::string& checkpoint_path,
-                        const std::vector<CheckpointFile>& files,
+void apply_hash_sidecar(const std::string& checkpoint_path, const Checkpoint& checkpoint,
                         std::vector<CheckpointTensor>& tensors) {
+  const std::vector<CheckpointFile>& files = checkpoint.files();
   const std::string path = hash_sidecar_path(checkpoint_path);
   std::error_code ec;
   if (!fs::exists(path, ec)) return;
@@ -164,16 +161,14 @@ void apply_hash_sidecar(const std::string& checkpoint_path,
   check_identities(doc, files, path, checkpoint_path);
   const nlohmann::json& list = member(doc, "tensors", path, "the sidecar");
   if (!list.is_object()) sidecar_error(path, "\"tensors\" is not an object");
-  std::map<std::string, CheckpointTensor*> by_name;
-  for (CheckpointTensor& t : tensors) by_name[t.name] = &t;
   for (const auto& [name, entry] : list.items()) {
     const std::string where = "tensor " + shown(name);
-    const auto it = by_name.find(name);
-    if (it == by_name.end())
+    const CheckpointTensor* found = checkpoint.find(name);
+    if (found == nullptr)
       sidecar_error(path, where +
                               " is not in the checkpoint: the sidecar was recorded for "
                               "another checkpoint (run pinstage hash again)");
-    CheckpointTensor& t = *it->second;
+    CheckpointTensor& t = tensors[static_cast<size_t>(found - checkpoint.tensors().data())];
     if (!entry.is_object()) sidecar_error(path, where + " is not an object");
     only_keys(entry, {"file", "offset", "bytes", "xxh3"}, path, where);
     const nlohmann::json& file = member(entry, "file", path, where);

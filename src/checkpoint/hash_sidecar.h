@@ -14,8 +14,9 @@ namespace pinstage::detail {
 // inode unlike those it recorded: "is stale ... run `pinstage hash`"), one recorded for another
 // checkpoint or another version of it (a tensor it lists that is not there, or at another place or
 // size), or a hash that contradicts the one the writer recorded.
-void apply_hash_sidecar(const std::string& checkpoint_path,
-                        const std::vector<CheckpointFile>& files,
+// `tensors` is a copy of checkpoint.tensors() (same order) that receives the hashes; the
+// sidecar's names are looked up in the checkpoint's index.
+void apply_hash_sidecar(const std::string& checkpoint_path, const Checkpoint& checkpoint,
                         std::vector<CheckpointTensor>& tensors);
 
 // Checkpoint::open without the sidecar: what hash_checkpoint(path) hashes, so that a stale

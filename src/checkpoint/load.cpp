@@ -13,10 +13,8 @@
 #include <functional>
 #include <mutex>
 #include <optional>
-#include <string_view>
 #include <system_error>
 #include <thread>
-#include <unordered_map>
 
 #include "checkpoint/load_internal.h"
 #include "pinstage/checkpoint.h"
@@ -133,19 +131,11 @@ std::vector<bool> files_of(const Checkpoint& c,
 
 // Buffered: exactly `bytes` at `offset` into dst.
 void pread_all(int fd, void* dst, uint64_t bytes, uint64_t offset, const std::string& path) {
-  auto* p = static_cast<unsigned char*>(dst);
-  while (bytes > 0) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(bytes, uint64_t{1} << 30));
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) read_error(path, std::string("read failed: ") + std::strerror(errno));
-    if (r == 0)
-      read_error(path, "the file ended at byte " + std::to_string(offset) +
-                           " (was it truncated after the checkpoint was opened?)");
-    p += r;
-    bytes -= static_cast<uint64_t>(r);
-    offset += static_cast<uint64_t>(r);
-  }
+  const uint64_t got = pread_full(fd, dst, bytes, offset);
+  if (got == bytes) return;
+  if (errno != 0) read_error(path, std::string("read failed: ") + std::strerror(errno));
+  read_error(path, "the file ended at byte " + std::to_string(offset + got) +
+                       " (was it truncated after the checkpoint was opened?)");
 }
 
 // A reader's aligned buffer for O_DIRECT, grown as needed and freed when its read
@@ -287,6 +277,32 @@ namespace detail {
                                  " recorded (the file is corrupt)");
 }
 
+void verify_hashes(const Checkpoint& c, const CheckpointLoadOptions& o, size_t count,
+                   const std::function<const CheckpointTensor&(size_t)>& tensor,
+                   const std::function<uint64_t(size_t)>& digest, LoadReport& r) {
+  if (!o.verify) return;
+  enter_phase(o, "verify");
+  const Stopwatch verify;
+  std::atomic<size_t> unverified{0};
+  parallel_for(
+      count, 1,
+      [&](size_t b, size_t e) {
+        for (size_t i = b; i < e; ++i) {
+          const CheckpointTensor& t = tensor(i);
+          if (!t.xxh3) {
+            ++unverified;
+            continue;
+          }
+          const uint64_t got = digest(i);
+          if (got != *t.xxh3) hash_mismatch(c, t, got);
+        }
+      },
+      r.threads);
+  r.verify_s = verify.seconds();
+  r.unverified = unverified.load();
+  r.verified = r.unverified == 0;
+}
+
 // verify asks every tensor to be checked: one without a recorded hash is an error before
 // anything is read, unless verify_if_present.
 void check_verifiable(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors,
@@ -379,28 +395,9 @@ LoadReport read_targets(const Checkpoint& c, const std::vector<ReadTarget>& targ
   detail::enter_phase(o, "read");
   LoadReport r = detail::read_ranges(c, ranges, o, allocator);
   r.tensors = targets.size();
-  if (o.verify) {
-    detail::enter_phase(o, "verify");
-    const Stopwatch verify;
-    std::atomic<size_t> unverified{0};
-    parallel_for(
-        targets.size(), 1,
-        [&](size_t b, size_t e) {
-          for (size_t i = b; i < e; ++i) {
-            const CheckpointTensor& t = *targets[i].tensor;
-            if (!t.xxh3) {
-              ++unverified;
-              continue;
-            }
-            const uint64_t got = xxh3_64(targets[i].dst, t.bytes);
-            if (got != *t.xxh3) hash_mismatch(c, t, got);
-          }
-        },
-        r.threads);
-    r.verify_s = verify.seconds();
-    r.unverified = unverified.load();
-    r.verified = r.unverified == 0;
-  }
+  detail::verify_hashes(
+      c, o, targets.size(), [&](size_t i) -> const CheckpointTensor& { return *targets[i].tensor; },
+      [&](size_t i) { return xxh3_64(targets[i].dst, targets[i].tensor->bytes); }, r);
   r.total_s = total.seconds();
   return r;
 }
@@ -666,23 +663,30 @@ DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointL
 
 namespace detail {
 
-std::vector<CheckpointTensor> select_tensors(const Checkpoint& c,
-                                             const std::vector<std::string>& names,
-                                             const char* who) {
-  // One index for the lot: Checkpoint::find is a scan, and a checkpoint may hold 70,000.
-  std::unordered_map<std::string_view, size_t> where;
-  where.reserve(c.tensors().size());
-  for (size_t i = 0; i < c.tensors().size(); ++i) where.emplace(c.tensors()[i].name, i);
+namespace {
+
+// Which of the checkpoint's tensors `names` choose, by place: Error(not_found) for a name
+// the checkpoint lacks, Error(invalid_argument) (starting with `who`) for one given twice.
+std::vector<bool> chosen_places(const Checkpoint& c, const std::vector<std::string>& names,
+                                const char* who) {
   std::vector<bool> chosen(c.tensors().size(), false);
   for (const std::string& name : names) {
-    const auto found = where.find(name);
-    if (found == where.end()) (void)c.get(name);  // Error(not_found) naming it
-    const size_t index = found->second;
+    const CheckpointTensor& t = c.get(name);  // Error(not_found) naming it
+    const auto index = static_cast<size_t>(&t - c.tensors().data());
     if (chosen[index])
       throw Error(ErrorCode::invalid_argument,
                   std::string(who) + ": tensor '" + name.substr(0, 96) + "' is named twice");
     chosen[index] = true;
   }
+  return chosen;
+}
+
+}  // namespace
+
+std::vector<CheckpointTensor> select_tensors(const Checkpoint& c,
+                                             const std::vector<std::string>& names,
+                                             const char* who) {
+  const std::vector<bool> chosen = chosen_places(c, names, who);
   std::vector<CheckpointTensor> tensors;
   tensors.reserve(names.size());
   for (size_t i = 0; i < chosen.size(); ++i)
@@ -694,18 +698,11 @@ std::vector<const CheckpointTensor*> selected(const Checkpoint& c,
                                               const std::vector<std::string>* names,
                                               const char* who) {
   std::vector<const CheckpointTensor*> out;
-  if (names == nullptr) {
-    out.reserve(c.tensors().size());
-    for (const CheckpointTensor& t : c.tensors()) out.push_back(&t);
-    return out;
-  }
-  const std::vector<CheckpointTensor> chosen = select_tensors(c, *names, who);
-  // The checkpoint's own records, found by order: both lists are in checkpoint order.
-  size_t at = 0;
-  for (const CheckpointTensor& t : chosen) {
-    while (c.tensors()[at].name != t.name) ++at;
-    out.push_back(&c.tensors()[at]);
-  }
+  out.reserve(names == nullptr ? c.tensors().size() : names->size());
+  const std::vector<bool> chosen = names == nullptr ? std::vector<bool>(c.tensors().size(), true)
+                                                    : chosen_places(c, *names, who);
+  for (size_t i = 0; i < chosen.size(); ++i)
+    if (chosen[i]) out.push_back(&c.tensors()[i]);
   return out;
 }
 

@@ -48,6 +48,14 @@ CheckpointLoadOptions part_options(const CheckpointLoadOptions& options, const u
 // Error(io) naming the file, the tensor and both hashes.
 [[noreturn]] void hash_mismatch(const Checkpoint& checkpoint, const CheckpointTensor& tensor,
                                 uint64_t got);
+// verify's check of tensors already read (nothing when options.verify is off): phase
+// "verify", then digest(i), the xxh3-64 of tensor(i)'s bytes, against its recorded hash
+// for each i < count, in parallel on report.threads (digest is called only for a hashed
+// tensor); the first mismatch throws hash_mismatch. Sets the report's verify_s, unverified
+// (the tensors without a hash) and verified.
+void verify_hashes(const Checkpoint& checkpoint, const CheckpointLoadOptions& options, size_t count,
+                   const std::function<const CheckpointTensor&(size_t)>& tensor,
+                   const std::function<uint64_t(size_t)>& digest, LoadReport& report);
 
 // The tensors `names` in checkpoint order: Error(not_found) for a name the checkpoint
 // lacks, Error(invalid_argument) (starting with `who`) for one given twice.

@@ -184,34 +184,18 @@ void read_strided(const Checkpoint& c, Job& j, int tp, std::vector<unsigned char
 }
 
 // Each hashed tensor's bytes, whole or across its slices in rank order, against its hash.
-void verify(const Checkpoint& c, const std::vector<Job>& jobs, int threads, TpLoadReport& r) {
-  const Stopwatch clock;
-  std::vector<char> unverified(jobs.size(), 0);
-  parallel_for(
-      jobs.size(), 1,
-      [&](size_t b, size_t e) {
-        for (size_t i = b; i < e; ++i) {
-          const Job& j = jobs[i];
-          const CheckpointTensor& t = *j.d->tensor;
-          if (!t.xxh3) {
-            unverified[i] = 1;
-            continue;
-          }
-          uint64_t got = 0;
-          if (j.digest) {
-            got = *j.digest;
-          } else {
-            Xxh3Stream stream;
-            for (const auto& s : j.storages) stream.update(s->data(), s->bytes());
-            got = stream.digest();
-          }
-          if (got != *t.xxh3) detail::hash_mismatch(c, t, got);
-        }
-      },
-      threads);
-  r.load.unverified = static_cast<size_t>(std::count(unverified.begin(), unverified.end(), 1));
-  r.load.verified = r.load.unverified == 0;
-  r.load.verify_s = clock.seconds();
+void verify(const Checkpoint& c, const std::vector<Job>& jobs, const CheckpointLoadOptions& o,
+            TpLoadReport& r) {
+  const auto digest = [&](size_t i) -> uint64_t {
+    const Job& j = jobs[i];
+    if (j.digest) return *j.digest;
+    Xxh3Stream stream;
+    for (const auto& s : j.storages) stream.update(s->data(), s->bytes());
+    return stream.digest();
+  };
+  detail::verify_hashes(
+      c, o, jobs.size(), [&](size_t i) -> const CheckpointTensor& { return *jobs[i].d->tensor; },
+      digest, r.load);
 }
 
 std::vector<std::vector<TpTensor>> by_rank(const std::vector<Job>& jobs, int tp,
@@ -310,10 +294,7 @@ TpHostLoad load_tp_to_host(const Checkpoint& c, const TpPlan& plan, int tp,
   const Stopwatch pin;
   for (HostAllocator* a : allocators) a->finish();  // what reserve() left to the writers
   r.load.pin_s = pin.seconds();
-  if (o.verify) {
-    detail::enter_phase(o, "verify");
-    verify(c, jobs, r.load.threads, r);
-  }
+  verify(c, jobs, o, r);
   out.ranks = by_rank(jobs, tp, r);
   r.load.total_s = total.seconds();
   return out;

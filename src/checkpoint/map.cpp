@@ -3,7 +3,6 @@
 // tensors are views of the page cache and nothing is read or copied; and the one host
 // load through a worker that the CLI and Python call, in either mode.
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cstring>
 #include <memory>
@@ -104,27 +103,13 @@ Mappings map_files(const Checkpoint& c, const std::vector<const CheckpointTensor
 // Each tensor's bytes, checked against its recorded hash in parallel.
 void verify_views(const Checkpoint& c, const HostLoad& load, const CheckpointLoadOptions& o,
                   LoadReport& r) {
-  if (!o.verify) return;
-  detail::enter_phase(o, "verify");
-  const Stopwatch verify;
-  std::atomic<size_t> unverified{0};
-  parallel_for(
-      load.tensors.size(), 1,
-      [&](size_t b, size_t e) {
-        for (size_t i = b; i < e; ++i) {
-          const CheckpointTensor& t = load.tensors[i].info;
-          if (!t.xxh3) {
-            ++unverified;
-            continue;
-          }
-          const uint64_t got = xxh3_64(load.tensors[i].storage->data(), t.bytes);
-          if (got != *t.xxh3) detail::hash_mismatch(c, t, got);
-        }
+  detail::verify_hashes(
+      c, o, load.tensors.size(),
+      [&](size_t i) -> const CheckpointTensor& { return load.tensors[i].info; },
+      [&](size_t i) {
+        return xxh3_64(load.tensors[i].storage->data(), load.tensors[i].info.bytes);
       },
-      r.threads);
-  r.verify_s = verify.seconds();
-  r.unverified = unverified.load();
-  r.verified = r.unverified == 0;
+      r);
 }
 
 HostLoad map_to_host(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors,

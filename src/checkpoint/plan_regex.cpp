@@ -273,37 +273,20 @@ class Parser {
     if (!more()) bad(at, "a '\\' at the end");
     const size_t from = i_;
     const char c = p_[i_++];
-    switch (c) {
-      case 'd':
-        return ascii_set(digits());
-      case 'D':
-        return all_but(digits());
-      case 'w':
-        return ascii_set(word());
-      case 'W':
-        return all_but(word());
-      case 's':
-        return ascii_set(space());
-      case 'S':
-        return all_but(space());
-      case 't':
-        return ascii_set(one('\t'));
-      case 'n':
-        return ascii_set(one('\n'));
-      case 'r':
-        return ascii_set(one('\r'));
-      case 'f':
-        return ascii_set(one('\f'));
-      case 'v':
-        return ascii_set(one('\v'));
-      case 'x': {  // U+00HH, as ECMAScript reads it: past ASCII, two bytes of UTF-8
-        const int hi = hex_digit(at);
-        const int value = hi * 16 + hex_digit(at);
-        return value < 0x80 ? ascii_set(one(static_cast<unsigned char>(value)))
-                            : CharSet{{}, false, {latin1(value)}};
-      }
-      default:
-        break;
+    // \d \w \s and their complements \D \W \S; then the control escapes.
+    const char lower = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lower == 'd' || lower == 'w' || lower == 's') {
+      const ByteSet set = lower == 'd' ? digits() : lower == 'w' ? word() : space();
+      return c == lower ? ascii_set(set) : all_but(set);
+    }
+    for (const auto& [letter, byte] :
+         {std::pair{'t', '\t'}, {'n', '\n'}, {'r', '\r'}, {'f', '\f'}, {'v', '\v'}})
+      if (c == letter) return ascii_set(one(byte));
+    if (c == 'x') {  // U+00HH, as ECMAScript reads it: past ASCII, two bytes of UTF-8
+      const int hi = hex_digit(at);
+      const int value = hi * 16 + hex_digit(at);
+      return value < 0x80 ? ascii_set(one(static_cast<unsigned char>(value)))
+                          : CharSet{{}, false, {latin1(value)}};
     }
     if (static_cast<unsigned char>(c) >= 0x80) {  // an escaped character stands for itself
       i_ = from + utf8_length(p_, from);

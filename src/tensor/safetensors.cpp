@@ -49,19 +49,9 @@ std::string describe(const nlohmann::json& v) {
 }
 
 void read_all(int fd, void* data, uint64_t bytes, uint64_t offset, const std::string& path) {
-  auto* p = static_cast<unsigned char*>(data);
-  while (bytes > 0) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(bytes, uint64_t{1} << 30));
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      io_error(path, "read failed: " + sys_reason(errno));
-    }
-    if (r == 0) io_error(path, "the file ended early (was it changed while being read?)");
-    p += r;
-    bytes -= static_cast<uint64_t>(r);
-    offset += static_cast<uint64_t>(r);
-  }
+  if (pread_full(fd, data, bytes, offset) == bytes) return;
+  if (errno != 0) io_error(path, "read failed: " + sys_reason(errno));
+  io_error(path, "the file ended early (was it changed while being read?)");
 }
 
 uint64_t to_u64(const nlohmann::json& v, const std::string& path, const std::string& what) {

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lock_test_util.h"
@@ -161,6 +162,15 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
   EXPECT_EQ(e.code(), code) << e.what();
   for (const std::string& w : words)
     EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << "'" << w << "' in: " << e.what();
+}
+
+// Opening `file`, written as `header` and `data_bytes` zero bytes, is an Error(io) naming
+// the file and every given word.
+void expect_header_refused(const std::string& file, const std::string& header, size_t data_bytes,
+                           std::vector<std::string> words) {
+  write_bytes(file, file_of(header, std::string(data_bytes, '\0')));
+  words.insert(words.begin(), fs::path(file).filename().string());
+  expect_error([&] { Checkpoint::open(file); }, words);
 }
 
 TEST_F(CheckpointTest, SingleFileListsEveryTensorAndTheMetadata) {
@@ -942,29 +952,52 @@ TEST_F(CheckpointTest, TensorListedTwiceInTwoShards) {
                {"'y'", "listed twice", "a.safetensors", "b.safetensors"});
 }
 
+// find is the name index built at open: every name finds its own record (also in a copy,
+// whose records are its own), a missing name finds nothing, and a name given twice is
+// still refused at open, in one file (the strict header parser) or in two.
+TEST_F(CheckpointTest, FindReturnsEveryTensorByItsNameAndNothingForAMissingOne) {
+  const Checkpoint c = Checkpoint::open(indexed());
+  ASSERT_EQ(c.tensors().size(), every_dtype().size());
+  for (const CheckpointTensor& t : c.tensors()) {
+    EXPECT_EQ(c.find(t.name), &t) << t.name;
+    EXPECT_EQ(&c.get(t.name), &t) << t.name;
+  }
+  using std::string_view_literals::operator""sv;
+  for (const std::string_view missing : {"nope"sv, ""sv, "f"sv, "f32 "sv, "F32"sv, "u8\0"sv})
+    EXPECT_EQ(c.find(missing), nullptr) << missing;
+  EXPECT_EQ(error_of([&] { c.get("nope"); }).code(), ErrorCode::not_found);
+  const Checkpoint copy = c;
+  for (size_t i = 0; i < copy.tensors().size(); ++i)
+    EXPECT_EQ(copy.find(copy.tensors()[i].name), &copy.tensors()[i]);
+
+  const Checkpoint many = u8_file(5000, 1);
+  for (size_t i = 0; i < many.tensors().size(); ++i)
+    ASSERT_EQ(many.find("w" + std::to_string(i))->name, "w" + std::to_string(i));
+  EXPECT_EQ(many.find("w5000"), nullptr);
+
+  expect_header_refused(path("m.safetensors"),
+                        R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                        R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                        8, {"repeats the key", "'a'"});
+}
+
 TEST_F(CheckpointTest, OverlappingData) {
-  write_bytes(path("m.safetensors"),
-              file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                      R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-                      std::string(8, '\0')));
-  expect_error([&] { Checkpoint::open(path("m.safetensors")); },
-               {"m.safetensors", "'b'", "overlap"});
+  expect_header_refused(path("m.safetensors"),
+                        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                        R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                        8, {"'b'", "overlap"});
 }
 
 TEST_F(CheckpointTest, OutOfRangeData) {
-  write_bytes(
-      path("m.safetensors"),
-      file_of(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", std::string(8, '\0')));
-  expect_error([&] { Checkpoint::open(path("m.safetensors")); },
-               {"m.safetensors", "'a'", "past the end"});
+  expect_header_refused(path("m.safetensors"),
+                        R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8,
+                        {"'a'", "past the end"});
 }
 
 TEST_F(CheckpointTest, UnknownDtype) {
-  write_bytes(path("m.safetensors"),
-              file_of(R"({"a":{"dtype":"F128","shape":[1],"data_offsets":[0,16]}})",
-                      std::string(16, '\0')));
-  expect_error([&] { Checkpoint::open(path("m.safetensors")); },
-               {"m.safetensors", "'a'", "unknown dtype 'F128'"});
+  expect_header_refused(path("m.safetensors"),
+                        R"({"a":{"dtype":"F128","shape":[1],"data_offsets":[0,16]}})", 16,
+                        {"'a'", "unknown dtype 'F128'"});
 }
 
 TEST_F(CheckpointTest, HeaderTooLarge) {

@@ -64,27 +64,26 @@ void check(cudaError_t err, const std::string& what) {
                            (name ? name : "?") + ")");
 }
 
+// An option of `value` within [lo, hi], its default shown in --help.
+template <class T>
+void add_ranged(CLI::App& app, const char* name, T& value, const char* help, T lo, T hi) {
+  app.add_option(name, value, help)->check(CLI::Range(lo, hi))->capture_default_str();
+}
+
 // The options, parsed the way the pinstage CLI parses its own (CLI11).
 void add_options(CLI::App& app, Args& a) {
   app.add_option("--device", a.device, "CUDA device id")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--link-mib", a.link_mib, "MiB per copy when measuring the link")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 20))
-      ->capture_default_str();
-  app.add_option("--reps", a.reps, "Timed copies per measurement")
-      ->check(CLI::Range(1, 1000))
-      ->capture_default_str();
-  app.add_option("--pin-mib", a.pin_mib, "MiB to pin in each pinned mode")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 22))
-      ->capture_default_str();
-  app.add_option("--pin-rounds", a.pin_rounds,
-                 "Rounds of alternating cudaHostAlloc and register-mode pinning")
-      ->check(CLI::Range(1, 100))
-      ->capture_default_str();
-  app.add_option("--prefault-mib", a.prefault_mib, "MiB to pre-fault alone")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 22))
-      ->capture_default_str();
+  add_ranged(app, "--link-mib", a.link_mib, "MiB per copy when measuring the link", size_t{1},
+             size_t{1} << 20);
+  add_ranged(app, "--reps", a.reps, "Timed copies per measurement", 1, 1000);
+  add_ranged(app, "--pin-mib", a.pin_mib, "MiB to pin in each pinned mode", size_t{1},
+             size_t{1} << 22);
+  add_ranged(app, "--pin-rounds", a.pin_rounds,
+             "Rounds of alternating cudaHostAlloc and register-mode pinning", 1, 100);
+  add_ranged(app, "--prefault-mib", a.prefault_mib, "MiB to pre-fault alone", size_t{1},
+             size_t{1} << 22);
   app.add_flag("--prefault-only", a.prefault_only,
                "Measure only the pre-fault (needs no GPU or driver)");
   app.add_option("--plugin", a.plugin,
