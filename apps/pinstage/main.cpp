@@ -70,10 +70,5 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   // Ctrl-C or a kill during `fixture --out` leaves no .tmp-XXXXXX file behind.
   pinstage::remove_temporary_files_on_signals();
-  try {
-    return run(argc, argv);
-  } catch (...) {  // building the CLI itself failed (out of memory): still no escape
-    std::fprintf(stderr, "pinstage: fatal error\n");
-    return 1;
-  }
+  return pinstage::run_main("pinstage", run, argc, argv);
 }

@@ -55,6 +55,11 @@ PINSTAGE_API ErrorCode error_code_from_status(int status);
 // that have no status of their own).
 PINSTAGE_API int status_from_error_code(ErrorCode code);
 
+// A program's main(): returns run(argc, argv), or 1 after "<program>: fatal error" on
+// stderr when anything escapes it (setting up the command line can run out of memory
+// before run's own handlers exist; an escaping exception would be std::terminate).
+PINSTAGE_API int run_main(const char* program, int (*run)(int, char**), int argc, char** argv);
+
 }  // namespace pinstage
 
 // Internal invariant: a failure is a pinstage bug, reported as ErrorCode::internal.

@@ -1,5 +1,6 @@
 #include "pinstage/error.h"
 
+#include <cstdio>
 #include <iterator>
 
 #include "pinstage/backend/platform_abi.h"
@@ -32,6 +33,15 @@ ErrorCode error_code_from_status(int status) {
   return status <= PS_ERR_INVALID_ARGUMENT && status >= PS_ERR_BACKEND
              ? static_cast<ErrorCode>(-status - 1)
              : ErrorCode::internal;
+}
+
+int run_main(const char* program, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (...) {
+    std::fprintf(stderr, "%s: fatal error\n", program);
+    return 1;
+  }
 }
 
 int status_from_error_code(ErrorCode code) {

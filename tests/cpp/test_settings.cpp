@@ -6,6 +6,7 @@
 #include <string>
 
 #include "pinstage/backend/platform_abi.h"
+#include "pinstage/error.h"
 #include "pinstage/settings.h"
 #include "pinstage/worker.h"
 #include "tensor_test_util.h"
@@ -36,6 +37,21 @@ void expect_refused(const char* name, const char* value) {
   Worker worker;
   EXPECT_EQ(error_of([&] { worker.init("sim"); }).code(), ErrorCode::invalid_argument);
   EXPECT_FALSE(worker.initialized());
+}
+
+// run_main: the programs' one main(). run's status passes through; anything escaping
+// run is one line and status 1, never std::terminate.
+TEST(Base, RunMainPassesTheStatusAndCatchesWhatEscapes) {
+  char name[] = "prog";
+  char* argv[] = {name, nullptr};
+  EXPECT_EQ(run_main(
+                "prog", [](int argc, char**) { return argc + 6; }, 1, argv),
+            7);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(run_main(
+                "prog", [](int, char**) -> int { throw 42; }, 1, argv),
+            1);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "prog: fatal error\n");
 }
 
 TEST(Settings, TheTableListsEveryVariableOnce) {

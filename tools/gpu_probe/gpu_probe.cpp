@@ -420,10 +420,5 @@ static int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (...) {  // building the command line itself failed (out of memory)
-    std::fprintf(stderr, "%s: fatal error\n", "pinstage_gpu_probe");
-    return 1;
-  }
+  return pinstage::run_main("pinstage_gpu_probe", run, argc, argv);
 }

@@ -90,11 +90,4 @@ static int run(int argc, char** argv) {
   return 0;
 }
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (...) {  // building the command line itself failed (out of memory)
-    std::fprintf(stderr, "%s: fatal error\n", "qwen3_dump");
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return pinstage::run_main("qwen3_dump", run, argc, argv); }

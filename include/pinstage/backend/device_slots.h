@@ -27,6 +27,9 @@
 //     stream_destroy, event_destroy, host_free_pinned, device_count, device_props, and
 //     optionally event_query.
 // A plugin's table is device_api<P>(): `kApi = slots::device_api<CudaSlots>()`.
+// PINSTAGE_DEVICE_SLOT_HOOKS declares those static hooks (all but the usings, kName and
+// event_query) in a traits struct, so the interface is written here once; `guarded` and
+// `require_ctx` forward to the plugin's own (its slot.h and its context check).
 #pragma once
 
 #include <cstddef>
@@ -41,6 +44,37 @@
 #include "pinstage/backend/platform_abi.h"
 #include "pinstage/backend/slot.h"
 #include "pinstage/log.h"
+
+#define PINSTAGE_DEVICE_SLOT_HOOKS                                                             \
+  template <class Body>                                                                        \
+  static int guarded(Body&& body) noexcept {                                                   \
+    return ::guarded(std::forward<Body>(body));                                                \
+  }                                                                                            \
+  static void require_ctx(ps_device_ctx* ctx) { ::require_ctx(ctx); }                          \
+  static void copy_body(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,          \
+                        uint32_t flags, ps_stream* stream, bool to_device, const char* what);  \
+  static void* device_alloc(ps_device_ctx* ctx, size_t bytes);                                 \
+  static std::unique_ptr<ps_stream> new_stream(ps_device_ctx* ctx);                            \
+  static std::unique_ptr<ps_event> new_event(ps_device_ctx* ctx);                              \
+  static void sync_stream(ps_device_ctx* ctx, ps_stream* stream);                              \
+  static void record_event(ps_device_ctx* ctx, ps_event* event, ps_stream* stream);            \
+  static void sync_event(ps_device_ctx* ctx, ps_event* event);                                 \
+  static void pin(ps_device_ctx* ctx, size_t bytes, ps_allocation& out);                       \
+  static void register_range(ps_device_ctx* ctx, void* ptr, size_t bytes, bool read_only);     \
+  static void unregister_range(ps_device_ctx* ctx, void* ptr, size_t bytes);                   \
+  static void copy_d2d(ps_device_ctx* ctx, void* dst, const void* src, size_t bytes,           \
+                       ps_stream* stream);                                                     \
+  static void fill(ps_device_ctx* ctx, void* dst, int value, size_t bytes, ps_stream* stream); \
+  static std::unique_ptr<ps_device_ctx> open_context(int device_id,                            \
+                                                     const ps_context_options* options);       \
+  static const char* last_error();                                                             \
+  static int destroy_context(ps_device_ctx* ctx);                                              \
+  static int device_free(ps_device_ctx* ctx, const ps_allocation* allocation);                 \
+  static int stream_destroy(ps_device_ctx* ctx, ps_stream* stream);                            \
+  static int event_destroy(ps_device_ctx* ctx, ps_event* event);                               \
+  static int host_free_pinned(ps_device_ctx* ctx, const ps_allocation* allocation);            \
+  static int device_count(const ps_context_options* options, int* out);                        \
+  static int device_props(int device_id, const ps_context_options* options, ps_device_props* out);
 
 namespace pinstage::backend::slots {
 
