@@ -34,7 +34,12 @@ end
 # tests and tests/cpp/test_resident.cpp). Their code runs under ASan at
 # smaller sizes: FixtureValues.TwoLayersFollowTheSpec, the other GoldenDecode and
 # SceneExecute tests, test_golden_kernels and Cli.SceneJsonAndCaseInsensitiveChoices.
-asan_long='^(SceneSteps\.EveryStep|SceneRestore\.CachesHold|GoldenDecode\.(ReadsOnly|SameResult)|SceneExecute\.(ACorrupted|RunsThePortable)|FixtureValues\.BytesDoNotDepend|WeightsAndPools/SceneCatchesCorruption|LayersAndStorage/ScenePasses\.EveryRoundMatchesTheGolden)'
+# Also left out: WorkerFork (a child of a threaded parent). GCC 12's ASan allocator takes
+# no lock around fork() (no atfork handler), so a parent thread refilling its allocator
+# cache at that moment leaves the child a locked region mutex: the child's first malloc
+# on a new thread hangs (seen once, 2026-12-07; earlier runs passed). The release suite
+# runs it.
+asan_long='^(WorkerFork\.|SceneSteps\.EveryStep|SceneRestore\.CachesHold|GoldenDecode\.(ReadsOnly|SameResult)|SceneExecute\.(ACorrupted|RunsThePortable)|FixtureValues\.BytesDoNotDepend|WeightsAndPools/SceneCatchesCorruption|LayersAndStorage/ScenePasses\.EveryRoundMatchesTheGolden)'
 begin "asan tests"
 (cd "$root/build-asan" &&
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:intercept_tls_get_addr=0 \
