@@ -225,32 +225,49 @@ struct SceneRunOptions {
 // Throws Error(invalid_argument) naming the bad option before anything is allocated.
 PINSTAGE_API void validate(const Scene& scene, const SceneRunOptions& options);
 
-// One round, or one step of a run with steps (SceneReport::steps > 1).
+// The SceneRound fields, listed once: X(type, name, default, doc), doc being the Python
+// property's docstring.
+#define PINSTAGE_SCENE_ROUND_FIELDS(X)                                                          \
+  X(int, index, 0, "int: 1-based.")                                                             \
+  X(BindReport, bind, {}, "BindReport: the round's bind.")                                      \
+  X(std::optional<Comparison>, comparison, std::nullopt,                                        \
+    "Comparison | None: against the golden; None with skip_golden.")                            \
+  X(bool, caches_intact, true,                                                                  \
+    "bool: the inout tensors read back equal their initial bytes outside what the run writes.") \
+  X(std::string, failure, std::string{}, "str: why it failed; '' when it passed.")              \
+  X(double, check_seconds, 0.0, "float: time of the checks after the bind.")
+
+// One round, or one step of a run with steps (SceneReport::steps > 1); the fields are the
+// list above.
 struct SceneRound {
-  int index = 0;  // 1-based
-  BindReport bind;
-  std::optional<Comparison> comparison;  // absent with skip_golden
-  // INOUT tensors read back equal their initial bytes outside what the run writes.
-  bool caches_intact = true;
-  std::string failure;  // empty when the round passed
-  double check_seconds = 0.0;
+  PINSTAGE_SCENE_ROUND_FIELDS(PINSTAGE_FIELD_MEMBER)
   bool ok() const noexcept { return failure.empty(); }
 };
 
+// The SceneReport fields Python reads, listed once: X(type, name, default, doc), doc being
+// the Python property's docstring.
+#define PINSTAGE_SCENE_REPORT_FIELDS(X)                                                     \
+  X(std::string, scene, std::string{}, "str: the scene's name.")                            \
+  X(std::string, storage, std::string{},                                                    \
+    "str: where the args were generated: 'pinned' or 'pageable'.")                          \
+  X(std::string, args_summary, std::string{}, "str: TaskArgs.summary().")                   \
+  X(double, generate_seconds, 0.0, "float: time to generate the args.")                     \
+  X(double, golden_seconds, 0.0, "float: time to compute the golden (0 with skip_golden).") \
+  /* steps > 1: one entry per step */                                                       \
+  X(std::vector<SceneRound>, rounds, {},                                                    \
+    "list[SceneRound]: the rounds run, or the steps when steps > 1; the run stops at the "  \
+    "first failing one.")                                                                   \
+  X(int, steps, 1, "int: decode steps asked for (1 = rounds).")                             \
+  X(bool, resident, false, "bool: the steps ran on a ResidentBinder.")
+
+// What run_scene did; the fields Python reads are the list above.
 struct PINSTAGE_API SceneReport {
-  std::string scene;
-  std::string storage;
-  std::string args_summary;  // TaskArgs::summary()
+  PINSTAGE_SCENE_REPORT_FIELDS(PINSTAGE_FIELD_MEMBER)
   TaskSizes sizes;
-  double generate_seconds = 0.0;
-  double golden_seconds = 0.0;  // 0 with skip_golden
   // The backend runs no host callables (Capabilities::execute is false, e.g. acl): no
   // execute step and no golden comparison, only the uploads read back and compared byte
   // for byte and the caches checked intact.
   bool integrity_only = false;
-  int steps = 1;          // > 1: `rounds` holds one entry per step
-  bool resident = false;  // the steps ran on a ResidentBinder
-  std::vector<SceneRound> rounds;
   bool ok() const noexcept;
 };
 

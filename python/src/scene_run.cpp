@@ -96,37 +96,16 @@ void bind_comparisons(py::module_& m) {
 
 // SceneRound, SceneReport and SceneGolden: what a scene run did.
 void bind_scene_reports(py::module_& m) {
-  py::class_<SceneRound>(m, "SceneRound", "One round of a scene run.")
-      .def_readonly("index", &SceneRound::index, "int: 1-based.")
-      .def_readonly("bind", &SceneRound::bind, "BindReport: the round's bind.")
-      .def_readonly("comparison", &SceneRound::comparison,
-                    "Comparison | None: against the golden; None with skip_golden.")
-      .def_readonly("caches_intact", &SceneRound::caches_intact,
-                    "bool: the inout tensors read back equal their initial bytes outside what "
-                    "the run writes.")
-      .def_readonly("failure", &SceneRound::failure, "str: why it failed; '' when it passed.")
-      .def_readonly("check_seconds", &SceneRound::check_seconds,
-                    "float: time of the checks after the bind.")
-      .def_property_readonly("ok", &SceneRound::ok, "bool: the round passed.")
+  py::class_<SceneRound> round(m, "SceneRound", "One round of a scene run.");
+  PINSTAGE_PY_DEF_FIELDS(round, PINSTAGE_SCENE_ROUND_FIELDS);
+  round.def_property_readonly("ok", &SceneRound::ok, "bool: the round passed.")
       .def("__repr__", [](const SceneRound& r) {
         return "<pinstage.SceneRound " + std::to_string(r.index) +
                (r.ok() ? " ok>" : " failed: " + r.failure + ">");
       });
-  py::class_<SceneReport>(m, "SceneReport", "What run_scene did.")
-      .def_readonly("scene", &SceneReport::scene, "str: the scene's name.")
-      .def_readonly("storage", &SceneReport::storage,
-                    "str: where the args were generated: 'pinned' or 'pageable'.")
-      .def_readonly("args_summary", &SceneReport::args_summary, "str: TaskArgs.summary().")
-      .def_readonly("generate_seconds", &SceneReport::generate_seconds,
-                    "float: time to generate the args.")
-      .def_readonly("golden_seconds", &SceneReport::golden_seconds,
-                    "float: time to compute the golden (0 with skip_golden).")
-      .def_readonly("rounds", &SceneReport::rounds,
-                    "list[SceneRound]: the rounds run, or the steps when steps > 1; the run "
-                    "stops at the first failing one.")
-      .def_readonly("steps", &SceneReport::steps, "int: decode steps asked for (1 = rounds).")
-      .def_readonly("resident", &SceneReport::resident, "bool: the steps ran on a ResidentBinder.")
-      .def_property_readonly("ok", &SceneReport::ok, "bool: every round passed.")
+  py::class_<SceneReport> report(m, "SceneReport", "What run_scene did.");
+  PINSTAGE_PY_DEF_FIELDS(report, PINSTAGE_SCENE_REPORT_FIELDS);
+  report.def_property_readonly("ok", &SceneReport::ok, "bool: every round passed.")
       .def("__repr__", [](const SceneReport& r) {
         return "<pinstage.SceneReport " + r.scene + " " + r.storage + " " +
                std::to_string(r.rounds.size()) + " round(s) " + (r.ok() ? "ok" : "failed") + ">";
