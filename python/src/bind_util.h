@@ -1,8 +1,7 @@
 // Registration shapes several binding files share: read-only properties made from a public
 // header's field list X(type, name, default, doc), read-only records whose properties and
-// __repr__ come from one field list, a list of one thing of each item, the worst-element fields of
-// both comparison types, and the properties every worker-memory object (PinnedHostBuffer,
-// DeviceBuffer) has.
+// __repr__ come from one field list, a list of one thing of each item, and the properties every
+// worker-memory object (PinnedHostBuffer, DeviceBuffer) has.
 #pragma once
 
 #include <iterator>
@@ -93,16 +92,6 @@ auto list_of(const Range& items, Fn fn) {
   std::vector<std::decay_t<decltype(fn(*std::begin(items)))>> out;
   for (const auto& item : items) out.push_back(fn(item));
   return out;
-}
-
-// worst_index, worst_actual, worst_expected and worst_diff, which TensorComparison and
-// Comparison (its first failing tensor's) both carry; `docs` in that order.
-template <class T>
-void def_worst_fields(py::class_<T>& c, const char* const (&docs)[4]) {
-  c.def_readonly("worst_index", &T::worst_index, docs[0])
-      .def_readonly("worst_actual", &T::worst_actual, docs[1])
-      .def_readonly("worst_expected", &T::worst_expected, docs[2])
-      .def_readonly("worst_diff", &T::worst_diff, docs[3]);
 }
 
 // nbytes, closed and worker of memory a Worker owns (T has nbytes, open() and worker_obj);
