@@ -94,6 +94,14 @@ auto list_of(const Range& items, Fn fn) {
   return out;
 }
 
+// upload_gbps and download_gbps, the rates a bind report computes (TensorBindReport,
+// GroupBindReport), as properties with these docstrings.
+template <class T>
+py::class_<T>& def_rates(py::class_<T>& c, const char* upload_doc, const char* download_doc) {
+  return c.def_property_readonly("upload_gbps", &T::upload_gbps, upload_doc)
+      .def_property_readonly("download_gbps", &T::download_gbps, download_doc);
+}
+
 // nbytes, closed and worker of memory a Worker owns (T has nbytes, open() and worker_obj);
 // `memory` says whose: "memory" (PinnedHostBuffer), "device memory" (DeviceBuffer).
 // pybind11 copies property docstrings, so built ones may be temporaries.

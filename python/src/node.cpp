@@ -114,10 +114,8 @@ void bind_group_report(py::module_& m) {
                                 "What one WorkerGroup.bind did: each device's BindReport and the "
                                 "node's totals.");
   PINSTAGE_PY_DEF_FIELDS(c, PINSTAGE_GROUP_BIND_REPORT_FIELDS);
-  c.def_property_readonly("upload_gbps", &GroupBindReport::upload_gbps,
-                          "float: all devices' upload bytes over the slowest upload phase.")
-      .def_property_readonly("download_gbps", &GroupBindReport::download_gbps,
-                             "float: the same for the downloads.")
+  def_rates(c, "float: all devices' upload bytes over the slowest upload phase.",
+            "float: the same for the downloads.")
       .def("__str__", &GroupBindReport::to_string,
            method_doc("__str__() -> str", "The totals, then one line per device."));
 }

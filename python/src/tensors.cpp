@@ -470,11 +470,9 @@ void bind_tensor_bind_report(py::module_& m) {
   c.def_property_readonly("uploaded", &TensorBindReport::uploaded,
                           "bool: moved host to device in this bind or step.")
       .def_property_readonly("downloaded", &TensorBindReport::downloaded,
-                             "bool: read back at its end.")
-      .def_property_readonly("upload_gbps", &TensorBindReport::upload_gbps,
-                             "float: bytes / upload_seconds, in GB/s (0 when not uploaded).")
-      .def_property_readonly("download_gbps", &TensorBindReport::download_gbps,
-                             "float: bytes / download_seconds, in GB/s.")
+                             "bool: read back at its end.");
+  def_rates(c, "float: bytes / upload_seconds, in GB/s (0 when not uploaded).",
+            "float: bytes / download_seconds, in GB/s.")
       .def("__repr__", [](const TensorBindReport& r) {
         return "<pinstage.TensorBindReport " + r.name + " " + std::to_string(r.bytes) + " bytes>";
       });
