@@ -65,9 +65,7 @@ PINSTAGE_API UploadPath parse_upload_path(std::string_view name);
 
 // How one bind is done; every field, its default and meaning is in the list above.
 struct BindOptions {
-#define PINSTAGE_BIND_OPTION_MEMBER_(type, name, value, doc) type name = value;
-  PINSTAGE_BIND_OPTION_FIELDS(PINSTAGE_BIND_OPTION_MEMBER_)
-#undef PINSTAGE_BIND_OPTION_MEMBER_
+  PINSTAGE_BIND_OPTION_FIELDS(PINSTAGE_FIELD_MEMBER)
 };
 
 // The upper bounds validate() enforces (each lower bound is 1), for a front end that checks
@@ -84,21 +82,29 @@ enum class BindPhase { device_alloc, upload, verify, execute, download, release 
 inline constexpr size_t kBindPhaseCount = 6;
 PINSTAGE_API const char* bind_phase_name(BindPhase phase);  // "device_alloc", ...
 
-// One tensor's part in a bind.
+// The TensorBindReport fields, listed once: X(type, name, default, doc), doc being the
+// Python property's docstring (Python reads direction and path as their names).
+#define PINSTAGE_TENSOR_BIND_REPORT_FIELDS(X)                                              \
+  X(std::string, name, std::string{}, "str: the tensor's name.")                           \
+  X(Direction, direction, Direction::in, "str: 'in', 'inout' or 'out'.")                   \
+  X(bool, pinned, false, "bool: the tensor was in the worker's pinned memory.")            \
+  /* direct when not uploaded */                                                           \
+  X(UploadPath, path, UploadPath::direct,                                                  \
+    "str: how it went up: 'direct' or 'staged' (through the staging ring).")               \
+  X(uint64_t, bytes, 0, "int: the tensor's bytes.")                                        \
+  /* the offset in the arena (0 with per_tensor) */                                        \
+  X(uint64_t, device_offset, 0, "int: where it lies in the device layout.")                \
+  X(double, upload_seconds, 0.0, "float: time of its upload (0 when not uploaded).")       \
+  X(double, download_seconds, 0.0, "float: time of its download (0 when not downloaded).") \
+  /* Both false in a one-shot bind. */                                                     \
+  X(bool, resident, false,                                                                 \
+    "bool: a ResidentBinder keeps it on the device across steps (IN, INOUT).")             \
+  /* unchanged since its last upload */                                                    \
+  X(bool, stayed, false, "bool: it stayed on the device this step (not uploaded; ResidentBinder).")
+
+// One tensor's part in a bind; the fields are the list above.
 struct PINSTAGE_API TensorBindReport {
-  std::string name;
-  Direction direction = Direction::in;
-  bool pinned = false;                   // its host storage is the worker's pinned memory
-  UploadPath path = UploadPath::direct;  // how it was uploaded (direct when not uploaded)
-  uint64_t bytes = 0;
-  uint64_t device_offset = 0;     // offset in the arena (0 with per_tensor)
-  double upload_seconds = 0.0;    // 0 when not uploaded (OUT)
-  double download_seconds = 0.0;  // 0 when not read back (IN)
-  // A ResidentBinder's step: the tensor lives on the device across steps (every IN and
-  // INOUT tensor there), and it stayed there this step (not uploaded: unchanged since its
-  // last upload). Both false in a one-shot bind.
-  bool resident = false;
-  bool stayed = false;
+  PINSTAGE_TENSOR_BIND_REPORT_FIELDS(PINSTAGE_FIELD_MEMBER)
 
   // Moved host to device in this bind or step.
   bool uploaded() const noexcept { return direction != Direction::out && !stayed; }
@@ -263,13 +269,18 @@ class PINSTAGE_API ResidentBinder {
 
 // ---- The node level (docs/node.md, "Group bind") ----
 
+// The GroupBindReport fields Python reads, listed once: X(type, name, default, doc), doc
+// being the Python property's docstring. Lists are in group order.
+#define PINSTAGE_GROUP_BIND_REPORT_FIELDS(X)                                                       \
+  X(std::vector<int>, devices, {}, "list[int]: each member's device id.")                          \
+  X(std::vector<BindReport>, reports, {}, "list[BindReport]: each member's bind, in group order.") \
+  X(double, total_seconds, 0.0, "float: wall time of the group bind.")                             \
+  X(uint64_t, uploaded_bytes, 0, "int: every device's inputs.")                                    \
+  X(uint64_t, downloaded_bytes, 0, "int: every device's results.")
+
 // What one GroupBinder::run did: each member's BindReport and the node's totals.
 struct PINSTAGE_API GroupBindReport {
-  std::vector<int> devices;         // each member's device id, in group order
-  std::vector<BindReport> reports;  // each member's bind, in group order
-  double total_seconds = 0.0;       // wall time of the whole group bind
-  uint64_t uploaded_bytes = 0;      // every device's inputs
-  uint64_t downloaded_bytes = 0;    // every device's results
+  PINSTAGE_GROUP_BIND_REPORT_FIELDS(PINSTAGE_FIELD_MEMBER)
   double longest_upload_s = 0.0;    // the slowest member's upload phase
   double longest_download_s = 0.0;  // the slowest member's download phase
   // The node's rates: every device's bytes over the slowest member's phase (the members

@@ -64,38 +64,50 @@ struct TaskSizes {
 PINSTAGE_API TaskSizes task_sizes(const std::vector<SceneTensor>& tensors);
 PINSTAGE_API TaskSizes task_sizes(const TaskArgs& args);
 
+// The TensorComparison fields, listed once: X(type, name, default, doc), doc being the
+// Python property's docstring. The worst element: the mismatch with the largest |a - b|
+// (NaN counts as infinite), or the largest |a - b| of all when nothing mismatches.
+#define PINSTAGE_TENSOR_COMPARISON_FIELDS(X)                                                 \
+  X(uint64_t, worst_index, 0, "int: flat index of the worst element (the largest |a - b|).") \
+  X(float, worst_actual, 0.0f, "float: the worst element's value.")                          \
+  X(float, worst_expected, 0.0f, "float: the golden's value there.")                         \
+  X(float, worst_diff, 0.0f, "float: |a - b| there.")                                        \
+  X(std::string, tensor, std::string{}, "str: the tensor compared.")                         \
+  X(uint64_t, checked, 0, "int: elements compared.")                                         \
+  X(uint64_t, mismatches, 0, "int: elements outside the tolerance.")                         \
+  X(uint64_t, differing, 0,                                                                  \
+    "int: elements whose bits differ at all, within the tolerance or not.")                  \
+  X(float, atol, 0.0f, "float: the absolute tolerance.")                                     \
+  X(float, rtol, 0.0f, "float: the relative tolerance.")
+
 // One output tensor of a run against the golden, with the tolerance
 // |a - b| <= atol + rtol * |b| (a = actual, b = expected). NaN in either is a mismatch.
+// The fields are the list above.
 struct PINSTAGE_API TensorComparison {
-  std::string tensor;
-  uint64_t checked = 0;     // elements compared
-  uint64_t mismatches = 0;  // elements outside the tolerance
-  uint64_t differing = 0;   // elements whose bits differ at all (within the tolerance or not)
-  // The worst element: the mismatch with the largest |a - b| (NaN counts as infinite), or
-  // the largest |a - b| of all when nothing mismatches, by flat element index.
-  uint64_t worst_index = 0;
-  float worst_actual = 0.0f;
-  float worst_expected = 0.0f;
-  float worst_diff = 0.0f;
-  float atol = 0.0f;
-  float rtol = 0.0f;
+  PINSTAGE_TENSOR_COMPARISON_FIELDS(PINSTAGE_FIELD_MEMBER)
   bool ok() const noexcept { return mismatches == 0; }
   // "out: ok, 81,920 elements, 0 differ, max |a-b| 0" or "k_cache: 3 of 262,144 elements
   // mismatch, worst |a-b| = 1.5 at index 12 (actual ..., expected ...; tolerance ...)".
   std::string message() const;
 };
 
-// A run's outputs against the golden: one entry per compared tensor. The flat fields
-// repeat the first failing tensor's, for short reports.
+// The Comparison fields, listed once: X(type, name, default, doc), doc being the Python
+// property's docstring. The flat fields repeat the first failing tensor's.
+#define PINSTAGE_COMPARISON_FIELDS(X)                                              \
+  X(uint64_t, worst_index, 0, "int: see TensorComparison.")                        \
+  X(float, worst_actual, 0.0f, "float: see TensorComparison.")                     \
+  X(float, worst_expected, 0.0f, "float: see TensorComparison.")                   \
+  X(float, worst_diff, 0.0f, "float: see TensorComparison.")                       \
+  X(bool, ok, true, "bool: every tensor matched.")                                 \
+  X(std::string, tensor, std::string{},                                            \
+    "str: the first mismatching tensor ('' when ok); the worst_* fields are its.") \
+  X(uint64_t, mismatches, 0, "int: that tensor's elements outside the tolerance.") \
+  X(std::vector<TensorComparison>, tensors, {}, "list[TensorComparison]: one per compared tensor.")
+
+// A run's outputs against the golden: one entry per compared tensor, for short reports
+// with the first failing tensor's figures; the fields are the list above.
 struct PINSTAGE_API Comparison {
-  bool ok = true;
-  std::string tensor;  // first mismatching tensor, empty when ok
-  uint64_t mismatches = 0;
-  uint64_t worst_index = 0;
-  float worst_actual = 0.0f;
-  float worst_expected = 0.0f;
-  float worst_diff = 0.0f;
-  std::vector<TensorComparison> tensors;
+  PINSTAGE_COMPARISON_FIELDS(PINSTAGE_FIELD_MEMBER)
   std::string message() const;  // "ok (...)" or every failing tensor's message
   // Appends `t` and updates ok and the flat fields.
   void add(TensorComparison t);
@@ -225,32 +237,49 @@ struct SceneRunOptions {
 // Throws Error(invalid_argument) naming the bad option before anything is allocated.
 PINSTAGE_API void validate(const Scene& scene, const SceneRunOptions& options);
 
-// One round, or one step of a run with steps (SceneReport::steps > 1).
+// The SceneRound fields, listed once: X(type, name, default, doc), doc being the Python
+// property's docstring.
+#define PINSTAGE_SCENE_ROUND_FIELDS(X)                                                          \
+  X(int, index, 0, "int: 1-based.")                                                             \
+  X(BindReport, bind, {}, "BindReport: the round's bind.")                                      \
+  X(std::optional<Comparison>, comparison, std::nullopt,                                        \
+    "Comparison | None: against the golden; None with skip_golden.")                            \
+  X(bool, caches_intact, true,                                                                  \
+    "bool: the inout tensors read back equal their initial bytes outside what the run writes.") \
+  X(std::string, failure, std::string{}, "str: why it failed; '' when it passed.")              \
+  X(double, check_seconds, 0.0, "float: time of the checks after the bind.")
+
+// One round, or one step of a run with steps (SceneReport::steps > 1); the fields are the
+// list above.
 struct SceneRound {
-  int index = 0;  // 1-based
-  BindReport bind;
-  std::optional<Comparison> comparison;  // absent with skip_golden
-  // INOUT tensors read back equal their initial bytes outside what the run writes.
-  bool caches_intact = true;
-  std::string failure;  // empty when the round passed
-  double check_seconds = 0.0;
+  PINSTAGE_SCENE_ROUND_FIELDS(PINSTAGE_FIELD_MEMBER)
   bool ok() const noexcept { return failure.empty(); }
 };
 
+// The SceneReport fields Python reads, listed once: X(type, name, default, doc), doc being
+// the Python property's docstring.
+#define PINSTAGE_SCENE_REPORT_FIELDS(X)                                                     \
+  X(std::string, scene, std::string{}, "str: the scene's name.")                            \
+  X(std::string, storage, std::string{},                                                    \
+    "str: where the args were generated: 'pinned' or 'pageable'.")                          \
+  X(std::string, args_summary, std::string{}, "str: TaskArgs.summary().")                   \
+  X(double, generate_seconds, 0.0, "float: time to generate the args.")                     \
+  X(double, golden_seconds, 0.0, "float: time to compute the golden (0 with skip_golden).") \
+  /* steps > 1: one entry per step */                                                       \
+  X(std::vector<SceneRound>, rounds, {},                                                    \
+    "list[SceneRound]: the rounds run, or the steps when steps > 1; the run stops at the "  \
+    "first failing one.")                                                                   \
+  X(int, steps, 1, "int: decode steps asked for (1 = rounds).")                             \
+  X(bool, resident, false, "bool: the steps ran on a ResidentBinder.")
+
+// What run_scene did; the fields Python reads are the list above.
 struct PINSTAGE_API SceneReport {
-  std::string scene;
-  std::string storage;
-  std::string args_summary;  // TaskArgs::summary()
+  PINSTAGE_SCENE_REPORT_FIELDS(PINSTAGE_FIELD_MEMBER)
   TaskSizes sizes;
-  double generate_seconds = 0.0;
-  double golden_seconds = 0.0;  // 0 with skip_golden
   // The backend runs no host callables (Capabilities::execute is false, e.g. acl): no
   // execute step and no golden comparison, only the uploads read back and compared byte
   // for byte and the caches checked intact.
   bool integrity_only = false;
-  int steps = 1;          // > 1: `rounds` holds one entry per step
-  bool resident = false;  // the steps ran on a ResidentBinder
-  std::vector<SceneRound> rounds;
   bool ok() const noexcept;
 };
 

@@ -114,26 +114,37 @@ struct Capabilities {
   bool device_fill = false;
 };
 
-// A snapshot of what the worker holds; Worker::stats().
+// One member of a struct built from a field list X(type, name, default, doc): the report
+// structs below, bind.h's and scene.h's list their fields once so that the struct, its
+// Python properties (python/src/bind_util.h) and their docstrings come from one place.
+#define PINSTAGE_FIELD_MEMBER(type, name, value, doc) type name = value;
+
+// The WorkerStats fields, listed once: X(type, name, default, doc), doc being the Python
+// property's docstring. Outstanding counts are as requested.
+#define PINSTAGE_WORKER_STATS_FIELDS(X)                                                     \
+  X(uint64_t, pinned_bytes, 0, "int: pinned host bytes held.")                              \
+  X(uint64_t, pinned_count, 0, "int: pinned allocations held.")                             \
+  X(uint64_t, device_bytes, 0, "int: device bytes held.")                                   \
+  X(uint64_t, device_count, 0, "int: device allocations held.")                             \
+  X(uint64_t, device_committed_bytes, 0,                                                    \
+    "int: device bytes the backend committed (with its rounding).")                         \
+  X(uint64_t, device_capacity_bytes, 0, "int: the device's capacity.")                      \
+  /* Releases the backend refused: the memory is still the backend's (and still locked), */ \
+  /* no longer usable, and finalize releases it again. */                                   \
+  X(uint64_t, failed_free_count, 0,                                                         \
+    "int: allocations whose free failed, held until finalize retries.")                     \
+  X(uint64_t, failed_free_bytes, 0, "int: their bytes.")                                    \
+  /* Never decreases (finalize's retries count too); non-zero: the CLI exits non-zero. */   \
+  X(uint64_t, free_failures, 0, "int: frees that failed over the worker's life.")           \
+  /* Pinned requests over the pin budget (PINSTAGE_PIN_POLICY=fallback). */                 \
+  X(uint64_t, pageable_fallback_count, 0,                                                   \
+    "int: pinned requests given pageable memory (pin policy 'fallback'), held.")            \
+  X(uint64_t, pageable_fallback_bytes, 0, "int: their bytes.")                              \
+  X(uint64_t, pageable_fallbacks, 0, "int: such fallbacks over the worker's life.")
+
+// A snapshot of what the worker holds; Worker::stats(). The fields are the list above.
 struct WorkerStats {
-  uint64_t pinned_bytes = 0;            // outstanding pinned host bytes (as requested)
-  uint64_t pinned_count = 0;            // outstanding pinned host allocations
-  uint64_t device_bytes = 0;            // outstanding device bytes handed out by this worker
-  uint64_t device_count = 0;            // outstanding device allocations
-  uint64_t device_committed_bytes = 0;  // what the backend reports committed
-  uint64_t device_capacity_bytes = 0;   // what the backend may commit
-  // Releases the backend refused: the memory is still the backend's (and still locked),
-  // no longer usable, and finalize releases it again.
-  uint64_t failed_free_count = 0;
-  uint64_t failed_free_bytes = 0;
-  // Every release the backend refused since init, finalize's retries included; never
-  // decreases. Non-zero means memory may have leaked: the CLI exits non-zero.
-  uint64_t free_failures = 0;
-  // Pinned requests over the pin budget served with pageable memory
-  // (PINSTAGE_PIN_POLICY=fallback): outstanding ones, and every one since init.
-  uint64_t pageable_fallback_count = 0;
-  uint64_t pageable_fallback_bytes = 0;
-  uint64_t pageable_fallbacks = 0;
+  PINSTAGE_WORKER_STATS_FIELDS(PINSTAGE_FIELD_MEMBER)
 };
 
 // The host memory pool's figures; Worker::host_memory_stats(). Names follow torch's

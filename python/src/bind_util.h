@@ -1,7 +1,7 @@
-// Registration shapes several binding files share: read-only records whose properties and
-// __repr__ come from one field list, a list of one thing of each item, the worst-element fields of
-// both comparison types, and the properties every worker-memory object (PinnedHostBuffer,
-// DeviceBuffer) has.
+// Registration shapes several binding files share: read-only properties made from a public
+// header's field list X(type, name, default, doc), read-only records whose properties and
+// __repr__ come from one field list, a list of one thing of each item, and the properties every
+// worker-memory object (PinnedHostBuffer, DeviceBuffer) has.
 #pragma once
 
 #include <iterator>
@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "common.h"
+#include "pinstage/bind.h"
+#include "pinstage/tensor.h"
 
 namespace pinstage::python {
 
@@ -26,21 +28,62 @@ RecordField<T, M> field(const char* name, M T::*member, const char* doc) {
   return {name, member, doc};
 }
 
-// A plain record (Capabilities, DeviceInfo): one read-only property per field, and a
-// __repr__ "Type(a=1, b='x')" naming the fields in this order with each value's Python repr,
-// so a field added to the list shows in both. `c` is a handle: taken by value.
-template <class T, class... M>
-void def_record(py::class_<T> c, const RecordField<T, M>&... fields) {
-  (c.def_readonly(fields.name, fields.member, fields.doc), ...);
-  std::vector<std::string> names{fields.name...};
+// How Python reads an enum field: by its name ("in", "staged"), as the C++ reports print it.
+inline const char* field_name_of(Direction d) { return direction_name(d); }
+inline const char* field_name_of(UploadPath p) { return upload_path_name(p); }
+
+// One read-only property `name` over `member`: the value itself (a copy of a list, a view
+// of a registered class kept alive by its owner), or the name of an enum.
+template <class T, class M>
+void def_field(py::class_<T>& c, const char* name, M T::*member, const char* doc) {
+  if constexpr (std::is_enum_v<M>)
+    c.def_property_readonly(
+        name, [member](const T& r) { return field_name_of(r.*member); }, doc);
+  else
+    c.def_readonly(name, member, doc);
+}
+
+// One read-only property per field of LIST, a public header's X(type, name, default, doc)
+// list (PINSTAGE_WORKER_STATS_FIELDS, ...), on `cls`, the py::class_ of the struct the list
+// builds: in list order, named as the members, the list's doc their docstrings. A field
+// added to the list reaches Python with no change here.
+#define PINSTAGE_PY_DEF_FIELDS(cls, LIST)                                         \
+  do {                                                                            \
+    auto& pinstage_fields_cls_ = (cls);                                           \
+    using PinstageFieldsRecord_ = decltype(record_type_of(pinstage_fields_cls_)); \
+    LIST(PINSTAGE_PY_DEF_FIELD_)                                                  \
+  } while (0)
+#define PINSTAGE_PY_DEF_FIELD_(type, name, value, doc) \
+  ::pinstage::python::def_field(pinstage_fields_cls_, #name, &PinstageFieldsRecord_::name, doc);
+// The field names of LIST, in order, for a braced list: {PINSTAGE_PY_FIELD_NAMES(LIST)}.
+#define PINSTAGE_PY_FIELD_NAMES(LIST) LIST(PINSTAGE_PY_FIELD_NAME_)
+#define PINSTAGE_PY_FIELD_NAME_(type, name, value, doc) #name,
+
+// The struct a py::class_ binds, for PINSTAGE_PY_DEF_FIELDS (only its type is used).
+template <class T>
+T record_type_of(const py::class_<T>&);
+
+// __repr__ "Type(a=1, b='x')": the fields `names` in this order with each value's Python
+// repr (def_record's, and a field list's: def_field_repr(c, {PINSTAGE_PY_FIELD_NAMES(L)})).
+template <class T>
+void def_field_repr(py::class_<T>& c, std::vector<std::string> names) {
   const auto type = c.attr("__name__").template cast<std::string>();
-  c.def("__repr__", [type, names](const py::object& self) {
+  c.def("__repr__", [type, names = std::move(names)](const py::object& self) {
     std::string out = type + "(";
     for (size_t i = 0; i < names.size(); ++i)
       out += (i > 0 ? ", " : "") + names[i] + "=" +
              py::repr(self.attr(names[i].c_str())).template cast<std::string>();
     return out + ")";
   });
+}
+
+// A plain record (Capabilities, DeviceInfo): one read-only property per field, and a
+// __repr__ "Type(a=1, b='x')" naming the fields in this order with each value's Python repr,
+// so a field added to the list shows in both. `c` is a handle: taken by value.
+template <class T, class... M>
+void def_record(py::class_<T> c, const RecordField<T, M>&... fields) {
+  (c.def_readonly(fields.name, fields.member, fields.doc), ...);
+  def_field_repr(c, {fields.name...});
 }
 
 // fn(item) for each of `items`, in order: a checkpoint's file paths, its tensors' names.
@@ -51,14 +94,12 @@ auto list_of(const Range& items, Fn fn) {
   return out;
 }
 
-// worst_index, worst_actual, worst_expected and worst_diff, which TensorComparison and
-// Comparison (its first failing tensor's) both carry; `docs` in that order.
+// upload_gbps and download_gbps, the rates a bind report computes (TensorBindReport,
+// GroupBindReport), as properties with these docstrings.
 template <class T>
-void def_worst_fields(py::class_<T>& c, const char* const (&docs)[4]) {
-  c.def_readonly("worst_index", &T::worst_index, docs[0])
-      .def_readonly("worst_actual", &T::worst_actual, docs[1])
-      .def_readonly("worst_expected", &T::worst_expected, docs[2])
-      .def_readonly("worst_diff", &T::worst_diff, docs[3]);
+py::class_<T>& def_rates(py::class_<T>& c, const char* upload_doc, const char* download_doc) {
+  return c.def_property_readonly("upload_gbps", &T::upload_gbps, upload_doc)
+      .def_property_readonly("download_gbps", &T::download_gbps, download_doc);
 }
 
 // nbytes, closed and worker of memory a Worker owns (T has nbytes, open() and worker_obj);

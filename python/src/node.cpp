@@ -11,6 +11,7 @@
 
 #include "args.h"
 #include "bind_options.h"
+#include "bind_util.h"
 #include "common.h"
 #include "load_common.h"
 #include "pinstage/bind.h"
@@ -109,22 +110,12 @@ py::tuple group_load_tp(PyGroup& g, const Checkpoint& c, const TpPlan& plan, int
 }
 
 void bind_group_report(py::module_& m) {
-  py::class_<GroupBindReport>(m, "GroupBindReport",
-                              "What one WorkerGroup.bind did: each device's BindReport and the "
-                              "node's totals.")
-      .def_readonly("devices", &GroupBindReport::devices, "list[int]: each member's device id.")
-      .def_readonly("reports", &GroupBindReport::reports,
-                    "list[BindReport]: each member's bind, in group order.")
-      .def_readonly("total_seconds", &GroupBindReport::total_seconds,
-                    "float: wall time of the group bind.")
-      .def_readonly("uploaded_bytes", &GroupBindReport::uploaded_bytes,
-                    "int: every device's inputs.")
-      .def_readonly("downloaded_bytes", &GroupBindReport::downloaded_bytes,
-                    "int: every device's results.")
-      .def_property_readonly("upload_gbps", &GroupBindReport::upload_gbps,
-                             "float: all devices' upload bytes over the slowest upload phase.")
-      .def_property_readonly("download_gbps", &GroupBindReport::download_gbps,
-                             "float: the same for the downloads.")
+  py::class_<GroupBindReport> c(m, "GroupBindReport",
+                                "What one WorkerGroup.bind did: each device's BindReport and the "
+                                "node's totals.");
+  PINSTAGE_PY_DEF_FIELDS(c, PINSTAGE_GROUP_BIND_REPORT_FIELDS);
+  def_rates(c, "float: all devices' upload bytes over the slowest upload phase.",
+            "float: the same for the downloads.")
       .def("__str__", &GroupBindReport::to_string,
            method_doc("__str__() -> str", "The totals, then one line per device."));
 }

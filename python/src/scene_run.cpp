@@ -58,34 +58,16 @@ struct PyGolden {
 // TensorComparison and Comparison: outputs against a golden.
 void bind_comparisons(py::module_& m) {
   py::class_<TensorComparison> tensor(m, "TensorComparison", "One tensor against the golden.");
-  def_worst_fields(tensor, {"int: flat index of the worst element (the largest |a - b|).",
-                            "float: the worst element's value.", "float: the golden's value there.",
-                            "float: |a - b| there."});
-  tensor.def_readonly("tensor", &TensorComparison::tensor, "str: the tensor compared.")
-      .def_readonly("checked", &TensorComparison::checked, "int: elements compared.")
-      .def_readonly("mismatches", &TensorComparison::mismatches,
-                    "int: elements outside the tolerance.")
-      .def_readonly("differing", &TensorComparison::differing,
-                    "int: elements whose bits differ at all, within the tolerance or not.")
-      .def_readonly("atol", &TensorComparison::atol, "float: the absolute tolerance.")
-      .def_readonly("rtol", &TensorComparison::rtol, "float: the relative tolerance.")
-      .def_property_readonly("ok", &TensorComparison::ok, "bool: no mismatches.")
+  PINSTAGE_PY_DEF_FIELDS(tensor, PINSTAGE_TENSOR_COMPARISON_FIELDS);
+  tensor.def_property_readonly("ok", &TensorComparison::ok, "bool: no mismatches.")
       .def("message", &TensorComparison::message,
            method_doc("message() -> str",
                       "'out: ok, 81,920 elements, 0 differ, ...' or what "
                       "mismatched, where and by how much."))
       .def("__repr__", &TensorComparison::message);
   py::class_<Comparison> comparison(m, "Comparison", "A run's outputs against the golden.");
-  def_worst_fields(comparison, {"int: see TensorComparison.", "float: see TensorComparison.",
-                                "float: see TensorComparison.", "float: see TensorComparison."});
-  comparison.def_readonly("ok", &Comparison::ok, "bool: every tensor matched.")
-      .def_readonly("tensor", &Comparison::tensor,
-                    "str: the first mismatching tensor ('' when ok); the worst_* fields are "
-                    "its.")
-      .def_readonly("mismatches", &Comparison::mismatches,
-                    "int: that tensor's elements outside the tolerance.")
-      .def_readonly("tensors", &Comparison::tensors,
-                    "list[TensorComparison]: one per compared tensor.")
+  PINSTAGE_PY_DEF_FIELDS(comparison, PINSTAGE_COMPARISON_FIELDS);
+  comparison
       .def("message", &Comparison::message,
            method_doc("message() -> str", "'ok (...)' or every failing tensor's message."))
       .def(
@@ -96,37 +78,16 @@ void bind_comparisons(py::module_& m) {
 
 // SceneRound, SceneReport and SceneGolden: what a scene run did.
 void bind_scene_reports(py::module_& m) {
-  py::class_<SceneRound>(m, "SceneRound", "One round of a scene run.")
-      .def_readonly("index", &SceneRound::index, "int: 1-based.")
-      .def_readonly("bind", &SceneRound::bind, "BindReport: the round's bind.")
-      .def_readonly("comparison", &SceneRound::comparison,
-                    "Comparison | None: against the golden; None with skip_golden.")
-      .def_readonly("caches_intact", &SceneRound::caches_intact,
-                    "bool: the inout tensors read back equal their initial bytes outside what "
-                    "the run writes.")
-      .def_readonly("failure", &SceneRound::failure, "str: why it failed; '' when it passed.")
-      .def_readonly("check_seconds", &SceneRound::check_seconds,
-                    "float: time of the checks after the bind.")
-      .def_property_readonly("ok", &SceneRound::ok, "bool: the round passed.")
+  py::class_<SceneRound> round(m, "SceneRound", "One round of a scene run.");
+  PINSTAGE_PY_DEF_FIELDS(round, PINSTAGE_SCENE_ROUND_FIELDS);
+  round.def_property_readonly("ok", &SceneRound::ok, "bool: the round passed.")
       .def("__repr__", [](const SceneRound& r) {
         return "<pinstage.SceneRound " + std::to_string(r.index) +
                (r.ok() ? " ok>" : " failed: " + r.failure + ">");
       });
-  py::class_<SceneReport>(m, "SceneReport", "What run_scene did.")
-      .def_readonly("scene", &SceneReport::scene, "str: the scene's name.")
-      .def_readonly("storage", &SceneReport::storage,
-                    "str: where the args were generated: 'pinned' or 'pageable'.")
-      .def_readonly("args_summary", &SceneReport::args_summary, "str: TaskArgs.summary().")
-      .def_readonly("generate_seconds", &SceneReport::generate_seconds,
-                    "float: time to generate the args.")
-      .def_readonly("golden_seconds", &SceneReport::golden_seconds,
-                    "float: time to compute the golden (0 with skip_golden).")
-      .def_readonly("rounds", &SceneReport::rounds,
-                    "list[SceneRound]: the rounds run, or the steps when steps > 1; the run "
-                    "stops at the first failing one.")
-      .def_readonly("steps", &SceneReport::steps, "int: decode steps asked for (1 = rounds).")
-      .def_readonly("resident", &SceneReport::resident, "bool: the steps ran on a ResidentBinder.")
-      .def_property_readonly("ok", &SceneReport::ok, "bool: every round passed.")
+  py::class_<SceneReport> report(m, "SceneReport", "What run_scene did.");
+  PINSTAGE_PY_DEF_FIELDS(report, PINSTAGE_SCENE_REPORT_FIELDS);
+  report.def_property_readonly("ok", &SceneReport::ok, "bool: every round passed.")
       .def("__repr__", [](const SceneReport& r) {
         return "<pinstage.SceneReport " + r.scene + " " + r.storage + " " +
                std::to_string(r.rounds.size()) + " round(s) " + (r.ok() ? "ok" : "failed") + ">";
@@ -191,6 +152,14 @@ Comparison compare(const PyArgs& a, const PyGolden& golden) {
   return golden.scene->compare(a.args, *golden.golden);
 }
 
+// A count >= 1 that fits an int (rounds, steps, a step); `what` names it in the error.
+int count_arg(int64_t n, const char* what) {
+  if (n < 1 || n > INT32_MAX)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(what) + " must be >= 1, got " + std::to_string(n));
+  return static_cast<int>(n);
+}
+
 SceneReport run(const py::object& worker_obj, const std::string& name, const py::object& params,
                 int64_t threads, const std::string& storage, int64_t rounds, bool skip_golden,
                 const std::string& save_golden, const std::string& callable, const py::object& bind,
@@ -204,19 +173,13 @@ SceneReport run(const py::object& worker_obj, const std::string& name, const py:
                 "threads must be in [0, 4096] (0 = all cores), got " + std::to_string(threads));
   options.threads = static_cast<int>(threads);
   options.storage = parse_host_storage(storage);
-  if (rounds < 1 || rounds > INT32_MAX)
-    throw Error(ErrorCode::invalid_argument,
-                "run_scene: rounds must be >= 1, got " + std::to_string(rounds));
-  options.rounds = static_cast<int>(rounds);
+  options.rounds = count_arg(rounds, "run_scene: rounds");
   options.skip_golden = skip_golden;
   require_no_nul(save_golden, "run_scene: save_golden");
   options.save_golden = save_golden;
   options.callable = callable;
   options.bind = scene_bind_options(bind);
-  if (steps < 1 || steps > INT32_MAX)
-    throw Error(ErrorCode::invalid_argument,
-                "run_scene: steps must be >= 1, got " + std::to_string(steps));
-  options.steps = static_cast<int>(steps);
+  options.steps = count_arg(steps, "run_scene: steps");
   options.resident = resident;
   validate(*scene, options);
   // The run's args live in the worker's pinned memory: finalize() must wait.
@@ -285,12 +248,9 @@ void bind_scene_run(py::module_& m) {
       "scene_advance",
       [](const std::string& name, const PyArgs& a, int64_t step, const py::object& params) {
         const auto scene = find_scene(name);
-        if (step < 1 || step > INT32_MAX)
-          throw Error(ErrorCode::invalid_argument,
-                      "scene_advance: step must be >= 1, got " + std::to_string(step));
+        const int n = count_arg(step, "scene_advance: step");
         a.require_usable("scene_advance");
-        return scene->advance(a.args, resolve_params(*scene, scene_values(params)),
-                              static_cast<int>(step));
+        return scene->advance(a.args, resolve_params(*scene, scene_values(params)), n);
       },
       py::arg("scene"), py::arg("args"), py::arg("step"), py::arg("params") = py::none(),
       function_doc("scene_advance(scene: str, args: TaskArgs, step: int, params: Mapping[str, "

@@ -465,35 +465,14 @@ void bind_task_args(py::module_& m) {
 
 // TensorBindReport: one tensor's part in a bind.
 void bind_tensor_bind_report(py::module_& m) {
-  py::class_<TensorBindReport>(m, "TensorBindReport", "One tensor's part in a bind.")
-      .def_readonly("name", &TensorBindReport::name, "str: the tensor's name.")
-      .def_property_readonly(
-          "direction", [](const TensorBindReport& r) { return direction_name(r.direction); },
-          "str: 'in', 'inout' or 'out'.")
-      .def_readonly("pinned", &TensorBindReport::pinned,
-                    "bool: the tensor was in the worker's pinned memory.")
-      .def_property_readonly(
-          "path", [](const TensorBindReport& r) { return upload_path_name(r.path); },
-          "str: how it went up: 'direct' or 'staged' (through the staging ring).")
-      .def_readonly("bytes", &TensorBindReport::bytes, "int: the tensor's bytes.")
-      .def_readonly("device_offset", &TensorBindReport::device_offset,
-                    "int: where it lies in the device layout.")
-      .def_readonly("upload_seconds", &TensorBindReport::upload_seconds,
-                    "float: time of its upload (0 when not uploaded).")
-      .def_readonly("download_seconds", &TensorBindReport::download_seconds,
-                    "float: time of its download (0 when not downloaded).")
-      .def_readonly("resident", &TensorBindReport::resident,
-                    "bool: a ResidentBinder keeps it on the device across steps (IN, INOUT).")
-      .def_readonly("stayed", &TensorBindReport::stayed,
-                    "bool: it stayed on the device this step (not uploaded; ResidentBinder).")
-      .def_property_readonly("uploaded", &TensorBindReport::uploaded,
-                             "bool: moved host to device in this bind or step.")
+  py::class_<TensorBindReport> c(m, "TensorBindReport", "One tensor's part in a bind.");
+  PINSTAGE_PY_DEF_FIELDS(c, PINSTAGE_TENSOR_BIND_REPORT_FIELDS);
+  c.def_property_readonly("uploaded", &TensorBindReport::uploaded,
+                          "bool: moved host to device in this bind or step.")
       .def_property_readonly("downloaded", &TensorBindReport::downloaded,
-                             "bool: read back at its end.")
-      .def_property_readonly("upload_gbps", &TensorBindReport::upload_gbps,
-                             "float: bytes / upload_seconds, in GB/s (0 when not uploaded).")
-      .def_property_readonly("download_gbps", &TensorBindReport::download_gbps,
-                             "float: bytes / download_seconds, in GB/s.")
+                             "bool: read back at its end.");
+  def_rates(c, "float: bytes / upload_seconds, in GB/s (0 when not uploaded).",
+            "float: bytes / download_seconds, in GB/s.")
       .def("__repr__", [](const TensorBindReport& r) {
         return "<pinstage.TensorBindReport " + r.name + " " + std::to_string(r.bytes) + " bytes>";
       });

@@ -493,17 +493,6 @@ void finalize_worker(PyWorker& w, bool wait, const py::object& timeout) {
   w.worker.finalize();
 }
 
-std::string stats_repr(const WorkerStats& s) {
-  std::ostringstream out;
-  out << "WorkerStats(pinned_bytes=" << s.pinned_bytes << ", pinned_count=" << s.pinned_count
-      << ", device_bytes=" << s.device_bytes << ", device_count=" << s.device_count
-      << ", device_committed_bytes=" << s.device_committed_bytes
-      << ", device_capacity_bytes=" << s.device_capacity_bytes
-      << ", failed_free_count=" << s.failed_free_count << ", free_failures=" << s.free_failures
-      << ", pageable_fallback_count=" << s.pageable_fallback_count << ")";
-  return out.str();
-}
-
 }  // namespace
 
 // True when max_version asks for DLPack >= 1.0 (a (major, minor) pair; None: no).
@@ -630,28 +619,9 @@ void bind_info(py::module_& m) {
       function_doc("devices(backend: str = 'sim', **options: Any) -> list[DeviceInfo]",
                    "Every device the backend sees, without creating a context; options "
                    "as Worker's (sim reads config={'devices': ..., 'numa_nodes': ...})."));
-  py::class_<WorkerStats>(m, "WorkerStats", "Outstanding allocations of a worker.")
-      .def_readonly("pinned_bytes", &WorkerStats::pinned_bytes, "int: pinned host bytes held.")
-      .def_readonly("pinned_count", &WorkerStats::pinned_count, "int: pinned allocations held.")
-      .def_readonly("device_bytes", &WorkerStats::device_bytes, "int: device bytes held.")
-      .def_readonly("device_count", &WorkerStats::device_count, "int: device allocations held.")
-      .def_readonly("device_committed_bytes", &WorkerStats::device_committed_bytes,
-                    "int: device bytes the backend committed (with its rounding).")
-      .def_readonly("device_capacity_bytes", &WorkerStats::device_capacity_bytes,
-                    "int: the device's capacity.")
-      .def_readonly("failed_free_count", &WorkerStats::failed_free_count,
-                    "int: allocations whose free failed, held until finalize retries.")
-      .def_readonly("failed_free_bytes", &WorkerStats::failed_free_bytes, "int: their bytes.")
-      .def_readonly("free_failures", &WorkerStats::free_failures,
-                    "int: frees that failed over the worker's life.")
-      .def_readonly("pageable_fallback_count", &WorkerStats::pageable_fallback_count,
-                    "int: pinned requests given pageable memory (pin policy 'fallback'), "
-                    "held.")
-      .def_readonly("pageable_fallback_bytes", &WorkerStats::pageable_fallback_bytes,
-                    "int: their bytes.")
-      .def_readonly("pageable_fallbacks", &WorkerStats::pageable_fallbacks,
-                    "int: such fallbacks over the worker's life.")
-      .def("__repr__", &stats_repr);
+  py::class_<WorkerStats> stats(m, "WorkerStats", "Outstanding allocations of a worker.");
+  PINSTAGE_PY_DEF_FIELDS(stats, PINSTAGE_WORKER_STATS_FIELDS);
+  def_field_repr(stats, {PINSTAGE_PY_FIELD_NAMES(PINSTAGE_WORKER_STATS_FIELDS)});
 }
 
 void bind_worker_lifetime(py::class_<PyWorker>& c) {
