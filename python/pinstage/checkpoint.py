@@ -345,7 +345,7 @@ def _check_into_tensor(tensor, name, info, who):
 def _read_into(checkpoint, worker, names, tensors, options, who, progress=None):
     """Reads tensors `names` into the caller's `tensors` (same order), every one checked
     before any byte is written."""
-    infos = [checkpoint.info(n) for n in names]
+    infos = checkpoint.infos(names)
     for n, t, info in zip(names, tensors, infos):
         _check_into_tensor(t, n, info, who)
     addresses = [t.data_ptr() for t in tensors]
