@@ -1,6 +1,7 @@
 """The read-only records built from a header's field list (WorkerStats, TensorBindReport,
 GroupBindReport, SceneRound, SceneReport) and their listings in docs/python.md name the
-same properties in the same order, so the list, the binding and the docs cannot drift."""
+same properties in the same order, so the list, the binding and the docs cannot drift; and
+docs/bind.md's table holds every bind option of PINSTAGE_BIND_OPTION_FIELDS, in order."""
 import pathlib
 import re
 
@@ -74,3 +75,28 @@ def test_enum_fields_read_as_names():
         tensors = pinstage.Binder(w, upload="staged").run(args).tensors
         assert [(t.direction, t.path) for t in tensors] == [("IN", "staged"), ("OUT", "direct")]
         del args
+
+
+def bind_option_keywords():
+    """The keywords Binder takes, from the list PINSTAGE_BIND_OPTION_FIELDS (its refusal of
+    an unknown keyword names them all, in the list's order)."""
+    worker = pinstage.Worker(backend="sim")
+    try:
+        with pytest.raises(TypeError) as refused:
+            pinstage.Binder(worker, no_such_option=1)
+    finally:
+        worker.finalize()
+    return re.search(r"\(([^()]*)\)$", str(refused.value)).group(1).split(", ")
+
+
+def test_bind_md_tables_every_bind_option_in_order():
+    text = (DOC.parent / "bind.md").read_text()
+    rows = text[text.index("| option | default | meaning |"):].split("\n")[2:]
+    table = []
+    for row in rows:
+        if not row.startswith("| `"):
+            break
+        table.append(row.split("`")[1])
+    # Python spells execute_callable `execute` (docs/bind.md says so above the table).
+    keywords = ["execute_callable" if k == "execute" else k for k in bind_option_keywords()]
+    assert table == keywords
