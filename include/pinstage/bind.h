@@ -86,7 +86,7 @@ PINSTAGE_API const char* bind_phase_name(BindPhase phase);  // "device_alloc", .
 // Python property's docstring (Python reads direction and path as their names).
 #define PINSTAGE_TENSOR_BIND_REPORT_FIELDS(X)                                              \
   X(std::string, name, std::string{}, "str: the tensor's name.")                           \
-  X(Direction, direction, Direction::in, "str: 'in', 'inout' or 'out'.")                   \
+  X(Direction, direction, Direction::in, "str: 'IN', 'INOUT' or 'OUT'.")                   \
   X(bool, pinned, false, "bool: the tensor was in the worker's pinned memory.")            \
   /* direct when not uploaded */                                                           \
   X(UploadPath, path, UploadPath::direct,                                                  \

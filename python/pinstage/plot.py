@@ -319,10 +319,11 @@ def main(argv=None) -> int:
 def write_atomically(path, write, mode: str = "w") -> None:
     """Calls ``write(f)`` on a temporary file next to ``path`` (opened with ``mode``), syncs
     it, then renames it over ``path``: a reader sees the old file or the new one, never a
-    part. The benches' JSON (bench/benchargs.py) is written through it too."""
+    part. A symlink at ``path`` is followed and stays a link (as the C++ atomic writer
+    does). The benches' JSON (bench/benchargs.py) is written through it too."""
     import tempfile
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
+    path = os.path.realpath(os.fspath(path))
+    directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp-", dir=directory)
     try:
         with os.fdopen(fd, mode) as f:
@@ -339,6 +340,7 @@ def write_atomically(path, write, mode: str = "w") -> None:
 def save_atomically(fig, out: str) -> None:
     """Saves ``fig`` as PNG to a temporary file next to ``out``, then renames it over."""
     write_atomically(out, lambda f: fig.savefig(f, format="png", dpi=110), "wb")
+
 
 if __name__ == "__main__":
     sys.exit(main())

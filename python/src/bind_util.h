@@ -28,7 +28,7 @@ RecordField<T, M> field(const char* name, M T::*member, const char* doc) {
   return {name, member, doc};
 }
 
-// How Python reads an enum field: by its name ("in", "staged"), as the C++ reports print it.
+// How Python reads an enum field: by its name ("IN", "staged"), as the C++ reports print it.
 inline const char* field_name_of(Direction d) { return direction_name(d); }
 inline const char* field_name_of(UploadPath p) { return upload_path_name(p); }
 

@@ -1,11 +1,13 @@
 // The one atomic writer: the target is replaced whole or not at all, a non-regular
 // target is refused before any work, and no temporary file is left behind.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -194,6 +196,25 @@ TEST_F(AtomicFileTest, ReadRegularFileReadsTheWholeFileUpToItsLimit) {
   EXPECT_FALSE(pinstage::read_regular_file(path("r.bin"), bytes.size() - 1, &text, &why));
   EXPECT_EQ(why, "it is 200000 bytes, over the 199999-byte limit");
   EXPECT_EQ(text, "kept");
+}
+
+// pread_full: every byte from an offset; at the end of the file fewer bytes with errno 0,
+// on a failed read fewer bytes with the read's errno (what each caller's message tells).
+TEST_F(AtomicFileTest, PreadFullReadsEveryByteAndSaysWhyItStopped) {
+  std::string bytes(300000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7);
+  { std::ofstream(path("p.bin"), std::ios::binary) << bytes; }
+  const int fd = ::open(path("p.bin").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  std::string out(bytes.size() - 5, 'z');
+  EXPECT_EQ(pinstage::pread_full(fd, out.data(), out.size(), 5), out.size());
+  EXPECT_EQ(out, bytes.substr(5));
+  errno = EIO;
+  EXPECT_EQ(pinstage::pread_full(fd, out.data(), out.size(), 10), out.size() - 5);
+  EXPECT_EQ(errno, 0) << "the end of the file is not an error";
+  ::close(fd);
+  EXPECT_EQ(pinstage::pread_full(fd, out.data(), out.size(), 0), 0u);
+  EXPECT_EQ(errno, EBADF);
 }
 
 TEST_F(AtomicFileTest, ReadRegularFileRefusesAHugeFileBeforeReadingIt) {

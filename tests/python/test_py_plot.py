@@ -215,3 +215,17 @@ def test_a_report_of_no_known_kind_is_refused(tmp_path):
     bad.write_text(json.dumps({"arms": [], "hello": 1}))
     with pytest.raises(ValueError, match="not a report of pinstage bench"):
         plot.load_report(str(bad))
+
+
+def test_write_atomically_follows_a_symlink_and_leaves_no_temporary(tmp_path):
+    from pinstage import plot
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    plot.write_atomically(link, lambda f: f.write("new"))
+    assert link.is_symlink() and real.read_text() == "new"
+    with pytest.raises(ZeroDivisionError):  # a failed write: the old bytes, no temporary
+        plot.write_atomically(real, lambda f: 1 / 0)
+    assert real.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
