@@ -24,7 +24,9 @@ venv=$(cat "$venv_log.path")
 # two. PINSTAGE_REQUIRE_PEERS=1: a missing peer fails the venv pass. The venv pass first
 # builds the package's wheel once, as `pip install .` does (isolated: the newest
 # setuptools from PyPI; its CMake tree build-wheel/ is of build/'s depth, so ccache
-# serves its objects), for tests/python/test_pip49.py (PINSTAGE_WHEEL).
+# serves its objects), for tests/python/test_pip49.py (PINSTAGE_WHEEL). It leaves out the
+# tests marked `once` (pyproject.toml): the CLI's, the docs' and the golden's, the same on
+# any torch, run by the Debian pass.
 start=$SECONDS
 (cd "$root" && wheel_start=$SECONDS && mkdir -p "$venv_log.whl" &&
   { PINSTAGE_CMAKE_BUILD_DIR="$root/build-wheel" "$venv/bin/python" -m pip wheel -q \
@@ -33,7 +35,7 @@ start=$SECONDS
   echo "test.sh: the wheel took $((SECONDS - wheel_start)) s" >>"$venv_log.venv" &&
   PINSTAGE_WHEEL=$(ls "$venv_log.whl"/pinstage-*.whl 2>/dev/null || true) \
   PINSTAGE_BUILD_DIR="$root/build" PINSTAGE_REQUIRE_PEERS=1 \
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python >>"$venv_log.venv" 2>&1) &
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider -m 'not once' tests/python >>"$venv_log.venv" 2>&1) &
 venv_pass=$!
 debian_status=0
 PINSTAGE_BUILD_DIR="$root/build" /usr/bin/python3 -m pytest -q -p no:cacheprovider \

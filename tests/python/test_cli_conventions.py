@@ -8,6 +8,8 @@ import subprocess
 
 import pytest
 
+pytestmark = pytest.mark.once  # the same in both pytest passes: run in one (pyproject.toml)
+
 
 def run(cli, args, cwd):
     done = subprocess.run([str(cli), *args], capture_output=True, text=True, timeout=300, cwd=cwd)

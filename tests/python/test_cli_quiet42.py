@@ -3,6 +3,10 @@ the result; `bench synthetic -q` printed all three. It must print the tables, th
 verdicts and targets, and none of the chatter."""
 import subprocess
 
+import pytest
+
+pytestmark = pytest.mark.once  # the same in both pytest passes: run in one (pyproject.toml)
+
 SMALL = ["--tensors", "2", "--bytes", "4096", "--groups", "1", "--rounds", "2"]
 
 

@@ -21,6 +21,8 @@ import subprocess
 
 import pytest
 
+pytestmark = pytest.mark.once  # the same in both pytest passes: run in one (pyproject.toml)
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("**/*.md"))
 BLOCK = re.compile(r"^(?:<!-- docs-test: (?P<mark>[^>]*?) -->\n)?```cpp\n(?P<body>.*?)^```",

@@ -14,6 +14,8 @@ import torch
 
 import qwen3_torch_reference as ref
 
+pytestmark = pytest.mark.once  # the same in both pytest passes: run in one (pyproject.toml)
+
 LAYERS = 2
 SEQ_LENS = (1, 256, 300)
 

@@ -7,6 +7,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.once  # the same in both pytest passes: run in one (pyproject.toml)
+
 SCRIPT = ROOT / "scripts" / "check-includes.py"
 FOLDERS = ("src", "include", "scenes", "python/src", "apps", "tools")
 

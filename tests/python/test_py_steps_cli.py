@@ -3,6 +3,10 @@ CLI, its report and its refusals."""
 import json
 import subprocess
 
+import pytest
+
+pytestmark = pytest.mark.once  # the same in both pytest passes: run in one (pyproject.toml)
+
 
 def run(cli, *args):
     return subprocess.run([str(cli), *args], capture_output=True, text=True, timeout=300)
