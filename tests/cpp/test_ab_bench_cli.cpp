@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli_test_util.h"
+#include "temp_dir_test_util.h"
 
 namespace {
 
@@ -92,13 +93,17 @@ TEST(BenchCli, UnwritableJsonFailsBeforeTheRun) {
   expect_rejected("--layers 1 --json /nonexistent-dir/x.json", "--json");
 }
 
-TEST(BenchCli, SmallRunPrintsTheTableAndWritesTheJson) {
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("pinstage_bench_cli_" + std::to_string(getpid()) + ".json");
-  const Result r =
-      run_task("qwen3-decode",
-               "--layers 1 --groups 1 --rounds 2 --arms pinned,pageable --json " + path.string(),
-               "", /*loud=*/true);
+// The report and the PNG drawn beside it go in a folder of the test's own.
+class BenchCliFiles : public pinstage::test::TempDirTest {
+ protected:
+  BenchCliFiles() : TempDirTest("bench_cli") {}
+};
+
+TEST_F(BenchCliFiles, SmallRunPrintsTheTableAndWritesTheJson) {
+  const std::string path = this->path("report.json");
+  const Result r = run_task(
+      "qwen3-decode", "--layers 1 --groups 1 --rounds 2 --arms pinned,pageable --json " + path, "",
+      /*loud=*/true);
   ASSERT_EQ(r.status, 0) << r.output;
   for (const char* needle :
        {"--layers 1", "group", "vs pageable", "alloc ms", "upload GB/s", "pinned is ",
@@ -128,7 +133,6 @@ TEST(BenchCli, SmallRunPrintsTheTableAndWritesTheJson) {
   EXPECT_EQ(model["link_gbps"], 0);
   // The automatic-size line is printed once (here the size was given: no such line).
   EXPECT_EQ(r.output.find("automatic"), std::string::npos) << r.output;
-  std::filesystem::remove(path);
 }
 
 // The plan's line comes once, not again in the table's header.

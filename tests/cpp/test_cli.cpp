@@ -398,10 +398,11 @@ TEST_F(TruncatedShard, SigbusOutsideTheGuardStillKills) {
         const pinstage::Checkpoint c = pinstage::Checkpoint::open(path);
         pinstage::test::CountingAllocator pinned;
         pinstage::cli::arm_mmap_copy(c, pinned);  // installs the handler
-        const int fd = ::open(path.c_str(), O_RDONLY);
+        const int fd = ::open(path.c_str(), O_RDWR);
         const auto* p =
             static_cast<const volatile char*>(::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0));
-        if (p == MAP_FAILED || ::truncate(path.c_str(), 0) != 0) std::exit(1);
+        // The child's own file goes before the read kills it (its TearDown never runs).
+        if (p == MAP_FAILED || ::unlink(path.c_str()) != 0 || ::ftruncate(fd, 0) != 0) std::exit(1);
         std::exit(p[0] == 0 ? 2 : 3);  // never reached: the read faults
       },
       ::testing::KilledBySignal(SIGBUS), "");
