@@ -55,8 +55,8 @@ void Buffer<Kind>::reset() noexcept {
   }
 }
 
-template class Buffer<MemoryKind::pinned_host>;
-template class Buffer<MemoryKind::device>;
+template class PINSTAGE_API Buffer<MemoryKind::pinned_host>;
+template class PINSTAGE_API Buffer<MemoryKind::device>;
 
 // ---- Stream and Event ----
 
@@ -81,7 +81,7 @@ QueueHandle<Kind>::~QueueHandle() {
   if (owner_ && handle_ != nullptr) owner_->destroy_handle(entry_kind(Kind), handle_);
 }
 
-template class QueueHandle<QueueKind::stream>;
-template class QueueHandle<QueueKind::event>;
+template class PINSTAGE_API QueueHandle<QueueKind::stream>;
+template class PINSTAGE_API QueueHandle<QueueKind::event>;
 
 }  // namespace pinstage

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "lock_test_util.h"  // PINSTAGE_TEST_SANITIZED
 #include "pinstage/error.h"
 #include "pinstage/parallel.h"
 
@@ -120,7 +121,7 @@ TEST(StreamCopy, IsBitExactAtEverySizeAndAlignment) {
 }
 
 TEST(ParallelForDeathTest, APartialPoolStartIsAClearErrorNotAHang) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(PINSTAGE_TEST_SANITIZED)
   GTEST_SKIP() << "sanitizer runtimes reserve address space: RLIMIT_AS cannot model this";
 #endif
   GTEST_FLAG_SET(death_test_style, "threadsafe");

@@ -240,7 +240,7 @@ TEST_F(ResidentTest, BadCallsAreRefusedWithTheirReason) {
   EXPECT_NE(std::string(early.what()).find("before the first step"), std::string::npos);
   rb.step();
   for (auto [offset, bytes] : {std::pair<uint64_t, uint64_t>{0, 0}, {kAcc, 1}, {1, kAcc}}) {
-    const Error range = test::error_of([&] { rb.download("acc", offset, bytes); });
+    const Error range = test::error_of([&, at = offset, n = bytes] { rb.download("acc", at, n); });
     EXPECT_EQ(range.code(), ErrorCode::invalid_argument) << offset << "+" << bytes;
   }
   rb.close();

@@ -113,7 +113,8 @@ TEST(SimDevices, BadTopologyOptionsAreRefusedNamingTheKey) {
       {{{"numa_nodes", "0,1"}}, "numa_nodes names 2 node(s) but devices=1"},
       {{{"devices", "4"}, {"numa_nodes", "0,0,1"}}, "numa_nodes names 3 node(s) but devices=4"},
   };
-  for (const auto& [config, message] : cases) {
+  for (const auto& [options, message] : cases) {
+    const auto& config = options;  // clang 14 captures no structured binding
     SCOPED_TRACE(message);
     Worker worker;
     Error e = error_of([&] { worker.init("sim", 0, with_config(config)); });
