@@ -36,6 +36,10 @@ PINSTAGE_API const char* upload_path_name(UploadPath path);        // "direct", 
 // Parses the names above; throws Error(invalid_argument) listing the valid names.
 PINSTAGE_API DeviceLayout parse_device_layout(std::string_view name);
 PINSTAGE_API UploadPath parse_upload_path(std::string_view name);
+// A layout field of a report as report_fields writes it: its name.
+inline ReportValue report_value(DeviceLayout layout) {
+  return std::string(device_layout_name(layout));
+}
 
 // The BindOptions fields, listed once: X(type, name, default, doc). BindOptions is built
 // from it, and so are the Python bindings (python/src/bind_options.h), so a field added
@@ -116,26 +120,44 @@ struct PINSTAGE_API TensorBindReport {
   double download_gbps() const noexcept;
 };
 
-// What one Binder::run did and how long each part took.
+// The BindReport totals, listed once in the order report_fields writes them: X(type, name,
+// default, doc) for a member, COMPUTED(name, doc) for a member function report_fields
+// calls in its place; doc is the Python property's docstring. The struct, report_fields
+// (`pinstage scene --json`) and Python's BindReport properties come from it. The counts
+// of a ResidentBinder step are its own: the inputs that stayed on the device are not
+// uploaded.
+#define PINSTAGE_BIND_REPORT_FIELDS(X, COMPUTED)                                                 \
+  X(double, total_seconds, 0.0, "float: the whole bind.")                                        \
+  COMPUTED(staging_seconds,                                                                      \
+           "float: every phase but execute (alloc, upload, verify, download, release): what "    \
+           "staging the arguments cost.")                                                        \
+  COMPUTED(upload_gbps, "float: uploaded bytes / upload phase time, in GB/s.")                   \
+  COMPUTED(download_gbps, "float: downloaded bytes / download phase time, in GB/s.")             \
+  X(DeviceLayout, layout, DeviceLayout::arena,                                                   \
+    "str: 'arena' (one device allocation) or 'per_tensor'.")                                     \
+  /* arena padding included */                                                                   \
+  X(uint64_t, device_bytes, 0, "int: device memory the bind allocated.")                         \
+  X(size_t, device_allocations, 0, "int: device allocations the bind made.")                     \
+  /* inputs: IN + INOUT tensors */                                                               \
+  X(size_t, uploaded_count, 0, "int: tensors uploaded.")                                         \
+  X(uint64_t, uploaded_bytes, 0, "int: bytes uploaded.")                                         \
+  /* INOUT + OUT tensors */                                                                      \
+  X(size_t, downloaded_count, 0, "int: tensors downloaded.")                                     \
+  X(uint64_t, downloaded_bytes, 0, "int: bytes downloaded.")                                     \
+  X(size_t, ring_count, 0, "int: tensors that went through the staging ring.")                   \
+  X(uint64_t, ring_bytes, 0, "int: bytes that went through the staging ring.")                   \
+  X(bool, executed, false, "bool: the backend ran the task between upload and download.")        \
+  /* A ResidentBinder step: its number, and the inputs that stayed on the device. */             \
+  X(int, step, 0, "int: a ResidentBinder step's number (1-based); 0 for a one-shot bind.")       \
+  X(size_t, stayed_count, 0, "int: inputs that stayed on the device instead of being uploaded.") \
+  X(uint64_t, stayed_bytes, 0, "int: their bytes.")
+
+// What one Binder::run (or ResidentBinder::step) did and how long each part took: the
+// phases, the tensors, and the totals of the list above.
 struct PINSTAGE_API BindReport {
   std::array<double, kBindPhaseCount> phase_seconds{};  // indexed by BindPhase
-  double total_seconds = 0.0;                           // wall time of run()
   std::vector<TensorBindReport> tensors;                // in argument order
-  DeviceLayout layout = DeviceLayout::arena;
-  uint64_t device_bytes = 0;      // device memory taken (arena padding included)
-  size_t device_allocations = 0;  // backend allocations made
-  size_t uploaded_count = 0;      // inputs: IN + INOUT tensors
-  uint64_t uploaded_bytes = 0;
-  size_t downloaded_count = 0;  // INOUT + OUT tensors
-  uint64_t downloaded_bytes = 0;
-  size_t ring_count = 0;  // tensors that went through the staging ring
-  uint64_t ring_bytes = 0;
-  bool executed = false;
-  // A ResidentBinder's step: its number (1-based; 0 in a one-shot bind) and the inputs
-  // that stayed on the device instead of being uploaded.
-  int step = 0;
-  size_t stayed_count = 0;
-  uint64_t stayed_bytes = 0;
+  PINSTAGE_BIND_REPORT_FIELDS(PINSTAGE_FIELD_MEMBER, PINSTAGE_FIELD_COMPUTED)
 
   double phase(BindPhase p) const noexcept { return phase_seconds[static_cast<size_t>(p)]; }
   double upload_gbps() const noexcept;  // uploaded_bytes / upload phase / 1e9
@@ -153,11 +175,9 @@ struct PINSTAGE_API BindReport {
 // The one serialiser of a bind's phases: seconds keyed by bind_phase_name, in phase order
 // (the bench's and the scene's JSON "phases", Python's BindReport.phase_seconds).
 PINSTAGE_API ReportFields phase_fields(const std::array<double, kBindPhaseCount>& phase_seconds);
-// A BindReport's totals as fields, in this order: total_seconds, staging_seconds,
-// upload_gbps, download_gbps, layout, device_bytes, device_allocations, uploaded_count,
-// uploaded_bytes, downloaded_count, downloaded_bytes, ring_count, ring_bytes, executed,
-// step, stayed_count, stayed_bytes (the member names). The phases are phase_fields and
-// the tensors their own rows; neither is here.
+// A BindReport's totals as fields: PINSTAGE_BIND_REPORT_FIELDS in its order, under the
+// member names, the layout by its name. The phases are phase_fields and the tensors their
+// own rows; neither is here.
 PINSTAGE_API ReportFields report_fields(const BindReport& r);
 
 // A bind that failed: which step and which tensor (empty when the step concerns no one

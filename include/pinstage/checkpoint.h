@@ -142,27 +142,32 @@ PINSTAGE_API const char* load_mode_name(LoadMode mode);
 // "copy" / "map" (any case) -> the mode; Error(invalid_argument) naming both otherwise.
 PINSTAGE_API LoadMode parse_load_mode(std::string_view name);
 
-// How a checkpoint is read.
+// The CheckpointLoadOptions value fields, listed once: X(type, name, default, doc). The
+// struct and docs/loading.md's table come from it.
+//  mode: host loads through a worker (load_to_host(checkpoint, worker, ...)) and device
+//    loads; map with direct is Error(invalid_argument): a mapping is the page cache, which
+//    direct bypasses. load_to_host(checkpoint, allocator) copies only.
+//  direct: reads in aligned chunks through a per-thread aligned bounce buffer, since
+//    tensors start anywhere in a file. Where the file system refuses O_DIRECT, the load
+//    falls back to buffered reads and says so in the report.
+//  verify: on a host load the bytes read, on a device load the bytes as they pass and again
+//    as read back from the device. A tensor without a recorded hash is an
+//    Error(invalid_argument) before anything is read, unless verify_if_present (then it is
+//    counted in LoadReport::unverified).
+#define PINSTAGE_CHECKPOINT_LOAD_OPTION_FIELDS(X)                                              \
+  X(LoadMode, mode, LoadMode::copy, "copy or map (LoadMode, \"Modes\")")                       \
+  X(int, threads, 0, "reader threads; 0 = all cores")                                          \
+  X(uint64_t, chunk_bytes, uint64_t{8} << 20, "bytes of one pread")                            \
+  X(bool, direct, false, "O_DIRECT reads (page cache bypassed)")                               \
+  X(bool, verify, false, "check each tensor's xxh3-64 against the recorded one")               \
+  X(bool, verify_if_present, false,                                                            \
+    "with verify: a tensor without a recorded hash is counted, not refused")                   \
+  X(uint64_t, ring_bytes, uint64_t{64} << 20, "device loads: pinned bytes of the StagingRing") \
+  X(size_t, ring_buffers, 4, "device loads: the buffers the ring is split into")
+
+// How a checkpoint is read: the fields of the list above, and two callbacks.
 struct CheckpointLoadOptions {
-  // Host loads through a worker (load_to_host(checkpoint, worker, ...)) and device loads:
-  // copy or map (LoadMode). map with direct is Error(invalid_argument): a mapping is the
-  // page cache, which direct bypasses. load_to_host(checkpoint, allocator) copies only.
-  LoadMode mode = LoadMode::copy;
-  int threads = 0;                           // reader threads; 0 = all cores
-  uint64_t chunk_bytes = uint64_t{8} << 20;  // one pread
-  // O_DIRECT reads (page cache bypassed) in aligned chunks through a per-thread aligned
-  // bounce buffer, since tensors start anywhere in a file. Where the file system refuses
-  // O_DIRECT, the load falls back to buffered reads and says so in the report.
-  bool direct = false;
-  // Check each tensor's xxh3-64 against the recorded one: on a host load the bytes read,
-  // on a device load the bytes as they pass and again as read back from the device. A
-  // tensor without a recorded hash is an Error(invalid_argument) before anything is
-  // read, unless verify_if_present (then it is counted in LoadReport::unverified).
-  bool verify = false;
-  bool verify_if_present = false;
-  // Device loads: pinned bytes of the StagingRing (split into ring_buffers buffers).
-  uint64_t ring_bytes = uint64_t{64} << 20;
-  size_t ring_buffers = 4;
+  PINSTAGE_CHECKPOINT_LOAD_OPTION_FIELDS(PINSTAGE_FIELD_MEMBER)
   // Called after each chunk with the bytes done so far and the total, from the reader
   // threads (the calling thread among them), one call at a time, `done` increasing. An
   // exception it throws stops the load, which then fails with that exception as it fails
@@ -178,65 +183,78 @@ struct CheckpointLoadOptions {
   std::function<void(const char* phase)> phase;
 };
 
-// What a load did. Seconds are wall time of the whole load and of each phase; on a device
-// load read and upload overlap, so overlap = (read_s + upload_s - total_s) / min(read_s,
-// upload_s) (1 = the shorter phase fully hidden, 0 = none), where upload_s is the time the
-// loader waited for device copies plus the copies' own issue time.
+// The LoadReport fields, listed once in the order a report lists them: X(type, name,
+// default, doc) for a field, RATE(name, seconds, doc) for a rate report_fields computes
+// (bytes / seconds / 1e9, LoadReport::gbps) in its place. The struct, report_fields (the
+// CLI's `load` JSON, Python's report dicts) and docs/loading.md's table follow it. Seconds
+// are wall time of the whole load and of each phase; on a device load read and upload
+// overlap, so overlap = (read_s + upload_s - total_s) / min(read_s, upload_s) (1 = the
+// shorter phase fully hidden, 0 = none), where upload_s is the time the loader waited for
+// device copies plus the copies' own issue time.
+#define PINSTAGE_LOAD_REPORT_FIELDS(X, RATE)                                                   \
+  X(uint64_t, bytes, 0, "int: bytes loaded.")                                                  \
+  X(size_t, tensors, 0, "int: tensors loaded.")                                                \
+  X(size_t, files, 0, "int: files read.")                                                      \
+  X(int, threads, 0, "int: reader threads.")                                                   \
+  X(uint64_t, chunk_bytes, 0, "int: bytes of one pread.")                                      \
+  X(double, total_s, 0, "float: the whole load.")                                              \
+  RATE(total_gbps, total_s, "float: bytes / total_s, in GB/s.")                                \
+  X(double, alloc_s, 0, "float: taking pinned host or device memory.")                         \
+  X(double, read_s, 0, "float: pread time (all threads' wall time, not summed).")              \
+  RATE(read_gbps, read_s, "float: bytes / read_s, in GB/s.")                                   \
+  X(double, verify_s, 0, "float: xxh3 checks not overlapped with reading.")                    \
+  X(double, upload_s, 0, "float: device loads: issuing copies and waiting for the ring.")      \
+  X(double, overlap, 0, "float: device loads: the share of the shorter phase hidden.")         \
+  X(uint64_t, ring_pinned_bytes, 0, "int: device loads: pinned bytes of the ring.")            \
+  X(uint64_t, peak_pinned_bytes, 0, "int: the worker's pinned bytes at the load's peak.")      \
+  X(bool, direct, false, "bool: O_DIRECT was used for every file.")                            \
+  X(std::string, direct_note, std::string{}, "str: why it was not, when asked for.")           \
+  X(bool, verified, false, "bool: every tensor had a recorded hash and it matched.")           \
+  X(size_t, unverified, 0, "int: tensors without a recorded hash (verify_if_present).")        \
+  X(uint64_t, verify_readback_bytes, 0,                                                        \
+    "int: device loads: bytes read back from the device and hashed.")                          \
+  X(std::string, mode, "copy", "str: the load's mode, 'copy' or 'map' (load_mode_name).")      \
+  X(double, map_s, 0, "float: map mode: opening and mapping the files.")                       \
+  X(double, pin_s, 0, "float: pinning: map mode's files in place; copy mode's fresh segment.") \
+  X(std::string, map_note, std::string{},                                                      \
+    "str: map mode: why a file was copied instead ('' when none was).")                        \
+  /* "huge", "base", "huge, then base after a stall of N ms"; "" when the pool had the */      \
+  /* memory already (nothing faulted) or nothing was pinned fresh. */                          \
+  X(std::string, host_pages, std::string{},                                                    \
+    "str: copy mode into a worker's pinned memory: the pages its readers faulted.")            \
+  /* docs/loading.md, "Folios": "kpageflags" (64 pages of each file sampled through */         \
+  /* /proc/self/pagemap and /proc/kpageflags, readable with CAP_SYS_ADMIN) or */               \
+  /* "FileHugePages" (/proc/meminfo's system-wide figure before and after). */                 \
+  X(std::string, map_folio_source, std::string{},                                              \
+    "str: map mode: where map_folios comes from, 'kpageflags' or 'FileHugePages'.")            \
+  /* "2 MiB 84%, 4 KiB 16% of the bytes (128 of 131074 pages sampled)" */                      \
+  X(std::string, map_folios, std::string{},                                                    \
+    "str: map mode: each folio size's share of the bytes, largest first.")                     \
+  X(uint64_t, map_huge_bytes, 0,                                                               \
+    "int: map mode: the estimated bytes in 2 MiB folios (or FileHugePages after).")
+
+// The fields report_fields adds after the list above only when device_first_touch_reason
+// is set: a device load on sim, where part of alloc_s backs sim's device pool the first
+// time (its device memory is host RAM, faulted in on first use; a device's is not). All
+// three stay empty on another backend. X(type, name, default, doc) as above.
+#define PINSTAGE_LOAD_REPORT_FIRST_TOUCH_FIELDS(X)                                          \
+  X(uint64_t, device_first_touch_bytes, 0, "int: sim: device bytes backed the first time.") \
+  X(double, device_first_touch_s, 0, "float: sim: the part of alloc_s that backed them.")   \
+  X(std::string, device_first_touch_reason, std::string{},                                  \
+    "str: sim: why alloc_s has this part (set on every device load on sim).")
+
+// What a load did: the fields of the two lists above.
 struct LoadReport {
-  uint64_t bytes = 0;
-  size_t tensors = 0;
-  size_t files = 0;
-  double total_s = 0;
-  double alloc_s = 0;                  // taking pinned host or device memory
-  double read_s = 0;                   // pread time (all threads' wall time, not summed)
-  double verify_s = 0;                 // xxh3 checks not overlapped with reading
-  double upload_s = 0;                 // device loads: issuing copies and waiting for the ring
-  double overlap = 0;                  // device loads, see above
-  bool direct = false;                 // O_DIRECT was used for every file
-  std::string direct_note;             // why it was not, when asked for
-  bool verified = false;               // every tensor had a recorded hash and it matched
-  size_t unverified = 0;               // tensors without a recorded hash (verify_if_present)
-  uint64_t verify_readback_bytes = 0;  // device loads: bytes read back from the device and hashed
-  uint64_t ring_pinned_bytes = 0;      // device loads: pinned bytes of the ring
-  uint64_t peak_pinned_bytes = 0;      // worker's pinned bytes at the peak of the load
-  int threads = 0;
-  uint64_t chunk_bytes = 0;
-  std::string mode = "copy";  // load_mode_name of the load's mode
-  double map_s = 0;           // map mode: opening and mapping the files
-  double pin_s = 0;           // pinning: map mode's files in place; copy mode's fresh segment
-  std::string map_note;       // map mode: why a file was copied instead ("" when none was)
-  // Copy mode into a worker's pinned memory: the pages of the fresh segment its readers
-  // faulted ("huge", "base", "huge, then base after a stall of N ms"), or "" when the pool
-  // had the memory already (nothing faulted) or nothing was pinned fresh.
-  std::string host_pages;
-  // Map mode: the page cache's folios under the mappings, which pin_s depends on (docs/
-  // loading.md, "Folios"). map_folio_source is "kpageflags" (64 pages of each file sampled
-  // through /proc/self/pagemap and /proc/kpageflags, readable with CAP_SYS_ADMIN) or
-  // "FileHugePages" (/proc/meminfo's system-wide figure before and after, when they are
-  // not). map_folios: each folio size's share of the bytes, largest first ("2 MiB 84%,
-  // 4 KiB 16% of the bytes (128 of 131074 pages sampled)"), or the FileHugePages figures and
-  // why. map_huge_bytes: the estimated bytes in 2 MiB folios, or FileHugePages after.
-  std::string map_folio_source;
-  std::string map_folios;
-  uint64_t map_huge_bytes = 0;
-  // Device loads on sim: the part of alloc_s spent backing sim's device pool the first
-  // time (its device memory is host RAM, faulted in on first use; a device's is not).
-  // device_first_touch_reason says so; all three stay empty on another backend.
-  uint64_t device_first_touch_bytes = 0;
-  double device_first_touch_s = 0;
-  std::string device_first_touch_reason;
+  PINSTAGE_LOAD_REPORT_FIELDS(PINSTAGE_FIELD_MEMBER, PINSTAGE_FIELD_COMPUTED)
+  PINSTAGE_LOAD_REPORT_FIRST_TOUCH_FIELDS(PINSTAGE_FIELD_MEMBER)
   double gbps(double seconds) const {
     return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
   }
 };
 
-// Every field of `r`, in this order, with the rates it implies: bytes, tensors, files,
-// threads, chunk_bytes, total_s, total_gbps, alloc_s, read_s, read_gbps, verify_s,
-// upload_s, overlap, ring_pinned_bytes, peak_pinned_bytes, direct, direct_note,
-// verified, unverified, verify_readback_bytes, mode, map_s, pin_s, map_note, host_pages,
-// map_folio_source, map_folios, map_huge_bytes, and (only when device_first_touch_reason
-// is set) device_first_touch_bytes, device_first_touch_s, device_first_touch_reason. The
-// CLI's `load` JSON and Python's report dicts are these (docs/loading.md, "The load report").
+// Every field of `r` in the list's order, each RATE computed in its place, then the
+// first-touch fields when device_first_touch_reason is set. The CLI's `load` JSON and
+// Python's report dicts are these (docs/loading.md, "The load report").
 PINSTAGE_API ReportFields report_fields(const LoadReport& r);
 
 // A tensor in host memory: its description and its storage (exactly its bytes).

@@ -20,6 +20,7 @@
 #include "pinstage/error.h"
 #include "pinstage/export.h"
 #include "pinstage/pages.h"
+#include "pinstage/report.h"
 
 namespace pinstage {
 
@@ -40,25 +41,42 @@ using BackendConfig = std::vector<std::pair<std::string, std::string>>;
 // Error(invalid_argument) for a missing '=', an empty key or a repeated key.
 PINSTAGE_API void add_backend_option(BackendConfig& config, std::string_view key_equals_value);
 
+// One member of a struct built from a field list X(type, name, default, doc): the option and
+// report structs below, bind.h's and scene.h's list their fields once so that the struct, its
+// Python properties (python/src/bind_util.h) and their docstrings come from one place.
+#define PINSTAGE_FIELD_MEMBER(type, name, value, doc) type name = value;
+// A computed entry of a field list (LoadReport's RATE, BindReport's COMPUTED): a value the
+// serialiser computes in its place, so the struct has no member for it.
+#define PINSTAGE_FIELD_COMPUTED(...)
+
+// The WorkerOptions fields, listed once in the order Python's Worker(**options) names them:
+// X(type, name, default, doc), doc being "python type: meaning". The struct and Python's
+// keywords (python/src/worker.cpp) come from it; docs/worker.md has the table.
+//  host_cache_limit_bytes: 0 caches nothing: each request maps a segment of its own size
+//    (whole pages), which goes back to the OS at its free, as an allocator without a pool
+//    would (docs/worker.md, "Host memory pool").
+//  host_numa_node: each segment is bound to it (mbind MPOL_BIND) before its first touch and
+//    pre-faulted by threads on its CPUs (pages.h). A negative node is
+//    Error(invalid_argument); a node this host lacks is warned about once and nothing is
+//    placed (Worker::host_numa_node() = -1), so a device map written for a bigger machine
+//    still builds here.
+#define PINSTAGE_WORKER_OPTION_FIELDS(X)                                                     \
+  X(uint64_t, device_capacity_bytes, 0,                                                      \
+    "int: device memory the worker may commit; 0 = the backend's default (sim: "             \
+    "PINSTAGE_SIM_DEVICE_CAPACITY, else 80% of physical memory)")                            \
+  X(std::optional<uint64_t>, host_cache_limit_bytes, std::nullopt,                           \
+    "int: most pinned bytes the host memory pool keeps cached for reuse; unset = "           \
+    "PINSTAGE_HOST_CACHE_MAX, else an eighth of physical memory")                            \
+  X(std::string, plugin_path, std::string{},                                                 \
+    "str: plugin file to load; empty = default_backend_path(backend)")                       \
+  X(BackendConfig, config, BackendConfig{},                                                  \
+    "dict[str, str]: backend-specific settings, handed to the backend as key/value entries") \
+  X(std::optional<int>, host_numa_node, std::nullopt,                                        \
+    "int: host NUMA node for the worker's pinned memory; unset = the kernel's choice")
+
+// How a worker is made: every field, its default and meaning is in the list above.
 struct WorkerOptions {
-  // Device memory the worker may commit; 0 = the backend's default (sim: the
-  // PINSTAGE_SIM_DEVICE_CAPACITY environment variable, else 80% of physical memory).
-  uint64_t device_capacity_bytes = 0;
-  // Plugin file to load; empty = default_backend_path(name).
-  std::string plugin_path;
-  // Backend-specific settings, handed to the backend as key/value entries.
-  BackendConfig config;
-  // Most pinned bytes the host memory pool keeps cached for reuse (docs/worker.md, "Host
-  // memory pool"); unset = PINSTAGE_HOST_CACHE_MAX, else an eighth of physical memory.
-  // 0 caches nothing: each request maps a segment of its own size (whole pages), which
-  // goes back to the OS at its free, as an allocator without a pool would.
-  std::optional<uint64_t> host_cache_limit_bytes;
-  // Host NUMA node for the worker's pinned memory: each segment is bound to it (mbind
-  // MPOL_BIND) before its first touch and pre-faulted by threads on its CPUs (pages.h).
-  // Unset = the kernel's choice. A negative node is Error(invalid_argument); a node this
-  // host lacks is warned about once and nothing is placed (Worker::host_numa_node() = -1),
-  // so a device map written for a bigger machine still builds here.
-  std::optional<int> host_numa_node;
+  PINSTAGE_WORKER_OPTION_FIELDS(PINSTAGE_FIELD_MEMBER)
 };
 
 // Folder holding libpinstage.
@@ -114,11 +132,6 @@ struct Capabilities {
   bool device_fill = false;
 };
 
-// One member of a struct built from a field list X(type, name, default, doc): the report
-// structs below, bind.h's and scene.h's list their fields once so that the struct, its
-// Python properties (python/src/bind_util.h) and their docstrings come from one place.
-#define PINSTAGE_FIELD_MEMBER(type, name, value, doc) type name = value;
-
 // The WorkerStats fields, listed once: X(type, name, default, doc), doc being the Python
 // property's docstring. Outstanding counts are as requested.
 #define PINSTAGE_WORKER_STATS_FIELDS(X)                                                     \
@@ -147,26 +160,50 @@ struct WorkerStats {
   PINSTAGE_WORKER_STATS_FIELDS(PINSTAGE_FIELD_MEMBER)
 };
 
-// The host memory pool's figures; Worker::host_memory_stats(). Names follow torch's
-// host_memory_stats() where it has one (docs/worker.md lists the keys). Bytes of blocks
-// are as requested; reserved and cached bytes are whole pages.
+// The host memory pool's figures, listed once in the order Python's dict has them:
+// X(type, name, default, key, doc), `key` being torch's host_memory_stats() name where it
+// has the figure (pinstage's own beside them), doc the meaning (docs/worker.md's table).
+// Bytes of blocks are as requested; reserved and cached bytes are whole pages. The double
+// fields are seconds, which report_fields gives in microseconds, as torch does.
+#define PINSTAGE_HOST_MEMORY_STATS_FIELDS(X)                                                       \
+  X(uint64_t, allocated_bytes, 0, "allocated_bytes.current", "bytes of live blocks, as requested") \
+  X(uint64_t, allocated_bytes_peak, 0, "allocated_bytes.peak", "their peak")                       \
+  X(uint64_t, allocations, 0, "allocation.current", "live blocks")                                 \
+  X(uint64_t, allocations_peak, 0, "allocation.peak", "their peak")                                \
+  X(uint64_t, reserved_bytes, 0, "reserved_bytes.current", "bytes of segments held (pinned)")      \
+  X(uint64_t, reserved_bytes_peak, 0, "reserved_bytes.peak", "their peak")                         \
+  X(uint64_t, segments, 0, "segment.current", "segments held")                                     \
+  X(uint64_t, segments_peak, 0, "segment.peak", "their peak")                                      \
+  X(uint64_t, num_host_alloc, 0, "num_host_alloc", "segments the backend allocated")               \
+  X(uint64_t, num_host_free, 0, "num_host_free", "segments the backend released")                  \
+  X(uint64_t, cached_bytes, 0, "cached_bytes.current",                                             \
+    "free bytes inside segments, ready for reuse")                                                 \
+  X(uint64_t, pending_bytes, 0, "pending_bytes.current",                                           \
+    "bytes of freed blocks a queued copy may still read (reusable once its event is reached)")     \
+  X(uint64_t, pending_blocks, 0, "pending_blocks.current", "those blocks")                         \
+  X(uint64_t, hits, 0, "num_hits", "requests served from the cache")                               \
+  X(uint64_t, misses, 0, "num_misses", "requests not served from the cache")                       \
+  X(uint64_t, cache_limit_bytes, 0, "cache_limit_bytes", "the bound on cached_bytes")              \
+  X(double, host_alloc_seconds, 0, "host_alloc_time.total",                                        \
+    "time in the backend's segment allocations (microseconds in the dict)")                        \
+  X(double, host_free_seconds, 0, "host_free_time.total",                                          \
+    "time in its segment releases (microseconds in the dict)")                                     \
+  X(double, alloc_seconds, 0, "alloc_time.total",                                                  \
+    "all time in alloc_pinned_host, the pool's own work too (microseconds in the dict)")           \
+  X(double, free_seconds, 0, "free_time.total",                                                    \
+    "all time in pinned releases (microseconds in the dict)")
+
+// One member of a struct built from a keyed field list X(type, name, default, key, doc).
+#define PINSTAGE_KEYED_FIELD_MEMBER(type, name, value, key, doc) type name = value;
+
+// Worker::host_memory_stats(): the fields of the list above.
 struct HostMemoryStats {
-  uint64_t allocated_bytes = 0, allocated_bytes_peak = 0;  // live blocks
-  uint64_t allocations = 0, allocations_peak = 0;
-  uint64_t reserved_bytes = 0, reserved_bytes_peak = 0;  // segments held, pinned
-  uint64_t segments = 0, segments_peak = 0;
-  uint64_t cached_bytes = 0;  // free inside segments, ready for reuse
-  // Freed blocks a queued copy may still read: reusable once its event is reached.
-  uint64_t pending_bytes = 0, pending_blocks = 0;
-  uint64_t hits = 0, misses = 0;  // requests served from the cache, and not
-  // Segments the backend allocated and released (num_host_alloc/num_host_free), and the
-  // seconds spent in those calls.
-  uint64_t num_host_alloc = 0, num_host_free = 0;
-  double host_alloc_seconds = 0, host_free_seconds = 0;
-  // Seconds in alloc_pinned_host and in pinned releases all told (the pool's own work too).
-  double alloc_seconds = 0, free_seconds = 0;
-  uint64_t cache_limit_bytes = 0;  // the bound on cached_bytes
+  PINSTAGE_HOST_MEMORY_STATS_FIELDS(PINSTAGE_KEYED_FIELD_MEMBER)
 };
+
+// Every field of `s` in the list's order, keyed as the list says, the seconds in
+// microseconds: Python's Worker.host_memory_stats() dict.
+PINSTAGE_API ReportFields report_fields(const HostMemoryStats& s);
 
 // What a pinned request must fit (docs/worker.md, "Pin budget"). UINT64_MAX = no limit.
 struct PinBudget {

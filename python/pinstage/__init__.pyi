@@ -1,9 +1,33 @@
 # Type stubs of the pinstage package (docs/python.md). tests/python/test_py_stubs.py checks
 # that every public name here exists in the module and the other way round.
 import os
-from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence, TypedDict
+
+from typing_extensions import Unpack
 
 _Verify = bool | Literal["if-present"]  # verify=: every tensor, or those with a hash
+
+# The keywords of Worker(**options) and devices(**options): one per field of the C++
+# PINSTAGE_WORKER_OPTION_FIELDS, in its order (test_py_stubs.py holds them to it).
+class _WorkerOptions(TypedDict, total=False):
+    device_capacity_bytes: int
+    host_cache_limit_bytes: int
+    plugin_path: str | os.PathLike[str]
+    config: Mapping[str, str | int | float]
+    host_numa_node: int | None
+
+# The keywords of Binder(**options) and its kin: one per field of the C++
+# PINSTAGE_BIND_OPTION_FIELDS, in its order, execute_callable spelt `execute`.
+class _BindOptions(TypedDict, total=False):
+    layout: Literal["arena", "per_tensor"]
+    upload: Literal["direct", "staged"]
+    staging_buffers: int
+    staging_buffer_bytes: int
+    chunk_bytes: int
+    arena_alignment: int
+    execute: str | None
+    verify_upload: bool
+    copy_threads: int
 
 import torch
 
@@ -37,7 +61,7 @@ class DeviceInfo:
     usable: bool
     reason: str
 
-def devices(backend: str = "sim", **options: Any) -> list[DeviceInfo]: ...
+def devices(backend: str = "sim", **options: Unpack[_WorkerOptions]) -> list[DeviceInfo]: ...
 def parse_device_list(text: str, devices: list[DeviceInfo]) -> list[int]: ...
 def split_threads(total: int, devices: int) -> list[int]: ...
 
@@ -57,7 +81,7 @@ class WorkerStats:
 
 class Worker:
     def __init__(self, level: str = "chip", backend: str = "sim", device_id: int = 0, *,
-                 initialize: bool = True, **options: Any) -> None: ...
+                 initialize: bool = True, **options: Unpack[_WorkerOptions]) -> None: ...
     def init(self) -> None: ...
     def finalize(self, wait: bool = False, timeout: float | None = None) -> None: ...
     def __enter__(self) -> Worker: ...
@@ -190,7 +214,11 @@ class TaskArgs:
 
 class TensorBindReport:
     name: str
+    @property
+    def direction(self) -> str: ...
     pinned: bool
+    @property
+    def path(self) -> str: ...
     bytes: int
     device_offset: int
     upload_seconds: float
@@ -202,17 +230,20 @@ class TensorBindReport:
     @property
     def downloaded(self) -> bool: ...
     @property
-    def direction(self) -> str: ...
-    @property
-    def path(self) -> str: ...
-    @property
     def upload_gbps(self) -> float: ...
     @property
     def download_gbps(self) -> float: ...
 
 class BindReport:
     total_seconds: float
-    tensors: list[TensorBindReport]
+    @property
+    def staging_seconds(self) -> float: ...
+    @property
+    def upload_gbps(self) -> float: ...
+    @property
+    def download_gbps(self) -> float: ...
+    @property
+    def layout(self) -> str: ...
     device_bytes: int
     device_allocations: int
     uploaded_count: int
@@ -225,20 +256,13 @@ class BindReport:
     step: int
     stayed_count: int
     stayed_bytes: int
-    @property
-    def staging_seconds(self) -> float: ...
+    tensors: list[TensorBindReport]
     @property
     def phase_seconds(self) -> dict[str, float]: ...
-    @property
-    def layout(self) -> str: ...
-    @property
-    def upload_gbps(self) -> float: ...
-    @property
-    def download_gbps(self) -> float: ...
     def summary(self) -> str: ...
 
 class Binder:
-    def __init__(self, worker: Worker, **options: Any) -> None: ...
+    def __init__(self, worker: Worker, **options: Unpack[_BindOptions]) -> None: ...
     def run(self, args: TaskArgs) -> BindReport: ...
     @property
     def worker(self) -> Worker: ...
@@ -247,7 +271,7 @@ class Binder:
 
 class ResidentBinder:
     def __init__(self, worker: Worker, args: TaskArgs, *, check_writes: bool | None = None,
-                 **options: Any) -> None: ...
+                 **options: Unpack[_BindOptions]) -> None: ...
     def mark_changed(self, name: str) -> None: ...
     def step(self) -> BindReport: ...
     def download(self, name: str, offset: int = 0, nbytes: int | None = None) -> None: ...
@@ -267,14 +291,14 @@ class ResidentBinder:
     def worker(self) -> Worker: ...
 
 class TensorComparison:
-    tensor: str
-    checked: int
-    mismatches: int
-    differing: int
     worst_index: int
     worst_actual: float
     worst_expected: float
     worst_diff: float
+    tensor: str
+    checked: int
+    mismatches: int
+    differing: int
     atol: float
     rtol: float
     @property
@@ -282,13 +306,13 @@ class TensorComparison:
     def message(self) -> str: ...
 
 class Comparison:
-    ok: bool
-    tensor: str
-    mismatches: int
     worst_index: int
     worst_actual: float
     worst_expected: float
     worst_diff: float
+    ok: bool
+    tensor: str
+    mismatches: int
     tensors: list[TensorComparison]
     def message(self) -> str: ...
     def __bool__(self) -> bool: ...
@@ -453,7 +477,7 @@ class WorkerGroup:
     @property
     def workers(self) -> tuple[Worker, ...]: ...
     def __init__(self, backend: str = "sim", devices: str | Sequence[int] = "all", *,
-                 threads: int = 0, **options: Any) -> None: ...
+                 threads: int = 0, **options: Unpack[_WorkerOptions]) -> None: ...
     def __len__(self) -> int: ...
     def __getitem__(self, index: int) -> Worker: ...
     def __iter__(self) -> Iterator[Worker]: ...
@@ -461,7 +485,7 @@ class WorkerGroup:
     def device_ids(self) -> list[int]: ...
     @property
     def team_threads(self) -> list[int]: ...
-    def bind(self, args: Sequence[TaskArgs], **options: Any) -> GroupBindReport: ...
+    def bind(self, args: Sequence[TaskArgs], **options: Unpack[_BindOptions]) -> GroupBindReport: ...
     def finalize(self, wait: bool = False, timeout: float | None = None) -> None: ...
     def __enter__(self) -> WorkerGroup: ...
     def __exit__(self, *exc: object) -> bool: ...

@@ -31,6 +31,7 @@ RecordField<T, M> field(const char* name, M T::*member, const char* doc) {
 // How Python reads an enum field: by its name ("IN", "staged"), as the C++ reports print it.
 inline const char* field_name_of(Direction d) { return direction_name(d); }
 inline const char* field_name_of(UploadPath p) { return upload_path_name(p); }
+inline const char* field_name_of(DeviceLayout l) { return device_layout_name(l); }
 
 // One read-only property `name` over `member`: the value itself (a copy of a list, a view
 // of a registered class kept alive by its owner), or the name of an enum.
@@ -45,16 +46,29 @@ void def_field(py::class_<T>& c, const char* name, M T::*member, const char* doc
 
 // One read-only property per field of LIST, a public header's X(type, name, default, doc)
 // list (PINSTAGE_WORKER_STATS_FIELDS, ...), on `cls`, the py::class_ of the struct the list
-// builds: in list order, named as the members, the list's doc their docstrings. A field
-// added to the list reaches Python with no change here.
-#define PINSTAGE_PY_DEF_FIELDS(cls, LIST)                                         \
+// builds: in list order, named as the members, the list's doc their docstrings; and the
+// class attribute `_fields`, the names in list order (as a namedtuple's), which the tests
+// hold the .pyi stubs and the docs to. A field added to the list reaches Python with no
+// change here.
+#define PINSTAGE_PY_DEF_FIELDS(cls, LIST) \
+  PINSTAGE_PY_DEF_FIELDS_(cls, LIST(PINSTAGE_PY_DEF_FIELD_), {PINSTAGE_PY_FIELD_NAMES(LIST)})
+// The same for a list X(type, name, default, doc), COMPUTED(name, doc) (BindReport's), a
+// COMPUTED entry being a member function read as a property in its place.
+#define PINSTAGE_PY_DEF_FIELDS_COMPUTED(cls, LIST)                                      \
+  PINSTAGE_PY_DEF_FIELDS_(cls, LIST(PINSTAGE_PY_DEF_FIELD_, PINSTAGE_PY_DEF_COMPUTED_), \
+                          {LIST(PINSTAGE_PY_FIELD_NAME_, PINSTAGE_PY_COMPUTED_NAME_)})
+#define PINSTAGE_PY_DEF_FIELDS_(cls, DEFS, NAMES)                                 \
   do {                                                                            \
     auto& pinstage_fields_cls_ = (cls);                                           \
     using PinstageFieldsRecord_ = decltype(record_type_of(pinstage_fields_cls_)); \
-    LIST(PINSTAGE_PY_DEF_FIELD_)                                                  \
+    DEFS pinstage_fields_cls_.attr("_fields") =                                   \
+        py::tuple(py::cast(std::vector<std::string> NAMES));                      \
   } while (0)
 #define PINSTAGE_PY_DEF_FIELD_(type, name, value, doc) \
   ::pinstage::python::def_field(pinstage_fields_cls_, #name, &PinstageFieldsRecord_::name, doc);
+#define PINSTAGE_PY_DEF_COMPUTED_(name, doc) \
+  pinstage_fields_cls_.def_property_readonly(#name, &PinstageFieldsRecord_::name, doc);
+#define PINSTAGE_PY_COMPUTED_NAME_(name, doc) #name,
 // The field names of LIST, in order, for a braced list: {PINSTAGE_PY_FIELD_NAMES(LIST)}.
 #define PINSTAGE_PY_FIELD_NAMES(LIST) LIST(PINSTAGE_PY_FIELD_NAME_)
 #define PINSTAGE_PY_FIELD_NAME_(type, name, value, doc) #name,

@@ -478,45 +478,11 @@ void bind_tensor_bind_report(py::module_& m) {
       });
 }
 
-// The docstrings of BindReport's totals, by report_fields() key.
-constexpr std::pair<const char*, const char*> kBindReportDocs[] = {
-    {"total_seconds", "float: the whole bind."},
-    {"staging_seconds",
-     "float: every phase but execute (alloc, upload, verify, download, release): what staging "
-     "the arguments cost."},
-    {"upload_gbps", "float: uploaded bytes / upload phase time, in GB/s."},
-    {"download_gbps", "float: downloaded bytes / download phase time, in GB/s."},
-    {"layout", "str: 'arena' (one device allocation) or 'per_tensor'."},
-    {"device_bytes", "int: device memory the bind allocated."},
-    {"device_allocations", "int: device allocations the bind made."},
-    {"uploaded_count", "int: tensors uploaded."},
-    {"uploaded_bytes", "int: bytes uploaded."},
-    {"downloaded_count", "int: tensors downloaded."},
-    {"downloaded_bytes", "int: bytes downloaded."},
-    {"ring_count", "int: tensors that went through the staging ring."},
-    {"ring_bytes", "int: bytes that went through the staging ring."},
-    {"executed", "bool: the backend ran the task between upload and download."},
-    {"step", "int: a ResidentBinder step's number (1-based); 0 for a one-shot bind."},
-    {"stayed_count", "int: inputs that stayed on the device instead of being uploaded."},
-    {"stayed_bytes", "int: their bytes."},
-};
-
-// One read-only property per field of report_fields(BindReport), the library's one
-// serialiser, so Python names exactly the keys the CLI's JSON writes.
+// One read-only property per entry of PINSTAGE_BIND_REPORT_FIELDS, in its order, the
+// list's doc its docstring (the layout by its name), so Python names exactly the keys
+// report_fields, the CLI's JSON, writes.
 void def_bind_report_fields(py::class_<BindReport>& c) {
-  const ReportFields fields = report_fields(BindReport{});
-  for (size_t i = 0; i < fields.size(); ++i) {
-    const auto* doc = std::find_if(std::begin(kBindReportDocs), std::end(kBindReportDocs),
-                                   [&](const auto& d) { return fields[i].key == d.first; });
-    if (doc == std::end(kBindReportDocs))
-      throw Error(ErrorCode::internal, "BindReport." + fields[i].key + " has no docstring");
-    c.def_property_readonly(
-        doc->first,
-        [i](const BindReport& r) {
-          return std::visit([](const auto& v) { return py::cast(v); }, report_fields(r)[i].value);
-        },
-        doc->second);
-  }
+  PINSTAGE_PY_DEF_FIELDS_COMPUTED(c, PINSTAGE_BIND_REPORT_FIELDS);
 }
 
 // BindReport: the phases and totals of one bind or step.

@@ -399,44 +399,54 @@ std::optional<int> host_numa_node_arg(const py::handle& value) {
   return static_cast<int>(node);
 }
 
-// Worker()'s keywords, one row each: the key and how its value sets WorkerOptions. The
-// error for an unknown key lists them from here.
-struct WorkerKeyword {
-  const char* key;
-  void (*set)(WorkerOptions&, const py::handle&);
-};
-constexpr WorkerKeyword kWorkerKeywords[] = {
-    {"device_capacity_bytes",
-     [](WorkerOptions& o, const py::handle& v) {
-       o.device_capacity_bytes = non_negative(v, "device_capacity_bytes");
-     }},
-    {"host_cache_limit_bytes",
-     [](WorkerOptions& o, const py::handle& v) {
-       o.host_cache_limit_bytes = non_negative(v, "host_cache_limit_bytes");
-     }},
-    {"plugin_path",
-     [](WorkerOptions& o, const py::handle& v) {
-       o.plugin_path = path_arg(v, "Worker option plugin_path");
-     }},
-    {"config", [](WorkerOptions& o, const py::handle& v) { o.config = backend_config(v); }},
-    {"host_numa_node",
-     [](WorkerOptions& o, const py::handle& v) { o.host_numa_node = host_numa_node_arg(v); }},
-};
+// One Worker() keyword's value into its WorkerOptions field, by the field's type: counts
+// are ints >= 0, plugin_path a path, config a dict of str, host_numa_node an int or None.
+void assign(uint64_t& f, const char* key, const py::handle& v) { f = non_negative(v, key); }
+void assign(std::optional<uint64_t>& f, const char* key, const py::handle& v) {
+  f = non_negative(v, key);
+}
+void assign(std::string& f, const char*, const py::handle& v) {
+  f = path_arg(v, "Worker option plugin_path");  // the one str option
+}
+void assign(BackendConfig& f, const char*, const py::handle& v) { f = backend_config(v); }
+void assign(std::optional<int>& f, const char*, const py::handle& v) { f = host_numa_node_arg(v); }
+
+// Worker()'s keywords, from PINSTAGE_WORKER_OPTION_FIELDS in its order: "a, b, ...".
+std::string worker_option_keys() {
+  std::string keys;
+#define PINSTAGE_PY_WORKER_KEY_(type, name, value, doc) \
+  keys += (keys.empty() ? "" : ", ") + std::string(#name);
+  PINSTAGE_WORKER_OPTION_FIELDS(PINSTAGE_PY_WORKER_KEY_)
+#undef PINSTAGE_PY_WORKER_KEY_
+  return keys;
+}
+
+// "options: a (int), b (str), ...": each keyword with the type its doc starts with.
+std::string worker_options_doc() {
+  std::string out;
+#define PINSTAGE_PY_WORKER_DOC_(type, name, value, doc)                 \
+  out += std::string(out.empty() ? "options: " : ", ") + #name + " (" + \
+         std::string(doc).substr(0, std::string_view(doc).find(':')) + ")";
+  PINSTAGE_WORKER_OPTION_FIELDS(PINSTAGE_PY_WORKER_DOC_)
+#undef PINSTAGE_PY_WORKER_DOC_
+  return out + ".";
+}
 
 WorkerOptions parse_options(const py::kwargs& kwargs) {
   WorkerOptions options;
   for (auto item : kwargs) {
     const auto key = item.first.cast<std::string>();
-    const auto* row = std::find_if(std::begin(kWorkerKeywords), std::end(kWorkerKeywords),
-                                   [&](const WorkerKeyword& k) { return key == k.key; });
-    if (row == std::end(kWorkerKeywords)) {
-      std::string keys;
-      for (const WorkerKeyword& k : kWorkerKeywords)
-        keys += (keys.empty() ? "" : ", ") + std::string(k.key);
-      throw py::type_error("Worker() got an unexpected option '" + key + "' (options: " + keys +
-                           ")");
-    }
-    row->set(options, item.second);
+    bool known = false;
+#define PINSTAGE_PY_WORKER_SET_(type, name, value, doc) \
+  if (!known && key == #name) {                         \
+    assign(options.name, #name, item.second);           \
+    known = true;                                       \
+  }
+    PINSTAGE_WORKER_OPTION_FIELDS(PINSTAGE_PY_WORKER_SET_)
+#undef PINSTAGE_PY_WORKER_SET_
+    if (!known)
+      throw py::type_error("Worker() got an unexpected option '" + key +
+                           "' (options: " + worker_option_keys() + ")");
   }
   return options;
 }
@@ -641,9 +651,7 @@ void bind_worker_lifetime(py::class_<PyWorker>& c) {
         py::kw_only(), py::arg("initialize") = true,
         method_doc("__init__(level: str = 'chip', backend: str = 'sim', device_id: int = 0, "
                    "*, initialize: bool = True, **options: Any) -> None",
-                   "One device through a backend plugin. options: device_capacity_bytes "
-                   "(int), host_cache_limit_bytes (int), plugin_path (str), config "
-                   "(dict[str, str]), host_numa_node (int: place pinned memory there)."))
+                   "One device through a backend plugin. " + worker_options_doc()))
       .def("init", &init_worker,
            method_doc("init() -> None", "Loads the plugin and creates the context."))
       .def("finalize", &finalize_worker, py::arg("wait") = false, py::arg("timeout") = py::none(),
@@ -681,48 +689,19 @@ void bind_worker_lifetime(py::class_<PyWorker>& c) {
 
 namespace {
 
-// Worker.host_memory_stats(): torch's key names ("allocated_bytes.current", times in
-// microseconds) where torch has the figure, pinstage's own beside them.
-py::dict host_memory_stats_dict(const PyWorker& w) {
-  using S = HostMemoryStats;
-  static constexpr std::pair<const char*, uint64_t S::*> kCounts[] = {
-      {"allocated_bytes.current", &S::allocated_bytes},
-      {"allocated_bytes.peak", &S::allocated_bytes_peak},
-      {"allocation.current", &S::allocations},
-      {"allocation.peak", &S::allocations_peak},
-      {"reserved_bytes.current", &S::reserved_bytes},
-      {"reserved_bytes.peak", &S::reserved_bytes_peak},
-      {"segment.current", &S::segments},
-      {"segment.peak", &S::segments_peak},
-      {"num_host_alloc", &S::num_host_alloc},
-      {"num_host_free", &S::num_host_free},
-      {"cached_bytes.current", &S::cached_bytes},
-      {"pending_bytes.current", &S::pending_bytes},
-      {"pending_blocks.current", &S::pending_blocks},
-      {"num_hits", &S::hits},
-      {"num_misses", &S::misses},
-      {"cache_limit_bytes", &S::cache_limit_bytes}};
-  static constexpr std::pair<const char*, double S::*> kMicroseconds[] = {
-      {"host_alloc_time.total", &S::host_alloc_seconds},
-      {"host_free_time.total", &S::host_free_seconds},
-      {"alloc_time.total", &S::alloc_seconds},
-      {"free_time.total", &S::free_seconds}};
-  const S s = w.worker.host_memory_stats();
-  py::dict d;
-  for (const auto& [key, field] : kCounts) d[key] = s.*field;
-  for (const auto& [key, field] : kMicroseconds) d[key] = s.*field * 1e6;
-  return d;
-}
-
 // The Worker's memory figures, pinned allocation and fault injection.
 void def_worker_memory(py::class_<PyWorker>& c) {
   c.def(
        "stats", [](const PyWorker& w) { return w.worker.stats(); },
        method_doc("stats() -> WorkerStats", "Outstanding allocations."))
-      .def("host_memory_stats", &host_memory_stats_dict,
-           method_doc("host_memory_stats() -> dict[str, int | float]",
-                      "The pinned memory pool's figures, keyed as torch's "
-                      "host_memory_stats() where it has the figure (docs/worker.md)."))
+      .def(
+          "host_memory_stats",
+          [](const PyWorker& w) {
+            return fields_dict(report_fields(w.worker.host_memory_stats()));
+          },
+          method_doc("host_memory_stats() -> dict[str, int | float]",
+                     "The pinned memory pool's figures, keyed as torch's "
+                     "host_memory_stats() where it has the figure (docs/worker.md)."))
       .def(
           "empty_cache", [](PyWorker& w) { return w.worker.empty_cache(); },
           method_doc("empty_cache() -> int",

@@ -82,23 +82,11 @@ ReportFields phase_fields(const std::array<double, kBindPhaseCount>& phase_secon
 }
 
 ReportFields report_fields(const BindReport& r) {
-  return {{"total_seconds", r.total_seconds},
-          {"staging_seconds", r.staging_seconds()},
-          {"upload_gbps", r.upload_gbps()},
-          {"download_gbps", r.download_gbps()},
-          {"layout", std::string(device_layout_name(r.layout))},
-          {"device_bytes", r.device_bytes},
-          {"device_allocations", uint64_t{r.device_allocations}},
-          {"uploaded_count", uint64_t{r.uploaded_count}},
-          {"uploaded_bytes", r.uploaded_bytes},
-          {"downloaded_count", uint64_t{r.downloaded_count}},
-          {"downloaded_bytes", r.downloaded_bytes},
-          {"ring_count", uint64_t{r.ring_count}},
-          {"ring_bytes", r.ring_bytes},
-          {"executed", r.executed},
-          {"step", int64_t{r.step}},
-          {"stayed_count", uint64_t{r.stayed_count}},
-          {"stayed_bytes", r.stayed_bytes}};
+  ReportFields fields;
+#define PINSTAGE_BIND_COMPUTED_(name, doc) fields.push_back({#name, r.name()});
+  PINSTAGE_BIND_REPORT_FIELDS(PINSTAGE_REPORT_FIELD, PINSTAGE_BIND_COMPUTED_)
+#undef PINSTAGE_BIND_COMPUTED_
+  return fields;
 }
 
 std::string BindReport::summary() const {

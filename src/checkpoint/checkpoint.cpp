@@ -476,38 +476,12 @@ size_t save_sharded_checkpoint(const TaskArgs& args, const std::string& dir, uin
 }
 
 ReportFields report_fields(const LoadReport& r) {
-  ReportFields fields{{"bytes", r.bytes},
-                      {"tensors", uint64_t{r.tensors}},
-                      {"files", uint64_t{r.files}},
-                      {"threads", int64_t{r.threads}},
-                      {"chunk_bytes", r.chunk_bytes},
-                      {"total_s", r.total_s},
-                      {"total_gbps", r.gbps(r.total_s)},
-                      {"alloc_s", r.alloc_s},
-                      {"read_s", r.read_s},
-                      {"read_gbps", r.gbps(r.read_s)},
-                      {"verify_s", r.verify_s},
-                      {"upload_s", r.upload_s},
-                      {"overlap", r.overlap},
-                      {"ring_pinned_bytes", r.ring_pinned_bytes},
-                      {"peak_pinned_bytes", r.peak_pinned_bytes},
-                      {"direct", r.direct},
-                      {"direct_note", r.direct_note},
-                      {"verified", r.verified},
-                      {"unverified", uint64_t{r.unverified}},
-                      {"verify_readback_bytes", r.verify_readback_bytes},
-                      {"mode", r.mode},
-                      {"map_s", r.map_s},
-                      {"pin_s", r.pin_s},
-                      {"map_note", r.map_note},
-                      {"host_pages", r.host_pages},
-                      {"map_folio_source", r.map_folio_source},
-                      {"map_folios", r.map_folios},
-                      {"map_huge_bytes", r.map_huge_bytes}};
+  ReportFields fields;
+#define PINSTAGE_LOAD_RATE_(name, seconds, doc) fields.push_back({#name, r.gbps(r.seconds)});
+  PINSTAGE_LOAD_REPORT_FIELDS(PINSTAGE_REPORT_FIELD, PINSTAGE_LOAD_RATE_)
+#undef PINSTAGE_LOAD_RATE_
   if (!r.device_first_touch_reason.empty()) {
-    fields.push_back({"device_first_touch_bytes", r.device_first_touch_bytes});
-    fields.push_back({"device_first_touch_s", r.device_first_touch_s});
-    fields.push_back({"device_first_touch_reason", r.device_first_touch_reason});
+    PINSTAGE_LOAD_REPORT_FIRST_TOUCH_FIELDS(PINSTAGE_REPORT_FIELD)
   }
   return fields;
 }

@@ -16,6 +16,17 @@ def stub_tree():
     return ast.parse(STUB.read_text())
 
 
+def stub_only(node):
+    """A typing helper the stub alone has (a TypedDict of keywords: _WorkerOptions, ...)."""
+    return isinstance(node, ast.ClassDef) and any(
+        isinstance(b, ast.Name) and b.id == "TypedDict" for b in node.bases)
+
+
+def runtime_nodes():
+    """The stub's top-level statements, less its stub-only typing helpers."""
+    return [node for node in stub_tree().body if not stub_only(node)]
+
+
 def public(names):
     return {n for n in names if not n.startswith("_") or n in ("__dlpack__", "__version__")}
 
@@ -26,7 +37,7 @@ def test_py_typed_ships_with_the_package():
 
 def test_every_public_name_is_stubbed_and_exists():
     tree = stub_tree()
-    stubbed = {node.name for node in tree.body
+    stubbed = {node.name for node in runtime_nodes()
                if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
     stubbed |= {t.target.id for t in tree.body if isinstance(t, ast.AnnAssign)}
     stubbed |= {a.asname or a.name for t in tree.body if isinstance(t, ast.ImportFrom)
@@ -38,7 +49,7 @@ def test_every_public_name_is_stubbed_and_exists():
 
 
 def test_class_members_match():
-    for node in stub_tree().body:
+    for node in runtime_nodes():
         if not isinstance(node, ast.ClassDef) or issubclass(getattr(pinstage, node.name),
                                                             BaseException):
             continue
@@ -59,7 +70,7 @@ def test_class_members_match():
 def stub_targets():
     """(stub node, runtime object) for every stubbed function and method (not
     properties)."""
-    for node in stub_tree().body:
+    for node in runtime_nodes():
         if isinstance(node, ast.FunctionDef):
             yield node, getattr(pinstage, node.name)
         elif isinstance(node, ast.ClassDef):
@@ -157,7 +168,7 @@ def test_property_docs_start_with_the_stubs_type():
     """help() shows each C++ property's Python type: its docstring starts with the type
     the stub gives ("int: pinned host bytes held.")."""
     checked = 0
-    for node in stub_tree().body:
+    for node in runtime_nodes():
         if not isinstance(node, ast.ClassDef):
             continue
         cls = getattr(pinstage, node.name)
@@ -177,3 +188,47 @@ def test_property_docs_start_with_the_stubs_type():
             assert doc.startswith(ast.unparse(annotation) + ": "), (node.name, name, doc)
             checked += 1
     assert checked > 60
+
+
+def field_list_classes():
+    """(stub class, runtime class) of every class whose properties a header's field list
+    makes (PINSTAGE_PY_DEF_FIELDS gives it `_fields`, the list's names in order)."""
+    for node in runtime_nodes():
+        if isinstance(node, ast.ClassDef) and "_fields" in vars(getattr(pinstage, node.name)):
+            yield node, getattr(pinstage, node.name)
+
+
+def stub_members(node):
+    """The names a stub class declares, attributes and properties, in order."""
+    out = []
+    for item in node.body:
+        if isinstance(item, ast.AnnAssign):
+            out.append(item.target.id)
+        elif isinstance(item, ast.FunctionDef) and any(
+                isinstance(d, ast.Name) and d.id == "property" for d in item.decorator_list):
+            out.append(item.name)
+    return out
+
+
+def test_field_list_classes_are_stubbed_in_list_order():
+    """Each field list's class declares its fields first in the stub, in the list's order,
+    so a field added to a list (WorkerStats, TensorBindReport, ...) and not to the .pyi, or
+    stubbed out of order, fails here."""
+    seen = []
+    for node, cls in field_list_classes():
+        fields = list(cls._fields)
+        assert stub_members(node)[:len(fields)] == fields, (node.name, fields)
+        seen.append(node.name)
+    assert {"WorkerStats", "TensorBindReport", "GroupBindReport", "SceneRound", "SceneReport",
+            "TensorComparison", "Comparison"} <= set(seen), seen
+
+
+def test_option_keywords_are_stubbed_as_their_lists():
+    """_WorkerOptions and _BindOptions, the stub's types of **options, hold one key per
+    field of PINSTAGE_WORKER_OPTION_FIELDS and PINSTAGE_BIND_OPTION_FIELDS, in order: a
+    field added to either list and not to the stub fails here."""
+    lists = pinstage._pinstage._field_lists()
+    typed = {node.name: stub_members(node) for node in stub_tree().body if stub_only(node)}
+    assert typed["_WorkerOptions"] == lists["PINSTAGE_WORKER_OPTION_FIELDS"]
+    assert typed["_BindOptions"] == ["execute" if k == "execute_callable" else k
+                                     for k in lists["PINSTAGE_BIND_OPTION_FIELDS"]]

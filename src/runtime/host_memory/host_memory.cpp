@@ -5,6 +5,7 @@
 // segment, releasing one) run outside the worker's lock.
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "pinstage/clock.h"
@@ -296,6 +297,18 @@ HostMemoryStats Worker::host_memory_stats() const {
   HostMemoryStats stats = state_->host.stats();
   stats.cache_limit_bytes = state_->host_cache_limit;
   return stats;
+}
+
+ReportFields report_fields(const HostMemoryStats& s) {
+  ReportFields fields;
+#define PINSTAGE_HOST_STAT_(type, name, value, key, doc)                             \
+  if constexpr (std::is_floating_point_v<type>)                                      \
+    fields.push_back({key, s.name * 1e6}); /* seconds, in microseconds as torch's */ \
+  else                                                                               \
+    fields.push_back({key, report_value(s.name)});
+  PINSTAGE_HOST_MEMORY_STATS_FIELDS(PINSTAGE_HOST_STAT_)
+#undef PINSTAGE_HOST_STAT_
+  return fields;
 }
 
 uint64_t Worker::trim_host_cache(uint64_t bytes) {
