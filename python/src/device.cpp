@@ -447,7 +447,8 @@ void bind_device_buffer(py::module_& m) {
             return py::make_tuple(device.device_type, device.device_id);
           },
           method_doc("__dlpack_device__() -> tuple[int, int]",
-                     "(kDLCPU, 0) on sim, (kDLCUDA, id) on cuda, (kDLExtDev, id) on acl."))
+                     "As the backend describes itself (pinstage.backends()): (kDLCPU, 0) on "
+                     "sim, (kDLCUDA, id) on cuda, (kDLExtDev, id) on acl."))
       .def("as_tensor", &device_as_tensor, py::arg("dtype"), py::arg("shape"),
            method_doc("as_tensor(dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor",
                       "The first bytes of the buffer as a torch tensor of dtype and shape on "
