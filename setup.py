@@ -100,6 +100,9 @@ class CMakeBuild(build_ext):
         shutil.copy2(extension, out / extension.name)
         for lib in sorted((build / "lib").glob("libpinstage*.so*")):
             shutil.copy2(lib, out / lib.name, follow_symlinks=True)
+        # Each plugin's description (pinstage_add_backend) goes with it: pinstage.backends().
+        for description in sorted((build / "lib").glob("libpinstage_backend_*.backend")):
+            shutil.copy2(description, out / description.name)
         # The CLI beside the libraries (RUNPATH $ORIGIN): the `pinstage` command runs it.
         shutil.copy2(build / "bin" / "pinstage", out / "pinstage-cli")
 

@@ -89,6 +89,24 @@ PINSTAGE_API std::string default_backend_path(const std::string& backend);
 // Every libpinstage_backend_*.so in that plugin folder, sorted by path.
 PINSTAGE_API std::vector<std::string> discover_backends();
 
+// A backend as it describes itself, once: pinstage_add_backend (cmake/pinstage.cmake) writes
+// libpinstage_backend_<name>.backend beside its plugin. Python (pinstage.backends(), device=
+// strings, DLPack) and the CLI (--backend) read it (docs/design/plugin-abi.md).
+struct BackendDescription {
+  std::string name;            // "cuda": what Worker::init takes, Python's device= spelling
+  int dlpack_device_type = 0;  // DLPack DLDeviceType of its device memory (1 kDLCPU, 2 kDLCUDA)
+  std::string torch_device;    // torch.device type over that memory ("cuda"); "" = none
+  std::string plugin_path;     // the plugin it describes
+};
+
+// Every described backend of the plugin folder (a .backend file beside each plugin), sorted
+// by name; a plugin with no description is not listed. Read once per process.
+// Error(io) naming the file, the line and the fix when a description is malformed.
+PINSTAGE_API const std::vector<BackendDescription>& described_backends();
+// The description of the plugin at `plugin_path` (read beside it, once per path).
+// Error(not_found) when it has none, Error(io) as above.
+PINSTAGE_API const BackendDescription& describe_plugin(const std::string& plugin_path);
+
 // The loaded plugin.
 struct BackendInfo {
   std::string name;

@@ -12,6 +12,7 @@ import sys as _sys
 from . import _pinstage
 from ._pinstage import __version__ as _pinstage_version
 from ._pinstage import (  # noqa: F401
+    BackendDescription,
     Binder,
     ResidentBinder,
     BindError,
@@ -35,6 +36,7 @@ from ._pinstage import (  # noqa: F401
     TpPlan,
     Worker,
     WorkerStats,
+    backends,
     devices,
     error_code_names,
     parse_device_list,
@@ -115,5 +117,5 @@ __all__ = [
     "SafeSlice", "TpPlan", "tp_part", "load_tp", "TpLoad", "DeviceInfo", "devices",
     "WorkerGroup", "GroupBindReport", "load_to_devices", "TpDeviceLoad", "parse_device_list",
     "split_threads", "PendingTensor", "DeviceLoad", "ReadOnlyTensor", "ReadOnlyError",
-    "iter_tensors",
+    "iter_tensors", "BackendDescription", "backends",
 ]

@@ -61,6 +61,13 @@ class DeviceInfo:
     usable: bool
     reason: str
 
+class BackendDescription:
+    name: str
+    dlpack_device_type: int
+    torch_device: str
+    plugin_path: str
+
+def backends() -> list[BackendDescription]: ...
 def devices(backend: str = "sim", **options: Unpack[_WorkerOptions]) -> list[DeviceInfo]: ...
 def parse_device_list(text: str, devices: list[DeviceInfo]) -> list[int]: ...
 def split_threads(total: int, devices: int) -> list[int]: ...

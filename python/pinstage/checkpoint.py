@@ -556,9 +556,11 @@ def _into(into, checkpoint, who):
     return names, [into[n] for n in names]
 
 
-# device= spellings are the backend names Worker(backend=) takes, and only those: Ascend's
-# is "acl" everywhere (torch_npu's "npu" is refused with that hint, as Worker refuses it).
-_DEVICE_BACKENDS = {"sim": "sim", "cuda": "cuda", "acl": "acl"}
+# device= spellings are the backend names Worker(backend=) takes, and only those: every
+# backend as it describes itself (pinstage.backends()). Ascend's is "acl" everywhere
+# (torch_npu's "npu" is refused with that hint, as Worker refuses it).
+def _device_backends():
+    return [b.name for b in _pinstage.backends()]
 
 
 def _device(device, worker, who):
@@ -571,14 +573,15 @@ def _device(device, worker, who):
     if device == "cpu":
         return None
     kind, sep, index = device.partition(":")
-    forms = "'cpu', or TYPE[:INDEX] with TYPE one of " + ", ".join(_DEVICE_BACKENDS)
+    backends = _device_backends()
+    forms = "'cpu', or TYPE[:INDEX] with TYPE one of " + ", ".join(backends)
     if kind == "npu":
         forms = "pinstage's backend for Ascend NPUs is 'acl' (torch_npu's 'npu' is not a " \
                 f"pinstage name): pass device='acl{sep}{index}'"
-    if kind not in _DEVICE_BACKENDS or (sep and not (index.isdigit() and index.isascii())):
+    if kind not in backends or (sep and not (index.isdigit() and index.isascii())):
         raise InvalidArgumentError(f"{who}(): device {device!r} is not a device: {forms} "
                                    "(e.g. 'cuda:1')")
-    backend, device_id = _DEVICE_BACKENDS[kind], int(index) if sep else 0
+    backend, device_id = kind, int(index) if sep else 0
     if (worker.backend, worker.device_id) != (backend, device_id):
         raise InvalidArgumentError(
             f"{who}(): device {device!r} is backend {backend!r} device {device_id}, but the "

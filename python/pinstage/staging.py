@@ -74,8 +74,8 @@ def to_device(self, tensor, non_blocking=False):
     who = "Worker.to_device"
     host = _host_tensor(tensor, who)
     _check_dtype(host.dtype, who)  # named as this call, not the allocator it uses
-    if self.initialized and self.backend == "acl":  # refused before anything is copied
-        raise _unsupported(who)
+    if self.initialized:  # refused before anything is copied (acl: torch cannot import it)
+        self._require_torch_device(who)
     alloc = PinnedTorchAllocator(self)
     pinned = host if alloc.is_pinned(host) else alloc.copy(host)
     nbytes = host.numel() * host.element_size()
@@ -109,15 +109,6 @@ def to_host(self, tensor, non_blocking=False):
     event = self._download(tensor.data_ptr(), nbytes, host)
     pending = PendingTensor(event or _Done(), lambda: host)
     return pending if non_blocking else pending.wait()
-
-
-def _unsupported(who):
-    from ._pinstage import Error
-    error = Error(f"{who}: acl device memory is DLPack kDLExtDev, which torch cannot import; "
-                  "stage it as pinned host memory for torch_npu, or use DeviceBuffer.device_ptr "
-                  "(docs/acl.md, \"torch_npu\")")
-    error.code = "unsupported"
-    return error
 
 
 class _Done:

@@ -281,42 +281,63 @@ void hold_streams(PyWorker& w, bool hold) {
     throw Error(ErrorCode::backend, "Worker._hold_streams: sim.hold_streams failed");
 }
 
-// The DLPack device of the buffer's memory: sim's device memory is host RAM (kDLCPU),
-// cuda's is kDLCUDA and acl's kDLExtDev (DLPack names no Ascend NPU), with the worker's
-// device id.
+// The worker's backend as it describes itself (pinstage_add_backend, Note [Backend
+// descriptions]): the one source of the DLPack and torch device of its memory.
+const BackendDescription& description_of(const Worker& w) {
+  return describe_plugin(w.backend().path);
+}
+
+// DLPack's name of a device type (dlpack.h), for messages.
+std::string dlpack_type_name(int type) {
+  switch (type) {
+    case kDLCPU:
+      return "kDLCPU";
+    case kDLCUDA:
+      return "kDLCUDA";
+    case kDLCUDAHost:
+      return "kDLCUDAHost";
+    case kDLExtDev:
+      return "kDLExtDev";
+    default:
+      return "device type " + std::to_string(type);
+  }
+}
+
+// The DLPack device of the worker's device memory, as its backend describes it: with
+// device id 0 where that memory is host RAM (kDLCPU: sim), else the worker's device id.
 DLDevice dlpack_device_of(const Worker& w) {
-  if (w.capabilities().device_memory_is_host) return DLDevice{kDLCPU, 0};
-  const std::string& name = w.backend().name;
-  if (name == "cuda") return DLDevice{kDLCUDA, w.device_id()};
-  if (name == "acl") return DLDevice{kDLExtDev, w.device_id()};
-  throw py::buffer_error("device memory of backend '" + name +
-                         "' has no DLPack device type pinstage knows");
+  const auto type = static_cast<DLDeviceType>(description_of(w).dlpack_device_type);
+  return DLDevice{type, type == kDLCPU ? 0 : w.device_id()};
+}
+
+// Refuses a typed torch view where the backend's description has no torch device: torch
+// cannot import that memory (acl's kDLExtDev: docs/acl.md, "torch_npu").
+void require_torch_device(const Worker& w, const std::string& who) {
+  const BackendDescription& b = description_of(w);
+  if (b.torch_device.empty())
+    throw Error(ErrorCode::unsupported,
+                who + ": " + b.name + " device memory is DLPack " +
+                    dlpack_type_name(b.dlpack_device_type) +
+                    ", which torch cannot import; use its device_ptr with the vendor's torch "
+                    "extension or copy it to the host (docs/acl.md, \"torch_npu\")");
 }
 
 // A torch tensor of `dtype` and `shape` over the first bytes of a uint8 DLPack export
 // (no copy): the export counts one view of its holder for as long as the tensor's storage
-// lives. Refused on acl: torch has no DLPack device for an Ascend NPU (docs/acl.md,
-// "torch_npu").
-py::object typed_tensor(const py::capsule& flat_export, const DLDevice& device,
-                        const py::object& dtype, const py::object& shape, const std::string& who) {
-  if (device.device_type == kDLExtDev)
-    throw Error(ErrorCode::unsupported,
-                who +
-                    ": acl device memory is DLPack kDLExtDev, which torch cannot import; "
-                    "use its device_ptr with torch_npu or copy it to the host (docs/acl.md, "
-                    "\"torch_npu\")");
+// lives.
+py::object typed_tensor(const py::capsule& flat_export, const py::object& dtype,
+                        const py::object& shape) {
   py::object torch = py::module_::import("torch");
   return torch.attr("from_dlpack")(flat_export).attr("view")(dtype).attr("view")(shape);
 }
 
-// A tensor of no bytes shares no memory: a fresh empty one on the same device. (An export of
-// a null data pointer, which a 0-byte device tensor has, is never released by torch.)
-py::object empty_tensor(const DLDevice& device, const py::object& dtype, const py::object& shape,
-                        const std::string& who) {
-  if (device.device_type == kDLExtDev)
-    return typed_tensor(py::capsule(), device, dtype, shape, who);
-  const std::string where =
-      device.device_type == kDLCUDA ? "cuda:" + std::to_string(device.device_id) : "cpu";
+// A tensor of no bytes shares no memory: a fresh empty one on the worker's torch device
+// (its description's type, with the device id unless it is host RAM). (An export of a null
+// data pointer, which a 0-byte device tensor has, is never released by torch.)
+py::object empty_tensor(const Worker& w, const py::object& dtype, const py::object& shape) {
+  const DLDevice device = dlpack_device_of(w);
+  std::string where = description_of(w).torch_device;
+  if (device.device_type != kDLCPU) where += ":" + std::to_string(device.device_id);
   return py::module_::import("torch").attr("empty")(shape, py::arg("dtype") = dtype,
                                                     py::arg("device") = where);
 }
@@ -390,11 +411,12 @@ py::object device_as_tensor(py::object self, const py::object& dtype, const py::
   if (d.pending > 0)
     throw py::buffer_error(who + ": " + std::to_string(d.pending) +
                            " async copy(ies) to or from it are pending; wait() them first");
-  const DLDevice device = dlpack_device_of(d.worker->worker);
-  if (bytes == 0) return empty_tensor(device, dtype, shape, who);
-  py::capsule flat = export_dlpack(self, &d, d.buffer.data(), DLDataType{kDLUInt, 8, 1},
-                                   {static_cast<int64_t>(bytes)}, device);
-  return typed_tensor(flat, device, dtype, shape, who);
+  require_torch_device(d.worker->worker, who);
+  if (bytes == 0) return empty_tensor(d.worker->worker, dtype, shape);
+  py::capsule flat =
+      export_dlpack(self, &d, d.buffer.data(), DLDataType{kDLUInt, 8, 1},
+                    {static_cast<int64_t>(bytes)}, dlpack_device_of(d.worker->worker));
+  return typed_tensor(flat, dtype, shape);
 }
 
 // DeviceBuffer: a worker's device memory.
@@ -425,7 +447,8 @@ void bind_device_buffer(py::module_& m) {
             return py::make_tuple(device.device_type, device.device_id);
           },
           method_doc("__dlpack_device__() -> tuple[int, int]",
-                     "(kDLCPU, 0) on sim, (kDLCUDA, id) on cuda, (kDLExtDev, id) on acl."))
+                     "As the backend describes itself (pinstage.backends()): (kDLCPU, 0) on "
+                     "sim, (kDLCUDA, id) on cuda, (kDLExtDev, id) on acl."))
       .def("as_tensor", &device_as_tensor, py::arg("dtype"), py::arg("shape"),
            method_doc("as_tensor(dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor",
                       "The first bytes of the buffer as a torch tensor of dtype and shape on "
@@ -514,7 +537,15 @@ void bind_worker_copies(py::module_& m) {
                       "Worker.to_host's copy: device memory at address into host (pinned)."))
       .def("_hold_streams", &hold_streams, py::arg("hold"),
            method_doc("_hold_streams(hold: bool) -> None",
-                      "Tests, sim only: while held, queued copies wait (sim.hold_streams)."));
+                      "Tests, sim only: while held, queued copies wait (sim.hold_streams)."))
+      .def(
+          "_require_torch_device",
+          [](const PyWorker& w, const std::string& who) { require_torch_device(w.worker, who); },
+          py::arg("who"),
+          method_doc("_require_torch_device(who: str) -> None",
+                     "to_device's check: Error(unsupported) naming `who` where torch cannot "
+                     "import the backend's device memory (its description has no torch "
+                     "device)."));
 }
 
 const DeviceTensor& load_tensor(const PyDeviceLoad& d, const std::string& name,
@@ -533,16 +564,17 @@ py::object load_tensor_view(py::object self, const std::string& name) {
   const DeviceTensor& t = load_tensor(d, name, who);
   if (t.info.bytes > 0 && !t.buffer.valid())
     throw Error(ErrorCode::finalized, who + ": the worker was finalized; its memory is gone");
-  const DLDevice device = dlpack_device_of(d.worker->worker);
   const py::object dtype =
       py::module_::import("pinstage.checkpoint").attr("_torch_dtype")(t.info.dtype, name);
   const py::tuple shape(py::cast(t.info.shape));
-  if (t.info.bytes == 0) return empty_tensor(device, dtype, shape, who);
+  require_torch_device(d.worker->worker, who);
+  if (t.info.bytes == 0) return empty_tensor(d.worker->worker, dtype, shape);
   DLPackRequest request;
   request.label = name;
   py::capsule flat = export_dlpack(self, &d, t.buffer.data(), DLDataType{kDLUInt, 8, 1},
-                                   {static_cast<int64_t>(t.info.bytes)}, device, request);
-  return typed_tensor(flat, device, dtype, shape, who);
+                                   {static_cast<int64_t>(t.info.bytes)},
+                                   dlpack_device_of(d.worker->worker), request);
+  return typed_tensor(flat, dtype, shape);
 }
 
 // Worker._download(address, nbytes, host): queues the copy of [address, address + nbytes)

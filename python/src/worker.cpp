@@ -618,6 +618,23 @@ void bind_info(py::module_& m) {
             "int: the host NUMA node nearest the device; -1 = unknown."),
       field("usable", &DeviceInfo::usable, "bool: a worker can use it now."),
       field("reason", &DeviceInfo::reason, "str: why not usable; '' when usable."));
+  def_record(
+      py::class_<BackendDescription>(
+          m, "BackendDescription",
+          "A backend as its pinstage_add_backend call describes it (docs/python.md)."),
+      field("name", &BackendDescription::name,
+            "str: 'cuda': Worker(backend=) and the device= spelling ('cuda:1')."),
+      field("dlpack_device_type", &BackendDescription::dlpack_device_type,
+            "int: DLPack's device type of its device memory (1 kDLCPU, 2 kDLCUDA, 12 "
+            "kDLExtDev)."),
+      field("torch_device", &BackendDescription::torch_device,
+            "str: the torch.device type of a tensor over that memory ('cpu', 'cuda'); '' "
+            "when torch cannot import it."),
+      field("plugin_path", &BackendDescription::plugin_path, "str: the plugin it describes."));
+  m.def(
+      "backends", [] { return described_backends(); },
+      function_doc("backends() -> list[BackendDescription]",
+                   "Every backend built here, as it describes itself, sorted by name."));
   m.def(
       "devices",
       [](const std::string& backend, const py::kwargs& kwargs) {

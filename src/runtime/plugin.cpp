@@ -22,20 +22,16 @@ std::string library_dir() {
   return std::filesystem::weakly_canonical(info.dli_fname).parent_path().string();
 }
 
-namespace {
-
 // The plugins' folder: <library_dir>/pinstage when it exists (the installed layout,
 // cmake/install.cmake and docs/install.md), else library_dir() itself (the build tree).
-std::filesystem::path plugin_dir() {
+std::filesystem::path runtime::plugin_dir() {
   const std::filesystem::path lib = library_dir();
   std::error_code ec;
   return std::filesystem::is_directory(lib / "pinstage", ec) ? lib / "pinstage" : lib;
 }
 
-}  // namespace
-
 std::string default_backend_path(const std::string& backend) {
-  return (plugin_dir() / ("libpinstage_backend_" + backend + ".so")).string();
+  return (runtime::plugin_dir() / ("libpinstage_backend_" + backend + ".so")).string();
 }
 
 namespace runtime {
@@ -138,7 +134,7 @@ BackendInfo load_backend(const std::string& backend, const std::string& path) {
 
 std::vector<std::string> discover_backends() {
   std::vector<std::string> found;
-  for (const auto& entry : std::filesystem::directory_iterator(plugin_dir())) {
+  for (const auto& entry : std::filesystem::directory_iterator(runtime::plugin_dir())) {
     const std::string name = entry.path().filename().string();
     if (name.starts_with("libpinstage_backend_") && name.ends_with(".so"))
       found.push_back(entry.path().string());

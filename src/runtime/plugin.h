@@ -3,6 +3,7 @@
 // as libcudart, is not meant to be torn down and reloaded under live threads).
 #pragma once
 
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,9 @@ struct Plugin {
 // the backend, the path and the reason when the file is missing, has no entry symbol, a
 // wrong api_version or missing slots (a failed load is not cached).
 const Plugin& acquire_plugin(const std::string& backend, const std::string& path);
+
+// The folder the plugins (and their descriptions) are looked for in.
+std::filesystem::path plugin_dir();
 
 // The plugin WorkerOptions::plugin_path names, or the default one for `backend`.
 const Plugin& acquire_plugin(const std::string& backend, const WorkerOptions& options);

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "numa_test_util.h"
@@ -491,6 +493,28 @@ TEST(ConformanceAbi, CapabilitiesMatchTheSlots) {
   // no_device_ops.cpp covers a backend without them).
   EXPECT_NE(api.copy_d2d_async, nullptr);
   EXPECT_NE(api.memset_async, nullptr);
+}
+
+// The description pinstage_add_backend wrote (what Python and the CLI read) is this
+// backend's, and says of its memory what the plugin says: DLPack kDLCPU, as a torch CPU
+// tensor, exactly where device memory is host RAM.
+TEST(ConformanceDescription, TheBackendDescribesItselfAsItIs) {
+  const std::vector<BackendDescription>& all = described_backends();
+  const auto it = std::find_if(all.begin(), all.end(),
+                               [](const BackendDescription& b) { return b.name == kBackend; });
+  ASSERT_NE(it, all.end()) << kBackend << " is not among the described backends";
+  EXPECT_EQ(std::filesystem::weakly_canonical(it->plugin_path),
+            std::filesystem::weakly_canonical(default_backend_path(kBackend)));
+  const BackendDescription& one = describe_plugin(default_backend_path(kBackend));
+  EXPECT_EQ(&one, &describe_plugin(default_backend_path(kBackend)));  // read once
+  EXPECT_EQ(std::tie(one.name, one.dlpack_device_type, one.torch_device),
+            std::tie(it->name, it->dlpack_device_type, it->torch_device));
+  Worker worker;
+  worker.init(kBackend);
+  EXPECT_EQ(worker.backend().name, it->name);  // the plugin table's name
+  constexpr int kDLCPU = 1;                    // DLPack's DLDeviceType
+  EXPECT_EQ(it->dlpack_device_type == kDLCPU, worker.capabilities().device_memory_is_host);
+  EXPECT_EQ(it->torch_device == "cpu", it->dlpack_device_type == kDLCPU);
 }
 
 }  // namespace

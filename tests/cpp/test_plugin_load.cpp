@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "pinstage/backend/slot.h"
 #include "pinstage/worker.h"
+#include "temp_dir_test_util.h"
 
 namespace pinstage {
 namespace {
@@ -32,6 +34,10 @@ std::string init_error(const std::string& backend, const std::string& path) {
 }
 
 const std::string kDir = PINSTAGE_TEST_PLUGIN_DIR;
+
+void expect_has(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
+}
 
 TEST(PluginLoad, MissingFile) {
   const std::string msg = init_error("ghost", kDir + "/libghost.so");
@@ -157,6 +163,71 @@ TEST(PluginLoad, SimIsFoundAndReportsItsVersion) {
   EXPECT_EQ(worker.backend().path, default_backend_path("sim"));
   const auto found = discover_backends();
   EXPECT_NE(std::find(found.begin(), found.end(), default_backend_path("sim")), found.end());
+}
+
+// A backend's description (Note [Backend descriptions]) is read strictly: every malformed
+// file is Error(io) naming the file, the line where there is one, and what is wrong.
+class BackendDescriptionFile : public test::TempDirTest {
+ protected:
+  BackendDescriptionFile() : TempDirTest("description") {}
+  // describe_plugin's error for a plugin `name` whose description is `text`.
+  std::string error_for(const std::string& text, const std::string& name = "demo") {
+    const std::string plugin = path("libpinstage_backend_" + name + ".so");
+    std::ofstream(path("libpinstage_backend_" + name + ".backend")) << text;
+    try {
+      describe_plugin(plugin);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::io) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path("libpinstage_backend_" + name + ".backend")),
+                std::string::npos)
+          << e.what();
+      return e.what();
+    }
+    ADD_FAILURE() << "accepted: " << text;
+    return {};
+  }
+};
+
+TEST_F(BackendDescriptionFile, AWellFormedOneIsReadAsWritten) {
+  std::ofstream(path("libpinstage_backend_ok.backend"))
+      << "# comment\n\nname=ok\ndlpack_device_type=12\ntorch_device=\n";
+  const BackendDescription& d = describe_plugin(path("libpinstage_backend_ok.so"));
+  EXPECT_EQ(d.name, "ok");
+  EXPECT_EQ(d.dlpack_device_type, 12);
+  EXPECT_EQ(d.torch_device, "");
+  EXPECT_EQ(d.plugin_path, path("libpinstage_backend_ok.so"));
+}
+
+TEST_F(BackendDescriptionFile, EveryMalformedOneIsRefusedSayingWhy) {
+  const std::string good_rest = "dlpack_device_type=2\ntorch_device=cuda\n";
+  expect_has(error_for("name=demo\nname=demo\n" + good_rest), (":2: key 'name' is given twice"));
+  expect_has(error_for("name=demo\ncolour=red\n" + good_rest),
+             (":2: unknown key 'colour' (keys: name, dlpack_device_type"));
+  expect_has(error_for("name demo\n" + good_rest), (":1: 'name demo' is not KEY=VALUE"));
+  expect_has(error_for("name=demo\ntorch_device=cuda\n"), ("it has no dlpack_device_type line"));
+  expect_has(error_for("name=demo\ndlpack_device_type=two\ntorch_device=cuda\n"),
+             ("dlpack_device_type"));
+  expect_has(error_for("name=demo\ndlpack_device_type=0\ntorch_device=cuda\n"),
+             ("DLPack's DLDeviceType"));
+  expect_has(error_for("name=demo\ndlpack_device_type=2\ntorch_device=CUDA:0\n"),
+             ("torch_device 'CUDA:0' is not a torch device type"));
+  expect_has(error_for("name=other\n" + good_rest),
+             ("it names backend 'other', but its plugin is "
+              "libpinstage_backend_demo.so (backend 'demo')"));
+  expect_has(error_for("name=Bad-Name\n" + good_rest, "Bad-Name"),
+             ("name 'Bad-Name' is not a backend name"));
+  // Every message says where the file comes from and what to do.
+  expect_has(error_for("name=demo\n"), ("pinstage_add_backend"));
+}
+
+TEST_F(BackendDescriptionFile, APluginWithoutOneIsNotFound) {
+  try {
+    describe_plugin(path("libpinstage_backend_none.so"));
+    ADD_FAILURE() << "a missing description was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::not_found);
+    expect_has(e.what(), ("has no backend description"));
+  }
 }
 
 // The plugins' last_error text: no destructor (a thread_local one raced glibc's TLS free at

@@ -43,14 +43,14 @@ check_files() {  # <prefix>
   local l=$libdir
   for f in bin/pinstage "$l/libpinstage.so" "$l/libpinstage_base.so" \
     "$l/libpinstage_scene_qwen3.so" "$l/pinstage/libpinstage_backend_sim.so" \
-    include/pinstage/version.h include/pinstage/worker.h include/pinstage/backend/platform_abi.h \
+    "$l/pinstage/libpinstage_backend_sim.backend" include/pinstage/version.h include/pinstage/worker.h include/pinstage/backend/platform_abi.h \
     include/pinstage/backend/slot.h include/pinstage/qwen3/scene.h \
     "$l/cmake/pinstage/pinstageConfig.cmake" "$l/cmake/pinstage/pinstageConfigVersion.cmake" \
     "$l/cmake/pinstage/pinstageTargets.cmake" "$l/pkgconfig/pinstage.pc"; do
     [ -f "$p/$f" ] || fail "$f is not installed"
   done
   f=$(find "$p" -name 'lib*bad_version*' -o -name '*no_entry*' -o -name '*missing_slot*' \
-    -o -name 'test_*' -o -name '*fake_cuda*' -o -name '*_internal*')
+    -o -name 'test_*' -o -name '*fake_cuda*' -o -name '*_internal*' -o -name '*twin*')
   [ -z "$f" ] || fail "test files are installed: $f"
 }
 

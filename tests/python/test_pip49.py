@@ -102,3 +102,19 @@ def test_the_bundled_cli_runs_directly(venv, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "qwen3-decode" in proc.stdout, proc.stdout
+
+
+def test_the_package_knows_its_backends(venv, tmp_path):
+    """Each plugin's description (libpinstage_backend_<name>.backend) is copied beside it:
+    pinstage.backends() and the CLI's --backend choices read them; the tests' twin is not
+    in the package."""
+    code = "import pinstage; print(' '.join(b.name for b in pinstage.backends()))"
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=tmp_path,
+                          env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    names = proc.stdout.split()
+    assert {"acl", "sim"} <= set(names) and "twin" not in names, names
+    demo = subprocess.run([str(venv / "bin" / "pinstage"), "demo", "--backend", "sim", "--mib",
+                           "1"], cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
