@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "pinstage/cache.h"
 #include "pinstage/export.h"
 #include "pinstage/report.h"
 #include "pinstage/tensor.h"
@@ -176,6 +177,12 @@ struct CheckpointLoadOptions {
   // "upload" (map mode: copies from the pinned mappings), "verify" (hash checks). An
   // exception it throws stops the load as progress's does.
   std::function<void(const char* phase)> phase;
+  // The restart cache (docs/cache.md; CacheUse): load_to_host(checkpoint, worker) and
+  // load_to_device look the checkpoint up in WeightCache::open() (PINSTAGE_CACHE_DIR) and,
+  // on a hit, load the entry instead: map mode maps it in place (read-only, pinned, nothing
+  // read), copy mode maps it as a private copy-on-write copy (file_private: writable, no
+  // zero fill), a device load uploads from the pinned mapping. fill fills a miss first.
+  CacheUse cache = CacheUse::off;
 };
 
 // What a load did. Seconds are wall time of the whole load and of each phase; on a device
@@ -225,6 +232,12 @@ struct LoadReport {
   uint64_t device_first_touch_bytes = 0;
   double device_first_touch_s = 0;
   std::string device_first_touch_reason;
+  // The restart cache: "off" (not asked), "hit", "miss", "stale" (the entry was not used:
+  // the source changed) or "filled" (a miss filled, then loaded); cache_entry is the
+  // entry's path on hit or filled, else "", and cache_note why it was stale.
+  std::string cache = "off";
+  std::string cache_entry;
+  std::string cache_note;
   double gbps(double seconds) const {
     return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0;
   }
@@ -234,9 +247,10 @@ struct LoadReport {
 // threads, chunk_bytes, total_s, total_gbps, alloc_s, read_s, read_gbps, verify_s,
 // upload_s, overlap, ring_pinned_bytes, peak_pinned_bytes, direct, direct_note,
 // verified, unverified, verify_readback_bytes, mode, map_s, pin_s, map_note, host_pages,
-// map_folio_source, map_folios, map_huge_bytes, and (only when device_first_touch_reason
-// is set) device_first_touch_bytes, device_first_touch_s, device_first_touch_reason. The
-// CLI's `load` JSON and Python's report dicts are these (docs/loading.md, "The load report").
+// map_folio_source, map_folios, map_huge_bytes, cache, cache_entry, cache_note, and (only when
+// device_first_touch_reason is set) device_first_touch_bytes, device_first_touch_s,
+// device_first_touch_reason. The CLI's `load` JSON and Python's report dicts are these
+// (docs/loading.md, "The load report").
 PINSTAGE_API ReportFields report_fields(const LoadReport& r);
 
 // A tensor in host memory: its description and its storage (exactly its bytes).
