@@ -599,6 +599,7 @@ TEST_F(CacheLoads, AHitInMapModeIsTheEntryPinnedInPlaceReadOnly) {
   ASSERT_NE(at, keys.end());
   EXPECT_EQ(*(at + 1), "cache_entry");
   EXPECT_EQ(*(at + 2), "cache_note");
+  EXPECT_EQ(*(at - 1), "host_pages");
 }
 
 // A hit in copy mode: writable private copies of the entry (file_private), pinned; a write
