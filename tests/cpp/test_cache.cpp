@@ -736,6 +736,9 @@ TEST_F(Cache, TheCliPutsListsRemovesAndPrunes) {
   EXPECT_NE(r.output.find("\"temps\": 1"), std::string::npos) << r.output;
   r = test::run_command(cli(cache_, "rm '" + src + "'"));
   EXPECT_EQ(r.status, 0);
+  ASSERT_EQ(test::run_command(cli(cache_, "put '" + src + "' --quiet")).status, 0);
+  r = test::run_command(cli(cache_, "prune --max-bytes 0 --json -"));
+  EXPECT_NE(r.output.find("\"evicted\": 1"), std::string::npos) << r.output;
   r = test::run_command(cli(cache_, "rm '" + src + "' 2>&1"));
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("not_found"), std::string::npos) << r.output;
