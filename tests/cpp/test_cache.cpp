@@ -478,6 +478,9 @@ TEST_F(Cache, LsRmAndPruneByLastUse) {
   Error e = error_of([&] { cache.remove(s.path()); });
   EXPECT_EQ(e.code(), ErrorCode::not_found);
   EXPECT_NE(std::string(e.what()).find("pinstage cache ls"), std::string::npos) << e.what();
+  e = error_of([&] { cache.remove(path("gone.safetensors")); });
+  EXPECT_EQ(e.code(), ErrorCode::not_found);
+  EXPECT_NE(std::string(e.what()).find("by its key"), std::string::npos) << e.what();
   const uint64_t a_bytes =
       cache.list()[0].key == cache_key(a.path()) ? cache.list()[0].bytes : cache.list()[1].bytes;
   const CachePruneReport r = cache.prune(a_bytes);
