@@ -23,7 +23,7 @@ PUBLIC_HEADER_LAYER = {
     "dtype.h": "tensor", "random.h": "tensor", "safetensors.h": "tensor",
     "tensor.h": "tensor",
     "bind.h": "bind", "staging_ring.h": "bind",
-    "checkpoint.h": "checkpoint", "load_plan.h": "checkpoint",
+    "cache.h": "checkpoint", "checkpoint.h": "checkpoint", "load_plan.h": "checkpoint",
     "scene.h": "scene_registry",
     "ab_bench.h": "bench", "run_info.h": "bench",
 }

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "pinstage/cache.h"
 #include "pinstage/export.h"
 #include "pinstage/report.h"
 #include "pinstage/tensor.h"
@@ -154,6 +155,12 @@ PINSTAGE_API LoadMode parse_load_mode(std::string_view name);
 //    as read back from the device. A tensor without a recorded hash is an
 //    Error(invalid_argument) before anything is read, unless verify_if_present (then it is
 //    counted in LoadReport::unverified).
+//  cache: load_to_host(checkpoint, worker) and load_to_device look the checkpoint up in
+//    WeightCache::open() (PINSTAGE_CACHE_DIR) and, on a hit, load the entry instead: map
+//    mode maps it in place (read-only, pinned, nothing read), copy mode maps it as a private
+//    copy-on-write copy (file_private: writable, no zero fill), a device load uploads from
+//    the pinned mapping. fill fills a miss first. load_to_host(checkpoint, allocator)
+//    refuses anything but off.
 #define PINSTAGE_CHECKPOINT_LOAD_OPTION_FIELDS(X)                                              \
   X(LoadMode, mode, LoadMode::copy, "copy or map (LoadMode, \"Modes\")")                       \
   X(int, threads, 0, "reader threads; 0 = all cores")                                          \
@@ -163,7 +170,8 @@ PINSTAGE_API LoadMode parse_load_mode(std::string_view name);
   X(bool, verify_if_present, false,                                                            \
     "with verify: a tensor without a recorded hash is counted, not refused")                   \
   X(uint64_t, ring_bytes, uint64_t{64} << 20, "device loads: pinned bytes of the StagingRing") \
-  X(size_t, ring_buffers, 4, "device loads: the buffers the ring is split into")
+  X(size_t, ring_buffers, 4, "device loads: the buffers the ring is split into")               \
+  X(CacheUse, cache, CacheUse::off, "the restart cache: off, use or fill (docs/cache.md)")
 
 // How a checkpoint is read: the fields of the list above, and two callbacks.
 struct CheckpointLoadOptions {
@@ -222,6 +230,11 @@ struct CheckpointLoadOptions {
   /* memory already (nothing faulted) or nothing was pinned fresh. */                          \
   X(std::string, host_pages, std::string{},                                                    \
     "str: copy mode into a worker's pinned memory: the pages its readers faulted.")            \
+  X(std::string, cache, "off",                                                                 \
+    "str: the restart cache: 'off', 'hit', 'miss', 'stale' or 'filled' (docs/cache.md).")      \
+  X(std::string, cache_entry, std::string{},                                                   \
+    "str: the cache entry's path on 'hit' or 'filled', else ''.")                              \
+  X(std::string, cache_note, std::string{}, "str: why the entry was not used ('stale').")      \
   /* docs/loading.md, "Folios": "kpageflags" (64 pages of each file sampled through */         \
   /* /proc/self/pagemap and /proc/kpageflags, readable with CAP_SYS_ADMIN) or */               \
   /* "FileHugePages" (/proc/meminfo's system-wide figure before and after). */                 \

@@ -29,6 +29,7 @@ enum class Setting {
   host_huge_pages,      // PINSTAGE_HOST_HUGE_PAGES: auto|thp|off, the one huge-page switch
   host_huge_stall_ms,   // PINSTAGE_HOST_HUGE_STALL_MS: a costlier 2 MiB fault gives huge pages up
   resident_check,       // PINSTAGE_RESIDENT_CHECK: off|on, ResidentBinder's write check
+  cache_dir,            // PINSTAGE_CACHE_DIR: the restart cache's directory (docs/cache.md)
 };
 
 // One row of the table: the variable's name, what it takes and what it does.
@@ -54,6 +55,8 @@ PINSTAGE_API std::optional<uint64_t> setting_sim_device_capacity();
 PINSTAGE_API std::optional<uint64_t> setting_host_cache_max();
 // PINSTAGE_HOST_HUGE_STALL_MS: milliseconds, 0..60000 (0: any huge fault counts as a stall).
 PINSTAGE_API std::optional<int> setting_host_huge_stall_ms();
+// PINSTAGE_CACHE_DIR: an absolute path (Error(invalid_argument) for a relative one).
+PINSTAGE_API std::optional<std::string> setting_cache_dir();
 // PINSTAGE_SIM_FAULT as (ps_fault_kind, nth) pairs; empty when unset.
 struct FaultSetting {
   int kind = 0;  // a ps_fault_kind

@@ -55,6 +55,9 @@ constexpr SettingInfo kSettings[] = {
     {Setting::host_huge_stall_ms, "PINSTAGE_HOST_HUGE_STALL_MS", "0..60000",
      "CPU milliseconds a 2 MiB huge-page fault may cost (memory compaction) before the "
      "segment's remaining pages fall back to base pages (default 2; 0: the first one gives up)"},
+    {Setting::cache_dir, "PINSTAGE_CACHE_DIR", "an absolute path",
+     "the restart cache's directory, on hugetlbfs or tmpfs, owned by the user with mode 0700 "
+     "(default /dev/shm/pinstage-<uid>, created when missing; docs/cache.md)"},
 };
 
 [[noreturn]] void bad(std::string_view what, std::string_view text, const std::string& why) {
@@ -214,6 +217,16 @@ std::vector<FaultSetting> setting_sim_faults() {
   return faults;
 }
 
+std::optional<std::string> setting_cache_dir() {
+  const Setting id = Setting::cache_dir;
+  std::optional<std::string> text = setting_text(id);
+  if (text && text->front() != '/')
+    bad(setting_info(id).name, *text,
+        "it must be an absolute path (the cache is shared by "
+        "every process, whatever its working directory)");
+  return text;
+}
+
 void check_settings() {
   // The settings read by a typed reader (or, a path, as text); every other one is a
   // choice among the words of its `accepts`.
@@ -229,6 +242,7 @@ void check_settings() {
       {Setting::sim_fault, [] { setting_sim_faults(); }},
       // Any non-empty path; the acl backend reports a bad one.
       {Setting::acl_library, [] { setting_text(Setting::acl_library); }},
+      {Setting::cache_dir, [] { setting_cache_dir(); }},
   };
   for (const auto& s : kSettings) {
     const auto* r = std::find_if(std::begin(kReaders), std::end(kReaders),

@@ -453,6 +453,10 @@ HostLoad load_to_host(const Checkpoint& c, HostAllocator& allocator, const Check
     throw Error(ErrorCode::invalid_argument,
                 "load_to_host(checkpoint, allocator): map mode needs the worker that pins the "
                 "mapping: call load_to_host(checkpoint, worker, options)");
+  if (o.cache != CacheUse::off)
+    throw Error(ErrorCode::invalid_argument,
+                "load_to_host(checkpoint, allocator): the restart cache maps its entry through "
+                "a worker: call load_to_host(checkpoint, worker, options)");
   return detail::copy_to_host(c, detail::selected(c, names, "load_to_host"), allocator, o);
 }
 
@@ -651,11 +655,13 @@ DeviceLoad load_selected(const Checkpoint& c, const std::vector<CheckpointTensor
 }  // namespace
 
 DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointLoadOptions& o) {
+  if (o.cache != CacheUse::off) return detail::load_device_through_cache(c, worker, o, nullptr);
   return detail::with_first_touch(worker, [&] { return load_selected(c, c.tensors(), worker, o); });
 }
 
 DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointLoadOptions& o,
                           const std::vector<std::string>& names) {
+  if (o.cache != CacheUse::off) return detail::load_device_through_cache(c, worker, o, &names);
   return detail::with_first_touch(worker, [&] {
     return load_selected(c, detail::select_tensors(c, names, "load_to_device"), worker, o);
   });

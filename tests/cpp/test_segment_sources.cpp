@@ -158,6 +158,12 @@ TEST_F(SegmentSources, MapModeRefusesDirectAndTheAllocatorLoad) {
   o.direct = false;
   PageableAllocator pageable;
   EXPECT_THROW((void)load_to_host(c, pageable, o), Error);
+  // Nor does the allocator load take the restart cache (its entry is mapped by a worker).
+  CheckpointLoadOptions cached;
+  cached.cache = CacheUse::use;
+  const Error cache = test::error_of([&] { (void)load_to_host(c, pageable, cached); });
+  EXPECT_EQ(cache.code(), ErrorCode::invalid_argument);
+  EXPECT_NE(std::string(cache.what()).find("restart cache"), std::string::npos) << cache.what();
   EXPECT_EQ(parse_load_mode("MAP"), LoadMode::map);
   EXPECT_THROW((void)parse_load_mode("mmap"), Error);
 }

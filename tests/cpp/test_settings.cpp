@@ -193,6 +193,22 @@ TEST(Settings, HostCacheMaxAndHugePages) {
   EXPECT_EQ(setting_choice(Setting::resident_check), "on");
 }
 
+// PINSTAGE_CACHE_DIR: an absolute path, read as given; a relative one is refused (each
+// process would find another cache), an empty one too. Seen failing with the '/' check
+// removed.
+TEST(Settings, TheCacheDirIsAnAbsolutePath) {
+  {
+    EnvVar env("PINSTAGE_CACHE_DIR", "/dev/shm/cache-here");
+    EXPECT_EQ(setting_cache_dir(), "/dev/shm/cache-here");
+    EXPECT_NO_THROW(check_settings());
+  }
+  for (const char* bad : {"cache", "./cache", "~/cache"}) {
+    expect_refused("PINSTAGE_CACHE_DIR", bad);
+    EnvVar env("PINSTAGE_CACHE_DIR", bad);
+    EXPECT_THROW(setting_cache_dir(), Error) << bad;
+  }
+}
+
 TEST(Settings, ByteCountsAndIntegersAreParsedStrictly) {
   EXPECT_EQ(parse_byte_count("4096", "--bytes"), 4096u);
   EXPECT_EQ(parse_byte_count("64K", "--bytes"), uint64_t{64} << 10);
