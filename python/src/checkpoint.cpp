@@ -17,6 +17,7 @@
 #include "common.h"
 #include "device_load.h"
 #include "load_common.h"
+#include "pinstage/cache.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/load_plan.h"
 #include "pinstage/parallel.h"
@@ -198,11 +199,12 @@ struct PyMapped : ViewHolder {
 py::tuple load_pinned(const Checkpoint& c, py::object worker_obj,
                       const std::vector<std::string>& names, const std::string& mode, int threads,
                       uint64_t chunk_bytes, bool verify, bool verify_if_present, bool direct,
-                      const py::object& progress) {
+                      const py::object& progress, const std::string& cache) {
   PyWorker& w = as_worker(worker_obj, "load_file");
   CheckpointLoadOptions o =
       load_options(threads, chunk_bytes, verify, verify_if_present, direct, 0);
   o.mode = parse_load_mode(mode);
+  o.cache = parse_cache_use(cache);
   BufferAllocator buffers(w.worker);
   HostLoad load;
   {
@@ -269,11 +271,13 @@ std::unique_ptr<PyDeviceLoad> to_device(const Checkpoint& c, py::object worker_o
                                         uint64_t chunk_bytes, bool verify, bool verify_if_present,
                                         bool direct, uint64_t ring_bytes,
                                         const std::optional<std::vector<std::string>>& names,
-                                        const py::object& progress, const std::string& mode) {
+                                        const py::object& progress, const std::string& mode,
+                                        const std::string& cache) {
   PyWorker& w = as_worker(worker_obj, "load_to_device");
   CheckpointLoadOptions o =
       load_options(threads, chunk_bytes, verify, verify_if_present, direct, ring_bytes);
   o.mode = parse_load_mode(mode);
+  o.cache = parse_cache_use(cache);
   auto out = std::make_unique<PyDeviceLoad>(worker_obj, &w);
   Busy busy(&w);
   out->load = run_with_progress(o, progress, [&](const CheckpointLoadOptions& p) {
@@ -569,25 +573,28 @@ void def_checkpoint_reads(py::class_<Checkpoint>& cls) {
                       "read), without the GIL; returns the load report. Errors name `who`."));
   def_load(cls, "load_pinned", &load_pinned,
            std::make_tuple(py::arg("worker"), py::arg("names"), py::arg("mode") = "copy"), progress,
+           py::arg("cache") = "off",
            method_doc(load_signature("load_pinned(worker: Worker, names: list[str], mode: str = "
                                      "'copy'",
-                                     "progress: Callable[[int, int], None] | None = None) -> "
-                                     "tuple[list[Any], dict[str, Any]]"),
+                                     "progress: Callable[[int, int], None] | None = None, "
+                                     "cache: str = 'off') -> tuple[list[Any], dict[str, Any]]"),
                       "The one host load: the named tensors in the worker's pinned memory "
                       "(copy: PinnedHostBuffers, the pool reserved once) or as read-only views "
-                      "of the pinned file mappings (map); and the load report."));
-  def_load(cls, "load_to_device", &to_device, std::make_tuple(py::arg("worker")),
-           py::arg("ring_bytes") = CheckpointLoadOptions{}.ring_bytes,
-           py::arg("names") = py::none(), progress, py::arg("mode") = "copy",
-           method_doc(load_signature("load_to_device(worker: Worker",
-                                     "ring_bytes: int = " +
-                                         std::to_string(CheckpointLoadOptions{}.ring_bytes) +
-                                         ", names: list[str] | None = None, progress: "
-                                         "Callable[[int, int], None] | None = None, mode: str = "
-                                         "'copy') -> _DeviceLoad"),
-                      "Streams every tensor (or those named) onto worker's device through its "
-                      "staging ring (copy), or uploads them from the pinned file mappings "
-                      "(map)."));
+                      "of the pinned file mappings (map), from the cache's entry on a hit "
+                      "(cache 'use' or 'fill'); and the load report."));
+  def_load(
+      cls, "load_to_device", &to_device, std::make_tuple(py::arg("worker")),
+      py::arg("ring_bytes") = CheckpointLoadOptions{}.ring_bytes, py::arg("names") = py::none(),
+      progress, py::arg("mode") = "copy", py::arg("cache") = "off",
+      method_doc(
+          load_signature("load_to_device(worker: Worker",
+                         "ring_bytes: int = " + std::to_string(CheckpointLoadOptions{}.ring_bytes) +
+                             ", names: list[str] | None = None, progress: "
+                             "Callable[[int, int], None] | None = None, mode: str = "
+                             "'copy', cache: str = 'off') -> _DeviceLoad"),
+          "Streams every tensor (or those named) onto worker's device through its "
+          "staging ring (copy), or uploads them from the pinned file mappings "
+          "(map, or a cache hit)."));
   def_load(cls, "read_slice", &read_slice,
            std::make_tuple(py::arg("name"), py::arg("dims"), py::arg("buffer")), progress,
            method_doc(load_signature("read_slice(name: str, dims: list[tuple[int, int, int]], "
