@@ -261,12 +261,19 @@ def test_the_module_mirrors_the_cache(ckpt, cache_dir, tmp_path):
     assert pinstage.cache.info(dir=other)["path"] == str(other)  # dir= overrides the setting
 
 
-def test_a_fill_stopped_by_its_progress_leaves_nothing(ckpt, cache_dir):
-    def stop(done, total):
-        raise KeyboardInterrupt("stop the fill")
+class Stop(Exception):
+    pass
 
-    with pytest.raises(KeyboardInterrupt, match="stop the fill"):
+
+def test_a_fill_stopped_by_its_progress_leaves_nothing(ckpt, cache_dir):
+    """The callback's own exception comes back (not a pinstage.Error), and the fill's
+    temporary is gone."""
+    def stop(done, total):
+        raise Stop("stop the fill")
+
+    with pytest.raises(Stop, match="stop the fill"):
         pinstage.cache.put(ckpt, progress=stop)
+    assert [p.name for p in cache_dir.iterdir() if p.name.startswith(".")] == []
     assert entries(cache_dir) == [] and pinstage.cache.lookup(ckpt)["state"] == "miss"
 
 
