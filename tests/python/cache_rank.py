@@ -50,8 +50,10 @@ sharded = pd.load_sharded(checkpoint, plan, cache="use", stage=False)
 record["sharded_cache"] = sharded.report["cache"]
 sharded.tensors = {}
 sharded.close()
-# A filler that fails: every rank hears of it, and the cache keeps no temporary.
-pinstage.cache.rm(checkpoint)
+# A filler that fails: every rank hears of it.
+if found["filler"]:
+    pinstage.cache.rm(checkpoint)
+dist.barrier()
 pd._fault_phase = "cache fill" if found["filler"] else None
 try:
     pd.fill_cache(checkpoint)
