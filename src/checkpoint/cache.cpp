@@ -1,17 +1,36 @@
 // The restart cache (docs/cache.md, include/pinstage/cache.h): the directory, its checks and
-// what it is; the entries' fill, lookup and removal follow in cache_entry.cpp.
+// what it holds; the manifest is in cache_manifest.cpp, lookup and fill in cache_fill.cpp.
+//
+// Note [Cache directory]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Weights in a shared directory are code an attacker could plant, and data another user
+// should not read. So the directory is opened once (O_DIRECTORY | O_NOFOLLOW) and checked on
+// its descriptor: owned by the effective user, no group or other bit, on hugetlbfs or
+// tmpfs. Every later step is relative to that descriptor (openat, renameat2, unlinkat,
+// O_NOFOLLOW), so a path swapped after the check is never followed. Root passes permission
+// checks, so the owner check is what keeps root's cache out of a directory another user
+// made. Entries, temporaries and lock files are made 0700 / 0600 inside it.
 #include "pinstage/cache.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 
+#include "checkpoint/cache_internal.h"
 #include "pinstage/error.h"
 #include "pinstage/safetensors.h"
 #include "pinstage/settings.h"
@@ -53,19 +72,220 @@ std::string cache_key(const std::string& path) {
   return xxh3_hex(xxh3_64(r.data(), r.size()));
 }
 
-namespace {
-[[noreturn]] void not_yet(const char* what) {
-  throw Error(ErrorCode::unsupported,
-              std::string("WeightCache::") + what + " is not implemented yet");
+namespace detail {
+
+bool is_cache_key(std::string_view name) noexcept {
+  return name.size() == 16 && std::all_of(name.begin(), name.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
 }
+
+std::optional<std::string> cache_temp_key(std::string_view name) {
+  if (name.size() < 22 || name[0] != '.' || name.substr(17, 5) != ".tmp.") return std::nullopt;
+  const std::string_view key = name.substr(1, 16);
+  return is_cache_key(key) ? std::optional<std::string>(key) : std::nullopt;
+}
+
+std::optional<std::string> cache_lock_key(std::string_view name) {
+  if (name.size() != 21 || !name.ends_with(".lock") || !is_cache_key(name.substr(0, 16)))
+    return std::nullopt;
+  return std::string(name.substr(0, 16));
+}
+
+std::string cache_temp_name(const std::string& key) {
+  std::random_device rd;
+  char tail[32];
+  std::snprintf(tail, sizeof tail, "%08x%08x", rd(), rd());
+  return "." + key + ".tmp." + std::to_string(::getpid()) + "." + tail;
+}
+
+std::vector<std::string> names_in(int dir, const std::string& what) {
+  const int fd = ::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR* d = fd >= 0 ? ::fdopendir(fd) : nullptr;
+  if (d == nullptr) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw Error(ErrorCode::io, "cannot list " + what + ": " + std::strerror(err));
+  }
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view n = e->d_name;
+    if (n != "." && n != "..") names.emplace_back(n);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool remove_at(int dir, const std::string& name, const std::string& what) {
+  struct stat st {};
+  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno == ENOENT) return false;
+    throw Error(ErrorCode::io, "cannot remove " + what + ": " + std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    const UniqueFd sub(
+        ::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (sub.get() < 0)
+      throw Error(ErrorCode::io, "cannot remove " + what + ": " + std::strerror(errno));
+    for (const std::string& child : names_in(sub.get(), what))
+      remove_at(sub.get(), child, what + "/" + child);
+  }
+  if (::unlinkat(dir, name.c_str(), S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) != 0 && errno != ENOENT)
+    throw Error(ErrorCode::io, "cannot remove " + what + ": " + std::strerror(errno));
+  return true;
+}
+
+uint64_t bytes_at(int dir, const std::string& name) {
+  struct stat st {};
+  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return 0;
+  if (S_ISREG(st.st_mode)) return static_cast<uint64_t>(st.st_size);
+  if (!S_ISDIR(st.st_mode)) return 0;
+  const UniqueFd sub(::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (sub.get() < 0) return 0;
+  uint64_t bytes = 0;
+  for (const std::string& child : names_in(sub.get(), name)) {
+    struct stat c {};
+    if (::fstatat(sub.get(), child.c_str(), &c, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(c.st_mode))
+      bytes += static_cast<uint64_t>(c.st_size);
+  }
+  return bytes;
+}
+
+UniqueFd lock_cache_key(int dir, const std::string& key, bool wait) {
+  const std::string name = key + ".lock";
+  for (;;) {
+    UniqueFd fd(::openat(dir, name.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (fd.get() < 0)
+      throw Error(ErrorCode::io,
+                  "cannot open the cache's lock file '" + name + "': " + std::strerror(errno));
+    int rc = 0;
+    while ((rc = ::flock(fd.get(), wait ? LOCK_EX : LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+    }
+    if (rc != 0) {
+      if (errno == EWOULDBLOCK) return UniqueFd();
+      throw Error(ErrorCode::io, "cannot lock '" + name + "': " + std::strerror(errno));
+    }
+    struct stat held {
+    }, named{};
+    if (::fstat(fd.get(), &held) == 0 &&
+        ::fstatat(dir, name.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+        held.st_ino == named.st_ino && held.st_dev == named.st_dev)
+      return fd;
+    // Removed (prune) between our open and our lock: lock the file that is there now.
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+[[noreturn]] void refuse(const std::string& dir, const std::string& why) {
+  throw Error(ErrorCode::invalid_argument, "cache directory '" + dir + "' " + why);
+}
+
+std::string fs_name(int64_t magic) {
+  switch (magic) {
+    case HUGETLBFS_MAGIC:
+      return "hugetlbfs";
+    case TMPFS_MAGIC:
+      return "tmpfs";
+    case EXT4_SUPER_MAGIC:
+      return "ext4";
+    case XFS_SUPER_MAGIC:
+      return "xfs";
+    case BTRFS_SUPER_MAGIC:
+      return "btrfs";
+    case OVERLAYFS_SUPER_MAGIC:
+      return "overlayfs";
+    case NFS_SUPER_MAGIC:
+      return "nfs";
+    default:
+      break;
+  }
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "file system 0x%llx", static_cast<unsigned long long>(magic));
+  return hex;
+}
+
+// The checks of Note [Cache directory] on the opened directory.
+void check_dir(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    throw Error(ErrorCode::io,
+                "cannot stat cache directory '" + path + "': " + std::strerror(errno));
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me)
+    refuse(path, "belongs to uid " + std::to_string(st.st_uid) + ", not to you (uid " +
+                     std::to_string(me) +
+                     "): another user could read or plant weights there; point "
+                     "PINSTAGE_CACHE_DIR at a directory of your own (or, if it is yours, chown " +
+                     std::to_string(me) + " '" + path + "')");
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    refuse(path, std::string("has mode ") + mode + ": " +
+                     ((st.st_mode & 022) != 0 ? "another user could plant weights there"
+                                              : "another user could read the weights") +
+                     "; run chmod 700 '" + path + "'");
+  }
+  struct statfs sf {};
+  if (::fstatfs(fd, &sf) != 0)
+    throw Error(ErrorCode::io,
+                "cannot statfs cache directory '" + path + "': " + std::strerror(errno));
+  if (sf.f_type != HUGETLBFS_MAGIC && sf.f_type != TMPFS_MAGIC)
+    refuse(path, "is on " + fs_name(sf.f_type) +
+                     ", neither hugetlbfs nor tmpfs: an entry there is one more copy on disk that "
+                     "the page cache can drop; point PINSTAGE_CACHE_DIR at a hugetlbfs mount or "
+                     "under /dev/shm");
+}
+
 }  // namespace
 
-WeightCache WeightCache::open(std::optional<std::string>) { not_yet("open"); }
-CacheDirInfo WeightCache::info() const { not_yet("info"); }
-CacheLookup WeightCache::lookup(const Checkpoint&) const { not_yet("lookup"); }
-CacheLookup WeightCache::fill(const Checkpoint&, const CacheFillOptions&) { not_yet("fill"); }
-std::vector<CacheEntryInfo> WeightCache::list() const { not_yet("list"); }
-void WeightCache::remove(const std::string&) { not_yet("remove"); }
-CachePruneReport WeightCache::prune(std::optional<uint64_t>) { not_yet("prune"); }
+WeightCache WeightCache::open(std::optional<std::string> dir) {
+  std::string path = dir ? std::move(*dir) : default_cache_dir();
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  if (path.empty() || path.front() != '/')
+    throw Error(ErrorCode::invalid_argument,
+                "cache directory '" + path + "' is not an absolute path: give one");
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
+    throw Error(ErrorCode::io, "cannot create cache directory '" + path +
+                                   "': " + std::strerror(errno) +
+                                   " (make its parent, or set PINSTAGE_CACHE_DIR elsewhere)");
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ELOOP || errno == ENOTDIR) {
+      struct stat st {};
+      const bool link = ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+      refuse(path, link ? "is a symbolic link: the cache is never reached through one (another "
+                          "user could point it at their files); remove it, or name the real "
+                          "directory"
+                        : "is not a directory: remove it, or set PINSTAGE_CACHE_DIR elsewhere");
+    }
+    throw Error(ErrorCode::io,
+                "cannot open cache directory '" + path + "': " + std::strerror(errno));
+  }
+  check_dir(fd.get(), path);
+  return WeightCache(std::move(fd), std::move(path));
+}
+
+CacheDirInfo WeightCache::info() const {
+  struct statfs sf {};
+  if (::fstatfs(dir_.get(), &sf) != 0)
+    throw Error(ErrorCode::io,
+                "cannot statfs cache directory '" + path_ + "': " + std::strerror(errno));
+  CacheDirInfo info;
+  info.path = path_;
+  info.fs = fs_name(sf.f_type);
+  info.page_bytes = sf.f_type == HUGETLBFS_MAGIC ? static_cast<uint64_t>(sf.f_bsize)
+                                                 : static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  info.free_bytes = static_cast<uint64_t>(sf.f_bavail) * static_cast<uint64_t>(sf.f_bsize);
+  for (const std::string& name : detail::names_in(dir_.get(), "cache directory '" + path_ + "'")) {
+    if (detail::is_cache_key(name)) ++info.entries;
+    if (detail::is_cache_key(name) || detail::cache_temp_key(name))
+      info.used_bytes += detail::bytes_at(dir_.get(), name);
+  }
+  return info;
+}
 
 }  // namespace pinstage

@@ -23,3 +23,8 @@ pinstage_sim_gtest(test_newcomer49 ${PROJECT_SOURCE_DIR}/src/checkpoint/folios.c
 # Issue 47 in the library: read-only memory (a map-mode load's page cache) refused as an
 # OUT or INOUT argument.
 pinstage_sim_gtest(test_readonly47 LABELS tensor checkpoint)
+
+# Issue 50: the restart cache (WeightCache): the directory's checks, atomic fills, hit /
+# miss / stale, two fillers, a filler killed mid-fill, a full tmpfs (mounted when allowed),
+# ls / rm / prune, and a second user (setpriv) who can neither read nor plant an entry.
+pinstage_sim_gtest(test_cache LABELS checkpoint)
