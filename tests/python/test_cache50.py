@@ -256,9 +256,15 @@ def test_the_module_mirrors_the_cache(ckpt, cache_dir, tmp_path):
     pruned = pinstage.cache.prune(max_bytes=0)
     assert pruned["evicted"] == 1 and pruned["removed"] == [filled["key"]], pruned
     assert pinstage.cache.ls() == [] and entries(cache_dir) == []
-    other = tmp_path / "elsewhere"
-    other.mkdir(mode=0o700)
-    assert pinstage.cache.info(dir=other)["path"] == str(other)  # dir= overrides the setting
+    other = pathlib.Path(tempfile.mkdtemp(prefix="pinstage-test50-", dir=SHM))
+    try:  # dir= overrides the setting
+        assert pinstage.cache.info(dir=other)["path"] == str(other)
+        assert pinstage.cache.put(ckpt, dir=other)["entry_path"].startswith(str(other) + "/")
+        assert pinstage.cache.ls() == []
+    finally:
+        shutil.rmtree(other)
+    with pytest.raises(pinstage.InvalidArgumentError, match="neither hugetlbfs nor tmpfs"):
+        pinstage.cache.info(dir=tmp_path)  # a copy on disk is no cache
 
 
 class Stop(Exception):
