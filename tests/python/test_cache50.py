@@ -221,10 +221,14 @@ def test_removing_an_entry_a_load_maps_leaves_its_tensors_intact(worker, ckpt, c
     the next load misses."""
     ref, _ = reference_parse(ckpt)
     pinstage.cache.put(ckpt)
-    tensors = pinstage.load_file(ckpt, worker=worker, mode="map", cache="use")
+    tensors, report = pinstage.load_file(ckpt, worker=worker, mode="map", cache="use",
+                                         report=True)
+    assert report["cache"] == "hit", report
     pinstage.cache.rm(ckpt)
     assert entries(cache_dir) == []
     same_bytes(tensors, ref)
+    where = mapped_file(tensors["a"].data_ptr())
+    assert where.startswith(report["cache_entry"]) and where.endswith("(deleted)"), where
     assert pinstage.cache.lookup(ckpt)["state"] == "miss"
 
 
