@@ -214,26 +214,25 @@ for name in ("map-page-cache", "map-tmpfs", "map-device"):
 PY
 }
 
-# Step 1c: the restart cache. The entry is a checkpoint of its own (docs/cache.md), so the
-# device load of a hit is `load ENTRY --map --to device`: uploaded from the entry's
-# registered tmpfs mapping, no ring.
+# Step 1c: the restart cache: the checkpoint put in a cache of its own, then loaded onto the
+# device with --cache use: a hit uploads from the entry's registered mapping, no ring.
 cache_checks() {
-  local ck=$1 cdir="/dev/shm/pinstage-gpu-check-cache-$$" cli="$BUILD/bin/pinstage" entry=""
+  local ck=$1 cdir="/dev/shm/pinstage-gpu-check-cache-$$" cli="$BUILD/bin/pinstage"
   step "cache: a cache hit uploaded to the device from the entry's registered mapping"
   mkdir -m 700 "$cdir" || { notes+=("cache: no cache directory in /dev/shm"); return; }
   if PINSTAGE_CACHE_DIR="$cdir" run_cuda timeout 120 "$cli" cache put "$ck" -q &&
-    entry=$(find "$cdir" -mindepth 1 -maxdepth 1 -type d ! -name '.*' | head -n 1) &&
-    [ -n "$entry" ] && run_cuda timeout 120 "$cli" load "$entry" --map --to device \
-      --backend cuda --json "$OUT/cache-device.json" -q; then
+    PINSTAGE_CACHE_DIR="$cdir" run_cuda timeout 120 "$cli" load "$ck" --map --to device \
+      --cache use --backend cuda --json "$OUT/cache-device.json" -q; then
     python3 - "$OUT/cache-device.json" <<'PY' | tee "$OUT/cache.txt"
 import json, sys
 r = json.load(open(sys.argv[1]))
 how = "copied: " + r["map_note"] if r["map_note"] else "registered in place"
-print(f"cache hit -> device GB/s: {r['total_gbps']:.2f} ({r['bytes'] / 1e9:.2f} GB, pin "
-      f"{r['pin_s']:.3f} s, upload {r['upload_s']:.3f} s, ring {r['ring_pinned_bytes']} B; {how})")
+print(f"cache hit -> device GB/s: {r['total_gbps']:.2f} (cache {r['cache']}, "
+      f"{r['bytes'] / 1e9:.2f} GB, pin {r['pin_s']:.3f} s, upload {r['upload_s']:.3f} s, "
+      f"ring {r['ring_pinned_bytes']} B; {how})")
 PY
   else
-    failed+=(cache); notes+=("cache: the put or the device load of its entry failed; see gpu-check.log")
+    failed+=(cache); notes+=("cache: the put or the device load of its hit failed; see gpu-check.log")
   fi
   rm -rf "$cdir"
 }
