@@ -6,7 +6,8 @@ rounds, and the machine-wide page-cache drop of `--modes dropped`.
   hugetlbfs  2 MiB pages reserved through /proc/sys/vm/nr_hugepages (only what the
              entry needs beyond the free ones: one page per started 2 MiB of each of
              its files, plus its manifest and one spare) and a hugetlbfs mounted for the
-             run (pagesize=2M, mode=0700, this user's uid and gid); both as root. When the
+             run (pagesize=2M, size= those pages, so that statfs reports them free,
+             mode=0700, this user's uid and gid); both as root. When the
              kernel cannot give the pages (fragmented memory), the huge arms fail, saying
              how many it gave; the others run on.
 
@@ -94,7 +95,8 @@ class CacheDirs:
                                "hugepages=N)")
         point = tempfile.mkdtemp(prefix="pinstage-peers-huge-", dir="/var/tmp")
         done = subprocess.run(["mount", "-t", "hugetlbfs", "-o",
-                               f"pagesize=2M,mode=0700,uid={os.geteuid()},gid={os.getegid()}",
+                               f"pagesize=2M,size={pages * HUGE_PAGE},mode=0700,"
+                               f"uid={os.geteuid()},gid={os.getegid()}",
                                "none", point], capture_output=True, text=True)
         if done.returncode != 0:
             os.rmdir(point)
@@ -116,6 +118,9 @@ class CacheDirs:
             shutil.rmtree(self.dirs["tmpfs"], ignore_errors=True)
         if self._mount is not None:
             done = subprocess.run(["umount", self._mount], capture_output=True, text=True)
+            if done.returncode != 0:  # still mapped by this process: detached now, freed
+                done = subprocess.run(["umount", "-l", self._mount],  # with its last user
+                                      capture_output=True, text=True)
             if done.returncode == 0:
                 os.rmdir(self._mount)
             else:
