@@ -114,6 +114,16 @@ void write_report(const ReportArgs& args, nlohmann::ordered_json doc, const RunI
 ProgressBar::ProgressBar(const ReportArgs& args)
     : enabled_(!args.quiet && isatty(STDERR_FILENO) == 1) {}
 
+std::function<void(uint64_t, uint64_t)> progress_of(ProgressBar& bar) {
+  auto shown = std::make_shared<int>(-1);
+  return [&bar, shown](uint64_t done, uint64_t total) {
+    const int pct = total > 0 ? static_cast<int>(done * 100 / total) : 100;
+    if (pct == *shown) return;
+    *shown = pct;
+    bar.show(static_cast<double>(pct) / 100.0, format_bytes(done) + " of " + format_bytes(total));
+  };
+}
+
 ProgressBar::~ProgressBar() { clear(); }
 
 void ProgressBar::show(double fraction, const std::string& text) {

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -61,6 +62,10 @@ class ProgressBar {
   bool enabled_ = false;
   bool drawn_ = false;
 };
+
+// A progress callback (CheckpointLoadOptions::progress, CacheFillOptions::progress) that
+// redraws `bar` with "<done> of <total>" when the percentage changes.
+std::function<void(uint64_t, uint64_t)> progress_of(ProgressBar& bar);
 
 // A bar with no known end (generating, writing): the label and the seconds so far,
 // redrawn by a thread of its own while the object lives; only on a terminal, not --quiet.

@@ -21,8 +21,9 @@ struct LoadArgs : CheckpointArgs {
   std::string to = "host";
   int64_t ring_mib = static_cast<int64_t>(CheckpointLoadOptions{}.ring_bytes >> 20);
   bool direct = false;
-  bool map = false;    // --map: LoadMode::map
-  std::string verify;  // "", "all" or "if-present"
+  bool map = false;           // --map: LoadMode::map
+  std::string verify;         // "", "all" or "if-present"
+  std::string cache = "off";  // --cache: CacheUse
 };
 
 // The options' ranges were checked while parsing (add_integer_option).
@@ -33,6 +34,7 @@ CheckpointLoadOptions load_options(const LoadArgs& a) {
   o.mode = a.map ? LoadMode::map : LoadMode::copy;
   o.verify = !a.verify.empty();
   o.verify_if_present = a.verify == "if-present";
+  o.cache = parse_cache_use(a.cache);
   return o;
 }
 
@@ -75,6 +77,10 @@ void print_report(FILE* out, const Checkpoint& c, const LoadReport& r, const std
                  r.pin_s, r.host_pages.c_str());
   if (!r.map_folios.empty()) std::fprintf(out, "  folios   %s\n", r.map_folios.c_str());
   if (!r.map_note.empty()) std::fprintf(out, "  %s\n", r.map_note.c_str());
+  if (r.cache != "off")
+    std::fprintf(out, "  cache    %s%s%s%s\n", r.cache.c_str(), r.cache_entry.empty() ? "" : ": ",
+                 r.cache_entry.c_str(),
+                 r.cache_note.empty() ? "" : (" (" + r.cache_note + ")").c_str());
   std::fprintf(out, "  alloc    %8.3f s\n", r.alloc_s);
   if (!r.device_first_touch_reason.empty())  // sim's own cost, not a device's
     std::fprintf(out, "           %.3f s of it backing %s of sim's device pool (first touch)\n",
@@ -87,17 +93,6 @@ void print_report(FILE* out, const Checkpoint& c, const LoadReport& r, const std
   else if (r.unverified > 0)
     std::fprintf(out, "  %s had no recorded xxh3-64 and could not be checked\n",
                  plural(r.unverified, "tensor").c_str());
-}
-
-// The bar, redrawn when the percentage changes.
-std::function<void(uint64_t, uint64_t)> progress_of(ProgressBar& bar) {
-  auto shown = std::make_shared<int>(-1);
-  return [&bar, shown](uint64_t done, uint64_t total) {
-    const int pct = total > 0 ? static_cast<int>(done * 100 / total) : 100;
-    if (pct == *shown) return;
-    *shown = pct;
-    bar.show(static_cast<double>(pct) / 100.0, format_bytes(done) + " of " + format_bytes(total));
-  };
 }
 
 // The host side of a tensor-parallel load, the same keys for a host and a device load:
@@ -388,6 +383,12 @@ void add_load_command(CLI::App& app) {
              "that have one")
       ->transform(kLowerCase)
       ->check(CLI::IsMember({"all", "if-present"}));
+  q.add_option("--cache", a->cache,
+               "The restart cache in PINSTAGE_CACHE_DIR (docs/cache.md): off; use (a hit loads "
+               "the entry); fill (a miss fills it first)")
+      ->capture_default_str()
+      ->transform(kLowerCase)
+      ->check(CLI::IsMember({"off", "use", "fill"}));
 }
 
 void add_hash_command(CLI::App& app) {

@@ -23,6 +23,7 @@ void add_bench_compare_command(CLI::App& bench);  // pinstage bench compare A.js
 void add_load_command(CLI::App& app);             // pinstage load PATH
 void add_hash_command(CLI::App& app);             // pinstage hash PATH
 void add_bench_load_command(CLI::App& bench);     // pinstage bench load PATH
+void add_cache_command(CLI::App& app);            // pinstage cache [put|ls|rm|prune]
 
 // The PNG path next to a JSON report (x.json -> x.png).
 std::string plot_path_for(const std::string& json_path);

@@ -46,6 +46,7 @@ int run(int argc, char** argv) {
   pinstage::cli::add_report_commands(app);
   pinstage::cli::add_load_command(app);
   pinstage::cli::add_hash_command(app);
+  pinstage::cli::add_cache_command(app);
   if (dry) make_dry(app);
   try {
     pinstage::check_settings();  // a bad PINSTAGE_* variable is reported before any work

@@ -247,7 +247,7 @@ struct LoadReport {
 // threads, chunk_bytes, total_s, total_gbps, alloc_s, read_s, read_gbps, verify_s,
 // upload_s, overlap, ring_pinned_bytes, peak_pinned_bytes, direct, direct_note,
 // verified, unverified, verify_readback_bytes, mode, map_s, pin_s, map_note, host_pages,
-// map_folio_source, map_folios, map_huge_bytes, cache, cache_entry, cache_note, and (only when
+// cache, cache_entry, cache_note, map_folio_source, map_folios, map_huge_bytes, and (only when
 // device_first_touch_reason is set) device_first_touch_bytes, device_first_touch_s,
 // device_first_touch_reason. The CLI's `load` JSON and Python's report dicts are these
 // (docs/loading.md, "The load report").

@@ -321,7 +321,8 @@ class PINSTAGE_API PinnedFileMapping {
   friend class Worker;
   PinnedFileMapping() = default;
   // The pin step of a new mapping of the file open as `fd` (file_source.cpp): read-only in
-  // place, else a private copy pinned writable, else unpinned with refusal() set.
+  // place, else a private copy pinned writable, else unpinned with refusal() set; a mapping
+  // made private (map_files_pinned's writable) is pinned writable as it is.
   void pin_in_place(runtime::WorkerState& s, int fd, const std::string& path);
 
   std::weak_ptr<runtime::WorkerState> owner_;
@@ -492,9 +493,13 @@ class PINSTAGE_API Worker {
                                                      uint64_t expect_bytes = UINT64_MAX);
   // The same for several files at once: faulted and pinned in parallel (threads: 0 = the
   // placement's), in the order given. Nothing stays mapped or pinned when one fails.
+  // writable: each file mapped as a private copy-on-write copy (file_private) pinned
+  // writable, never shared with another mapping: the kernel copies the page cache's pages
+  // as it pins them (no zero fill, nothing read through the pool), and writes stay in this
+  // mapping (a load from a restart-cache hit in copy mode, docs/cache.md).
   std::vector<std::shared_ptr<PinnedFileMapping>> map_files_pinned(
       const std::vector<std::string>& paths, const std::vector<uint64_t>& expect_bytes,
-      int threads = 0);
+      int threads = 0, bool writable = false);
 
   // Synchronous copies; [offset, offset+bytes) must lie inside the device buffer.
   void copy_to_device(const DeviceBuffer& dst, size_t dst_offset, const void* src, size_t bytes);

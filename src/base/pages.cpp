@@ -12,9 +12,11 @@
 // (the pages faulted already stay huge), and the report says so.
 #include "pinstage/pages.h"
 
+#include <linux/magic.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -365,7 +367,13 @@ MappedPages map_pages(size_t bytes, const MapOptions& options) {
 MappedPages map_file_pages(int fd, size_t bytes, bool private_writable, const MapOptions& options,
                            const std::string& what) {
   if (bytes == 0) throw Error(ErrorCode::invalid_argument, "cannot map 0 bytes of " + what);
-  const size_t usable = round_up_to_pages(bytes);
+  // A hugetlbfs file (the restart cache's) is mapped, and must be unmapped, in whole huge
+  // pages (its f_bsize); any other in base pages (a larger st_blksize, NFS's, is no page).
+  struct statfs sf {};
+  const size_t page = ::fstatfs(fd, &sf) == 0 && sf.f_type == HUGETLBFS_MAGIC
+                          ? static_cast<size_t>(sf.f_bsize)
+                          : page_size();
+  const size_t usable = (bytes + page - 1) / page * page;
   const Stopwatch watch;
   void* base = mmap(nullptr, usable, private_writable ? PROT_READ | PROT_WRITE : PROT_READ,
                     private_writable ? MAP_PRIVATE : MAP_SHARED, fd, 0);

@@ -208,6 +208,25 @@ std::string fs_name(int64_t magic) {
   return hex;
 }
 
+// A number in a file of /sys/kernel/mm/hugepages/hugepages-<size>kB, or 0.
+uint64_t huge_pool_value(uint64_t page_bytes, const char* name) {
+  const std::string path =
+      "/sys/kernel/mm/hugepages/hugepages-" + std::to_string(page_bytes >> 10) + "kB/" + name;
+  FILE* f = std::fopen(path.c_str(), "r");
+  unsigned long long v = 0;
+  if (f == nullptr) return 0;
+  if (std::fscanf(f, "%llu", &v) != 1) v = 0;
+  std::fclose(f);
+  return v;
+}
+
+// Bytes of the huge-page pool of `page_bytes` pages that nobody has reserved.
+uint64_t huge_pool_free(uint64_t page_bytes) {
+  const uint64_t free = huge_pool_value(page_bytes, "free_hugepages");
+  const uint64_t reserved = huge_pool_value(page_bytes, "resv_hugepages");
+  return (free > reserved ? free - reserved : 0) * page_bytes;
+}
+
 // The checks of Note [Cache directory] on the opened directory.
 void check_dir(int fd, const std::string& path) {
   struct stat st {};
@@ -280,6 +299,10 @@ CacheDirInfo WeightCache::info() const {
   info.page_bytes = sf.f_type == HUGETLBFS_MAGIC ? static_cast<uint64_t>(sf.f_bsize)
                                                  : static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   info.free_bytes = static_cast<uint64_t>(sf.f_bavail) * static_cast<uint64_t>(sf.f_bsize);
+  if (sf.f_type == HUGETLBFS_MAGIC) {  // the pool bounds it; without size= it alone does
+    const uint64_t pool = huge_pool_free(info.page_bytes);
+    info.free_bytes = sf.f_blocks > 0 ? std::min(info.free_bytes, pool) : pool;
+  }
   for (const std::string& name : detail::names_in(dir_.get(), "cache directory '" + path_ + "'")) {
     if (detail::is_cache_key(name)) ++info.entries;
     if (detail::is_cache_key(name) || detail::cache_temp_key(name))

@@ -57,6 +57,8 @@ std::string stale_reason(const Manifest& want, int entry) {
   if (!have) return "the entry is damaged: " + why;
   if (have->source != want.source)
     return "the entry was filled from '" + have->source + "', not this checkpoint";
+  std::string changed = detail::source_change(*have);  // the likeliest: name the file
+  if (!changed.empty()) return changed;
   bool same =
       have->files.size() == want.files.size() && have->tensors.size() == want.tensors.size();
   for (size_t i = 0; same && i < want.files.size(); ++i)
@@ -68,8 +70,6 @@ std::string stale_reason(const Manifest& want, int entry) {
            a.offset == b.offset && a.bytes == b.bytes && (!b.xxh3 || a.xxh3 == b.xxh3);
   }
   if (!same) return "the source's files or tensor layout differ from the entry's";
-  std::string changed = detail::source_change(*have);
-  if (!changed.empty()) return changed;
   changed = detail::entry_damage(*have, entry);
   return changed.empty() ? "" : "the entry is damaged: " + changed;
 }

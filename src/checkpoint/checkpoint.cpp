@@ -501,12 +501,12 @@ ReportFields report_fields(const LoadReport& r) {
                       {"pin_s", r.pin_s},
                       {"map_note", r.map_note},
                       {"host_pages", r.host_pages},
-                      {"map_folio_source", r.map_folio_source},
-                      {"map_folios", r.map_folios},
-                      {"map_huge_bytes", r.map_huge_bytes},
                       {"cache", r.cache},
                       {"cache_entry", r.cache_entry},
-                      {"cache_note", r.cache_note}};
+                      {"cache_note", r.cache_note},
+                      {"map_folio_source", r.map_folio_source},
+                      {"map_folios", r.map_folios},
+                      {"map_huge_bytes", r.map_huge_bytes}};
   if (!r.device_first_touch_reason.empty()) {
     fields.push_back({"device_first_touch_bytes", r.device_first_touch_bytes});
     fields.push_back({"device_first_touch_s", r.device_first_touch_s});

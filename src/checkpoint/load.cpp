@@ -651,11 +651,13 @@ DeviceLoad load_selected(const Checkpoint& c, const std::vector<CheckpointTensor
 }  // namespace
 
 DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointLoadOptions& o) {
+  if (o.cache != CacheUse::off) return detail::load_device_through_cache(c, worker, o, nullptr);
   return detail::with_first_touch(worker, [&] { return load_selected(c, c.tensors(), worker, o); });
 }
 
 DeviceLoad load_to_device(const Checkpoint& c, Worker& worker, const CheckpointLoadOptions& o,
                           const std::vector<std::string>& names) {
+  if (o.cache != CacheUse::off) return detail::load_device_through_cache(c, worker, o, &names);
   return detail::with_first_touch(worker, [&] {
     return load_selected(c, detail::select_tensors(c, names, "load_to_device"), worker, o);
   });

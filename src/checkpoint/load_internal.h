@@ -79,6 +79,21 @@ std::optional<DeviceLoad> map_to_device(const Checkpoint& checkpoint,
                                         const std::vector<CheckpointTensor>& tensors,
                                         Worker& worker, const CheckpointLoadOptions& options,
                                         std::string* note);
+// Map mode's host load (map.cpp) over `tensors`; writable: each file a private
+// copy-on-write copy pinned writable (file_private), its tensors writable (a cache hit in
+// copy mode).
+HostLoad map_to_host(const Checkpoint& checkpoint,
+                     const std::vector<const CheckpointTensor*>& tensors, Worker& worker,
+                     const CheckpointLoadOptions& options, bool writable);
+// The loads through the restart cache (cache_load.cpp), for options.cache != off: the
+// entry looked up (filled when asked) and loaded instead of `checkpoint` on a hit, the
+// report's cache fields set. names: nullptr for every tensor.
+HostLoad load_host_through_cache(const Checkpoint& checkpoint, Worker& worker,
+                                 const CheckpointLoadOptions& options,
+                                 const std::vector<std::string>* names);
+DeviceLoad load_device_through_cache(const Checkpoint& checkpoint, Worker& worker,
+                                     const CheckpointLoadOptions& options,
+                                     const std::vector<std::string>* names);
 // load() with the first-touch split of its alloc_s in its report on sim (first_touch.cpp,
 // LoadReport::device_first_touch_*); load() as it is on another backend.
 DeviceLoad with_first_touch(Worker& worker, const std::function<DeviceLoad()>& load);

@@ -65,7 +65,8 @@ void start_report(const Checkpoint& c, const std::vector<const CheckpointTensor*
 // tensors are copied, into pinned memory or, over the budget under the fallback policy,
 // into pageable memory.
 Mappings map_files(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors,
-                   Worker& worker, const CheckpointLoadOptions& o, LoadReport& r) {
+                   Worker& worker, const CheckpointLoadOptions& o, LoadReport& r,
+                   bool writable = false) {
   std::vector<bool> wanted(c.files().size(), false);
   for (const CheckpointTensor* t : tensors) wanted[t->file] = true;
   std::vector<std::string> paths;
@@ -79,7 +80,7 @@ Mappings map_files(const Checkpoint& c, const std::vector<const CheckpointTensor
   }
   detail::enter_phase(o, "pin");
   detail::FolioCensus folios;  // before the files are mapped: it reads FileHugePages then
-  const Mappings made = worker.map_files_pinned(paths, sizes, o.threads);
+  const Mappings made = worker.map_files_pinned(paths, sizes, o.threads, writable);
   Mappings maps(c.files().size());
   for (size_t k = 0; k < made.size(); ++k) {
     const std::shared_ptr<PinnedFileMapping>& m = maps[index[k]] = made[k];
@@ -112,14 +113,18 @@ void verify_views(const Checkpoint& c, const HostLoad& load, const CheckpointLoa
       r);
 }
 
+}  // namespace
+
+namespace detail {
+
 HostLoad map_to_host(const Checkpoint& c, const std::vector<const CheckpointTensor*>& tensors,
-                     Worker& worker, const CheckpointLoadOptions& o) {
+                     Worker& worker, const CheckpointLoadOptions& o, bool writable) {
   detail::check_load_options(o, false);
   const Stopwatch total;
   HostLoad out;
   LoadReport& r = out.report;
   start_report(c, tensors, o, r);
-  const Mappings maps = map_files(c, tensors, worker, o, r);
+  const Mappings maps = map_files(c, tensors, worker, o, r, writable);
   // Refused files: their tensors copied out of the mapping into pinned pool memory.
   PinnedAllocator pool(worker);
   std::vector<size_t> copied_sizes;
@@ -132,8 +137,8 @@ HostLoad map_to_host(const Checkpoint& c, const std::vector<const CheckpointTens
     unsigned char* at =
         const_cast<unsigned char*>(m->data()) + t->offset;  // NOLINT: read-only view
     if (m->pinned())
-      out.tensors.push_back(
-          {*t, std::make_shared<Storage>(t->bytes > 0 ? at : nullptr, t->bytes, true, m, true)});
+      out.tensors.push_back({*t, std::make_shared<Storage>(t->bytes > 0 ? at : nullptr, t->bytes,
+                                                           true, m, !writable)});
     else
       out.tensors.push_back({*t, pool.allocate(static_cast<size_t>(t->bytes))});
   }
@@ -155,15 +160,16 @@ HostLoad map_to_host(const Checkpoint& c, const std::vector<const CheckpointTens
   return out;
 }
 
-}  // namespace
+}  // namespace detail
 
 HostLoad load_to_host(const Checkpoint& c, Worker& worker, const CheckpointLoadOptions& o,
                       const std::vector<std::string>* names) {
   require_chip_worker(worker, "load_to_host");
+  if (o.cache != CacheUse::off) return detail::load_host_through_cache(c, worker, o, names);
   const std::vector<const CheckpointTensor*> tensors = detail::selected(c, names, "load_to_host");
   if (o.mode == LoadMode::map) {
     try {
-      return map_to_host(c, tensors, worker, o);
+      return detail::map_to_host(c, tensors, worker, o, false);
     } catch (const Error& refused) {
       if (refused.code() != ErrorCode::out_of_memory) throw;
       // Whole files do not fit the pin budget; the tensors asked for may (safe_open's one

@@ -28,3 +28,5 @@ pinstage_sim_gtest(test_readonly47 LABELS tensor checkpoint)
 # miss / stale, two fillers, a filler killed mid-fill, a full tmpfs (mounted when allowed),
 # ls / rm / prune, and a second user (setpriv) who can neither read nor plant an entry.
 pinstage_sim_gtest(test_cache LABELS checkpoint)
+target_compile_definitions(test_cache PRIVATE PINSTAGE_CLI_PATH="$<TARGET_FILE:pinstage_cli>")
+add_dependencies(test_cache pinstage_cli)

@@ -136,11 +136,18 @@ void PinnedFileMapping::pin_in_place(runtime::WorkerState& s, int fd, const std:
   using runtime::SourceKind;
   const Stopwatch watch;
   runtime::HostSegment seg;
-  seg.source = SourceKind::file_shared;
+  seg.source = private_ ? SourceKind::file_private : SourceKind::file_shared;
   seg.data = data_;
   seg.bytes = map_bytes_;
-  seg.read_only = true;
+  seg.read_only = !private_;
   int status = s.pin_segment(seg);
+  if (private_) {  // asked for a writable copy (map_files_pinned's writable): pinned as it is
+    pin_seconds_ = watch.seconds();
+    pinned_ = status == PS_OK;
+    if (!pinned_)
+      refusal_ = s.name() + " cannot pin a private copy of the file: " + s.api().last_error();
+    return;
+  }
   const std::string read_only_refusal = status == PS_OK ? "" : s.api().last_error();
   if (status == PS_ERR_UNSUPPORTED && s.api().host_register != nullptr) {
     // A private copy the kernel makes (no zero fill, nothing through the pool), pinned
@@ -212,7 +219,7 @@ void fault_in(const std::vector<const PinnedFileMapping*>& maps, int threads) {
 
 std::vector<Mapping> Worker::map_files_pinned(const std::vector<std::string>& paths,
                                               const std::vector<uint64_t>& expect_bytes,
-                                              int threads) {
+                                              int threads, bool writable) {
   const runtime::CallGuard guard = enter();
   if (expect_bytes.size() != paths.size())
     throw Error(ErrorCode::invalid_argument, "map_files_pinned: " + std::to_string(paths.size()) +
@@ -225,7 +232,7 @@ std::vector<Mapping> Worker::map_files_pinned(const std::vector<std::string>& pa
   for (size_t i = 0; i < paths.size(); ++i) {
     const Stopwatch watch;
     files[i] = open_for_map(paths[i], expect_bytes[i]);
-    {  // the file mapped already (another tensor of it): one mapping, pinned once
+    if (!writable) {  // the file mapped already (another tensor of it): one mapping, pinned once
       std::lock_guard lock(s.mu);
       auto it = s.mapped_files.find(files[i].key);
       if (it != s.mapped_files.end()) {
@@ -233,10 +240,12 @@ std::vector<Mapping> Worker::map_files_pinned(const std::vector<std::string>& pa
         s.mapped_files.erase(it);
       }
     }
-    const runtime::HostSegment seg =
-        s.sources[static_cast<size_t>(runtime::SourceKind::file_shared)]->make(
-            {files[i].key.size, false, files[i].fd.get(), "'" + paths[i] + "'"});
+    const runtime::SourceKind kind =
+        writable ? runtime::SourceKind::file_private : runtime::SourceKind::file_shared;
+    const runtime::HostSegment seg = s.sources[static_cast<size_t>(kind)]->make(
+        {files[i].key.size, false, files[i].fd.get(), "'" + paths[i] + "'"});
     std::shared_ptr<PinnedFileMapping> m(new PinnedFileMapping());
+    m->private_ = writable;
     m->owner_ = state_;
     m->data_ = static_cast<unsigned char*>(seg.data);
     m->size_ = files[i].key.size;
@@ -281,7 +290,8 @@ std::vector<Mapping> Worker::map_files_pinned(const std::vector<std::string>& pa
       },
       n);
   std::lock_guard lock(s.mu);
-  for (size_t i : fresh) s.mapped_files[files[i].key] = out[i];  // a race maps twice: both work
+  if (!writable)  // a private copy is this caller's alone
+    for (size_t i : fresh) s.mapped_files[files[i].key] = out[i];  // a race maps twice: both work
   return out;
 }
 

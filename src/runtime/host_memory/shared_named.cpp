@@ -2,10 +2,13 @@
 // hugetlbfs file mapped shared and writable, whose bytes outlive the process (the restart
 // cache's entries). The caller names, opens and secures the file; the source sizes it,
 // maps it, places it and faults it.
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -30,10 +33,23 @@ class SharedNamed final : public HostSource {
       throw Error(errno == ENOSPC || errno == ENOMEM ? ErrorCode::out_of_memory : ErrorCode::io,
                   "cannot size " + r.what + " to " + std::to_string(r.bytes) +
                       " bytes: " + std::strerror(errno));
-    const size_t bytes = round_up_to_pages(r.bytes);
-    void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd, 0);
+    // A hugetlbfs file is mapped, and must be unmapped, in whole huge pages (its f_bsize).
+    struct statfs sf {};
+    const size_t page = ::fstatfs(r.fd, &sf) == 0 && sf.f_type == HUGETLBFS_MAGIC
+                            ? static_cast<size_t>(sf.f_bsize)
+                            : page_size();
+    const size_t bytes = (r.bytes + page - 1) / page * page;
+    // Mapped read-only, then made writable: hugetlbfs grows a file to the end of a mapping
+    // made writable (to whole huge pages), which would leave a restart-cache entry that is
+    // no longer the checkpoint's size; mprotect does not.
+    void* data = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, r.fd, 0);
     if (data == MAP_FAILED)
       throw Error(ErrorCode::io, "cannot map " + r.what + ": mmap: " + std::strerror(errno));
+    if (::mprotect(data, bytes, PROT_READ | PROT_WRITE) != 0) {
+      const int err = errno;
+      ::munmap(data, bytes);
+      throw Error(ErrorCode::io, "cannot map " + r.what + " writable: " + std::strerror(err));
+    }
     MappedPages pages{data, bytes, data, bytes, {}, 0};
     try {
       if (placement_.numa_node >= 0) numa_system().bind(data, bytes, placement_.numa_node);
