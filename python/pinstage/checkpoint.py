@@ -272,20 +272,23 @@ def _element_type(info, name, framework):
 def _view(buffer, info, name, framework="pt", mapped=False):
     """The torch (or NumPy) view of a buffer holding tensor `name`'s bytes: info's nbytes,
     dtype and shape (a slice's shape, for a slice). `mapped`: a map-mode tensor (read-only:
-    a non-writable NumPy array, a ReadOnlyTensor)."""
+    a non-writable NumPy array, a ReadOnlyTensor); a _MappedTensor of a copy-mode load
+    through the cache is writable, viewed as a PinnedHostBuffer is."""
     nbytes = info["nbytes"]
     if framework == "numpy":
         import numpy as np
-        if mapped and nbytes == 0:
+        if nbytes == 0 and isinstance(buffer, _pinstage._MappedTensor):
             flat = np.empty(0, dtype=np.uint8)
-            flat.flags.writeable = False
+            flat.flags.writeable = not mapped
         else:
             flat = np.frombuffer(buffer, dtype=np.uint8, count=nbytes)  # one counted view
         return flat.view(_numpy_dtype(info["dtype"], name)).reshape(info["shape"])
     dtype = _torch_dtype(info["dtype"], name)
+    if nbytes == 0 and isinstance(buffer, _pinstage._MappedTensor):  # no memory behind it
+        empty = torch.empty(0, dtype=torch.uint8).view(dtype).view(info["shape"])
+        return ReadOnlyTensor(empty) if mapped else empty
     if mapped:
-        flat = (torch.from_dlpack(buffer.__dlpack__()) if nbytes > 0
-                else torch.empty(0, dtype=torch.uint8))
+        flat = torch.from_dlpack(buffer.__dlpack__())
         return ReadOnlyTensor(flat.view(dtype).view(info["shape"]))
     flat = torch.from_dlpack(buffer)  # uint8 [len(buffer)]: one counted view of the buffer
     return flat[:nbytes].view(dtype).view(info["shape"])

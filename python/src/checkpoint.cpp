@@ -184,18 +184,22 @@ py::dict read_slice(const Checkpoint& c, const std::string& name,
                         }));
 }
 
-// A tensor of a map-mode load: a read-only view of a pinned file mapping, which it keeps
-// alive (pinstage._pinstage._MappedTensor; python/pinstage/checkpoint.py wraps it).
+// A tensor of a load through the worker (map mode, or any load through the restart cache):
+// a view of its storage, which it keeps alive (pinstage._pinstage._MappedTensor;
+// python/pinstage/checkpoint.py wraps it). Read-only in map mode; writable in copy mode (a
+// cache hit's private copy-on-write mapping, or pinned memory the load copied into).
 struct PyMapped : ViewHolder {
   std::shared_ptr<Storage> storage;
   std::string name;
+  bool writable = false;
   std::string holder_name() const override { return "mapped tensor '" + name + "'"; }
 };
 
 // The one host load of load_file, safe_open and get_tensor (load_to_host through the
 // worker): copy mode reserves the pool once, allocates each tensor and reads, all in C++
-// without the GIL; map mode maps and pins the files. Returns ([PinnedHostBuffer or
-// _MappedTensor per name], the report).
+// without the GIL; map mode maps and pins the files; a load through the cache goes through
+// the worker, which routes it to the entry. Returns ([PinnedHostBuffer or _MappedTensor per
+// name], the report).
 py::tuple load_pinned(const Checkpoint& c, py::object worker_obj,
                       const std::vector<std::string>& names, const std::string& mode, int threads,
                       uint64_t chunk_bytes, bool verify, bool verify_if_present, bool direct,
@@ -206,18 +210,19 @@ py::tuple load_pinned(const Checkpoint& c, py::object worker_obj,
   o.mode = parse_load_mode(mode);
   o.cache = parse_cache_use(cache);
   BufferAllocator buffers(w.worker);
+  const bool into_buffers = o.mode == LoadMode::copy && o.cache == CacheUse::off;
   HostLoad load;
   {
     Busy busy(&w);
     load = run_with_progress(o, progress, [&](const CheckpointLoadOptions& p) {
-      return p.mode == LoadMode::map ? load_to_host(c, w.worker, p, &names)
-                                     : load_to_host(c, buffers, p, &names);
+      return into_buffers ? load_to_host(c, buffers, p, &names)
+                          : load_to_host(c, w.worker, p, &names);
     });
   }
-  if (o.mode == LoadMode::copy) load.report.host_pages = buffers.fill_pages();
+  if (into_buffers) load.report.host_pages = buffers.fill_pages();
   py::list out;
   for (size_t i = 0; i < load.tensors.size(); ++i) {
-    if (o.mode == LoadMode::copy) {
+    if (into_buffers) {
       auto* b = new PyBuffer(worker_obj, &w, std::move(buffers.buffers[i]));
       b->name = load.tensors[i].info.name;  // finalize()'s refusal names it
       out.append(py::cast(b, py::return_value_policy::take_ownership));
@@ -226,6 +231,7 @@ py::tuple load_pinned(const Checkpoint& c, py::object worker_obj,
     auto mapped = std::make_unique<PyMapped>();
     mapped->storage = load.tensors[i].storage;
     mapped->name = load.tensors[i].info.name;
+    mapped->writable = o.mode == LoadMode::copy;
     out.append(py::cast(std::move(mapped)));
   }
   return py::make_tuple(out, report_dict(load.report));
@@ -238,7 +244,7 @@ py::capsule mapped_dlpack(py::object self, const py::object& stream, const py::o
   auto& m = self.cast<PyMapped&>();
   DLPackRequest request;
   request.versioned = wants_versioned(max_version);
-  request.read_only = true;
+  request.read_only = !m.writable;
   request.copy = !copy.is_none() && copy.cast<bool>();
   request.label = m.name;
   return export_dlpack(self, &m, m.storage->data(), DLDataType{kDLUInt, 8, 1},
@@ -247,13 +253,15 @@ py::capsule mapped_dlpack(py::object self, const py::object& stream, const py::o
 
 void bind_mapped(py::module_& m) {
   py::class_<PyMapped> cls(m, "_MappedTensor", py::buffer_protocol(),
-                           "A read-only view of a pinned file mapping (a map-mode load).");
+                           "A view of a load's storage through the worker: read-only in map mode "
+                           "(a pinned file mapping), writable in copy mode (a cache hit).");
   cls.def_buffer([](PyMapped& t) {
        return py::buffer_info(t.storage->data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                               {static_cast<py::ssize_t>(t.storage->bytes())}, {1},
-                              /*readonly=*/true);
+                              /*readonly=*/!t.writable);
      })
       .def_readonly("name", &PyMapped::name, "str: the tensor.")
+      .def_readonly("writable", &PyMapped::writable, "bool: its bytes may be written.")
       .def_property_readonly(
           "nbytes", [](const PyMapped& t) { return t.storage->bytes(); }, "int: its bytes.")
       .def_property_readonly(
@@ -264,7 +272,7 @@ void bind_mapped(py::module_& m) {
           "__dlpack_device__",
           [](const PyMapped&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); },
           method_doc("__dlpack_device__() -> tuple[int, int]", "(kDLCPU, 0): host memory."));
-  def_dlpack(cls, &mapped_dlpack, "A read-only DLPack capsule of the mapped bytes.");
+  def_dlpack(cls, &mapped_dlpack, "A DLPack capsule of the bytes (read-only unless writable).");
 }
 
 std::unique_ptr<PyDeviceLoad> to_device(const Checkpoint& c, py::object worker_obj, int threads,
