@@ -917,7 +917,9 @@ def fill_caches(caches, pinstage, d):
 def cache_summary(a, runs, s):
     """Each cache arm's best run in each mode against pinstage_map and the mode's best
     copying peer (speed-up: their seconds / its seconds; major faults of each), and each
-    cache device arm's GB/s against floor_memcpy (warm)."""
+    cache device arm's GB/s against floor_memcpy (warm): the whole load's, and its upload's
+    alone (bytes / upload_s: sim's device memory is host RAM faulted on first use, which
+    alloc_s counts as device_first_touch_s; a device's memory is not)."""
     out = {}
     memcpy = s["floors_gbps"].get("floor_memcpy", {}).get("warm")
     for arm in (x for x in a.arms if x in CACHE_FS):
@@ -927,9 +929,12 @@ def cache_summary(a, runs, s):
                 continue
             row = {"seconds": mine["seconds"], "major_faults": mine["usage"]["major_faults"]}
             if is_device(arm):
-                gbps = s["best_gbps"][arm][m]
-                row.update(gbps=gbps, floor_memcpy_gbps=memcpy,
-                           to_memcpy=gbps / memcpy if memcpy else None)
+                gbps, rep = s["best_gbps"][arm][m], mine.get("report") or {}
+                upload = rep["bytes"] / rep["upload_s"] / 1e9 if rep.get("upload_s") else None
+                row.update(gbps=gbps, floor_memcpy_gbps=memcpy, upload_gbps=upload,
+                           to_memcpy=gbps / memcpy if memcpy else None,
+                           upload_to_memcpy=upload / memcpy if memcpy and upload else None,
+                           device_first_touch_s=rep.get("device_first_touch_s"))
             others = [("pinstage_map", best_run(runs, "pinstage_map", m))]
             if m in s["best_peer"]:
                 others.append((s["best_peer"][m], best_run(runs, s["best_peer"][m], m)))
@@ -948,8 +953,12 @@ def print_cache(summary):
             line = f"cache {m:7} {arm:26} {row['seconds']:7.3f} s, {row['major_faults']} major"
             if "gbps" in row:
                 ratio = f"{row['to_memcpy']:.2f}x" if row["to_memcpy"] else "-"
+                up = (f"{row['upload_gbps']:.2f} GB/s = {row['upload_to_memcpy']:.2f}x"
+                      if row["upload_to_memcpy"] else "-")
                 line += (f"; cache hit -> device {row['gbps']:.2f} GB/s = {ratio} floor_memcpy "
-                         f"({row['floor_memcpy_gbps'] or 0:.2f} GB/s)")
+                         f"({row['floor_memcpy_gbps'] or 0:.2f} GB/s), the upload alone {up} "
+                         f"(sim's first touch of its device memory: "
+                         f"{row['device_first_touch_s'] or 0:.3f} s)")
             for name, o in row.items():
                 if isinstance(o, dict):
                     line += (f"; {o['speedup']:.1f}x faster than {name} ({o['seconds']:.3f} s, "
