@@ -11,6 +11,7 @@ import os
 import pathlib
 import struct
 import sys
+import time
 
 import torch.distributed as dist
 
@@ -37,7 +38,27 @@ def reference():
 dist.init_process_group("gloo")
 ctx = pd.setup(backend="sim")
 record = {"rank": ctx.rank}
+# When the fill ended and each lookup began, on the machine-wide monotonic clock: the test
+# checks that the non-filler looked up only after the filler's put returned (the barrier).
+events = []
+real_put, real_lookup = pinstage.cache.put, pinstage.cache.lookup
+
+
+def put(*args, **kwargs):
+    got = real_put(*args, **kwargs)
+    events.append(("put_end", time.monotonic()))
+    return got
+
+
+def lookup(*args, **kwargs):
+    events.append(("lookup_start", time.monotonic()))
+    return real_lookup(*args, **kwargs)
+
+
+pinstage.cache.put, pinstage.cache.lookup = put, lookup
 found = pd.fill_cache(checkpoint)
+pinstage.cache.put, pinstage.cache.lookup = real_put, real_lookup
+record["events"] = events
 record["fill"] = {k: found[k] for k in ("state", "filler", "entry_path")}
 tensors, report = pinstage.load_file(checkpoint, worker=ctx.worker, mode="map", cache="use",
                                      report=True)

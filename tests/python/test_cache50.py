@@ -359,7 +359,8 @@ def shm_names():
 
 def test_two_ranks_of_a_node_fill_once_and_both_map_the_sources_bytes(tmp_path, build_dir):
     """torchrun, 2 ranks on this node: exactly one rank fills (state "filled", filler),
-    the other waits and finds the entry ("hit"); both load the source's bytes from the
+    the other waits (its lookup begins after the filler's put returned, on the machine's
+    monotonic clock) and finds the entry ("hit"); both load the source's bytes from the
     entry (map mode, "hit") and load_sharded(cache="use") hits too; a filler made to fail
     is named on both ranks, and a refill is again done by one rank. /dev/shm holds
     nothing new afterwards but the cache directory, which holds only the entry."""
@@ -384,6 +385,9 @@ def test_two_ranks_of_a_node_fill_once_and_both_map_the_sources_bytes(tmp_path, 
         fills = sorted((r["fill"]["state"], r["fill"]["filler"]) for r in ranks)
         assert fills == [("filled", True), ("hit", False)], fills
         assert ranks[0]["fill"]["filler"], "local rank 0 fills"
+        put_end = dict(ranks[0]["events"])["put_end"]
+        assert [e for e, _ in ranks[1]["events"]] == ["lookup_start"], ranks[1]["events"]
+        assert ranks[1]["events"][0][1] > put_end, "the other rank looked up before the fill"
         for r in ranks:
             assert r["load"] == {"cache": "hit", "cache_entry": r["fill"]["entry_path"],
                                  "names": True, "equal": True}, r
