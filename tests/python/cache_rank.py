@@ -7,7 +7,6 @@ OUT/rank<R>.json. PINSTAGE_CACHE_DIR names the cache (set by the test).
 
 usage: torchrun ... cache_rank.py CHECKPOINT PLAN OUT"""
 import json
-import os
 import pathlib
 import struct
 import sys
