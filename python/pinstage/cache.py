@@ -78,7 +78,7 @@ def lookup(path, *, dir=None):
     return _pinstage._cache_lookup(_path(path, "lookup"), _dir(dir, "lookup"))
 
 
-def put(path, *, dir=None, progress=None, max_bytes=None, threads=0):
+def put(path, *, dir=None, progress=None, max_bytes=None, threads=0, numa_node=-1):
     """Fills the entry of checkpoint `path` when it is missing or stale: the bytes are
     copied under a temporary name, then renamed, so no reader sees a partial entry; a
     second filler of the same checkpoint waits for the first and finds a hit. Returns the
@@ -86,7 +86,9 @@ def put(path, *, dir=None, progress=None, max_bytes=None, threads=0):
     as bytes are copied, with the GIL taken; an exception it raises stops the fill (nothing
     is left) and is raised here. `max_bytes`: the cache's limit, a fill that would pass it
     is refused before anything is written (None: the file system's free space, or the
-    huge-page reservation, bounds it). `threads`: copying threads (0: every core)."""
+    huge-page reservation, bounds it). `threads`: copying threads (0: every core).
+    `numa_node`: the node the entry's pages are bound to (its device's, so that a hit maps
+    memory local to it); -1 leaves them to this process's memory policy."""
     if progress is not None and not callable(progress):
         raise TypeError(f"pinstage.cache.put(): progress must be a callable (done, total) or "
                         f"None, not {type(progress).__name__}")
@@ -97,7 +99,12 @@ def put(path, *, dir=None, progress=None, max_bytes=None, threads=0):
     if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads < 1 << 31:
         raise InvalidArgumentError(f"pinstage.cache.put(): threads must be an int in "
                                    f"[0, 2**31), got {threads!r}")
-    return _pinstage._cache_put(_path(path, "put"), _dir(dir, "put"), progress, limit, threads)
+    if isinstance(numa_node, bool) or not isinstance(numa_node, int) or \
+            not -1 <= numa_node < 1 << 31:
+        raise InvalidArgumentError(f"pinstage.cache.put(): numa_node must be an int >= -1, "
+                                   f"got {numa_node!r}")
+    return _pinstage._cache_put(_path(path, "put"), _dir(dir, "put"), progress, limit, threads,
+                                numa_node)
 
 
 def ls(*, dir=None):

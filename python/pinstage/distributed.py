@@ -415,14 +415,17 @@ def _node_cache(phases, path, cache, group, dir=None):
     """This rank's lookup of `path` in the cache ({"state": "off"} for cache="off"): with
     "fill", the node's filler fills a missing or stale entry while the other ranks wait
     at the phase's all_gather (every phase ends with one), then every rank looks it up:
-    the filler's state is "filled" when it made the entry, the others' "hit"."""
+    the filler's state is "filled" when it made the entry, the others' "hit". The entry's
+    pages go on the filler's device's NUMA node when setup() made this rank's context."""
     if cache == "off":
         return {"state": "off", "key": "", "entry_path": "", "reason": "", "filler": False}
     filler = _is_node_filler(group)
     filled = None
+    # The entry's pages on the filler's device's node, when setup() knows it.
+    numa = _context.device_numa_node if _context is not None else -1
     if cache == "fill":
-        filled = phases.run("cache fill",
-                            lambda: _cache.put(path, dir=dir) if filler else None)
+        filled = phases.run("cache fill", lambda: _cache.put(path, dir=dir, numa_node=max(
+            numa, -1)) if filler else None)
     found = phases.run("cache lookup", lambda: _cache.lookup(path, dir=dir))
     if filled is not None and filled["state"] == "filled" and found["state"] == "hit":
         found = dict(found, state="filled")

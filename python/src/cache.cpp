@@ -57,12 +57,13 @@ py::dict lookup(const py::object& path, const std::optional<std::string>& dir) {
 // The fill without the GIL, Python's progress callable relayed as a load's is (its
 // exception stops the fill, which removes its temporary, and is raised here).
 py::dict put(const py::object& path, const std::optional<std::string>& dir,
-             const py::object& progress, uint64_t max_bytes, int threads) {
+             const py::object& progress, uint64_t max_bytes, int threads, int numa_node) {
   const std::string p = path_arg(path, "pinstage.cache.put(): path");
   ProgressRelay relay(progress);
   CacheFillOptions o;
   o.max_bytes = max_bytes;
   o.threads = threads;
+  o.numa_node = numa_node;
   if (!progress.is_none())
     o.progress = [&relay](uint64_t done, uint64_t total) { relay.call(relay.fn, done, total); };
   CacheLookup l;
@@ -131,10 +132,10 @@ void bind_cache(py::module_& m) {
                      "dict[str, Any]",
                      "What the cache holds for the checkpoint: state, key, entry_path, reason."));
   m.def("_cache_put", &put, py::arg("path"), dir, py::arg("progress") = py::none(),
-        py::arg("max_bytes") = 0, py::arg("threads") = 0,
+        py::arg("max_bytes") = 0, py::arg("threads") = 0, py::arg("numa_node") = -1,
         function_doc("_cache_put(path: str | os.PathLike[str], dir: str | None = None, "
                      "progress: Callable[[int, int], None] | None = None, max_bytes: int = 0, "
-                     "threads: int = 0) -> dict[str, Any]",
+                     "threads: int = 0, numa_node: int = -1) -> dict[str, Any]",
                      "Fills the checkpoint's entry when missing or stale (the lookup dict)."));
   m.def("_cache_ls", &ls, dir,
         function_doc("_cache_ls(dir: str | None = None) -> list[dict[str, Any]]",

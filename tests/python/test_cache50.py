@@ -263,7 +263,8 @@ def test_the_module_mirrors_the_cache(ckpt, cache_dir, tmp_path):
     other = pathlib.Path(tempfile.mkdtemp(prefix="pinstage-test50-", dir=SHM))
     try:  # dir= overrides the setting
         assert pinstage.cache.info(dir=other)["path"] == str(other)
-        assert pinstage.cache.put(ckpt, dir=other)["entry_path"].startswith(str(other) + "/")
+        assert pinstage.cache.put(ckpt, dir=other, numa_node=0)["entry_path"].startswith(
+            str(other) + "/")
         assert pinstage.cache.ls() == []
     finally:
         shutil.rmtree(other)
@@ -309,6 +310,8 @@ def test_bad_arguments_are_refused_by_name(ckpt, cache_dir, tmp_path):
         pinstage.cache.prune(max_bytes=-1)
     with pytest.raises(pinstage.InvalidArgumentError, match="threads"):
         pinstage.cache.put(ckpt, threads=-1)
+    with pytest.raises(pinstage.InvalidArgumentError, match="numa_node must be an int >= -1"):
+        pinstage.cache.put(ckpt, numa_node=-2)
     with pytest.raises(pinstage.Error):
         pinstage.cache.put(tmp_path / "missing.safetensors")
     assert entries(cache_dir) == []
