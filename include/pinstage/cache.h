@@ -89,6 +89,9 @@ struct CacheFillOptions {
   // before anything is written (0: only the file system's free space bounds it).
   uint64_t max_bytes = 0;
   int threads = 0;  // copy threads; 0 = all cores
+  // The NUMA node the entry's pages are bound to (its device's node, so that a hit maps
+  // memory local to it), or -1: the filler's own memory policy places them.
+  int numa_node = -1;
   // Called after each piece with the bytes copied and the total, one call at a time.
   std::function<void(uint64_t done, uint64_t total)> progress;
 };

@@ -74,12 +74,21 @@ std::string stale_reason(const Manifest& want, int entry) {
   return changed.empty() ? "" : "the entry is damaged: " + changed;
 }
 
+// Where a fill writes: the temporary entry open as `dir`, the cache's path (for messages) and
+// the placement of the entry's pages (its NUMA node, or none: the filler's own policy).
+struct FillTarget {
+  int dir = -1;
+  std::string cache;
+  runtime::HostPlacement placement;
+};
+
 // A file made in the temporary entry: `bytes` reserved, then mapped shared and writable by
 // the shared_named source until destruction.
 class EntryFile {
  public:
-  EntryFile(int dir, const std::string& name, uint64_t bytes, const std::string& cache)
-      : fd_(::openat(dir, name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600)) {
+  EntryFile(const FillTarget& to, const std::string& name, uint64_t bytes)
+      : fd_(::openat(to.dir, name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                     0600)) {
     if (fd_.get() < 0)
       throw Error(ErrorCode::io, "cannot create '" + name +
                                      "' in the cache's temporary entry: " + std::strerror(errno));
@@ -88,13 +97,13 @@ class EntryFile {
       const int err = errno;
       throw Error(err == ENOSPC || err == ENOMEM || err == EDQUOT ? ErrorCode::out_of_memory
                                                                   : ErrorCode::io,
-                  "the cache directory '" + cache + "' has no room for '" + name + "' (" +
+                  "the cache directory '" + to.cache + "' has no room for '" + name + "' (" +
                       std::to_string(bytes) + " bytes): " + std::strerror(err) +
                       "; nothing was kept. Free room with `pinstage cache prune --max-bytes N` "
                       "or `pinstage cache rm`, or grow the tmpfs (mount -o remount,size=) or "
                       "the huge-page reservation (vm.nr_hugepages)");
     }
-    source_ = runtime::make_source(runtime::SourceKind::shared_named, placement(), api(), nullptr);
+    source_ = runtime::make_source(runtime::SourceKind::shared_named, to.placement, api(), nullptr);
     seg_ = source_->make({static_cast<size_t>(bytes), false, fd_.get(), "'" + name + "'"});
   }
   ~EntryFile() {
@@ -105,10 +114,6 @@ class EntryFile {
   unsigned char* data() const noexcept { return static_cast<unsigned char*>(seg_.data); }
 
  private:
-  static const runtime::HostPlacement& placement() {
-    static const runtime::HostPlacement kFillersPolicy;  // no node: the filler's own policy
-    return kFillersPolicy;
-  }
   static const ps_platform_api& api() {
     static const ps_platform_api kNone{};
     return kNone;
@@ -135,8 +140,8 @@ struct FillProgress {
 
 // Copies the source file `f` into the temporary entry `tmp`, recording its identity as
 // opened; a file that changes while it is copied is refused.
-void copy_file(ManifestFile& f, uint64_t want_size, int tmp, const std::string& cache,
-               FillProgress& progress, int threads) {
+void copy_file(ManifestFile& f, uint64_t want_size, const FillTarget& to, FillProgress& progress,
+               int threads) {
   std::string why;
   const UniqueFd src(open_regular_file(f.source, 0, &why));
   struct stat before {
@@ -149,7 +154,7 @@ void copy_file(ManifestFile& f, uint64_t want_size, int tmp, const std::string& 
     throw Error(ErrorCode::io, "cannot fill the cache from '" + f.source + "': it has " +
                                    std::to_string(f.size) + " bytes, " + std::to_string(want_size) +
                                    " when the checkpoint was opened: open it again");
-  const EntryFile out(tmp, f.name, f.size, cache);
+  const EntryFile out(to, f.name, f.size);
   constexpr uint64_t kPiece = uint64_t{16} << 20;
   const size_t pieces = static_cast<size_t>((f.size + kPiece - 1) / kPiece);
   parallel_for(
@@ -174,15 +179,15 @@ void copy_file(ManifestFile& f, uint64_t want_size, int tmp, const std::string& 
 
 // Writes `text` as `name` into the temporary entry (through a mapping: hugetlbfs takes no
 // write()).
-void put_text(int tmp, const std::string& name, const std::string& text, const std::string& cache) {
-  const EntryFile out(tmp, name, text.size(), cache);
+void put_text(const FillTarget& to, const std::string& name, const std::string& text) {
+  const EntryFile out(to, name, text.size());
   std::memcpy(out.data(), text.data(), text.size());
 }
 
 // The hash sidecar of the entry, when the source's hashes came (partly) from one: the
 // source's hashes, so that verify on a hit checks the entry's bytes against them. Without
 // "files" (an entry never changes in place).
-void put_sidecar(const Checkpoint& source, const Manifest& m, int tmp, const std::string& cache) {
+void put_sidecar(const Checkpoint& source, const Manifest& m, const FillTarget& to) {
   std::error_code ec;
   if (!source.sidecar_problem().empty() ||
       !std::filesystem::exists(hash_sidecar_path(source.path()), ec))
@@ -197,7 +202,7 @@ void put_sidecar(const Checkpoint& source, const Manifest& m, int tmp, const std
   const nlohmann::ordered_json doc = {{"format", "pinstage.xxh3/1"}, {"tensors", list}};
   const std::string name =
       m.open_name.empty() ? std::string(kHashSidecarName) : m.open_name + "." + kHashSidecarName;
-  put_text(tmp, name, doc.dump(1) + "\n", cache);
+  put_text(to, name, doc.dump(1) + "\n");
 }
 
 }  // namespace
@@ -266,6 +271,10 @@ void publish(int dir, const std::string& tmp, const std::string& key) {
 }  // namespace
 
 CacheLookup WeightCache::fill(const Checkpoint& source, const CacheFillOptions& options) {
+  if (options.numa_node < -1)
+    throw Error(ErrorCode::invalid_argument, "fill: numa_node " +
+                                                 std::to_string(options.numa_node) +
+                                                 " is not a node (-1: the filler's own policy)");
   Manifest m = detail::manifest_of(source);
   const std::string key = key_of_real(m.source);
   const UniqueFd lock = detail::lock_cache_key(dir_.get(), key, true);
@@ -283,12 +292,14 @@ CacheLookup WeightCache::fill(const Checkpoint& source, const CacheFillOptions& 
         ::openat(dir_.get(), tmp.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (dir.get() < 0)
       throw Error(ErrorCode::io, "cannot open '" + tmp + "': " + std::strerror(errno));
+    FillTarget to{dir.get(), path_, {}};
+    to.placement.numa_node = options.numa_node;
     FillProgress progress(options);
     for (const ManifestFile& f : m.files) progress.total += f.size;
     for (ManifestFile& f : m.files)  // its size as the checkpoint was opened
-      copy_file(f, f.size, dir.get(), path_, progress, options.threads);
-    put_sidecar(source, m, dir.get(), path_);
-    put_text(dir.get(), kCacheManifestName, detail::manifest_json(m), path_);
+      copy_file(f, f.size, to, progress, options.threads);
+    put_sidecar(source, m, to);
+    put_text(to, kCacheManifestName, detail::manifest_json(m));
     publish(dir_.get(), tmp, key);
   } catch (...) {
     try {

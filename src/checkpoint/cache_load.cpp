@@ -24,7 +24,7 @@ struct CacheRoute {
   std::string entry_path;
 };
 
-CacheRoute route(const Checkpoint& source, const CheckpointLoadOptions& o) {
+CacheRoute route(const Checkpoint& source, const CheckpointLoadOptions& o, const Worker& worker) {
   WeightCache cache = WeightCache::open();
   CacheLookup l = cache.lookup(source);
   CacheRoute r;
@@ -33,6 +33,7 @@ CacheRoute route(const Checkpoint& source, const CheckpointLoadOptions& o) {
     enter_phase(o, "fill");
     CacheFillOptions fill;
     fill.threads = o.threads;
+    fill.numa_node = worker.host_numa_node();  // the node of the worker's pinned memory
     l = cache.fill(source, fill);
   }
   r.state = l.state;
@@ -86,7 +87,7 @@ HostLoad load_host_through_cache(const Checkpoint& source, Worker& worker,
                                  const std::vector<std::string>* names) {
   CheckpointLoadOptions inner = options;
   inner.cache = CacheUse::off;
-  const CacheRoute r = route(source, options);
+  const CacheRoute r = route(source, options, worker);
   HostLoad out = r.entry ? load_entry(*r.entry, worker, inner, names)
                          : load_to_host(source, worker, inner, names);
   stamp(r, out.report);
@@ -98,7 +99,7 @@ DeviceLoad load_device_through_cache(const Checkpoint& source, Worker& worker,
                                      const std::vector<std::string>* names) {
   CheckpointLoadOptions inner = options;
   inner.cache = CacheUse::off;
-  const CacheRoute r = route(source, options);
+  const CacheRoute r = route(source, options, worker);
   const Checkpoint& from = r.entry ? *r.entry : source;
   if (r.entry) {  // straight from the pinned mappings of the entry
     inner.mode = LoadMode::map;
