@@ -367,7 +367,7 @@ def test_two_ranks_of_a_node_fill_once_and_both_map_the_sources_bytes(tmp_path, 
     entry (map mode, "hit") and load_sharded(cache="use") hits too; a filler made to fail
     is named on both ranks, and a refill is again done by one rank. /dev/shm holds
     nothing new afterwards but the cache directory, which holds only the entry."""
-    from test_distributed import LOCK, needs_torchrun, torchrun
+    from test_distributed import LOCK, needs_torchrun, pd, torchrun
     if needs_torchrun.args[0]:
         pytest.skip(needs_torchrun.kwargs["reason"])
     model, plan = tp_checkpoint.write_checkpoint(tmp_path)
@@ -398,7 +398,12 @@ def test_two_ranks_of_a_node_fill_once_and_both_map_the_sources_bytes(tmp_path, 
             assert r["failure"] == {"phase": "cache fill", "ranks": [0]}, r
             assert r["after_failure"] == "miss", r
         assert sorted(r["refill"]["state"] for r in ranks) == ["filled", "hit"]
-        assert after - before == set(), f"left in /dev/shm: {sorted(after - before)}"
+        # What pinstage could leave there: a distributed segment, the default cache
+        # directory (the job names its own). Other processes of this machine (another
+        # suite's tests) may add files of their own meanwhile, so only these are checked.
+        ours = [n for n in after - before
+                if n.startswith(pd.SHM_PREFIX) or n == f"pinstage-{os.geteuid()}"]
+        assert ours == [], f"left in /dev/shm: {ours}"
         key = pathlib.Path(ranks[0]["fill"]["entry_path"]).name
         assert entries(d) == [key], entries(d)
     finally:
