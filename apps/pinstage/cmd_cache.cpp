@@ -129,7 +129,8 @@ void run_rm(const CacheArgs& a) {
 }
 
 void run_prune(const CacheArgs& a) {
-  const std::optional<uint64_t> limit = max_bytes_of(a);
+  // "0": every entry no fill holds (a byte count is otherwise at least 1).
+  const std::optional<uint64_t> limit = a.max_bytes == "0" ? 0 : max_bytes_of(a);
   const CachePruneReport r = WeightCache::open().prune(limit);
   std::fprintf(text_out(a.report),
                "pruned %s: %zu leftover temporaries, %zu stale, %zu least recently used\n",
@@ -172,7 +173,8 @@ void add_cache_command(CLI::App& app) {
                              "Remove leftover temporaries and stale entries, then the least "
                              "recently used until under --max-bytes",
                              run_prune);
-  prune->cmd->add_option("--max-bytes", prune->max_bytes, "The size to prune to (8G, 512M)");
+  prune->cmd->add_option("--max-bytes", prune->max_bytes,
+                         "The size to prune to (8G, 512M; 0 removes every entry)");
 }
 
 }  // namespace pinstage::cli

@@ -144,7 +144,8 @@ class PINSTAGE_API WeightCache {
 
   // Removes the entry named by `key_or_path` (a key, or a checkpoint path whose key it is).
   // Safe for a process that still maps it: its mappings keep the pages until they go
-  // (docs/cache.md, "Removal"). Error(not_found) naming the key when there is none.
+  // (docs/cache.md, "Limits"). Error(not_found) naming the key when there is none, or
+  // naming the path when it no longer exists (its entry is then removed by its key).
   void remove(const std::string& key_or_path);
 
   // Removes leftover temporaries whose filler is gone (their lock is free), stale and

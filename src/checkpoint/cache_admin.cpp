@@ -72,7 +72,16 @@ std::vector<CacheEntryInfo> WeightCache::list() const {
 }
 
 void WeightCache::remove(const std::string& key_or_path) {
-  const std::string key = detail::is_cache_key(key_or_path) ? key_or_path : cache_key(key_or_path);
+  std::string key = key_or_path;
+  if (!detail::is_cache_key(key_or_path)) {
+    try {
+      key = cache_key(key_or_path);
+    } catch (const Error& e) {  // a source removed since: its entry is named by its key
+      throw Error(ErrorCode::not_found, std::string(e.what()) +
+                                            "; remove its entry by its key (pinstage cache ls "
+                                            "lists them)");
+    }
+  }
   const UniqueFd lock = detail::lock_cache_key(dir_.get(), key, true);
   if (!detail::remove_at(dir_.get(), key, "cache entry " + key)) {
     (void)::unlinkat(dir_.get(), (key + ".lock").c_str(), 0);

@@ -478,6 +478,9 @@ TEST_F(Cache, LsRmAndPruneByLastUse) {
   Error e = error_of([&] { cache.remove(s.path()); });
   EXPECT_EQ(e.code(), ErrorCode::not_found);
   EXPECT_NE(std::string(e.what()).find("pinstage cache ls"), std::string::npos) << e.what();
+  e = error_of([&] { cache.remove(path("gone.safetensors")); });
+  EXPECT_EQ(e.code(), ErrorCode::not_found);
+  EXPECT_NE(std::string(e.what()).find("by its key"), std::string::npos) << e.what();
   const uint64_t a_bytes =
       cache.list()[0].key == cache_key(a.path()) ? cache.list()[0].bytes : cache.list()[1].bytes;
   const CachePruneReport r = cache.prune(a_bytes);
@@ -736,6 +739,9 @@ TEST_F(Cache, TheCliPutsListsRemovesAndPrunes) {
   EXPECT_NE(r.output.find("\"temps\": 1"), std::string::npos) << r.output;
   r = test::run_command(cli(cache_, "rm '" + src + "'"));
   EXPECT_EQ(r.status, 0);
+  ASSERT_EQ(test::run_command(cli(cache_, "put '" + src + "' --quiet")).status, 0);
+  r = test::run_command(cli(cache_, "prune --max-bytes 0 --json -"));
+  EXPECT_NE(r.output.find("\"evicted\": 1"), std::string::npos) << r.output;
   r = test::run_command(cli(cache_, "rm '" + src + "' 2>&1"));
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("not_found"), std::string::npos) << r.output;
