@@ -4,8 +4,8 @@ sharded checkpoint into host memory, warm and cold page cache, every load in a f
 process, beside the floors of the same machine measured in the same run.
 
     /usr/bin/python3 bench/peers.py [--gib 2] [--rounds 3] [--dir DIR] [--arms A,B,...]
-                                    [--modes warm,cold] [--build build] [--json FILE]
-                                    [--quick]
+                                    [--modes warm,cold,dropped] [--build build]
+                                    [--json FILE] [--quick]
 
 The peers live in the PyPI venv of requirements/peers.txt: run under another interpreter,
 the script makes or reuses it (scripts/venv.sh) and runs itself again there. The
@@ -71,6 +71,24 @@ The arms:
                       ring into sim device memory (host RAM), host_cache_limit_bytes=0
   pinstage_map_device load_to_device(mode="map"), the same worker: uploaded straight from
                       the pinned file mapping
+  pinstage_cache      a restart with the cache's entry present (docs/cache.md): load_file(
+                      mode="map", cache="use", report=True), default worker, from an entry
+                      on tmpfs (4 KiB pages) that the parent filled once before the rounds
+                      (pinstage.cache.put, timed: fill_s); the arm fails unless the report
+                      says "hit"
+  pinstage_cache_huge the same from an entry on hugetlbfs (2 MiB pages), reserved and
+                      mounted by the parent as root (bench/cache_setup.py)
+  pinstage_cache_device, pinstage_cache_huge_device
+                      load_to_device(cache="use") from those entries on sim: uploaded from
+                      the entry's registered mapping, no ring; compared with floor_memcpy
+
+The modes: warm (every shard page resident), cold (each shard dropped with fdatasync and
+posix_fadvise(DONTNEED)) and dropped (sync, then `echo 3 > /proc/sys/vm/drop_caches`, as
+root: the restart after the page cache's reclaim, which tmpfs and hugetlbfs survive). Each
+run's major faults (getrusage) are in the table and the JSON: a hit takes none, map mode on
+the dropped files thousands. With a cache arm, a "cache" block compares each cache arm in
+each mode with pinstage_map and the best copying peer of that mode (speed-up, major
+faults), and each device arm with floor_memcpy.
 
 The floors, each in a fresh process too, interleaved with the arms in every round:
 
@@ -125,12 +143,17 @@ import time
 import traceback
 
 from benchargs import add_dry_run, dry_run_done, write_json_atomically
+from cache_setup import CacheDirs, drop_caches
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PEERS = ["safetensors", "safetensors_pread", "fastsafetensors", "fastsafetensors_buffered",
          "runai", "torch_by_hand"]
 OURS = ["pinstage", "pinstage_thp", "pinstage_base", "pinstage_pooled", "pinstage_direct",
-        "pinstage_map", "pinstage_device", "pinstage_map_device"]
+        "pinstage_map", "pinstage_device", "pinstage_map_device", "pinstage_cache",
+        "pinstage_cache_huge", "pinstage_cache_device", "pinstage_cache_huge_device"]
+# The restart cache's arms: the cache directory (bench/cache_setup.py) each loads from.
+CACHE_FS = {"pinstage_cache": "tmpfs", "pinstage_cache_device": "tmpfs",
+            "pinstage_cache_huge": "hugetlbfs", "pinstage_cache_huge_device": "hugetlbfs"}
 # The sweeps: pinstage_tN (threads) and pinstage_cM (chunk MiB), fresh workers.
 SWEEP = re.compile(r"pinstage_([tc])(\d+)$")
 # safetensors' default gives views of the file's mapping (the page cache itself, faulted in
@@ -139,14 +162,19 @@ SWEEP = re.compile(r"pinstage_([tc])(\d+)$")
 ZERO_COPY = {"safetensors"}
 ARMS = PEERS + OURS
 # The floors run in these modes; the arms' "floor" ratio of a mode is to FLOOR_OF[mode].
+MODES = ("warm", "cold", "dropped")
 FLOOR_MODES = {"floor_fault": ("warm", "cold"), "floor_memcpy": ("warm",),
-               "floor_pread": ("warm",), "floor_fio": ("cold",)}
+               "floor_pread": ("warm",), "floor_fio": ("cold", "dropped")}
 FLOORS = list(FLOOR_MODES)
-FLOOR_OF = {"warm": "floor_pread", "cold": "floor_fio"}
+FLOOR_OF = {"warm": "floor_pread", "cold": "floor_fio", "dropped": "floor_fio"}
 LABELS = {"safetensors": "zero-copy views of the page cache",
           "pinstage_pooled": "second load in one process",
           "pinstage_map": "read-only views of the page cache, pinned in place",
           "pinstage_map_device": "uploaded from the pinned file mapping",
+          "pinstage_cache": "a hit of the restart cache on tmpfs, mapped in place",
+          "pinstage_cache_huge": "a hit of the restart cache on hugetlbfs (2 MiB pages)",
+          "pinstage_cache_device": "uploaded from a tmpfs cache hit's mapping",
+          "pinstage_cache_huge_device": "uploaded from a hugetlbfs cache hit's mapping",
           "floor_fault": "fresh anonymous pages, one byte per 4 KiB page, every core",
           "floor_memcpy": "all-core memcpy, both sides already faulted",
           "floor_pread": "all-core pread of the shards into memory already faulted",
@@ -157,7 +185,9 @@ LABELS = {"safetensors": "zero-copy views of the page cache",
 WORKER = {"pinstage": "fresh", "pinstage_thp": "fresh", "pinstage_base": "fresh",
           "pinstage_device": "fresh",
           "pinstage_map_device": "fresh", "pinstage_pooled": "pooled",
-          "pinstage_direct": "pooled", "pinstage_map": "pooled"}
+          "pinstage_direct": "pooled", "pinstage_map": "pooled", "pinstage_cache": "pooled",
+          "pinstage_cache_huge": "pooled", "pinstage_cache_device": "fresh",
+          "pinstage_cache_huge_device": "fresh"}
 MARK = "peers.py child result: "
 GIB = 1 << 30
 PAGE = 4096
@@ -169,7 +199,8 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=3, help="rounds; the best is reported")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated, of: " +
                     ", ".join(ARMS))
-    ap.add_argument("--modes", default="warm,cold", help="warm, cold or both")
+    ap.add_argument("--modes", default="warm,cold",
+                    help="of warm, cold, dropped (root: echo 3 > /proc/sys/vm/drop_caches)")
     ap.add_argument("--dir", help="where the checkpoint is (reused) or goes (kept)")
     ap.add_argument("--build", default=os.environ.get("PINSTAGE_BUILD_DIR", "build"))
     ap.add_argument("--json", help="write the report here (and the PNG beside it)")
@@ -177,7 +208,7 @@ def parse_args(argv=None):
                     help="a smoke run: 0.25 GiB, 1 round (figures not meant to be kept)")
     # The child: one load (or floor) in this fresh process, one JSON line on stdout.
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--child-mode", choices=("warm", "cold"), help=argparse.SUPPRESS)
+    ap.add_argument("--child-mode", choices=MODES, help=argparse.SUPPRESS)
     add_dry_run(ap)
     a = ap.parse_args(argv)
     if a.quick:
@@ -190,8 +221,8 @@ def parse_args(argv=None):
                  f"in 1..256, pinstage_cM with M in 1..1024)")
     if a.child and not (known_arm(a.child) or a.child in FLOORS):
         ap.error(f"--child: unknown {a.child!r}")
-    if not a.modes or any(m not in ("warm", "cold") for m in a.modes):
-        ap.error("--modes: warm, cold or warm,cold")
+    if not a.modes or any(m not in MODES for m in a.modes):
+        ap.error("--modes: a comma-separated list of warm, cold, dropped")
     if a.rounds < 1 or not 0 < a.gib <= 64:
         ap.error("--rounds must be >= 1 and --gib in (0, 64]")
     if a.json is not None and (not a.json or not pathlib.Path(a.json).resolve().parent.is_dir()):
@@ -446,7 +477,12 @@ def huge_folios():
 def prepare(mode, files):
     """Warms or drops the shards; what was resident after, and the huge folios around it."""
     before = huge_folios()
-    left = drop(files) if mode == "cold" else warm(files)
+    if mode == "dropped":
+        drop_caches()
+        have, total = resident(files)
+        left = have / total
+    else:
+        left = drop(files) if mode == "cold" else warm(files)
     return {"resident": left, "folios_before": before, "folios_after": huge_folios()}
 
 
@@ -510,6 +546,12 @@ def loader(arm, ctx):
         "pinstage_map": lambda: ps.load_file(d, worker=w, mode="map", report=True),
         "pinstage_device": lambda: ps.load_to_device(d, worker=w),
         "pinstage_map_device": lambda: ps.load_to_device(d, worker=w, mode="map"),
+        "pinstage_cache": lambda: ps.load_file(d, worker=w, mode="map", cache="use",
+                                               report=True),
+        "pinstage_cache_huge": lambda: ps.load_file(d, worker=w, mode="map", cache="use",
+                                                    report=True),
+        "pinstage_cache_device": lambda: ps.load_to_device(d, worker=w, cache="use"),
+        "pinstage_cache_huge_device": lambda: ps.load_to_device(d, worker=w, cache="use"),
     }[arm]
 
 
@@ -576,6 +618,10 @@ def child_arm(arm, mode, files, d):
     seconds = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     tensors, report = split_report(got, arm)
+    if arm in CACHE_FS and report.get("cache") != "hit":
+        raise RuntimeError(f"{arm}: the load was a cache {report.get('cache')!r} "
+                           f"({report.get('cache_note', '')}), not a hit of the entry in "
+                           f"{os.environ.get('PINSTAGE_CACHE_DIR')}")
     out = {"ok": True, "seconds": seconds, "usage": usage_between(r0, r1),
            "digest": digest(tensors, arm, ctx), "pinned": pinned_state(tensors, arm, ctx),
            "report": report, **cache}
@@ -764,12 +810,19 @@ def jobs_of(a):
     return {m: a.arms + [f for f in floors if m in FLOOR_MODES[f]] for m in a.modes}
 
 
-def run_child(job, mode, d, build, timeout):
-    """One fresh process for (job, mode); its JSON result ({"ok": False, "error"} if none)."""
+def run_child(job, mode, d, build, timeout, caches=None):
+    """One fresh process for (job, mode); its JSON result ({"ok": False, "error"} if none).
+    A cache arm's child gets PINSTAGE_CACHE_DIR: its kind of `caches` (a CacheDirs)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", job, "--child-mode", mode,
            "--dir", str(d), "--build", str(build)]
+    env = dict(os.environ)
+    if job in CACHE_FS:
+        kind = CACHE_FS[job]
+        if kind not in caches.dirs:
+            return {"ok": False, "error": caches.errors.get(kind, f"no {kind} cache")}
+        env["PINSTAGE_CACHE_DIR"] = caches.dirs[kind]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"no result within {timeout:.0f} s (killed)"}
     lines = [x for x in done.stdout.splitlines() if x.startswith(MARK)]
@@ -813,7 +866,8 @@ def say_run(r, mode, job, res, nbytes):
     note = ("  report: " + " ".join(f"{k}={rep[k]:.3f}" if isinstance(rep[k], float)
                                     else f"{k}={rep[k]}" for k in keys)) if keys else ""
     print(f"{head} {s:7.3f} s {nbytes / s / 1e9:6.2f} GB/s  CPU {u['cpu_s']:6.2f} s "
-          f"(sys {u['sys_s']:5.2f}), {u['minor_faults']:7d} minor faults  "
+          f"(sys {u['sys_s']:5.2f}), {u['minor_faults']:7d} minor, {u['major_faults']:6d} "
+          f"major faults  "
           f"(resident before: {res['resident']:.1%}){note}", file=sys.stderr, flush=True)
 
 
@@ -827,7 +881,7 @@ def say_folios(mode, res):
           f"{what} the shards)", flush=True)
 
 
-def run_rounds(a, d, build, ref, nbytes):
+def run_rounds(a, d, build, ref, nbytes, caches=None):
     """{job: {mode: [child results]}}: every round, each mode, the jobs rotated."""
     jobs = jobs_of(a)
     runs = {j: {m: [] for m in a.modes} for m in a.modes for j in jobs[m]}
@@ -837,7 +891,7 @@ def run_rounds(a, d, build, ref, nbytes):
         for mode in a.modes:
             js = jobs[mode]
             for job in js[r % len(js):] + js[:r % len(js)]:
-                res = run_child(job, mode, d, build, timeout)
+                res = run_child(job, mode, d, build, timeout, caches)
                 check_digest(res, ref)
                 res["round"] = r + 1
                 if mode not in folios and "folios_before" in res:
@@ -847,6 +901,71 @@ def run_rounds(a, d, build, ref, nbytes):
                 say_run(r, mode, job, res, nbytes)
                 runs[job][mode].append(res)
     return runs, folios
+def fill_caches(caches, pinstage, d):
+    """The cache arms' directories made and filled, before any round (not timed by them)."""
+    if not caches.kinds:
+        return
+    caches.make(d)
+    caches.fill(pinstage, d)
+    for kind, f in caches.fills.items():
+        print(f"cache on {kind}: {f['dir']}, filled in {f['seconds']:.2f} s ({f['state']}; "
+              f"page {f['info']['page_bytes']} B)", flush=True)
+    for kind, why in caches.errors.items():
+        print(f"cache on {kind}: {why}; its arms are FAILED", flush=True)
+
+
+def cache_summary(a, runs, s):
+    """Each cache arm's best run in each mode against pinstage_map and the mode's best
+    copying peer (speed-up: their seconds / its seconds; major faults of each), and each
+    cache device arm's GB/s against floor_memcpy (warm): the whole load's, and its upload's
+    alone (bytes / upload_s: sim's device memory is host RAM faulted on first use, which
+    alloc_s counts as device_first_touch_s; a device's memory is not)."""
+    out = {}
+    memcpy = s["floors_gbps"].get("floor_memcpy", {}).get("warm")
+    for arm in (x for x in a.arms if x in CACHE_FS):
+        for m in a.modes:
+            mine = best_run(runs, arm, m)
+            if mine is None:
+                continue
+            row = {"seconds": mine["seconds"], "major_faults": mine["usage"]["major_faults"]}
+            if is_device(arm):
+                gbps, rep = s["best_gbps"][arm][m], mine.get("report") or {}
+                upload = rep["bytes"] / rep["upload_s"] / 1e9 if rep.get("upload_s") else None
+                row.update(gbps=gbps, floor_memcpy_gbps=memcpy, upload_gbps=upload,
+                           to_memcpy=gbps / memcpy if memcpy else None,
+                           upload_to_memcpy=upload / memcpy if memcpy and upload else None,
+                           device_first_touch_s=rep.get("device_first_touch_s"))
+            others = [("pinstage_map", best_run(runs, "pinstage_map", m))]
+            if m in s["best_peer"]:
+                others.append((s["best_peer"][m], best_run(runs, s["best_peer"][m], m)))
+            for name, other in others:
+                if other is not None and not is_device(arm):
+                    row[name] = {"seconds": other["seconds"],
+                                 "speedup": other["seconds"] / mine["seconds"],
+                                 "major_faults": other["usage"]["major_faults"]}
+            out.setdefault(arm, {})[m] = row
+    return out
+
+
+def print_cache(summary):
+    for arm, by in summary.items():
+        for m, row in by.items():
+            line = f"cache {m:7} {arm:26} {row['seconds']:7.3f} s, {row['major_faults']} major"
+            if "gbps" in row:
+                ratio = f"{row['to_memcpy']:.2f}x" if row["to_memcpy"] else "-"
+                up = (f"{row['upload_gbps']:.2f} GB/s = {row['upload_to_memcpy']:.2f}x"
+                      if row["upload_to_memcpy"] else "-")
+                line += (f"; cache hit -> device {row['gbps']:.2f} GB/s = {ratio} floor_memcpy "
+                         f"({row['floor_memcpy_gbps'] or 0:.2f} GB/s), the upload alone {up} "
+                         f"(sim's first touch of its device memory: "
+                         f"{row['device_first_touch_s'] or 0:.3f} s)")
+            for name, o in row.items():
+                if isinstance(o, dict):
+                    line += (f"; {o['speedup']:.1f}x faster than {name} ({o['seconds']:.3f} s, "
+                             f"{o['major_faults']} major)")
+            print(line)
+
+
 # --- the report --------------------------------------------------------------------------
 
 def best_run(runs, job, mode):
@@ -890,13 +1009,14 @@ def summarize(a, runs, nbytes):
 def cell(a, runs, s, arm, m):
     if m not in s["best_gbps"][arm]:
         failed = any(not r["ok"] for r in runs[arm][m])
-        return f"{'FAILED' if failed else '-':>11}" + " " * 30
+        return f"{'FAILED' if failed else '-':>11}" + " " * 37
     b = best_run(runs, arm, m)
     peer = s["ratio_to_best_peer"][arm].get(m)
     floor = s["ratio_to_floor"][arm].get(m)
     return (f"{s['best_gbps'][arm][m]:11.2f}" + (f"{peer:6.2f}x" if peer else f"{'-':>7}") +
             (f"{floor:6.2f}x" if floor else f"{'-':>7}") +
-            f"{b['usage']['minor_faults']:9d}{b['usage']['cpu_s']:7.2f}")
+            f"{b['usage']['minor_faults']:9d}{b['usage']['major_faults']:7d}"
+            f"{b['usage']['cpu_s']:7.2f}")
 
 
 def print_table(a, runs, s, nbytes, files):
@@ -904,17 +1024,17 @@ def print_table(a, runs, s, nbytes, files):
     print(f"\n{nbytes / 1e9:.2f} GB in {len(files)} shards, into host memory, each load in a "
           f"fresh process, best of {a.rounds}; peer = GB/s / the best copying peer's (warm: "
           f"{bp.get('warm', '-')}, cold: {bp.get('cold', '-')}); floor = GB/s / the "
-          f"mode's floor (warm: floor_pread, cold: floor_fio); faults and CPU seconds of "
-          f"the best run")
+          f"mode's floor (warm: floor_pread, cold and dropped: floor_fio); minor and major "
+          f"faults and CPU seconds of the best run")
     print(f"{'arm':26}" + "".join(f"{m + ' GB/s':>11}{'peer':>7}{'floor':>7}{'faults':>9}"
-                                  f"{'CPU s':>7}" for m in a.modes) + "  pinned")
+                                  f"{'major':>7}{'CPU s':>7}" for m in a.modes) + "  pinned")
     for arm in a.arms:
         pinned = next((r["pinned"] for m in a.modes for r in runs[arm][m] if r["ok"]), "-")
         note = f"  ({LABELS[arm]})" if arm in LABELS else ""
         print(f"{arm:26}" + "".join(cell(a, runs, s, arm, m) for m in a.modes) +
               f"  {pinned}{note}")
     for f, by in s["floors_gbps"].items():
-        cells = "".join((f"{by[m]:11.2f}" if m in by else f"{'-':>11}") + " " * 30
+        cells = "".join((f"{by[m]:11.2f}" if m in by else f"{'-':>11}") + " " * 37
                         for m in a.modes)
         b = next((best_run(runs, f, m) for m in a.modes if m in by), None) or {}
         how = f", {b['threads']} threads" if f != "floor_fio" and "threads" in b else ""
@@ -1006,7 +1126,7 @@ def picture(doc, out):
     modes = doc["modes"]
     fig, ax = plt.subplots(figsize=(10, 4.8))
     width = 0.8 / len(modes)
-    colors = {"warm": "#d62728", "cold": "#1f77b4"}
+    colors = {"warm": "#d62728", "cold": "#1f77b4", "dropped": "#2ca02c"}
     for k, m in enumerate(modes):
         xs = [i + (k - (len(modes) - 1) / 2) * width for i in range(len(arms))]
         ys = [doc["best_gbps"][arm].get(m, 0.0) for arm in arms]
@@ -1065,15 +1185,20 @@ def main(argv=None):
         ref = reference_digest(files, pinstage)
         print(f"checkpoint: {nbytes / 1e9:.3f} GB of tensors, {len(ref)} tensors, "
               f"{len(files)} shards; every arm and floor in a fresh process", flush=True)
-        runs, folios = run_rounds(a, d, build, ref, nbytes)
+        with CacheDirs(sorted({CACHE_FS[x] for x in a.arms if x in CACHE_FS})) as caches:
+            fill_caches(caches, pinstage, d)
+            runs, folios = run_rounds(a, d, build, ref, nbytes, caches)
         facts = {"bytes": nbytes, "file_bytes": sum(os.path.getsize(f) for f in files),
-                 "shards": len(files), "tensors": len(ref)}
+                 "shards": len(files), "tensors": len(ref),
+                 "cache_fill": caches.fills, "cache_errors": caches.errors}
     finally:
         if tmp is not None:
             tmp.cleanup()
     s = summarize(a, runs, nbytes)
+    s["cache"] = cache_summary(a, runs, s)
     print_table(a, runs, s, nbytes, files)
     print_residency(runs, a)
+    print_cache(s["cache"])
     load_end = say_load("at the end")
     if a.json:
         facts["run"] = run_block(a, build, {"load_average_start": load_start,

@@ -11,6 +11,9 @@
 #      layers, about 2 GB) written once, then `pinstage load --map` registering its read-only file mapping
 #      (does cudaHostRegisterReadOnly take the page cache?), the same from a tmpfs copy
 #      in /dev/shm, and a map-mode `load --to device` in GB/s (map.txt, map-*.json)
+#   1c. the restart cache (issue 50): that checkpoint put in a cache on /dev/shm
+#      (`pinstage cache put`), then its entry uploaded to the device straight from its
+#      registered mapping: "cache hit -> device GB/s" (cache.txt, cache-device.json)
 #   2. the cuda tests (ctest labels cuda and requires_gpu)
 #   3. pinstage_gpu_probe: each device's NUMA node and where a worker's pinned pages for
 #      it landed (printed as "placement:"), the link limit (1 GiB pinned cudaMemcpy, best
@@ -24,7 +27,7 @@
 #      and pinstage, at most PINSTAGE_CHECK_VLLM_S seconds, default 150)
 #   5. a summary against the issue-7 targets (scripts/gpu_check_summary.py)
 # Output under $OUT (default ./gpu-check-out, git-ignored): gpu-check.log, map.txt,
-# map-*.json, ctest.xml, probe.json, bench-g<N>.json, bench.log, summary.json. $OUT starts empty: a folder this
+# map-*.json, cache.txt, cache-device.json, ctest.xml, probe.json, bench-g<N>.json, bench.log, summary.json. $OUT starts empty: a folder this
 # script made before is emptied first, any other non-empty folder is refused.
 #
 # Settings (environment): PINSTAGE_CHECK_BUILD (build folder, default build-gpu),
@@ -194,7 +197,9 @@ map_checks() {
   done
   run_cuda timeout 120 "$cli" load "$ck" --map --to device --backend cuda \
     --json "$OUT/map-device.json" -q || { failed+=(map); notes+=("map-mode device load failed"); }
-  rm -rf "$shm" "$ck"
+  rm -rf "$shm"
+  cache_checks "$ck"
+  rm -rf "$ck"
   python3 - "$OUT" <<'PY' | tee "$OUT/map.txt"
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -207,6 +212,29 @@ for name in ("map-page-cache", "map-tmpfs", "map-device"):
     print(f"{name}: {r['bytes'] / 1e9:.2f} GB, map {r['map_s']:.3f} s, pin {r['pin_s']:.3f} s, "
           f"total {r['total_gbps']:.2f} GB/s, upload {r['upload_s']:.3f} s; {how}")
 PY
+}
+
+# Step 1c: the restart cache: the checkpoint put in a cache of its own, then loaded onto the
+# device with --cache use: a hit uploads from the entry's registered mapping, no ring.
+cache_checks() {
+  local ck=$1 cdir="/dev/shm/pinstage-gpu-check-cache-$$" cli="$BUILD/bin/pinstage"
+  step "cache: a cache hit uploaded to the device from the entry's registered mapping"
+  mkdir -m 700 "$cdir" || { notes+=("cache: no cache directory in /dev/shm"); return; }
+  if PINSTAGE_CACHE_DIR="$cdir" run_cuda timeout 120 "$cli" cache put "$ck" -q &&
+    PINSTAGE_CACHE_DIR="$cdir" run_cuda timeout 120 "$cli" load "$ck" --map --to device \
+      --cache use --backend cuda --json "$OUT/cache-device.json" -q; then
+    python3 - "$OUT/cache-device.json" <<'PY' | tee "$OUT/cache.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+how = "copied: " + r["map_note"] if r["map_note"] else "registered in place"
+print(f"cache hit -> device GB/s: {r['total_gbps']:.2f} (cache {r['cache']}, "
+      f"{r['bytes'] / 1e9:.2f} GB, pin {r['pin_s']:.3f} s, upload {r['upload_s']:.3f} s, "
+      f"ring {r['ring_pinned_bytes']} B; {how})")
+PY
+  else
+    failed+=(cache); notes+=("cache: the put or the device load of its hit failed; see gpu-check.log")
+  fi
+  rm -rf "$cdir"
 }
 
 MAP_TASK="${PINSTAGE_CHECK_MAP_TASK:-qwen3-decode --layers 2}"

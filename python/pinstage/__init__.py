@@ -91,9 +91,9 @@ _LAZY = {name: module for module, names in (
 
 
 def __getattr__(name):
-    if name == "distributed":  # pinstage.distributed imports torch.distributed
+    if name in ("distributed", "cache"):  # pinstage.distributed imports torch.distributed
         import importlib
-        return importlib.import_module(".distributed", __name__)
+        return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         import importlib
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
@@ -103,7 +103,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY) + ["distributed"])
+    return sorted(list(globals()) + list(_LAZY) + ["distributed", "cache"])
 
 
 __all__ = [

@@ -6,6 +6,7 @@ from typing import Any, Callable, Iterator, Literal, Mapping, Sequence, TypedDic
 from typing_extensions import Unpack
 
 _Verify = bool | Literal["if-present"]  # verify=: every tensor, or those with a hash
+_Cache = Literal["off", "use", "fill"]  # cache=: the restart cache (pinstage.cache)
 
 # The keywords of Worker(**options) and devices(**options): one per field of the C++
 # PINSTAGE_WORKER_OPTION_FIELDS, in its order (test_py_stubs.py holds them to it).
@@ -31,6 +32,7 @@ class _BindOptions(TypedDict, total=False):
 
 import torch
 
+from . import cache as cache
 from . import distributed as distributed
 from . import qwen3 as qwen3
 from . import scene as scene
@@ -405,7 +407,8 @@ class safe_open:
     def read_bytes(self) -> int: ...
     def __init__(self, path: str | os.PathLike[str], framework: str = "pt", *,
                  worker: Worker, device: str = "cpu", verify: _Verify = False,
-                 threads: int = 0, chunk_bytes: int = 8388608, mode: str = "copy") -> None: ...
+                 threads: int = 0, chunk_bytes: int = 8388608, mode: str = "copy",
+                 cache: _Cache = "off") -> None: ...
     def __enter__(self) -> safe_open: ...
     def __exit__(self, *exc: Any) -> bool: ...
     def keys(self) -> list[str]: ...
@@ -456,7 +459,7 @@ def load_file(path: str | os.PathLike[str], device: str | torch.device = "cpu", 
               names: Sequence[str] | Callable[[str], bool] | None = None,
               ring_bytes: int = 67108864,
               progress: Callable[[int, int], None] | bool | None = None,
-              mode: str = "copy", report: bool = False) -> Any: ...
+              mode: str = "copy", report: bool = False, cache: _Cache = "off") -> Any: ...
 def iter_tensors(path: str | os.PathLike[str], *, worker: Worker, mode: str = "copy",
                  names: Sequence[str] | Callable[[str], bool] | None = None,
                  verify: _Verify = False, threads: int = 0, chunk_bytes: int = 8388608,
@@ -467,7 +470,7 @@ def load_to_device(path: str | os.PathLike[str], *, worker: Worker, verify: _Ver
                    ring_bytes: int = 67108864,
                    names: Sequence[str] | Callable[[str], bool] | None = None,
                    progress: Callable[[int, int], None] | bool | None = None,
-                   mode: str = "copy") -> DeviceLoad: ...
+                   mode: str = "copy", cache: _Cache = "off") -> DeviceLoad: ...
 
 class GroupBindReport:
     devices: list[int]

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 import torch
 
 from . import _pinstage
+from . import cache as _cache
 from ._pinstage import InvalidArgumentError, Worker
 from ._readonly import ReadOnlyError, ReadOnlyTensor  # noqa: F401  (pinstage.ReadOnlyError)
 
@@ -271,20 +272,23 @@ def _element_type(info, name, framework):
 def _view(buffer, info, name, framework="pt", mapped=False):
     """The torch (or NumPy) view of a buffer holding tensor `name`'s bytes: info's nbytes,
     dtype and shape (a slice's shape, for a slice). `mapped`: a map-mode tensor (read-only:
-    a non-writable NumPy array, a ReadOnlyTensor)."""
+    a non-writable NumPy array, a ReadOnlyTensor); a _MappedTensor of a copy-mode load
+    through the cache is writable, viewed as a PinnedHostBuffer is."""
     nbytes = info["nbytes"]
     if framework == "numpy":
         import numpy as np
-        if mapped and nbytes == 0:
+        if nbytes == 0 and isinstance(buffer, _pinstage._MappedTensor):
             flat = np.empty(0, dtype=np.uint8)
-            flat.flags.writeable = False
+            flat.flags.writeable = not mapped
         else:
             flat = np.frombuffer(buffer, dtype=np.uint8, count=nbytes)  # one counted view
         return flat.view(_numpy_dtype(info["dtype"], name)).reshape(info["shape"])
     dtype = _torch_dtype(info["dtype"], name)
+    if nbytes == 0 and isinstance(buffer, _pinstage._MappedTensor):  # no memory behind it
+        empty = torch.empty(0, dtype=torch.uint8).view(dtype).view(info["shape"])
+        return ReadOnlyTensor(empty) if mapped else empty
     if mapped:
-        flat = (torch.from_dlpack(buffer.__dlpack__()) if nbytes > 0
-                else torch.empty(0, dtype=torch.uint8))
+        flat = torch.from_dlpack(buffer.__dlpack__())
         return ReadOnlyTensor(flat.view(dtype).view(info["shape"]))
     flat = torch.from_dlpack(buffer)  # uint8 [len(buffer)]: one counted view of the buffer
     return flat[:nbytes].view(dtype).view(info["shape"])
@@ -301,14 +305,16 @@ def _mode(mode, who):
     return mode.lower()
 
 
-def _read(checkpoint, worker, names, options, progress=None, framework="pt", mode="copy"):
+def _read(checkpoint, worker, names, options, progress=None, framework="pt", mode="copy",
+          cache="off"):
     """({name: tensor}, the load report): the one C++ load (reserve once, allocate, read;
-    or map and pin), Python only wrapping what it returns."""
+    or map and pin; with `cache`, from the cache's entry on a hit), Python only wrapping
+    what it returns."""
     infos = checkpoint.infos(names)
     for n, info in zip(names, infos):
         _element_type(info, n, framework)  # refused before any memory is taken
     buffers, report = checkpoint.load_pinned(worker, names, mode=mode, progress=progress,
-                                             **options)
+                                             cache=cache, **options)
     mapped = mode == "map"
     return ({n: _view(b, info, n, framework, mapped) for n, b, info in zip(names, buffers, infos)},
             report)
@@ -374,15 +380,18 @@ class safe_open(_ReadCounter):  # noqa: N801 (the safetensors name)
     `mode`: "copy" (default) or "map" (read-only views of the page cache, pinned in place;
     docs/loading.md, "Modes"). `read_bytes` counts the bytes read from the files so far
     (get_tensor and slices); `report` is the last get_tensor's load report (a dict with the
-    CLI's keys; None before the first)."""
+    CLI's keys; None before the first). `cache`: "off" (default), "use" or "fill", as in
+    load_file; get_tensor and map-mode slices go through it, copy-mode slices read the
+    source's bytes they need."""
 
     report = None
 
     def __init__(self, path, framework="pt", *, worker, device="cpu", verify=False,
-                 threads=0, chunk_bytes=8 << 20, mode="copy"):
+                 threads=0, chunk_bytes=8 << 20, mode="copy", cache="off"):
         self._framework = _framework(framework, "safe_open")
         _check_worker(worker, "safe_open")
         self._mode = _mode(mode, "safe_open")
+        self._cache = _cache.use(cache, "safe_open")
         if device != "cpu":
             raise InvalidArgumentError(
                 f"safe_open: device must be 'cpu' (pinned host memory), got {device!r}; "
@@ -416,7 +425,8 @@ class safe_open(_ReadCounter):  # noqa: N801 (the safetensors name)
         name = _name(name, "safe_open.get_tensor")
         if out is None:
             tensors, report = _read(self._checkpoint, self._worker, [name], self._options,
-                                    framework=self._framework, mode=self._mode)
+                                    framework=self._framework, mode=self._mode,
+                                    cache=self._cache)
             self.report = report
             if self._mode == "copy":  # map mode reads nothing: the bytes are mapped
                 self._read_bytes += report["bytes"]
@@ -527,7 +537,8 @@ class SafeSlice(_ReadCounter):
         slices the same file shares its page cache."""
         owner = self._owner
         tensors, owner.report = _read(owner._checkpoint, owner._worker, [self._name],
-                                      owner._options, framework=owner._framework, mode="map")
+                                      owner._options, framework=owner._framework, mode="map",
+                                      cache=owner._cache)
         return tensors[self._name][index]
 
 
@@ -623,7 +634,7 @@ def _names(names, checkpoint, who):
 
 def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_bytes=8 << 20,
               direct=False, into=None, names=None, ring_bytes=64 << 20, progress=None,
-              mode="copy", report=False):
+              mode="copy", report=False, cache="off"):
     """Every tensor of the checkpoint at `path` as {name: torch tensor} in `worker`'s pinned
     memory, read by parallel pread straight into place.
 
@@ -654,11 +665,21 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
     mapping). docs/loading.md, "Modes", says which to pick when.
 
     `report=True` returns (tensors, report): the load report as a dict with the CLI's keys
-    (bytes, total_s, alloc_s, read_s, verify_s, mode, map_s, pin_s, ...)."""
+    (bytes, total_s, alloc_s, read_s, verify_s, mode, map_s, pin_s, ..., cache,
+    cache_entry).
+
+    `cache`: the restart cache (pinstage.cache, docs/cache.md). "off" (default: an entry
+    takes memory no reclaim gives back, so it is asked for, never a side effect); "use": an
+    entry of this checkpoint that is there and not stale is loaded from (map mode: mapped
+    in place, nothing read; copy mode: a copy-on-write copy of it), else the source is read;
+    "fill": a missing or stale entry is made first. The report's `cache` says which
+    happened ("off", "hit", "miss", "stale", "filled"), `cache_entry` where the entry is.
+    Not with into= (which reads into your tensors from the source)."""
     _check_worker(worker, "load_file")
     target = _device(device, worker, "load_file")
     options = _options("load_file", threads, chunk_bytes, verify, direct)
     mode = _mode(mode, "load_file")
+    cache = _cache.use(cache, "load_file")
     report = _bool(report, "load_file", "report")
     ring_bytes = _int(ring_bytes, "load_file", "ring_bytes", 64)
     progress = _progress(progress, "load_file")
@@ -668,6 +689,10 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
     if into is not None and target is not None:
         raise InvalidArgumentError(f"load_file(): into= is host memory, but device={device!r}; "
                                    "load into pinned tensors with device='cpu'")
+    if into is not None and cache != "off":
+        raise InvalidArgumentError(f"load_file(): into= reads the source into your tensors, "
+                                   f"and cache={cache!r} loads from the cache's entry: pass "
+                                   "one of them")
     checkpoint = _open_checkpoint(path, "load_file", options["verify"])
     if into is not None and mode == "map":
         raise InvalidArgumentError("load_file(): into= reads into your tensors, and mode='map' "
@@ -676,11 +701,12 @@ def load_file(path, device="cpu", *, worker, verify=False, threads=0, chunk_byte
         if target is not None:
             loaded = checkpoint.load_to_device(worker, ring_bytes=ring_bytes,
                                                names=_names(names, checkpoint, "load_file"),
-                                               progress=progress, mode=mode, **options)
+                                               progress=progress, mode=mode, cache=cache,
+                                               **options)
             return (loaded, loaded.report) if report else loaded
         if into is None:
             tensors, got = _read(checkpoint, worker, _names(names, checkpoint, "load_file"),
-                                 options, progress, mode=mode)
+                                 options, progress, mode=mode, cache=cache)
             return (tensors, got) if report else tensors
         names, tensors = _into(into, checkpoint, "load_file(into=)")
         got = _read_into(checkpoint, worker, names, tensors, options, "load_file(into=)",
@@ -724,7 +750,8 @@ def _each_file(checkpoint, worker, groups, options, mode, progress, total):
 
 
 def load_to_device(path, *, worker, verify=False, threads=0, chunk_bytes=8 << 20,
-                   direct=False, ring_bytes=64 << 20, names=None, progress=None, mode="copy"):
+                   direct=False, ring_bytes=64 << 20, names=None, progress=None, mode="copy",
+                   cache="off"):
     """Streams the checkpoint (or the tensors `names` selects, as in load_file) onto
     `worker`'s device through a staging ring of `ring_bytes` of pinned memory. Returns an
     object with .report (bytes, seconds per phase, overlap, ring_pinned_bytes...), .keys(),
@@ -732,14 +759,17 @@ def load_to_device(path, *, worker, verify=False, threads=0, chunk_bytes=8 << 20
     buffers until closed or garbage collected. `progress` as in load_file (a failed or
     stopped device load frees its device memory and ring). mode="map" uploads each tensor
     straight from the checkpoint's pinned file mapping, with no ring (its report says when
-    the backend refused to pin the mapping and the ring was used instead)."""
+    the backend refused to pin the mapping and the ring was used instead). `cache` as in
+    load_file: a hit uploads straight from the entry's registered mapping, with no ring
+    copy, whatever `mode` is."""
     _check_worker(worker, "load_to_device")
     options = _options("load_to_device", threads, chunk_bytes, verify, direct)
     mode = _mode(mode, "load_to_device")
+    cache = _cache.use(cache, "load_to_device")
     ring_bytes = _int(ring_bytes, "load_to_device", "ring_bytes", 64)
     progress = _progress(progress, "load_to_device")
     checkpoint = _open_checkpoint(path, "load_to_device", options["verify"])
     selected = None if names is None else _names(names, checkpoint, "load_to_device")
     with _running(progress):
         return checkpoint.load_to_device(worker, ring_bytes=ring_bytes, names=selected,
-                                         progress=progress, mode=mode, **options)
+                                         progress=progress, mode=mode, cache=cache, **options)

@@ -24,6 +24,7 @@ import time
 import torch.distributed as dist
 
 from . import _pinstage
+from . import cache as _cache
 from ._pinstage import InvalidArgumentError, Worker
 from .checkpoint import _open_checkpoint, _torch_dtype, _view
 
@@ -345,7 +346,7 @@ def _check_read(read):
 
 
 def load_sharded(path, plan, group=None, read="own-slices", *, tp=None, stage=True,
-                 chunk_bytes=8 << 20, backend="sim"):
+                 chunk_bytes=8 << 20, backend="sim", cache="off"):
     """This rank's tensor-parallel share of the checkpoint at `path` under `plan` (a dict of
     the pinstage.tp_plan/1 form, or a plan file's path), in pinned memory of its worker
     and, with `stage`, on its device. `group`: the process group (default: the world);
@@ -357,8 +358,14 @@ def load_sharded(path, plan, group=None, read="own-slices", *, tp=None, stage=Tr
     its files whole into a shared-memory segment, from which every rank of the node copies
     its slices into its pinned memory: the node reads each file once.
 
+    cache="use": a rank that finds the checkpoint's entry in the restart cache
+    (pinstage.cache) reads its slices from the entry; cache="fill" first has one rank per node fill a missing or stale
+    entry (fill_cache), so the node reads the disk once per restart only when the entry
+    is missing. The report's "cache" is this rank's lookup state.
+
     Returns a ShardedLoad; raises RankFailed on every rank when any rank fails a phase."""
     _check_read(read)
+    cache = _cache.use(cache, "load_sharded")
     ctx = setup(backend)
     group = group if group is not None else dist.group.WORLD
     grank, gsize = dist.get_rank(group), dist.get_world_size(group)
@@ -367,6 +374,8 @@ def load_sharded(path, plan, group=None, read="own-slices", *, tp=None, stage=Tr
     segments = []
     start = time.perf_counter()
     try:
+        found = _node_cache(phases, path, cache, group)
+        path = found["entry_path"] if found["state"] in ("hit", "filled") else path
         checkpoint, plan_text, source, tp = phases.run(
             "open", lambda: _open(path, plan, tp, gsize, out))
         tp_rank = grank % tp
@@ -387,7 +396,54 @@ def load_sharded(path, plan, group=None, read="own-slices", *, tp=None, stage=Tr
     total = time.perf_counter() - start
     out.report = _report(ctx, read, tp, tp_rank, checkpoint, out, counts, phases.seconds,
                          total)
+    out.report["cache"] = found["state"]
     return out
+
+
+# ---- the restart cache: one filler per node ----
+
+def _is_node_filler(group):
+    """Whether this rank fills its node's cache entries: the group's rank of the lowest
+    local rank on this node (local rank 0 when the group holds it)."""
+    rank, local = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    members = [None] * dist.get_world_size(group)
+    dist.all_gather_object(members, (rank - local, local), group=group)
+    return local == min(lr for node, lr in members if node == rank - local)
+
+
+def _node_cache(phases, path, cache, group, dir=None):
+    """This rank's lookup of `path` in the cache ({"state": "off"} for cache="off"): with
+    "fill", the node's filler fills a missing or stale entry while the other ranks wait
+    at the phase's all_gather (every phase ends with one), then every rank looks it up:
+    the filler's state is "filled" when it made the entry, the others' "hit". The entry's
+    pages go on the filler's device's NUMA node when setup() made this rank's context."""
+    if cache == "off":
+        return {"state": "off", "key": "", "entry_path": "", "reason": "", "filler": False}
+    filler = _is_node_filler(group)
+    filled = None
+    # The entry's pages on the filler's device's node, when setup() knows it.
+    numa = _context.device_numa_node if _context is not None else -1
+    if cache == "fill":
+        filled = phases.run("cache fill", lambda: _cache.put(path, dir=dir, numa_node=max(
+            numa, -1)) if filler else None)
+    found = phases.run("cache lookup", lambda: _cache.lookup(path, dir=dir))
+    if filled is not None and filled["state"] == "filled" and found["state"] == "hit":
+        found = dict(found, state="filled")
+    found["filler"] = filler
+    return found
+
+
+def fill_cache(path, group=None, *, dir=None):
+    """Makes sure the restart cache holds checkpoint `path` on every node of `group`
+    (default: the world), filled once per node: the node's local rank 0 (the lowest local
+    rank of the group there) fills a missing or stale entry while the node's other ranks
+    wait at a barrier; then every rank looks the entry up, so each can map it
+    (pinstage.load_file(path, worker=..., mode="map", cache="use")). A collective: every
+    rank of the group calls it. Returns this rank's lookup dict (pinstage.cache.lookup's)
+    with "filler" (this rank filled for its node) and state "filled" on the rank that made
+    the entry, "hit" on the others; a failed fill raises RankFailed on every rank."""
+    group = group if group is not None else dist.group.WORLD
+    return _node_cache(_Phases(group, dist.get_rank()), path, "fill", group, dir)
 
 
 def _open(path, plan, tp, gsize, out):

@@ -17,6 +17,7 @@
 #include "common.h"
 #include "device_load.h"
 #include "load_common.h"
+#include "pinstage/cache.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/load_plan.h"
 #include "pinstage/parallel.h"
@@ -183,39 +184,45 @@ py::dict read_slice(const Checkpoint& c, const std::string& name,
                         }));
 }
 
-// A tensor of a map-mode load: a read-only view of a pinned file mapping, which it keeps
-// alive (pinstage._pinstage._MappedTensor; python/pinstage/checkpoint.py wraps it).
+// A tensor of a load through the worker (map mode, or any load through the restart cache):
+// a view of its storage, which it keeps alive (pinstage._pinstage._MappedTensor;
+// python/pinstage/checkpoint.py wraps it). Read-only in map mode; writable in copy mode (a
+// cache hit's private copy-on-write mapping, or pinned memory the load copied into).
 struct PyMapped : ViewHolder {
   std::shared_ptr<Storage> storage;
   std::string name;
+  bool writable = false;
   std::string holder_name() const override { return "mapped tensor '" + name + "'"; }
 };
 
 // The one host load of load_file, safe_open and get_tensor (load_to_host through the
 // worker): copy mode reserves the pool once, allocates each tensor and reads, all in C++
-// without the GIL; map mode maps and pins the files. Returns ([PinnedHostBuffer or
-// _MappedTensor per name], the report).
+// without the GIL; map mode maps and pins the files; a load through the cache goes through
+// the worker, which routes it to the entry. Returns ([PinnedHostBuffer or _MappedTensor per
+// name], the report).
 py::tuple load_pinned(const Checkpoint& c, py::object worker_obj,
                       const std::vector<std::string>& names, const std::string& mode, int threads,
                       uint64_t chunk_bytes, bool verify, bool verify_if_present, bool direct,
-                      const py::object& progress) {
+                      const py::object& progress, const std::string& cache) {
   PyWorker& w = as_worker(worker_obj, "load_file");
   CheckpointLoadOptions o =
       load_options(threads, chunk_bytes, verify, verify_if_present, direct, 0);
   o.mode = parse_load_mode(mode);
+  o.cache = parse_cache_use(cache);
   BufferAllocator buffers(w.worker);
+  const bool into_buffers = o.mode == LoadMode::copy && o.cache == CacheUse::off;
   HostLoad load;
   {
     Busy busy(&w);
     load = run_with_progress(o, progress, [&](const CheckpointLoadOptions& p) {
-      return p.mode == LoadMode::map ? load_to_host(c, w.worker, p, &names)
-                                     : load_to_host(c, buffers, p, &names);
+      return into_buffers ? load_to_host(c, buffers, p, &names)
+                          : load_to_host(c, w.worker, p, &names);
     });
   }
-  if (o.mode == LoadMode::copy) load.report.host_pages = buffers.fill_pages();
+  if (into_buffers) load.report.host_pages = buffers.fill_pages();
   py::list out;
   for (size_t i = 0; i < load.tensors.size(); ++i) {
-    if (o.mode == LoadMode::copy) {
+    if (into_buffers) {
       auto* b = new PyBuffer(worker_obj, &w, std::move(buffers.buffers[i]));
       b->name = load.tensors[i].info.name;  // finalize()'s refusal names it
       out.append(py::cast(b, py::return_value_policy::take_ownership));
@@ -224,6 +231,7 @@ py::tuple load_pinned(const Checkpoint& c, py::object worker_obj,
     auto mapped = std::make_unique<PyMapped>();
     mapped->storage = load.tensors[i].storage;
     mapped->name = load.tensors[i].info.name;
+    mapped->writable = o.mode == LoadMode::copy;
     out.append(py::cast(std::move(mapped)));
   }
   return py::make_tuple(out, report_dict(load.report));
@@ -236,7 +244,7 @@ py::capsule mapped_dlpack(py::object self, const py::object& stream, const py::o
   auto& m = self.cast<PyMapped&>();
   DLPackRequest request;
   request.versioned = wants_versioned(max_version);
-  request.read_only = true;
+  request.read_only = !m.writable;
   request.copy = !copy.is_none() && copy.cast<bool>();
   request.label = m.name;
   return export_dlpack(self, &m, m.storage->data(), DLDataType{kDLUInt, 8, 1},
@@ -245,13 +253,15 @@ py::capsule mapped_dlpack(py::object self, const py::object& stream, const py::o
 
 void bind_mapped(py::module_& m) {
   py::class_<PyMapped> cls(m, "_MappedTensor", py::buffer_protocol(),
-                           "A read-only view of a pinned file mapping (a map-mode load).");
+                           "A view of a load's storage through the worker: read-only in map mode "
+                           "(a pinned file mapping), writable in copy mode (a cache hit).");
   cls.def_buffer([](PyMapped& t) {
        return py::buffer_info(t.storage->data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                               {static_cast<py::ssize_t>(t.storage->bytes())}, {1},
-                              /*readonly=*/true);
+                              /*readonly=*/!t.writable);
      })
       .def_readonly("name", &PyMapped::name, "str: the tensor.")
+      .def_readonly("writable", &PyMapped::writable, "bool: its bytes may be written.")
       .def_property_readonly(
           "nbytes", [](const PyMapped& t) { return t.storage->bytes(); }, "int: its bytes.")
       .def_property_readonly(
@@ -262,18 +272,20 @@ void bind_mapped(py::module_& m) {
           "__dlpack_device__",
           [](const PyMapped&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); },
           method_doc("__dlpack_device__() -> tuple[int, int]", "(kDLCPU, 0): host memory."));
-  def_dlpack(cls, &mapped_dlpack, "A read-only DLPack capsule of the mapped bytes.");
+  def_dlpack(cls, &mapped_dlpack, "A DLPack capsule of the bytes (read-only unless writable).");
 }
 
 std::unique_ptr<PyDeviceLoad> to_device(const Checkpoint& c, py::object worker_obj, int threads,
                                         uint64_t chunk_bytes, bool verify, bool verify_if_present,
                                         bool direct, uint64_t ring_bytes,
                                         const std::optional<std::vector<std::string>>& names,
-                                        const py::object& progress, const std::string& mode) {
+                                        const py::object& progress, const std::string& mode,
+                                        const std::string& cache) {
   PyWorker& w = as_worker(worker_obj, "load_to_device");
   CheckpointLoadOptions o =
       load_options(threads, chunk_bytes, verify, verify_if_present, direct, ring_bytes);
   o.mode = parse_load_mode(mode);
+  o.cache = parse_cache_use(cache);
   auto out = std::make_unique<PyDeviceLoad>(worker_obj, &w);
   Busy busy(&w);
   out->load = run_with_progress(o, progress, [&](const CheckpointLoadOptions& p) {
@@ -569,25 +581,28 @@ void def_checkpoint_reads(py::class_<Checkpoint>& cls) {
                       "read), without the GIL; returns the load report. Errors name `who`."));
   def_load(cls, "load_pinned", &load_pinned,
            std::make_tuple(py::arg("worker"), py::arg("names"), py::arg("mode") = "copy"), progress,
+           py::arg("cache") = "off",
            method_doc(load_signature("load_pinned(worker: Worker, names: list[str], mode: str = "
                                      "'copy'",
-                                     "progress: Callable[[int, int], None] | None = None) -> "
-                                     "tuple[list[Any], dict[str, Any]]"),
+                                     "progress: Callable[[int, int], None] | None = None, "
+                                     "cache: str = 'off') -> tuple[list[Any], dict[str, Any]]"),
                       "The one host load: the named tensors in the worker's pinned memory "
                       "(copy: PinnedHostBuffers, the pool reserved once) or as read-only views "
-                      "of the pinned file mappings (map); and the load report."));
-  def_load(cls, "load_to_device", &to_device, std::make_tuple(py::arg("worker")),
-           py::arg("ring_bytes") = CheckpointLoadOptions{}.ring_bytes,
-           py::arg("names") = py::none(), progress, py::arg("mode") = "copy",
-           method_doc(load_signature("load_to_device(worker: Worker",
-                                     "ring_bytes: int = " +
-                                         std::to_string(CheckpointLoadOptions{}.ring_bytes) +
-                                         ", names: list[str] | None = None, progress: "
-                                         "Callable[[int, int], None] | None = None, mode: str = "
-                                         "'copy') -> _DeviceLoad"),
-                      "Streams every tensor (or those named) onto worker's device through its "
-                      "staging ring (copy), or uploads them from the pinned file mappings "
-                      "(map)."));
+                      "of the pinned file mappings (map), from the cache's entry on a hit "
+                      "(cache 'use' or 'fill'); and the load report."));
+  def_load(
+      cls, "load_to_device", &to_device, std::make_tuple(py::arg("worker")),
+      py::arg("ring_bytes") = CheckpointLoadOptions{}.ring_bytes, py::arg("names") = py::none(),
+      progress, py::arg("mode") = "copy", py::arg("cache") = "off",
+      method_doc(
+          load_signature("load_to_device(worker: Worker",
+                         "ring_bytes: int = " + std::to_string(CheckpointLoadOptions{}.ring_bytes) +
+                             ", names: list[str] | None = None, progress: "
+                             "Callable[[int, int], None] | None = None, mode: str = "
+                             "'copy', cache: str = 'off') -> _DeviceLoad"),
+          "Streams every tensor (or those named) onto worker's device through its "
+          "staging ring (copy), or uploads them from the pinned file mappings "
+          "(map, or a cache hit)."));
   def_load(cls, "read_slice", &read_slice,
            std::make_tuple(py::arg("name"), py::arg("dims"), py::arg("buffer")), progress,
            method_doc(load_signature("read_slice(name: str, dims: list[tuple[int, int, int]], "

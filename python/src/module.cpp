@@ -16,6 +16,7 @@
 namespace pinstage::python {
 void bind_checkpoint(py::module_& m);  // checkpoint.cpp: safe_open, load_file
 void bind_load_tp(py::module_& m);     // load_tp.cpp: TpPlan, tp_part, load_tp
+void bind_cache(py::module_& m);       // cache.cpp: the restart cache (pinstage.cache)
 
 namespace {
 
@@ -71,6 +72,7 @@ PYBIND11_MODULE(_pinstage, m) {
   bind_tensors(m);
   bind_checkpoint(m);
   bind_load_tp(m);
+  bind_cache(m);
   bind_node(m);
   m.def(
       "error_code_names",

@@ -41,8 +41,19 @@ def node_setup(folder):
     write_safetensors(folder / "model" / "model.safetensors", tensors)
 
 
+def cache_setup(folder):
+    """model/ to cache, and a cache directory of the test's own on tmpfs (the default, in
+    /dev/shm, would outlive the test): the environment the example runs with."""
+    import tempfile
+    (folder / "model").mkdir()
+    write_safetensors(folder / "model" / "model.safetensors",
+                      {"w": ("F32", [4, 4], bytes(64)), "b": ("BF16", [4], bytes(8))})
+    return {"PINSTAGE_CACHE_DIR": tempfile.mkdtemp(prefix="pinstage-doc-", dir="/dev/shm")}
+
+
 SETUP = {"docs/tensors.md": tensors_setup,
-         "docs/node.md": node_setup}  # model/ with HF names and the doc's own plan.json
+         "docs/node.md": node_setup,  # model/ with HF names and the doc's own plan.json
+         "docs/cache-python.md": cache_setup}  # returns the environment to run with
 SKIP = {
     "docs/loading.md": "needs a checkpoint folder model/ (its own tests cover loading)",
     "docs/distributed.md": "runs under torchrun: tests/python/test_distributed.py runs it",
@@ -63,13 +74,17 @@ def python_docs():
 def test_doc_examples_run(doc, blocks, build_dir, tmp_path):
     if doc in SKIP:
         pytest.skip(SKIP[doc])
-    if doc in SETUP:
-        SETUP[doc](tmp_path)
+    extra = (SETUP[doc](tmp_path) if doc in SETUP else None) or {}
     script = tmp_path / "example.py"
     script.write_text("\n".join(blocks))
-    env = dict(os.environ, PYTHONPATH=str(build_dir / "python"))
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = dict(os.environ, PYTHONPATH=str(build_dir / "python"), **extra)
+    try:
+        proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+    finally:
+        if "PINSTAGE_CACHE_DIR" in extra:
+            import shutil
+            shutil.rmtree(extra["PINSTAGE_CACHE_DIR"], ignore_errors=True)
     assert proc.returncode == 0, f"{doc}:\n{proc.stderr}"
     assert proc.stderr == "", f"{doc} wrote to stderr:\n{proc.stderr}"
 
