@@ -35,7 +35,9 @@
 #if defined(__x86_64__)
 // GCC 12 reports its own intrinsics' _mm512_undefined_* placeholders as maybe-uninitialized
 // when they are inlined here (a known false positive); the diagnostic points into the header.
+#if !defined(__clang__)  // clang has no such warning (and warns of the unknown name)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #define PINSTAGE_GOLDEN_X86 1
 #else

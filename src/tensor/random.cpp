@@ -319,7 +319,9 @@ __attribute__((target("avx2,aes"))) void avx2_blocks(void* out, uint64_t blk0, u
 // GCC 12 reports the _mm512_undefined_* inside the intrinsic headers as (maybe)
 // uninitialized (GCC bug 105593, fixed in 13): silence those warnings here.
 #pragma GCC diagnostic push
+#if !defined(__clang__)  // clang has no such warning (and warns of the unknown name)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #define PINSTAGE_AVX512 "avx512f,avx512bw,avx512dq,avx512vl,vaes,aes"
 
