@@ -54,12 +54,6 @@ std::string utc(int64_t ns) {
   return text;
 }
 
-// "4 KiB", "2 MiB": a page size.
-std::string page_text(uint64_t bytes) {
-  return bytes >= (uint64_t{1} << 20) ? std::to_string(bytes >> 20) + " MiB"
-                                      : std::to_string(bytes >> 10) + " KiB";
-}
-
 void run_info(const CacheArgs& a) {
   const CacheDirInfo i = WeightCache::open().info();
   std::fprintf(text_out(a.report), "cache %s\n  %s, %s pages%s\n  %s in %zu entries, %s free\n",

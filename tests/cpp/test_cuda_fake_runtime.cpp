@@ -374,8 +374,6 @@ bool accessible(const void* p, size_t n, bool write) {
   return need >= end;
 }
 
-bool writable(const void* p, size_t n) { return accessible(p, n, true); }
-
 // Maps `bytes` of device memory: a PROT_NONE view for the caller, a private one for the
 // fake's copies.
 bool map_device(size_t bytes, Range& r) {
