@@ -60,12 +60,9 @@ void run_info(const CacheArgs& a) {
                i.path.c_str(), i.fs.c_str(), format_bytes(i.page_bytes).c_str(),
                i.fs == "hugetlbfs" ? "" : " (hugetlbfs is the fast case: docs/cache.md)",
                format_bytes(i.used_bytes).c_str(), i.entries, format_bytes(i.free_bytes).c_str());
-  a.write({{"path", i.path},
-           {"fs", i.fs},
-           {"page_bytes", i.page_bytes},
-           {"used_bytes", i.used_bytes},
-           {"free_bytes", i.free_bytes},
-           {"entries", i.entries}});
+  nlohmann::ordered_json doc;
+  put_fields(doc, report_fields(i));
+  a.write(doc);
 }
 
 void run_put(const CacheArgs& a) {
@@ -105,12 +102,9 @@ void run_ls(const CacheArgs& a) {
     std::fprintf(out, "%-16s  %-5s  %10s  %s  %s%s%s\n", e.key.c_str(), e.state.c_str(),
                  format_bytes(e.bytes).c_str(), utc(e.last_use_ns).c_str(), e.source.c_str(),
                  e.reason.empty() ? "" : "  # ", e.reason.c_str());
-    list.push_back({{"key", e.key},
-                    {"state", e.state},
-                    {"bytes", e.bytes},
-                    {"last_use_ns", e.last_use_ns},
-                    {"source", e.source},
-                    {"reason", e.reason}});
+    nlohmann::ordered_json entry;
+    put_fields(entry, report_fields(e));
+    list.push_back(entry);
   }
   if (entries.empty()) chatter(a.report, "  (empty)\n");
   a.write({{"path", cache.path()}, {"entries", list}});

@@ -17,6 +17,7 @@
 
 #include "pinstage/export.h"
 #include "pinstage/files.h"
+#include "pinstage/report.h"
 
 namespace pinstage {
 
@@ -82,6 +83,12 @@ struct CachePruneReport {
   uint64_t freed_bytes = 0;
   std::vector<std::string> removed;  // their keys (temporaries: their names)
 };
+
+// Every field of each, in its struct's order: the one serialiser the CLI's `cache --json`
+// and Python's pinstage.cache dicts share.
+PINSTAGE_API ReportFields report_fields(const CacheDirInfo& info);
+PINSTAGE_API ReportFields report_fields(const CacheLookup& lookup);
+PINSTAGE_API ReportFields report_fields(const CacheEntryInfo& entry);
 
 // How fill() copies.
 struct CacheFillOptions {

@@ -180,7 +180,7 @@ struct CheckpointLoadOptions {
   // threads (the calling thread among them), one call at a time, `done` increasing. An
   // exception it throws stops the load, which then fails with that exception as it fails
   // on a read error (nothing stays allocated).
-  std::function<void(uint64_t done, uint64_t total)> progress;
+  std::function<void(uint64_t done, uint64_t total)> progress{};
   // Called from the calling thread as each phase of the load begins, so a progress display
   // can name what runs before the first byte and after the last: "allocate" (pinned host or
   // device memory), "read" (preads into place; map mode's copies out of a mapping the
@@ -188,7 +188,7 @@ struct CheckpointLoadOptions {
   // "read+upload" (a device load's reads and copies through the staging ring, overlapped),
   // "upload" (map mode: copies from the pinned mappings), "verify" (hash checks). An
   // exception it throws stops the load as progress's does.
-  std::function<void(const char* phase)> phase;
+  std::function<void(const char* phase)> phase{};
 };
 
 // The LoadReport fields, listed once in the order a report lists them: X(type, name,

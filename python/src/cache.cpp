@@ -21,28 +21,14 @@ WeightCache open_cache(const std::optional<std::string>& dir, const char* who) {
   return WeightCache::open(dir);
 }
 
-py::dict lookup_dict(const CacheLookup& l) {
-  py::dict d;
-  d["state"] = l.state;
-  d["key"] = l.key;
-  d["entry_path"] = l.entry_path;
-  d["reason"] = l.reason;
-  return d;
-}
+py::dict lookup_dict(const CacheLookup& l) { return fields_dict(report_fields(l)); }
 
 py::dict info(const std::optional<std::string>& dir) {
   const CacheDirInfo i = [&] {
     const GilReleased nogil;
     return open_cache(dir, "pinstage.cache.info").info();
   }();
-  py::dict d;
-  d["path"] = i.path;
-  d["fs"] = i.fs;
-  d["page_bytes"] = i.page_bytes;
-  d["free_bytes"] = i.free_bytes;
-  d["used_bytes"] = i.used_bytes;
-  d["entries"] = i.entries;
-  return d;
+  return fields_dict(report_fields(i));
 }
 
 py::dict lookup(const py::object& path, const std::optional<std::string>& dir) {
@@ -83,16 +69,7 @@ py::list ls(const std::optional<std::string>& dir) {
     return open_cache(dir, "pinstage.cache.ls").list();
   }();
   py::list out;
-  for (const CacheEntryInfo& e : entries) {
-    py::dict d;
-    d["key"] = e.key;
-    d["source"] = e.source;
-    d["bytes"] = e.bytes;
-    d["last_use_ns"] = e.last_use_ns;
-    d["state"] = e.state;
-    d["reason"] = e.reason;
-    out.append(d);
-  }
+  for (const CacheEntryInfo& e : entries) out.append(fields_dict(report_fields(e)));
   return out;
 }
 

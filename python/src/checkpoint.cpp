@@ -30,15 +30,12 @@ py::dict report_dict(const LoadReport& r) { return fields_dict(report_fields(r))
 
 CheckpointLoadOptions load_options(int threads, uint64_t chunk_bytes, bool verify,
                                    bool verify_if_present, bool direct, uint64_t ring_bytes) {
-  // Assigned, not designated: the callbacks after the list have no initialiser to name.
-  CheckpointLoadOptions o;
-  o.threads = threads;
-  o.chunk_bytes = chunk_bytes;
-  o.direct = direct;
-  o.verify = verify;
-  o.verify_if_present = verify_if_present;
-  o.ring_bytes = ring_bytes;
-  return o;
+  return {.threads = threads,
+          .chunk_bytes = chunk_bytes,
+          .direct = direct,
+          .verify = verify,
+          .verify_if_present = verify_if_present,
+          .ring_bytes = ring_bytes};
 }
 
 std::string load_signature(std::string_view head, std::string_view tail) {

@@ -311,4 +311,23 @@ CacheDirInfo WeightCache::info() const {
   return info;
 }
 
+ReportFields report_fields(const CacheDirInfo& i) {
+  return {{"path", i.path},
+          {"fs", i.fs},
+          {"page_bytes", i.page_bytes},
+          {"free_bytes", i.free_bytes},
+          {"used_bytes", i.used_bytes},
+          {"entries", report_value(i.entries)}};
+}
+
+ReportFields report_fields(const CacheLookup& l) {
+  return {{"state", l.state}, {"key", l.key}, {"entry_path", l.entry_path}, {"reason", l.reason}};
+}
+
+ReportFields report_fields(const CacheEntryInfo& e) {
+  return {{"key", e.key},     {"source", e.source},
+          {"bytes", e.bytes}, {"last_use_ns", e.last_use_ns},
+          {"state", e.state}, {"reason", e.reason}};
+}
+
 }  // namespace pinstage

@@ -22,12 +22,15 @@ struct CacheRoute {
   std::string note;
   std::optional<Checkpoint> entry;
   std::string entry_path;
+  CheckpointLoadOptions inner;  // the caller's options less the cache: the load it routes to
 };
 
 CacheRoute route(const Checkpoint& source, const CheckpointLoadOptions& o, const Worker& worker) {
   WeightCache cache = WeightCache::open();
   CacheLookup l = cache.lookup(source);
   CacheRoute r;
+  r.inner = o;
+  r.inner.cache = CacheUse::off;
   r.note = l.reason;
   if (o.cache == CacheUse::fill && l.state != "hit") {
     enter_phase(o, "fill");
@@ -85,11 +88,9 @@ HostLoad load_entry(const Checkpoint& entry, Worker& worker, const CheckpointLoa
 HostLoad load_host_through_cache(const Checkpoint& source, Worker& worker,
                                  const CheckpointLoadOptions& options,
                                  const std::vector<std::string>* names) {
-  CheckpointLoadOptions inner = options;
-  inner.cache = CacheUse::off;
   const CacheRoute r = route(source, options, worker);
-  HostLoad out = r.entry ? load_entry(*r.entry, worker, inner, names)
-                         : load_to_host(source, worker, inner, names);
+  HostLoad out = r.entry ? load_entry(*r.entry, worker, r.inner, names)
+                         : load_to_host(source, worker, r.inner, names);
   stamp(r, out.report);
   return out;
 }
@@ -97,9 +98,8 @@ HostLoad load_host_through_cache(const Checkpoint& source, Worker& worker,
 DeviceLoad load_device_through_cache(const Checkpoint& source, Worker& worker,
                                      const CheckpointLoadOptions& options,
                                      const std::vector<std::string>* names) {
-  CheckpointLoadOptions inner = options;
-  inner.cache = CacheUse::off;
   const CacheRoute r = route(source, options, worker);
+  CheckpointLoadOptions inner = r.inner;
   const Checkpoint& from = r.entry ? *r.entry : source;
   if (r.entry) {  // straight from the pinned mappings of the entry
     inner.mode = LoadMode::map;

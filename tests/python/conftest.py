@@ -4,11 +4,22 @@ PINSTAGE_BUILD_DIR names the build folder (default: <repo>/build)."""
 import gc
 import os
 import pathlib
+import re
 import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The pages the docs tests read (test_docs_cpp.py, test_docs_shell.py): the README and docs/.
+DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("**/*.md"))
+
+
+def fenced_blocks(lang):
+    """The ```LANG blocks of a page: `body`, and `mark` from a `<!-- docs-test: MARK -->`
+    line just before the fence, when there is one."""
+    return re.compile(r"^(?:<!-- docs-test: (?P<mark>[^>]*?) -->\n)?```" + lang +
+                      r"\n(?P<body>.*?)^```", re.S | re.M)
+
 BUILD = pathlib.Path(os.environ.get("PINSTAGE_BUILD_DIR", ROOT / "build")).resolve()
 
 # The extension module is built into <build>/python/pinstage.

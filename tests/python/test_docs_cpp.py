@@ -13,20 +13,16 @@ The line before a block may mark it, `<!-- docs-test: MODE[: reason] -->`:
   compiler (-fsyntax-only) with the others' headers.
 """
 import json
-import os
-import pathlib
-import re
 import struct
 import subprocess
 
 import pytest
 
+from conftest import DOCS, ROOT, fenced_blocks
+
 pytestmark = pytest.mark.once  # the same in both pytest passes: run in one (pyproject.toml)
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("**/*.md"))
-BLOCK = re.compile(r"^(?:<!-- docs-test: (?P<mark>[^>]*?) -->\n)?```cpp\n(?P<body>.*?)^```",
-                   re.S | re.M)
+BLOCK = fenced_blocks("cpp")
 MODES = ("continues", "compile", "declarations")
 COMMON = ["#include <cstdio>", "#include <cstring>", "#include <exception>", "#include <string>",
           "#include <vector>"]

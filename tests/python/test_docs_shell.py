@@ -16,18 +16,16 @@ The line before a block may mark it, `<!-- docs-test: MODE[: reason] -->`:
   of the repository that runs one of the block's programs.
 """
 import os
-import pathlib
 import re
 import subprocess
 
 import pytest
 
+from conftest import DOCS, ROOT, fenced_blocks
+
 pytestmark = pytest.mark.once  # the same in both pytest passes: run in one (pyproject.toml)
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("**/*.md"))
-BLOCK = re.compile(r"^(?:<!-- docs-test: (?P<mark>[^>]*?) -->\n)?```sh\n(?P<body>.*?)^```",
-                   re.S | re.M)
+BLOCK = fenced_blocks("sh")
 MODES = ("dry-run", "hardware", "elsewhere")
 # `pinstage` as a program (not pinstage_gpu_probe, not a path segment).
 PINSTAGE = re.compile(r"(?<![\w/-])((?:[\w.$/-]*/)?pinstage)(?=\s|$)")
