@@ -603,6 +603,14 @@ class CacheLoads : public Cache {
           << t.info.name;
     }
   }
+  // A load's options through the cache, with `mode` and `verify`.
+  static CheckpointLoadOptions through_cache(CacheUse use, LoadMode mode, bool verify) {
+    CheckpointLoadOptions o;
+    o.mode = mode;
+    o.cache = use;
+    o.verify = verify;
+    return o;
+  }
   Worker worker_;
 };
 
@@ -611,11 +619,8 @@ class CacheLoads : public Cache {
 TEST_F(CacheLoads, AHitInMapModeIsTheEntryPinnedInPlaceReadOnly) {
   const Checkpoint c = Checkpoint::open(sharded("m"));
   WeightCache::open(cache_).fill(c);
-  CheckpointLoadOptions o;
-  o.mode = LoadMode::map;
-  o.cache = CacheUse::use;
-  o.verify = true;
-  const HostLoad load = load_to_host(c, worker_, o);
+  const HostLoad load =
+      load_to_host(c, worker_, through_cache(CacheUse::use, LoadMode::map, /*verify=*/true));
   EXPECT_EQ(load.report.cache, "hit");
   EXPECT_EQ(load.report.cache_entry, cache_ + "/" + cache_key(c.path()));
   EXPECT_TRUE(load.report.verified);
@@ -667,9 +672,7 @@ TEST_F(CacheLoads, AHitInCopyModeIsAWritablePrivateCopyOfTheEntry) {
 // CacheUse::use filling a miss.
 TEST_F(CacheLoads, UseLoadsTheSourceOnAMissAndFillFillsIt) {
   const std::string src = single("s.safetensors");
-  CheckpointLoadOptions o;
-  o.mode = LoadMode::map;
-  o.cache = CacheUse::use;
+  CheckpointLoadOptions o = through_cache(CacheUse::use, LoadMode::map, /*verify=*/false);
   HostLoad load = load_to_host(Checkpoint::open(src), worker_, o);
   EXPECT_EQ(load.report.cache, "miss");
   EXPECT_EQ(load.report.cache_entry, "");
@@ -816,11 +819,8 @@ TEST_F(CacheLoads, OnHugetlbfsEntriesAreFilledAndMappedInWholeHugePages) {
   EXPECT_EQ(cache.fill(c).state, "filled");
   EXPECT_EQ(mappings_under(cache_), 0u) << "the fill left a mapping";
   {
-    CheckpointLoadOptions o;
-    o.mode = LoadMode::map;
-    o.cache = CacheUse::use;
-    o.verify = false;
-    const HostLoad load = load_to_host(c, worker_, o);
+    const HostLoad load =
+        load_to_host(c, worker_, through_cache(CacheUse::use, LoadMode::map, /*verify=*/false));
     EXPECT_EQ(load.report.cache, "hit");
     expect_source_bytes(c, load);
     EXPECT_EQ(mappings_under(cache_), 1u);

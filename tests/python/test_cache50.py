@@ -22,7 +22,7 @@ import torch
 import pinstage
 import pinstage.cache
 import tp_checkpoint
-from test_py_checkpoint import reference_parse, write_file
+from test_py_checkpoint import reference_parse, small_checkpoint, write_file
 
 HERE = pathlib.Path(__file__).resolve().parent
 SHM = pathlib.Path("/dev/shm")
@@ -40,12 +40,7 @@ def cache_dir(monkeypatch):
 
 @pytest.fixture
 def ckpt(tmp_path):
-    path = tmp_path / "m.safetensors"
-    g = torch.Generator().manual_seed(50)
-    write_file(path, {"a": torch.randn(300, 70, generator=g).bfloat16(),
-                      "b": torch.randn(1000, generator=g),
-                      "c": torch.arange(17, dtype=torch.int64)})
-    return path
+    return small_checkpoint(tmp_path / "m.safetensors", 50)
 
 
 def same_bytes(tensors, ref):

@@ -56,6 +56,16 @@ def write_file(path, tensors, metadata=None):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
+def small_checkpoint(path, seed, **extra):
+    """A three-tensor .safetensors file (bf16, f32 and i64; `extra` tensors after them),
+    written by write_file from `seed`: the map-mode and cache tests' checkpoint."""
+    g = torch.Generator().manual_seed(seed)
+    write_file(path, {"a": torch.randn(300, 70, generator=g).bfloat16(),
+                      "b": torch.randn(1000, generator=g),
+                      "c": torch.arange(17, dtype=torch.int64), **extra})
+    return path
+
+
 def raw(t):
     """The bytes of a tensor, as the file holds them."""
     return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import pinstage
-from test_py_checkpoint import reference_parse, write_file
+from test_py_checkpoint import reference_parse, small_checkpoint
 
 
 def _vmlck():
@@ -24,13 +24,7 @@ def _vmlck():
 
 @pytest.fixture
 def ckpt(tmp_path):
-    path = tmp_path / "m.safetensors"
-    g = torch.Generator().manual_seed(7)
-    write_file(path, {"a": torch.randn(300, 70, generator=g).bfloat16(),
-                      "b": torch.randn(1000, generator=g),
-                      "c": torch.arange(17, dtype=torch.int64),
-                      "empty": torch.zeros(0, 4)})
-    return path
+    return small_checkpoint(tmp_path / "m.safetensors", 7, empty=torch.zeros(0, 4))
 
 
 def test_map_mode_is_the_files_bytes_read_only_and_pinned(worker, ckpt):
