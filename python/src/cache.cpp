@@ -95,6 +95,15 @@ py::dict prune(std::optional<uint64_t> max_bytes, const std::optional<std::strin
 
 }  // namespace
 
+// The keys of a dict of T, for its doc ("path, fs, ..."): its serialiser's, so the doc
+// follows report_fields.
+template <class T>
+std::string keys_of() {
+  std::string keys;
+  for (const ReportField& f : report_fields(T{})) keys += (keys.empty() ? "" : ", ") + f.key;
+  return keys;
+}
+
 void bind_cache(py::module_& m) {
   const auto dir = py::arg("dir") = py::none();
   m.def("_cache_default_dir", &default_cache_dir,
@@ -102,12 +111,11 @@ void bind_cache(py::module_& m) {
                      "PINSTAGE_CACHE_DIR, or /dev/shm/pinstage-<uid> when it is unset."));
   m.def("_cache_info", &info, dir,
         function_doc("_cache_info(dir: str | None = None) -> dict[str, Any]",
-                     "The cache directory: path, fs, page_bytes, free_bytes, used_bytes, "
-                     "entries."));
+                     "The cache directory: " + keys_of<CacheDirInfo>() + "."));
   m.def("_cache_lookup", &lookup, py::arg("path"), dir,
         function_doc("_cache_lookup(path: str | os.PathLike[str], dir: str | None = None) -> "
                      "dict[str, Any]",
-                     "What the cache holds for the checkpoint: state, key, entry_path, reason."));
+                     "What the cache holds for the checkpoint: " + keys_of<CacheLookup>() + "."));
   m.def("_cache_put", &put, py::arg("path"), dir, py::arg("progress") = py::none(),
         py::arg("max_bytes") = 0, py::arg("threads") = 0, py::arg("numa_node") = -1,
         function_doc("_cache_put(path: str | os.PathLike[str], dir: str | None = None, "
@@ -116,8 +124,7 @@ void bind_cache(py::module_& m) {
                      "Fills the checkpoint's entry when missing or stale (the lookup dict)."));
   m.def("_cache_ls", &ls, dir,
         function_doc("_cache_ls(dir: str | None = None) -> list[dict[str, Any]]",
-                     "Every entry and temporary: key, source, bytes, last_use_ns, state, "
-                     "reason."));
+                     "Every entry and temporary: " + keys_of<CacheEntryInfo>() + "."));
   m.def("_cache_rm", &rm, py::arg("key_or_path"), dir,
         function_doc("_cache_rm(key_or_path: str | os.PathLike[str], dir: str | None = None) "
                      "-> None",
