@@ -25,13 +25,15 @@ struct CacheArgs {
   }
 };
 
-// A subcommand of `cache` with --json and --quiet, running `run` on its values.
-std::shared_ptr<CacheArgs> add_cache_sub(CLI::App& cache, const char* name, const char* about,
+// `cache` or one of its subcommands, with --json and --quiet, running `run` on its values
+// (unless a subcommand of it ran: `cache put` is not also `cache`).
+std::shared_ptr<CacheArgs> add_cache_sub(CLI::App& parent, const char* name, const char* about,
                                          void (*run)(const CacheArgs&)) {
   auto a = command_values<CacheArgs>();
-  a->cmd = cache.add_subcommand(name, about);
+  a->cmd = parent.add_subcommand(name, about);
   add_report_options(*a->cmd, a->report);
   a->cmd->callback([a, run] {
+    if (!a->cmd->get_subcommands().empty()) return;
     check_report_args(a->report);
     run(*a);
   });
@@ -54,10 +56,16 @@ std::string utc(int64_t ns) {
   return text;
 }
 
+// "4 KiB", "2 MiB": a page size, in the binary units pages come in.
+std::string page_text(uint64_t bytes) {
+  return bytes >= (uint64_t{1} << 20) ? std::to_string(bytes >> 20) + " MiB"
+                                      : std::to_string(bytes >> 10) + " KiB";
+}
+
 void run_info(const CacheArgs& a) {
   const CacheDirInfo i = WeightCache::open().info();
   std::fprintf(text_out(a.report), "cache %s\n  %s, %s pages%s\n  %s in %zu entries, %s free\n",
-               i.path.c_str(), i.fs.c_str(), format_bytes(i.page_bytes).c_str(),
+               i.path.c_str(), i.fs.c_str(), page_text(i.page_bytes).c_str(),
                i.fs == "hugetlbfs" ? "" : " (hugetlbfs is the fast case: docs/cache.md)",
                format_bytes(i.used_bytes).c_str(), i.entries, format_bytes(i.free_bytes).c_str());
   nlohmann::ordered_json doc;
@@ -133,19 +141,13 @@ void run_prune(const CacheArgs& a) {
 }  // namespace
 
 void add_cache_command(CLI::App& app) {
-  auto a = command_values<CacheArgs>();
-  CLI::App* cache = app.add_subcommand(
-      "cache",
-      "The restart cache of checkpoints in PINSTAGE_CACHE_DIR (hugetlbfs or tmpfs): alone, "
-      "which file system and page size it uses and what it holds");
-  a->cmd = cache;
+  CLI::App* cache = add_cache_sub(app, "cache",
+                                  "The restart cache of checkpoints in PINSTAGE_CACHE_DIR "
+                                  "(hugetlbfs or tmpfs): alone, which file system and page "
+                                  "size it uses and what it holds",
+                                  run_info)
+                        ->cmd;
   cache->require_subcommand(0, 1);
-  add_report_options(*cache, a->report);
-  cache->callback([a, cache] {
-    if (!cache->get_subcommands().empty()) return;
-    check_report_args(a->report);
-    run_info(*a);
-  });
   auto put = add_cache_sub(*cache, "put", "Fill the entry of a checkpoint (a hit stays)", run_put);
   put->cmd->add_option("PATH", put->target, "A .safetensors file, or a directory of shards")
       ->required();
