@@ -10,9 +10,12 @@ rounds, and the machine-wide page-cache drop of `--modes dropped`.
              mode=0700, this user's uid and gid); both as root. When the
              kernel cannot give the pages (fragmented memory), the huge arms fail, saying
              how many it gave; the others run on.
+  tmpfs_huge a tmpfs mounted for the run with huge=within_size (size= the entry plus 64
+             MiB, mode=0700, this user's uid and gid), as root: 2 MiB shmem pages with no
+             reservation, where the kernel's shmem THP allows a mount to ask for them.
 
-Everything is undone at the end: the tmpfs directory removed, the hugetlbfs unmounted and
-its mount point removed, nr_hugepages set back to what it was.
+Everything is undone at the end: the tmpfs directory removed, the hugetlbfs and huge tmpfs
+unmounted and their mount points removed, nr_hugepages set back to what it was.
 """
 import os
 import pathlib
@@ -64,7 +67,7 @@ class CacheDirs:
         self.kinds = list(kinds)
         self.dirs, self.errors, self.fills = {}, {}, {}
         self._nr_before = None
-        self._mount = None
+        self._mounts = []
 
     def __enter__(self):
         return self
@@ -78,6 +81,12 @@ class CacheDirs:
                 self.dirs["hugetlbfs"] = self._mount_huge(huge_pages_for(d))
             except (RuntimeError, OSError) as e:
                 self.errors["hugetlbfs"] = f"no hugetlbfs cache: {e}"
+        if "tmpfs_huge" in self.kinds:
+            size = sum(p.stat().st_size for p in d.iterdir() if p.is_file()) + (64 << 20)
+            try:
+                self.dirs["tmpfs_huge"] = self._mount("tmpfs", f"huge=within_size,size={size}")
+            except (RuntimeError, OSError) as e:
+                self.errors["tmpfs_huge"] = f"no huge tmpfs cache: {e}"
 
     def _mount_huge(self, pages):
         if meminfo("Hugepagesize") != HUGE_PAGE >> 10:
@@ -93,16 +102,20 @@ class CacheDirs:
                                f"{free} (memory too fragmented: echo 1 > "
                                "/proc/sys/vm/compact_memory, or reserve them at boot with "
                                "hugepages=N)")
-        point = tempfile.mkdtemp(prefix="pinstage-peers-huge-", dir="/var/tmp")
-        done = subprocess.run(["mount", "-t", "hugetlbfs", "-o",
-                               f"pagesize=2M,size={pages * HUGE_PAGE},mode=0700,"
-                               f"uid={os.geteuid()},gid={os.getegid()}",
-                               "none", point], capture_output=True, text=True)
+        return self._mount("hugetlbfs", f"pagesize=2M,size={pages * HUGE_PAGE}")
+
+    def _mount(self, fs, options):
+        """A file system of type `fs` mounted with `options` on a new /var/tmp folder that
+        only this user may use; its mount point."""
+        point = tempfile.mkdtemp(prefix=f"pinstage-peers-{fs}-", dir="/var/tmp")
+        done = subprocess.run(["mount", "-t", fs, "-o", f"{options},mode=0700,"
+                               f"uid={os.geteuid()},gid={os.getegid()}", "none", point],
+                              capture_output=True, text=True)
         if done.returncode != 0:
             os.rmdir(point)
-            raise RuntimeError(f"mount -t hugetlbfs exited {done.returncode}: "
+            raise RuntimeError(f"mount -t {fs} exited {done.returncode}: "
                                f"{done.stderr.strip()} (it needs root)")
-        self._mount = point
+        self._mounts.append(point)
         return point
 
     def fill(self, pinstage, d):
@@ -116,15 +129,15 @@ class CacheDirs:
     def __exit__(self, *exc):
         if "tmpfs" in self.dirs:
             shutil.rmtree(self.dirs["tmpfs"], ignore_errors=True)
-        if self._mount is not None:
-            done = subprocess.run(["umount", self._mount], capture_output=True, text=True)
+        for point in self._mounts:
+            done = subprocess.run(["umount", point], capture_output=True, text=True)
             if done.returncode != 0:  # still mapped by this process: detached now, freed
-                done = subprocess.run(["umount", "-l", self._mount],  # with its last user
+                done = subprocess.run(["umount", "-l", point],  # with its last user
                                       capture_output=True, text=True)
             if done.returncode == 0:
-                os.rmdir(self._mount)
+                os.rmdir(point)
             else:
-                print(f"peers.py: umount {self._mount} failed: {done.stderr.strip()}")
+                print(f"peers.py: umount {point} failed: {done.stderr.strip()}")
         if self._nr_before is not None:
             NR_HUGEPAGES.write_text(f"{self._nr_before}\n")
         return False

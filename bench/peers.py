@@ -78,9 +78,15 @@ The arms:
                       says "hit"
   pinstage_cache_huge the same from an entry on hugetlbfs (2 MiB pages), reserved and
                       mounted by the parent as root (bench/cache_setup.py)
-  pinstage_cache_device, pinstage_cache_huge_device
+  pinstage_cache_thp  the same from an entry on a tmpfs mounted huge=within_size by the
+                      parent as root: 2 MiB shmem pages with no reservation
+  pinstage_cache_device, pinstage_cache_huge_device, pinstage_cache_thp_device
                       load_to_device(cache="use") from those entries on sim: uploaded from
                       the entry's registered mapping, no ring; compared with floor_memcpy
+
+Every device arm's worker backs the whole checkpoint's size of sim device memory when it
+is made, before the timer (sim config backed_bytes): a card's memory exists before its
+first allocation, so the load is timed without sim's first touch of its own pool.
 
 The modes: warm (every shard page resident), cold (each shard dropped with fdatasync and
 posix_fadvise(DONTNEED)) and dropped (sync, then `echo 3 > /proc/sys/vm/drop_caches`, as
@@ -150,10 +156,12 @@ PEERS = ["safetensors", "safetensors_pread", "fastsafetensors", "fastsafetensors
          "runai", "torch_by_hand"]
 OURS = ["pinstage", "pinstage_thp", "pinstage_base", "pinstage_pooled", "pinstage_direct",
         "pinstage_map", "pinstage_device", "pinstage_map_device", "pinstage_cache",
-        "pinstage_cache_huge", "pinstage_cache_device", "pinstage_cache_huge_device"]
+        "pinstage_cache_huge", "pinstage_cache_thp", "pinstage_cache_device",
+        "pinstage_cache_huge_device", "pinstage_cache_thp_device"]
 # The restart cache's arms: the cache directory (bench/cache_setup.py) each loads from.
 CACHE_FS = {"pinstage_cache": "tmpfs", "pinstage_cache_device": "tmpfs",
-            "pinstage_cache_huge": "hugetlbfs", "pinstage_cache_huge_device": "hugetlbfs"}
+            "pinstage_cache_huge": "hugetlbfs", "pinstage_cache_huge_device": "hugetlbfs",
+            "pinstage_cache_thp": "tmpfs_huge", "pinstage_cache_thp_device": "tmpfs_huge"}
 # The sweeps: pinstage_tN (threads) and pinstage_cM (chunk MiB), fresh workers.
 SWEEP = re.compile(r"pinstage_([tc])(\d+)$")
 # safetensors' default gives views of the file's mapping (the page cache itself, faulted in
@@ -175,6 +183,8 @@ LABELS = {"safetensors": "zero-copy views of the page cache",
           "pinstage_cache_huge": "a hit of the restart cache on hugetlbfs (2 MiB pages)",
           "pinstage_cache_device": "uploaded from a tmpfs cache hit's mapping",
           "pinstage_cache_huge_device": "uploaded from a hugetlbfs cache hit's mapping",
+          "pinstage_cache_thp": "a hit of the restart cache on tmpfs huge=within_size",
+          "pinstage_cache_thp_device": "uploaded from a huge tmpfs cache hit's mapping",
           "floor_fault": "fresh anonymous pages, one byte per 4 KiB page, every core",
           "floor_memcpy": "all-core memcpy, both sides already faulted",
           "floor_pread": "all-core pread of the shards into memory already faulted",
@@ -187,7 +197,8 @@ WORKER = {"pinstage": "fresh", "pinstage_thp": "fresh", "pinstage_base": "fresh"
           "pinstage_map_device": "fresh", "pinstage_pooled": "pooled",
           "pinstage_direct": "pooled", "pinstage_map": "pooled", "pinstage_cache": "pooled",
           "pinstage_cache_huge": "pooled", "pinstage_cache_device": "fresh",
-          "pinstage_cache_huge_device": "fresh"}
+          "pinstage_cache_huge_device": "fresh", "pinstage_cache_thp": "pooled",
+          "pinstage_cache_thp_device": "fresh"}
 MARK = "peers.py child result: "
 GIB = 1 << 30
 PAGE = 4096
@@ -508,8 +519,10 @@ def arm_context(arm, d, files):
     if worker_of(arm):
         if arm in ("pinstage_thp", "pinstage_base"):  # the one switch, read at Worker()
             os.environ["PINSTAGE_HOST_HUGE_PAGES"] = "thp" if arm == "pinstage_thp" else "off"
-        ctx["worker"] = (pinstage.Worker(host_cache_limit_bytes=0) if worker_of(arm) == "fresh"
-                         else pinstage.Worker())
+        kw = {"host_cache_limit_bytes": 0} if worker_of(arm) == "fresh" else {}
+        if is_device(arm):  # sim's pool backed now, as a card's memory exists already
+            kw["config"] = {"backed_bytes": str(sum(f.stat().st_size for f in files))}
+        ctx["worker"] = pinstage.Worker(**kw)
         # The load report where load_file offers it (report=True returns (tensors, report)).
         ctx["report_kw"] = {"report": True} if accepts(pinstage.load_file, "report") else {}
     elif arm.startswith("safetensors"):
@@ -552,6 +565,9 @@ def loader(arm, ctx):
                                                     report=True),
         "pinstage_cache_device": lambda: ps.load_to_device(d, worker=w, cache="use"),
         "pinstage_cache_huge_device": lambda: ps.load_to_device(d, worker=w, cache="use"),
+        "pinstage_cache_thp": lambda: ps.load_file(d, worker=w, mode="map", cache="use",
+                                                   report=True),
+        "pinstage_cache_thp_device": lambda: ps.load_to_device(d, worker=w, cache="use"),
     }[arm]
 
 

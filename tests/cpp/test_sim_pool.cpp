@@ -171,5 +171,35 @@ TEST(SimPool, WorkerDeviceMemoryComesFromThePool) {
   EXPECT_NE(std::string(e.what()).find("device out of memory"), std::string::npos) << e.what();
 }
 
+// backed_bytes (config): the pool's first bytes are resident before any allocation, so a
+// timed load's allocation there faults nothing; more than the capacity is refused.
+TEST(SimPool, BackedBytesAreResidentBeforeTheFirstAllocation) {
+  WorkerOptions options;
+  options.device_capacity_bytes = 64 * kMiB;
+  options.config = {{"backed_bytes", "8M"}};
+  Worker worker;
+  worker.init("sim", 0, options);
+  auto stats_fn = reinterpret_cast<ps_sim_stats_fn>(worker.backend_extension(PS_SIM_STATS_NAME));
+  ASSERT_NE(stats_fn, nullptr);
+  ps_sim_stats s{};
+  ASSERT_EQ(stats_fn(worker.native_context(), &s), PS_OK);
+  EXPECT_EQ(s.pool_backed_bytes, 8 * kMiB);
+  const long before = minor_faults();
+  DeviceBuffer a = worker.alloc_device(8 * kMiB);
+  const long faults = minor_faults() - before;
+  EXPECT_EQ(resident_pages(a.data(), 8 * kMiB), 8 * kMiB / page_size());
+  if (test::kFaultsAreOnlyOurs) {
+    EXPECT_LT(faults, 64) << "the allocation faulted pages backed_bytes should have backed";
+  }
+
+  for (const char* bad : {"65M", "x", "-1"}) {
+    options.config = {{"backed_bytes", bad}};
+    Worker other;
+    const Error e = error_of([&] { other.init("sim", 0, options); });
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << bad;
+    EXPECT_NE(std::string(e.what()).find("backed_bytes"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace pinstage

@@ -55,6 +55,15 @@ void DevicePool::back_up_to(uint64_t end) {
   backing_seconds_ += watch.seconds();
 }
 
+void DevicePool::back(uint64_t bytes) {
+  if (bytes > span_)
+    throw Error(ErrorCode::invalid_argument,
+                "cannot back " + bytes_text(bytes) + " of a device pool of " + bytes_text(span_) +
+                    ": config backed_bytes is at most the device's capacity");
+  std::lock_guard lock(mu_);
+  back_up_to(bytes);
+}
+
 void* DevicePool::allocate(size_t bytes) {
   const uint64_t block = round_up(bytes, kAlignment);
   std::lock_guard lock(mu_);

@@ -43,6 +43,10 @@ class DevicePool {
   // Returns the block `allocate(bytes)` gave; its pages stay backed for reuse.
   void release(void* ptr, size_t bytes);
 
+  // Backs the first `bytes` of the pool now (whole pages; at most the span, else
+  // Error(invalid_argument) naming both), so allocations there never fault.
+  void back(uint64_t bytes);
+
   PoolStats stats() const;
   uint64_t used() const;
   // The reserved range (tests: whether a pointer lies in the pool).

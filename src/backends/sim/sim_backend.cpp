@@ -191,6 +191,7 @@ int create_context(int device_id, const ps_context_options* options, ps_device_c
     ctx->capacity = capacity_of(ctx->config, options);
     for (const FaultSetting& f : setting_sim_faults()) ctx->faults.set(f.kind, f.nth);
     ctx->pool = std::make_unique<DevicePool>(ctx->capacity);
+    ctx->pool->back(ctx->config.backed_bytes);
     const SimConfig& c = ctx->config;
     const int dma_threads = resolved_dma_threads(c);
     ctx->h2d =

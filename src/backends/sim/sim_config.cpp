@@ -13,7 +13,7 @@ namespace pinstage::sim {
 namespace {
 
 constexpr const char* kKeys =
-    "bounce_chunk, bounce_buffers, link_gbps, dma_threads, devices, numa_nodes";
+    "bounce_chunk, bounce_buffers, link_gbps, dma_threads, devices, numa_nodes, backed_bytes";
 constexpr int kMaxDevices = 64;
 constexpr int kMaxNumaNode = 1023;  // the kernel's node ids fit a 1024-bit mask here
 
@@ -52,6 +52,10 @@ void apply(SimConfig& config, std::string_view key, std::string_view value) {
         backend::config_integer(key, value, 1, kMaxDevices, "a whole number of devices 1..64"));
   } else if (key == "numa_nodes") {
     config.numa_nodes = numa_node_list(key, value);
+  } else if (key == "backed_bytes") {
+    // The capacity bounds it further at context creation (create_context).
+    config.backed_bytes = backend::config_byte_count(key, value, 0, uint64_t{1} << 50,
+                                                     "a byte count from 0 to 1P, e.g. 4G");
   } else {
     backend::config_refuse("unknown key '" + std::string(key) + "' (keys: " + kKeys + ")");
   }

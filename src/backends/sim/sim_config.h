@@ -25,6 +25,9 @@ struct SimConfig {
   int devices = 1;
   // Host NUMA node of each device (numa_nodes=0,0,1,1); empty = unknown (-1) for all.
   std::vector<int> numa_nodes;
+  // Bytes of each device's pool backed when its context is made, as a card's memory exists
+  // before its first allocation (a timed load then pays no first touch); 0 = on first use.
+  uint64_t backed_bytes = 0;
 
   // Device `id`'s node from numa_nodes, or -1.
   int numa_node(int id) const;
@@ -33,7 +36,7 @@ struct SimConfig {
 // The engine's workers: config.dma_threads, or the default it stands for.
 int resolved_dma_threads(const SimConfig& config);
 
-// The accepted keys, for messages: "bounce_chunk, bounce_buffers, link_gbps, dma_threads".
+// The accepted keys, for messages: "bounce_chunk, bounce_buffers, ...".
 const char* config_keys();
 
 // Parses the entries strictly: each key at most once, values exactly as documented;
