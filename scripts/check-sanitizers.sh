@@ -12,7 +12,11 @@ common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 
 times=() current='' t0=$SECONDS
 begin() { current=$1 t0=$SECONDS; }
 end() { times+=("$current $((SECONDS - t0)) s"); current=''; }
+tsan_log=''
+# On any exit: the step times, and no background step or log left behind.
 trap 'status=$?; [ -z "$current" ] || times+=("$current $((SECONDS - t0)) s (failed)")
+      for job in $(jobs -p); do pkill -P "$job" 2>/dev/null; kill "$job" 2>/dev/null; done
+      [ -z "$tsan_log" ] || rm -f "$tsan_log"
       printf "sanitizers: %s\n" "${times[@]}"; exit $status' EXIT
 # TSan's reports on glibc freeing an exited detached thread's TLS block (Python's threads);
 # see tests/tsan.supp.
@@ -74,14 +78,17 @@ end
 # The Python paths that run without the GIL (pinned allocation, generation, golden, bind,
 # scene rounds, finalize racing them, and exit with daemon threads still in them), under
 # TSan. The interpreter is not instrumented, so the runtime is preloaded; the GIL's
-# handoffs are pthread calls that TSan sees.
-begin "tsan python"
+# handoffs are pthread calls that TSan sees. The step is one core (the suite is serial), so
+# it runs beside the fuzz steps below, which have the other; its log is printed after them.
 tsan_runtime=$("$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$root/build-tsan/CMakeCache.txt")" \
   -print-file-name=libtsan.so)
+tsan_log=$(mktemp)
+tsan_start=$SECONDS
 (cd "$root" && LD_PRELOAD=$tsan_runtime TSAN_OPTIONS=$tsan_options \
   PINSTAGE_BUILD_DIR="$root/build-tsan" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
-  tests/python/test_py_races.py tests/python/test_py_gil.py)
-end
+  tests/python/test_py_races.py tests/python/test_py_gil.py >"$tsan_log" 2>&1
+  echo "tsan python $((SECONDS - tsan_start)) s" >>"$tsan_log") &
+tsan_python=$!
 
 # Every libFuzzer target (fuzz/) under ASan+UBSan, from the checked-in seeds: built once,
 # then run a core each, as many at once as there are cores (xargs fails if any run did).
@@ -91,4 +98,10 @@ end
 begin "fuzz"
 "$root/scripts/fuzz.sh" --list | PINSTAGE_FUZZ_BUILT=1 xargs -P "$(nproc)" -I{} \
   "$root/scripts/fuzz.sh" {} "${PINSTAGE_FUZZ_BUDGET:-100000runs}" "$root/build-fuzz"
+end
+begin "tsan python (beside the fuzz steps)"
+tsan_status=0
+wait "$tsan_python" || tsan_status=$?
+cat "$tsan_log"
+[ "$tsan_status" -eq 0 ]
 end
