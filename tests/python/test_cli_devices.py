@@ -13,6 +13,8 @@ import pytest
 
 from tp_checkpoint import PLAN, SMALL, write_small_checkpoint
 
+pytestmark = pytest.mark.once  # the CLI's: the same on any torch, run in one pass (pyproject.toml)
+
 TENSORS = SMALL
 TOTAL = sum(a.nbytes for a, _ in TENSORS.values())
 

@@ -3,9 +3,12 @@ refused before any work with a message naming it, a corrupt tensor named by --ve
 import json
 import subprocess
 
+import pytest
 import torch
 
 from test_py_checkpoint import write_file
+
+pytestmark = pytest.mark.once  # the CLI's: the same on any torch, run in one pass (pyproject.toml)
 
 
 def run(cli, *args):
