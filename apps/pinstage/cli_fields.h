@@ -53,7 +53,8 @@ std::string byte_text(uint64_t bytes);
 // and checkpoint.h's bounds, else the type's); a bind option is also checked by validate()
 // as it is parsed. Enums take their names (case-insensitive), config KEY=VALUE (repeatable).
 // A bad value is Error(invalid_argument) naming the flag, the value and what it accepts,
-// raised while the line is parsed, before any work.
+// raised while the line is parsed, before any work. A name in `which` that the list lacks
+// is Error(internal).
 void add_bind_option_flags(CLI::App& cmd, BindOptions& options, const FieldFlags& which);
 void add_load_option_flags(CLI::App& cmd, CheckpointLoadOptions& options, const FieldFlags& which);
 void add_worker_option_flags(CLI::App& cmd, WorkerOptions& options, const FieldFlags& which);

@@ -210,6 +210,53 @@ TEST(CliFields, BadValuesAreRefusedNamingTheFlag) {
   }
 }
 
+// In process: each set's flags write its struct, by type.
+TEST(CliFields, ParsedValuesLandInTheOptions) {
+  using namespace pinstage;
+  CLI::App app;
+  BindOptions bind;
+  CheckpointLoadOptions load;
+  WorkerOptions worker;
+  cli::add_bind_option_flags(app, bind, cli::kSceneBindFlags);
+  cli::add_load_option_flags(app, load, {{"chunk_bytes"}, true});
+  cli::add_worker_option_flags(app, worker, cli::kWorkerFlags);
+  app.parse(
+      "--layout PER_TENSOR --upload staged --staging-buffer-bytes 2M --chunk-bytes 4096 "
+      "--arena-alignment 64 --copy-threads 3 --mode map --cache fill --ring-bytes 1G "
+      "--ring-buffers 8 --verify --direct --threads 2 --config a=1 --backend-option b=2 "
+      "--host-numa-node 0 --host-cache-limit-bytes 0 --device-capacity-bytes 1G",
+      false);
+  EXPECT_EQ(bind.layout, DeviceLayout::per_tensor);
+  EXPECT_EQ(bind.upload, UploadPath::staged);
+  EXPECT_EQ(bind.staging_buffer_bytes, size_t{2} << 20);
+  EXPECT_EQ(bind.chunk_bytes, 4096u);
+  EXPECT_EQ(bind.arena_alignment, 64u);
+  EXPECT_EQ(bind.copy_threads, 3);
+  EXPECT_EQ(load.mode, LoadMode::map);
+  EXPECT_EQ(load.cache, CacheUse::fill);
+  EXPECT_EQ(load.ring_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(load.ring_buffers, 8u);
+  EXPECT_TRUE(load.verify && load.direct && !load.verify_if_present);
+  EXPECT_EQ(load.threads, 2);
+  EXPECT_EQ(worker.config, (BackendConfig{{"a", "1"}, {"b", "2"}}));
+  EXPECT_EQ(worker.host_numa_node, 0);
+  EXPECT_EQ(worker.host_cache_limit_bytes, uint64_t{0});
+  EXPECT_EQ(worker.device_capacity_bytes, uint64_t{1} << 30);
+}
+
+// A selection naming a field its list lacks (a renamed field) fails, naming it.
+TEST(CliFields, ASelectionNamingAFieldTheListLacksIsRefused) {
+  CLI::App app;
+  pinstage::BindOptions bind;
+  try {
+    pinstage::cli::add_bind_option_flags(app, bind, FieldFlags{{"staging_buffer_count"}});
+    ADD_FAILURE() << "accepted";
+  } catch (const pinstage::Error& e) {
+    EXPECT_EQ(e.code(), pinstage::ErrorCode::internal);
+    EXPECT_NE(std::string(e.what()).find("'staging_buffer_count'"), std::string::npos) << e.what();
+  }
+}
+
 class CliFieldValues : public pinstage::test::TempDirTest {
  protected:
   CliFieldValues() : TempDirTest("cli_fields") {}
