@@ -198,33 +198,26 @@ std::string plural(size_t n, const char* noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
-CheckpointLoadOptions CheckpointArgs::load_options() const {
-  CheckpointLoadOptions o;
-  o.threads = threads;
-  o.chunk_bytes = static_cast<uint64_t>(chunk_mib) << 20;
-  return o;
-}
-
 void CheckpointArgs::write(nlohmann::ordered_json doc, const Worker* worker) const {
   write_report(report, std::move(doc), collect_run_info(worker, command_options(*cmd)));
 }
 
-void add_checkpoint_read_options(CLI::App& cmd, CheckpointArgs& args,
-                                 const std::string& threads_help) {
-  constexpr int64_t kMaxChunkMib = static_cast<int64_t>(kLoadMaxChunkBytes >> 20);
+void add_checkpoint_read_options(CLI::App& cmd, CheckpointArgs& args, const FieldFlags& fields) {
   cmd.add_option("PATH", args.path, "A .safetensors file, or a directory of shards")->required();
-  add_integer_option(cmd, "--threads", args.threads,
-                     threads_help + ", 0.." + std::to_string(kLoadMaxThreads) + " (0 = all cores)",
-                     0, kLoadMaxThreads)
-      ->capture_default_str();
-  add_integer_option(cmd, "--chunk-mib", args.chunk_mib,
-                     "MiB per pread, 1.." + std::to_string(kMaxChunkMib), 1, kMaxChunkMib)
-      ->capture_default_str();
+  add_load_option_flags(cmd, args.options, fields);
+  add_mib_alias(cmd, "--chunk-mib", "chunk_bytes", args.options.chunk_bytes,
+                kLoadMaxChunkBytes >> 20);
+  if (fields.exposes("ring_bytes"))
+    add_mib_alias(cmd, "--ring-mib", "ring_bytes", args.options.ring_bytes,
+                  kLoadMaxRingBytes >> 20);
 }
 
-void add_checkpoint_args(CLI::App& cmd, CheckpointArgs& args, const CheckpointHelp& help) {
+void add_checkpoint_args(CLI::App& cmd, CheckpointArgs& args, const CheckpointHelp& help,
+                         const FieldFlags& fields) {
   args.cmd = &cmd;
-  add_checkpoint_read_options(cmd, args, help.threads);
+  FieldFlags read = fields;
+  if (!help.threads.empty()) read.notes["threads"] = help.threads;
+  add_checkpoint_read_options(cmd, args, read);
   add_backend_args(cmd, args.backend);
   add_devices_option(cmd, args.devices, help.devices);
   add_integer_option(cmd, "--tp", args.tp,
@@ -243,15 +236,12 @@ void add_backend_args(CLI::App& cmd, BackendArgs& args) {
       ->transform(kLowerCase)
       ->check(CLI::IsMember(names))
       ->capture_default_str();
-  cmd.add_option("--backend-option", args.options,
-                 "A backend setting KEY=VALUE (repeatable), e.g. link_gbps=55 on sim");
+  FieldFlags worker = kWorkerFlags;
+  worker.notes["config"] = "e.g. link_gbps=55 on sim";
+  add_worker_option_flags(cmd, args.worker, worker);
 }
 
-WorkerOptions worker_options(const BackendArgs& args) {
-  WorkerOptions options;
-  for (const std::string& kv : args.options) add_backend_option(options.config, kv);
-  return options;
-}
+WorkerOptions worker_options(const BackendArgs& args) { return args.worker; }
 
 void add_devices_option(CLI::App& cmd, DeviceArgs& args, const std::string& what) {
   cmd.add_option("--devices", args.list,

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli_fields.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/error.h"
 #include "pinstage/report.h"
@@ -104,13 +105,14 @@ CLI::Option* add_integer_option(CLI::App& cmd, const std::string& flag, T& value
 // "1 tensor", "3 tensors".
 std::string plural(size_t n, const char* noun);
 
-// --backend NAME (case-insensitive) and --backend-option KEY=VALUE (repeatable).
+// --backend NAME (case-insensitive) and the worker option flags (cli_fields.h, kWorkerFlags):
+// --config KEY=VALUE (repeatable, also spelt --backend-option), --host-numa-node, ...
 struct BackendArgs {
   std::string name = "sim";
-  std::vector<std::string> options;
+  WorkerOptions worker;  // parsed strictly (add_backend_option) while the line is parsed
 };
 void add_backend_args(CLI::App& cmd, BackendArgs& args);
-// Parses the options strictly (add_backend_option) before the worker starts.
+// The worker options the flags gave.
 WorkerOptions worker_options(const BackendArgs& args);
 
 // --devices LIST: "all" (every usable device) or ids separated by commas ("0,1"). Absent:
@@ -135,29 +137,28 @@ std::string join_ids(const std::vector<int>& ids);
 // command the same flags, with the library's ranges (checkpoint.h) and defaults.
 struct CheckpointArgs {
   std::string path;
-  int threads = 0;
-  int64_t chunk_mib = static_cast<int64_t>(CheckpointLoadOptions{}.chunk_bytes >> 20);
+  CheckpointLoadOptions options;  // the load option flags (cli_fields.h) write here
   BackendArgs backend;
   DeviceArgs devices;
   int tp = 0;        // 0: not tensor-parallel
   std::string plan;  // --plan FILE; none: every tensor replicated
   ReportArgs report;
   CLI::App* cmd = nullptr;
-  // threads and chunk_bytes; the ranges were checked while parsing.
-  CheckpointLoadOptions load_options() const;
+  // The options the flags gave; the ranges were checked while parsing.
+  CheckpointLoadOptions load_options() const { return options; }
   // write_report with the run block of this command (and `worker`'s backend, when given).
   void write(nlohmann::ordered_json doc, const Worker* worker) const;
 };
 // What a command's options do there.
 struct CheckpointHelp {
-  std::string threads;  // "Reader threads"
+  std::string threads;  // what --threads does besides reading ("" = nothing)
   std::string devices;  // what several devices do
   std::string tp;       // what N ranks do
   std::string plan;     // what the plan file is for
 };
-// PATH, --threads (0 = all cores) and --chunk-mib (MiB per pread): what hash reads with.
-void add_checkpoint_read_options(CLI::App& cmd, CheckpointArgs& args,
-                                 const std::string& threads_help);
+// PATH and the load option flags of `fields` (cli_fields.h), with --chunk-mib and, where
+// ring_bytes is exposed, --ring-mib: hash and bench load expose kReadFlags, load kLoadFlags.
+void add_checkpoint_read_options(CLI::App& cmd, CheckpointArgs& args, const FieldFlags& fields);
 // Keeps `values` until the program exits. A command's option values are owned there, not
 // by its callback alone: --dry-run replaces every callback, which would free them while
 // CLI11 still writes into them.
@@ -169,19 +170,20 @@ std::shared_ptr<T> command_values() {
   keep_until_exit(values);
   return values;
 }
-// The read options, --backend, --backend-option, --devices, --tp N and --plan FILE: what
-// load and bench load share.
-void add_checkpoint_args(CLI::App& cmd, CheckpointArgs& args, const CheckpointHelp& help);
-// Registers `name` under `parent` with add_checkpoint_args and --json/--quiet, bound to a new
-// Args (a CheckpointArgs) that the callback passes to `run`; the command then adds its own
+// The read options (`fields`), --backend with the worker flags, --devices, --tp N and
+// --plan FILE: what load and bench load share.
+void add_checkpoint_args(CLI::App& cmd, CheckpointArgs& args, const CheckpointHelp& help,
+                         const FieldFlags& fields);
+// Registers `name` under `parent` with add_checkpoint_args (`fields`) and --json/--quiet, bound to
+// a new Args (a CheckpointArgs) that the callback passes to `run`; the command then adds its own
 // options to args->cmd.
 template <typename Args>
 std::shared_ptr<Args> add_checkpoint_command(CLI::App& parent, const std::string& name,
                                              const std::string& about, const CheckpointHelp& help,
-                                             void (*run)(Args&)) {
+                                             const FieldFlags& fields, void (*run)(Args&)) {
   auto args = command_values<Args>();
   CLI::App* cmd = parent.add_subcommand(name, about);
-  add_checkpoint_args(*cmd, *args, help);
+  add_checkpoint_args(*cmd, *args, help, fields);
   add_report_options(*cmd, args->report);
   cmd->callback([args, run] { run(*args); });
   return args;

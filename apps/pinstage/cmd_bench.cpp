@@ -34,8 +34,7 @@ struct BenchArgs {
   bool keep_cold = false;
   bool no_baseline = false;
   bool no_plot = false;
-  size_t staging_buffers = BindOptions{}.staging_buffers;  // the library's defaults
-  size_t staging_buffer_mib = BindOptions{}.staging_buffer_bytes >> 20;
+  BindOptions bind;               // the bind option flags (kBenchBindFlags) write here
   const CLI::App* cmd = nullptr;  // for the report's option list
 };
 
@@ -48,8 +47,7 @@ ab::BenchConfig make_config(const BenchArgs& a, int64_t size) {
   config.rounds = a.rounds;
   config.keep_cold = a.keep_cold;
   config.baseline = !a.no_baseline;
-  config.bind.staging_buffers = a.staging_buffers;
-  config.bind.staging_buffer_bytes = a.staging_buffer_mib << 20;
+  config.bind = a.bind;
   ab::validate(config);
   return config;
 }
@@ -268,18 +266,9 @@ void add_common_options(CLI::App& q, BenchArgs& args) {
   q.add_flag("--keep-cold", args.keep_cold,
              "Keep the first (cold) bind of every arm in the statistics");
   q.add_flag("--no-baseline", args.no_baseline, "Skip the plain memcpy baseline rounds");
-  // BindOptions' ranges (bind.h, the ones validate() enforces), checked here while parsing.
-  constexpr size_t kMaxMib = kBindMaxStagingBufferBytes >> 20;
-  add_integer_option(
-      q, "--staging-buffers", args.staging_buffers,
-      "Staging ring buffers (staged arm), 1.." + std::to_string(kBindMaxStagingBuffers), 1,
-      static_cast<int64_t>(kBindMaxStagingBuffers))
-      ->capture_default_str();
-  add_integer_option(
-      q, "--staging-buffer-mib", args.staging_buffer_mib,
-      "Size of each staging buffer in MiB (staged arm), 1.." + std::to_string(kMaxMib), 1,
-      static_cast<int64_t>(kMaxMib))
-      ->capture_default_str();
+  add_bind_option_flags(q, args.bind, kBenchBindFlags);
+  add_mib_alias(q, "--staging-buffer-mib", "staging_buffer_bytes", args.bind.staging_buffer_bytes,
+                kBindMaxStagingBufferBytes >> 20);
   add_report_options(q, args.report);
   q.add_flag("--no-plot", args.no_plot, "Do not draw the PNG next to the --json report");
 }
@@ -297,8 +286,7 @@ void run_steps_command(const BenchArgs& a, const Scene& scene, const SceneValues
   ab::StepsBenchConfig config;
   config.steps = steps;
   config.groups = cmd.count("--groups") > 0 ? a.groups : config.groups;
-  config.bind.staging_buffers = a.staging_buffers;
-  config.bind.staging_buffer_bytes = a.staging_buffer_mib << 20;
+  config.bind = a.bind;
   ab::validate(config);
   const SceneValues resolved = resolve_params(scene, values);
   scene.validate_steps(resolved, steps);

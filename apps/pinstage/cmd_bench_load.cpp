@@ -379,7 +379,8 @@ void run_bench_load(BenchLoadArgs& a) {
       {"raw_pread", [&] { raw_pread(c, static_cast<unsigned char*>(scratch.data), o); }},
       {"prefault_floor", [&] { floor_pages = fault_and_lock(bytes); }, nullptr,
        [&] { unmap_pages(floor_pages); }},
-      {"memcpy_all_cores", [&] { parallel_memcpy(copy_dst.data, scratch.data, bytes, a.threads); }},
+      {"memcpy_all_cores",
+       [&] { parallel_memcpy(copy_dst.data, scratch.data, bytes, a.options.threads); }},
       {"upload_alone", [&] { upload_alone(worker, bytes, upload_src, upload_dst); }},
   };
   if (a.tp > 0)
@@ -413,13 +414,13 @@ void add_bench_load_command(CLI::App& bench) {
       bench, "load",
       "Checkpoint loading: read()+copy, mmap+copy, pinstage into pinned memory and onto "
       "the device, warm and cold, next to raw parallel pread and all-core memcpy",
-      {"Reader and copy threads",
+      {"and the memcpy_all_cores arm's copy threads",
        "several ids (or --tp with --devices) add the tp_devices arm: the tensor-parallel load "
        "onto them, rank r on the r-th device, with per-device read and upload figures",
        "add the tp_load arm (every byte read once for all ranks) and its per-rank figures; with "
        "--devices it must equal the device count",
        "The tp_load arm's plan file (docs/loading.md); without one every tensor is replicated"},
-      run_bench_load);
+      kReadFlags, run_bench_load);
   add_integer_option(*a->cmd, "--rounds", a->rounds,
                      "Rounds; each runs every arm warm then cold, 1..1000", 1, 1000)
       ->capture_default_str();

@@ -19,24 +19,7 @@ namespace {
 
 struct LoadArgs : CheckpointArgs {
   std::string to = "host";
-  int64_t ring_mib = static_cast<int64_t>(CheckpointLoadOptions{}.ring_bytes >> 20);
-  bool direct = false;
-  bool map = false;           // --map: LoadMode::map
-  std::string verify;         // "", "all" or "if-present"
-  std::string cache = "off";  // --cache: CacheUse
 };
-
-// The options' ranges were checked while parsing (add_integer_option).
-CheckpointLoadOptions load_options(const LoadArgs& a) {
-  CheckpointLoadOptions o = a.CheckpointArgs::load_options();
-  o.ring_bytes = static_cast<uint64_t>(a.ring_mib) << 20;
-  o.direct = a.direct;
-  o.mode = a.map ? LoadMode::map : LoadMode::copy;
-  o.verify = !a.verify.empty();
-  o.verify_if_present = a.verify == "if-present";
-  o.cache = parse_cache_use(a.cache);
-  return o;
-}
 
 std::string phase(const char* name, uint64_t bytes, double s) {
   char buf[128];
@@ -323,7 +306,7 @@ void run_tp_load(LoadArgs& a, CheckpointLoadOptions& o, const WorkerOptions& wo)
 
 void run_load(LoadArgs& a) {
   check_report_args(a.report);
-  CheckpointLoadOptions o = load_options(a);
+  CheckpointLoadOptions o = a.load_options();
   const WorkerOptions wo = worker_options(a.backend);
   const std::vector<int> ids = device_ids(a.devices, a.backend);
   const bool tp = a.tp > 0 || !a.plan.empty();
@@ -348,47 +331,51 @@ void run_load(LoadArgs& a) {
 
 }  // namespace
 
+namespace {
+
+// The spellings load had before its flags came from the list: --map (--mode map) and
+// --verify=all|if-present (--verify, with --verify-if-present).
+void add_load_aliases(CLI::App& q, CheckpointLoadOptions& o) {
+  q.add_flag_callback(
+       "--map", [&o] { o.mode = LoadMode::map; },
+       "--mode map: map the files read-only and pin their page cache in place (docs/loading.md, "
+       "\"Modes\"); not with --direct")
+      ->excludes(q.get_option("--mode"));
+  q.get_option("--verify")
+      ->transform(CLI::Validator(
+          [&o](std::string& value) {
+            value = to_lower(value);
+            if (value == "if-present") o.verify_if_present = true;
+            if (value == "all" || value == "if-present") value = "true";
+            return std::string();
+          },
+          "", "all|if-present"))
+      ->description(q.get_option("--verify")->get_description() +
+                    " (also --verify=all, and --verify=if-present for both)");
+}
+
+}  // namespace
+
 void add_load_command(CLI::App& app) {
   const auto a = add_checkpoint_command<LoadArgs>(
       app, "load",
       "Load a checkpoint (a .safetensors file or a directory of shards) into pinned "
       "host memory or onto the device (--devices: tensor-parallel onto several); prints "
       "bytes, seconds and GB/s per phase",
-      {"Reader threads",
+      {"",
        "several ids (or --tp/--plan with --devices) load tensor-parallel, rank r onto the r-th "
        "device, reading the checkpoint once",
        "load each rank's share into pinned host memory, reading every byte of the checkpoint "
        "once; with --devices, onto the devices (then it must equal the device count)",
        "A tensor-parallel plan file (docs/loading.md): which tensors are split along which dim; "
        "without one every tensor is replicated"},
-      run_load);
+      kLoadFlags, run_load);
   CLI::App& q = *a->cmd;
   q.add_option("--to", a->to, "host (pinned memory) or device (streamed through the ring)")
       ->transform(kLowerCase)
       ->check(CLI::IsMember({"host", "device"}))
       ->capture_default_str();
-  constexpr int64_t kMaxRingMib = static_cast<int64_t>(kLoadMaxRingBytes >> 20);
-  add_integer_option(
-      q, "--ring-mib", a->ring_mib,
-      "Pinned MiB of the staging ring (--to device), 1.." + std::to_string(kMaxRingMib), 1,
-      kMaxRingMib)
-      ->capture_default_str();
-  q.add_flag("--direct", a->direct, "O_DIRECT reads (falls back, with a message, where refused)");
-  q.add_flag("--map", a->map,
-             "Map the files read-only and pin their page cache in place: nothing is read or "
-             "copied (docs/loading.md, \"Modes\"); not with --direct");
-  q.add_flag("--verify{all}", a->verify,
-             "Check every tensor's recorded xxh3-64 (on --to device, as read back from the "
-             "device); a tensor without one is an error. --verify=if-present checks those "
-             "that have one")
-      ->transform(kLowerCase)
-      ->check(CLI::IsMember({"all", "if-present"}));
-  q.add_option("--cache", a->cache,
-               "The restart cache in PINSTAGE_CACHE_DIR (docs/cache.md): off; use (a hit loads "
-               "the entry); fill (a miss fills it first)")
-      ->capture_default_str()
-      ->transform(kLowerCase)
-      ->check(CLI::IsMember({"off", "use", "fill"}));
+  add_load_aliases(q, a->options);
 }
 
 void add_hash_command(CLI::App& app) {
@@ -398,7 +385,7 @@ void add_hash_command(CLI::App& app) {
       "Record every tensor's xxh3-64 in a sidecar next to a checkpoint whose writer recorded "
       "none (a Hugging Face checkpoint), so that load --verify checks it from then on");
   a->cmd = q;
-  add_checkpoint_read_options(*q, *a, "Reader threads");
+  add_checkpoint_read_options(*q, *a, kReadFlags);
   add_report_options(*q, a->report);
   q->callback([a] {
     check_report_args(a->report);

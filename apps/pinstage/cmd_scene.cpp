@@ -27,7 +27,7 @@ struct SceneArgs {
   int steps = 1;
   bool full_bind = false;
   std::string storage = "pinned";
-  std::string upload = "direct";
+  BindOptions bind;  // the bind option flags (kSceneBindFlags) write here
   bool skip_golden = false;
   std::string save_golden;
   bool save_golden_given = false;
@@ -107,7 +107,7 @@ SceneRunOptions run_options(const Scene& scene, const SceneArgs& a) {
   options.storage = parse_host_storage(a.storage);
   options.skip_golden = a.skip_golden;
   options.save_golden = a.save_golden;
-  options.bind.upload = parse_upload_path(a.upload);
+  options.bind = a.bind;
   validate(scene, options);  // before the worker or any memory is taken
   options.values = resolve_params(scene, options.values);
   return options;
@@ -210,9 +210,7 @@ void add_scene_command(CLI::App& app) {
     cmd->add_option("--storage", a->storage, "Host storage: pageable or pinned")
         ->transform(kLowerCase)
         ->capture_default_str();
-    cmd->add_option("--upload", a->upload, "Upload path: direct or staged")
-        ->transform(kLowerCase)
-        ->capture_default_str();
+    add_bind_option_flags(*cmd, a->bind, kSceneBindFlags);
     cmd->add_flag("--skip-golden", a->skip_golden, "Check byte integrity only");
     cmd->add_option("--save-golden", a->save_golden, "Write the golden to FILE.safetensors")
         ->each([p = a.get()](const std::string&) { p->save_golden_given = true; });

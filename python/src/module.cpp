@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common.h"
+#include "pinstage/backend/pin_mode.h"
 #include "pinstage/bind.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/scene.h"
@@ -28,6 +29,7 @@ std::map<std::string, std::vector<std::string>> field_lists() {
 #define PINSTAGE_NAME5_(type, name, value, key, doc) #name,
 #define PINSTAGE_RATE_NAME_(name, seconds, doc) #name,
 #define PINSTAGE_COMPUTED_NAME_(name, doc) #name,
+#define PINSTAGE_PIN_KEY_(type, member, value, key, min, max, shift, doc) key,  // its keys
   return {
       {"PINSTAGE_WORKER_OPTION_FIELDS", {PINSTAGE_WORKER_OPTION_FIELDS(PINSTAGE_NAME4_)}},
       {"PINSTAGE_WORKER_STATS_FIELDS", {PINSTAGE_WORKER_STATS_FIELDS(PINSTAGE_NAME4_)}},
@@ -47,11 +49,13 @@ std::map<std::string, std::vector<std::string>> field_lists() {
        {PINSTAGE_LOAD_REPORT_FIELDS(PINSTAGE_NAME4_, PINSTAGE_RATE_NAME_)}},
       {"PINSTAGE_LOAD_REPORT_FIRST_TOUCH_FIELDS",
        {PINSTAGE_LOAD_REPORT_FIRST_TOUCH_FIELDS(PINSTAGE_NAME4_)}},
+      {"PINSTAGE_PIN_CONFIG_FIELDS", {PINSTAGE_PIN_CONFIG_FIELDS(PINSTAGE_PIN_KEY_)}},
   };
 #undef PINSTAGE_NAME4_
 #undef PINSTAGE_NAME5_
 #undef PINSTAGE_RATE_NAME_
 #undef PINSTAGE_COMPUTED_NAME_
+#undef PINSTAGE_PIN_KEY_
 }
 
 }  // namespace

@@ -13,3 +13,16 @@ add_dependencies(test_cli pinstage_cli pinstage_backend_sim)
 pinstage_add_gtest(test_atomic_file
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_atomic_file.cpp
   LABELS cli)
+
+# The flags from the field lists (apps/pinstage/cli_fields.h): each command's --help, the
+# table in docs/cli.md, the values and the refusals. Label cli.
+pinstage_add_gtest(test_cli_fields
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cli_fields.cpp
+          ${PROJECT_SOURCE_DIR}/apps/pinstage/cli_fields.cpp
+          ${PROJECT_SOURCE_DIR}/apps/pinstage/cli_common.cpp
+  LABELS cli)
+target_include_directories(test_cli_fields PRIVATE ${PROJECT_SOURCE_DIR}/apps/pinstage
+                                                   ${PINSTAGE_CLI11_INCLUDE})
+target_compile_definitions(test_cli_fields PRIVATE PINSTAGE_CLI_PATH="$<TARGET_FILE:pinstage_cli>"
+                                                   PINSTAGE_DOCS_CLI="${PROJECT_SOURCE_DIR}/docs/cli.md")
+add_dependencies(test_cli_fields pinstage_cli pinstage_backend_sim)

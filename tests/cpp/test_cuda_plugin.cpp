@@ -520,6 +520,25 @@ TEST(CudaConfig, UnknownAndRepeatedKeysNameTheKeyAndListTheAcceptedOnes) {
   EXPECT_TRUE(contains(parse_error({{"register_chunk_mb", nullptr}}), "NULL value"));
 }
 
+// PinConfig, the accepted-keys message and the parser come from PINSTAGE_PIN_CONFIG_FIELDS:
+// every key of the list is named in kPinConfigKeys, accepted, and sets its member.
+TEST(CudaConfig, EveryKeyOfTheListIsParsedIntoItsMember) {
+  std::string keys;
+#define PINSTAGE_TEST_PIN_KEY_(type, member, value, key, min, max, shift, doc)              \
+  {                                                                                         \
+    keys += std::string(keys.empty() ? "" : ", ") + key;                                    \
+    EXPECT_TRUE(pinstage::backend::is_pin_config_key(key)) << key;                          \
+    EXPECT_EQ(CudaConfig{}.member, static_cast<type>(value)) << key;                        \
+    const std::string text = std::to_string(min);                                           \
+    EXPECT_EQ(parse({{key, text.c_str()}}).member, static_cast<type>(min) << shift) << key; \
+  }
+  PINSTAGE_PIN_CONFIG_FIELDS(PINSTAGE_TEST_PIN_KEY_)
+#undef PINSTAGE_TEST_PIN_KEY_
+  EXPECT_EQ(keys, pinstage::backend::kPinConfigKeys);
+  EXPECT_FALSE(pinstage::backend::is_pin_config_key("sysfs_root"));   // cuda's own
+  EXPECT_FALSE(pinstage::backend::is_pin_config_key("pinned_mode"));  // gone
+}
+
 // The keys of the backends that made host memory themselves are refused saying where their
 // job went (the runtime's placement), not as a typo.
 TEST(CudaConfig, TheKeysOfTheOldPinnedModesSayTheRuntimeDoesItNow) {

@@ -198,6 +198,10 @@ LISTS = {
     "PINSTAGE_LOAD_REPORT_FIRST_TOUCH_FIELDS": (
         "checkpoint.h", "LoadReport", lambda: load_report_keys()[-3:],
         lambda: md_table("loading.md", "load report fields")[-3:]),
+    # The plugin SDK's pinning keys (Python hands them on in Worker(config=...)); cuda's
+    # table adds its own key: test_cuda_docs_list_the_pin_keys_then_its_own.
+    "PINSTAGE_PIN_CONFIG_FIELDS": ("backend/pin_mode.h", "PinConfig", None,
+                                   lambda: md_table("acl.md", "pin config keys")),
 }
 
 
@@ -216,7 +220,7 @@ def test_the_list_builds_its_struct(name):
     text = (INCLUDE / header).read_text()
     m = re.search(r"struct (?:PINSTAGE_API )?%s \{(.*?)\n\};" % struct, text, re.S)
     assert m, f"{header} lost struct {struct}"
-    assert re.search(r"\b%s\(PINSTAGE_(?:KEYED_)?FIELD_MEMBER\b" % name, m.group(1)), (
+    assert re.search(r"\b%s\(PINSTAGE_\w*MEMBER\b" % name, m.group(1)), (
         f"struct {struct} is not built from {name}")
 
 
@@ -229,6 +233,13 @@ def test_the_list_reaches_python_and_docs_in_order(name, side):
     if names is None:
         pytest.skip(f"{name}: Python takes a part of it, held by its own test")
     assert names() == field_lists()[name]
+
+
+def test_cuda_docs_list_the_pin_keys_then_its_own():
+    """docs/cuda.md's key table: the plugin SDK's pinning keys (pin_mode.h's list), in its
+    order, then the keys the cuda backend parses itself."""
+    keys = md_table("cuda.md", "pin config keys")
+    assert keys == field_lists()["PINSTAGE_PIN_CONFIG_FIELDS"] + ["sysfs_root"]
 
 
 def test_host_memory_stats_keys_are_the_docs_python_keys():

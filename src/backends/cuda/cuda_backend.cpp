@@ -387,16 +387,6 @@ struct CudaOptions {
   std::string sysfs_root = "/sys";
 };
 
-bool is_pin_key(std::string_view key) {
-  std::string_view keys = pinstage::backend::kPinConfigKeys;  // "a, b, c"
-  for (size_t at = 0; at <= keys.size();) {
-    const size_t comma = std::min(keys.find(", ", at), keys.size());
-    if (keys.substr(at, comma - at) == key) return true;
-    at = comma + 2;
-  }
-  return false;
-}
-
 // Parses the context options' config strictly (backend/config.h); the defaults without
 // options. Checked before any GPU is looked for: a typo fails the same everywhere.
 CudaOptions parse_options(const ps_context_options* options, const char* slot) {
@@ -412,7 +402,8 @@ CudaOptions parse_options(const ps_context_options* options, const char* slot) {
           if (value.empty() || value.front() != '/')
             pinstage::backend::config_bad_value(key, value, "an absolute path (default /sys)");
           out.sysfs_root = value;
-        } else if (is_pin_key(key) || pinstage::backend::is_gone_pin_key(key)) {
+        } else if (pinstage::backend::is_pin_config_key(key) ||
+                   pinstage::backend::is_gone_pin_key(key)) {
           pinstage::backend::detail::apply_pin_option(out.pin, key, value);
         } else {
           pinstage::backend::config_refuse("unknown key '" + std::string(key) + "' (keys: " + keys +
