@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "extension_test_util.h"
 #include "fake_acl_client.h"
 #include "host_source_checks.h"
 #include "pinstage/backend/acl_ext.h"
@@ -284,13 +285,7 @@ class AclPlugin : public ::testing::Test {
     return o;
   }
   static ps_acl_pin_stats pin_stats(const Worker& w) {
-    auto fn = reinterpret_cast<ps_acl_pin_stats_fn>(w.backend_extension(PS_ACL_PIN_STATS_NAME));
-    ps_acl_pin_stats s{};
-    EXPECT_NE(fn, nullptr);
-    if (fn != nullptr) {
-      EXPECT_EQ(fn(w.native_context(), &s), PS_OK);
-    }
-    return s;
+    return test::extension_stats<ps_acl_pin_stats>(w, PS_ACL_PIN_STATS_NAME);
   }
 };
 

@@ -54,20 +54,19 @@ struct Exposed {
 };
 const std::vector<Exposed>& exposed() {
   using namespace pinstage::cli;
-  static const std::vector<Exposed> rows = {
-      {"bench synthetic", "BindOptions", &kBenchBindFlags},
-      {"bench synthetic", "WorkerOptions", &kWorkerFlags},
-      {"bench qwen3-decode", "BindOptions", &kBenchBindFlags},
-      {"bench qwen3-decode", "WorkerOptions", &kWorkerFlags},
-      {"scene qwen3-decode", "BindOptions", &kSceneBindFlags},
-      {"scene qwen3-decode", "WorkerOptions", &kWorkerFlags},
-      {"load", "CheckpointLoadOptions", &kLoadFlags},
-      {"load", "WorkerOptions", &kWorkerFlags},
-      {"bench load", "CheckpointLoadOptions", &kReadFlags},
-      {"bench load", "WorkerOptions", &kWorkerFlags},
-      {"hash", "CheckpointLoadOptions", &kReadFlags},
-      {"demo", "WorkerOptions", &kWorkerFlags},
-  };
+  // Each command's own list, then the worker flags every command with --backend has.
+  static const std::vector<Exposed> rows = [] {
+    std::vector<Exposed> r = {{"bench synthetic", "BindOptions", &kBenchBindFlags},
+                              {"bench qwen3-decode", "BindOptions", &kBenchBindFlags},
+                              {"scene qwen3-decode", "BindOptions", &kSceneBindFlags},
+                              {"load", "CheckpointLoadOptions", &kLoadFlags},
+                              {"bench load", "CheckpointLoadOptions", &kReadFlags},
+                              {"hash", "CheckpointLoadOptions", &kReadFlags}};
+    for (const char* command : {"bench synthetic", "bench qwen3-decode", "scene qwen3-decode",
+                                "load", "bench load", "demo"})
+      r.push_back({command, "WorkerOptions", &kWorkerFlags});
+    return r;
+  }();
   return rows;
 }
 

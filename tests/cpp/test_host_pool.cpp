@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "extension_test_util.h"
 #include "lock_test_util.h"
 #include "pinstage/backend/sim_ext.h"
 #include "pinstage/worker.h"
@@ -138,12 +139,7 @@ class HostPoolTest : public ::testing::Test {
     worker = std::make_unique<Worker>();
     worker->init("sim", 0, options);
   }
-  ps_sim_stats sim_stats() {
-    auto fn = reinterpret_cast<ps_sim_stats_fn>(worker->backend_extension(PS_SIM_STATS_NAME));
-    ps_sim_stats s{};
-    EXPECT_EQ(fn(worker->native_context(), &s), PS_OK);
-    return s;
-  }
+  ps_sim_stats sim_stats() { return test::sim_stats(*worker); }
   void hold_streams(bool hold) {
     auto fn = reinterpret_cast<ps_sim_hold_streams_fn>(
         worker->backend_extension(PS_SIM_HOLD_STREAMS_NAME));

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "extension_test_util.h"
 #include "pinstage/backend/sim_ext.h"
 #include "pinstage/bind.h"
 #include "pinstage/tensor.h"
@@ -72,9 +73,7 @@ struct Moved {
   uint64_t h2d = 0, d2h = 0;
 };
 Moved sim_moved(const Worker& w) {
-  auto fn = reinterpret_cast<ps_sim_stats_fn>(w.backend_extension(PS_SIM_STATS_NAME));
-  ps_sim_stats s{};
-  EXPECT_EQ(fn(w.native_context(), &s), PS_OK);
+  const ps_sim_stats s = test::sim_stats(w);
   return {s.h2d_direct_bytes + s.h2d_bounced_bytes, s.d2h_direct_bytes + s.d2h_bounced_bytes};
 }
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "extension_test_util.h"
 #include "lock_test_util.h"
 #include "pinstage/backend/sim_ext.h"
 #include "pinstage/checkpoint.h"
@@ -124,14 +125,9 @@ TEST_F(SegmentSources, TheDeviceLoadUploadsStraightFromTheMapping) {
   CheckpointLoadOptions o;
   o.mode = LoadMode::map;
   o.verify = true;
-  const auto stats =
-      reinterpret_cast<ps_sim_stats_fn>(worker_.backend_extension(PS_SIM_STATS_NAME));
-  ASSERT_NE(stats, nullptr);
-  ps_sim_stats before{};
-  ASSERT_EQ(stats(worker_.native_context(), &before), PS_OK);
+  const ps_sim_stats before = test::sim_stats(worker_);
   const DeviceLoad d = load_to_device(c, worker_, o);
-  ps_sim_stats after{};
-  ASSERT_EQ(stats(worker_.native_context(), &after), PS_OK);
+  const ps_sim_stats after = test::sim_stats(worker_);
   // Every byte went up by the copy engine straight from the pinned mapping, none bounced.
   EXPECT_EQ(after.h2d_direct_bytes - before.h2d_direct_bytes, c.total_bytes());
   EXPECT_EQ(after.h2d_bounced_bytes, before.h2d_bounced_bytes) << "the mapping was not pinned";

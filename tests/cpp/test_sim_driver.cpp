@@ -13,6 +13,7 @@
 
 #include "backends/sim/dma.h"
 #include "backends/sim/sim_config.h"
+#include "extension_test_util.h"
 #include "lock_test_util.h"
 #include "pinstage/backend/sim_ext.h"
 #include "pinstage/error.h"
@@ -45,13 +46,7 @@ class SimDriver : public ::testing::Test {
     owned->init("sim", 0, options);
   }
   Worker& w() { return *owned; }
-  ps_sim_stats stats() {
-    auto fn = reinterpret_cast<ps_sim_stats_fn>(w().backend_extension(PS_SIM_STATS_NAME));
-    ps_sim_stats s{};
-    EXPECT_NE(fn, nullptr);
-    if (fn != nullptr) EXPECT_EQ(fn(w().native_context(), &s), PS_OK);
-    return s;
-  }
+  ps_sim_stats stats() { return test::sim_stats(w()); }
   // The device bytes as they are (sim device memory is host memory).
   const unsigned char* device_bytes(const DeviceBuffer& dev) {
     return static_cast<const unsigned char*>(dev.data());

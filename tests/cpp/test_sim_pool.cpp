@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/sim/device_pool.h"
+#include "extension_test_util.h"
 #include "lock_test_util.h"
 #include "pinstage/backend/sim_ext.h"
 #include "pinstage/error.h"
@@ -22,6 +23,7 @@ namespace {
 
 using sim::DevicePool;
 using test::error_of;
+using test::sim_stats;
 
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * kKiB;
@@ -142,15 +144,18 @@ TEST(SimPool, PagesAreBackedOnFirstUseAndAReusedRangeDoesNotFault) {
   EXPECT_EQ(pool.stats().backed, kBytes);  // no new backing
 }
 
-TEST(SimPool, WorkerDeviceMemoryComesFromThePool) {
-  Worker worker;
+// A sim worker whose device holds 64 MiB, with these backend options.
+void init_sim(Worker& worker, BackendConfig config = {}) {
   WorkerOptions options;
   options.device_capacity_bytes = 64 * kMiB;
+  options.config = std::move(config);
   worker.init("sim", 0, options);
-  auto stats_fn = reinterpret_cast<ps_sim_stats_fn>(worker.backend_extension(PS_SIM_STATS_NAME));
-  ASSERT_NE(stats_fn, nullptr);
-  ps_sim_stats s{};
-  ASSERT_EQ(stats_fn(worker.native_context(), &s), PS_OK);
+}
+
+TEST(SimPool, WorkerDeviceMemoryComesFromThePool) {
+  Worker worker;
+  init_sim(worker);
+  ps_sim_stats s = sim_stats(worker);
   EXPECT_EQ(s.pool_span_bytes, 64 * kMiB);
   EXPECT_EQ(s.pool_backed_bytes, 0u);  // reserved at creation, nothing backed yet
   {
@@ -158,13 +163,13 @@ TEST(SimPool, WorkerDeviceMemoryComesFromThePool) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % 256, 0u);
     EXPECT_EQ(worker.stats().device_committed_bytes, 1024u);  // the 256-byte granule
     DeviceBuffer b = worker.alloc_device(8 * kMiB);
-    ASSERT_EQ(stats_fn(worker.native_context(), &s), PS_OK);
-    EXPECT_EQ(s.pool_used_bytes, 1024u + 8 * kMiB);
+    EXPECT_EQ(sim_stats(worker).pool_used_bytes, 1024u + 8 * kMiB);
   }
-  ASSERT_EQ(stats_fn(worker.native_context(), &s), PS_OK);
+  s = sim_stats(worker);
   EXPECT_EQ(s.pool_used_bytes, 0u);
   EXPECT_EQ(s.pool_backed_bytes, round_up_to_pages(1024 + 8 * kMiB));  // stays backed
   EXPECT_EQ(s.pool_free_blocks, 1u);                                   // coalesced again
+  auto stats_fn = reinterpret_cast<ps_sim_stats_fn>(worker.backend_extension(PS_SIM_STATS_NAME));
   EXPECT_EQ(stats_fn(worker.native_context(), nullptr), PS_ERR_INVALID_ARGUMENT);
   const Error e = error_of([&] { worker.alloc_device(65 * kMiB); });
   EXPECT_EQ(e.code(), ErrorCode::out_of_memory);
@@ -174,16 +179,9 @@ TEST(SimPool, WorkerDeviceMemoryComesFromThePool) {
 // backed_bytes (config): the pool's first bytes are resident before any allocation, so a
 // timed load's allocation there faults nothing; more than the capacity is refused.
 TEST(SimPool, BackedBytesAreResidentBeforeTheFirstAllocation) {
-  WorkerOptions options;
-  options.device_capacity_bytes = 64 * kMiB;
-  options.config = {{"backed_bytes", "8M"}};
   Worker worker;
-  worker.init("sim", 0, options);
-  auto stats_fn = reinterpret_cast<ps_sim_stats_fn>(worker.backend_extension(PS_SIM_STATS_NAME));
-  ASSERT_NE(stats_fn, nullptr);
-  ps_sim_stats s{};
-  ASSERT_EQ(stats_fn(worker.native_context(), &s), PS_OK);
-  EXPECT_EQ(s.pool_backed_bytes, 8 * kMiB);
+  init_sim(worker, {{"backed_bytes", "8M"}});
+  EXPECT_EQ(sim_stats(worker).pool_backed_bytes, 8 * kMiB);
   const long before = minor_faults();
   DeviceBuffer a = worker.alloc_device(8 * kMiB);
   const long faults = minor_faults() - before;
@@ -193,9 +191,8 @@ TEST(SimPool, BackedBytesAreResidentBeforeTheFirstAllocation) {
   }
 
   for (const char* bad : {"65M", "x", "-1"}) {
-    options.config = {{"backed_bytes", bad}};
     Worker other;
-    const Error e = error_of([&] { other.init("sim", 0, options); });
+    const Error e = error_of([&] { init_sim(other, {{"backed_bytes", bad}}); });
     EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << bad;
     EXPECT_NE(std::string(e.what()).find("backed_bytes"), std::string::npos) << e.what();
   }

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "extension_test_util.h"
 #include "pinstage/backend/sim_ext.h"
 #include "pinstage/bind.h"
 #include "pinstage/checkpoint.h"
@@ -51,9 +52,7 @@ WorkerGroupOptions sim_node(int devices, const std::string& numa = "", int threa
 }
 
 uint64_t sim_h2d(const Worker& w) {
-  auto fn = reinterpret_cast<ps_sim_stats_fn>(w.backend_extension(PS_SIM_STATS_NAME));
-  ps_sim_stats s{};
-  EXPECT_EQ(fn(w.native_context(), &s), PS_OK);
+  const ps_sim_stats s = test::sim_stats(w);
   return s.h2d_direct_bytes + s.h2d_bounced_bytes;
 }
 
