@@ -32,6 +32,7 @@
 
 #include "checkpoint/cache_internal.h"
 #include "pinstage/error.h"
+#include "pinstage/pages.h"
 #include "pinstage/safetensors.h"
 #include "pinstage/settings.h"
 
@@ -296,8 +297,7 @@ CacheDirInfo WeightCache::info() const {
   CacheDirInfo info;
   info.path = path_;
   info.fs = fs_name(sf.f_type);
-  info.page_bytes = sf.f_type == HUGETLBFS_MAGIC ? static_cast<uint64_t>(sf.f_bsize)
-                                                 : static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  info.page_bytes = file_page_bytes(dir_.get());
   info.free_bytes = static_cast<uint64_t>(sf.f_bavail) * static_cast<uint64_t>(sf.f_bsize);
   if (sf.f_type == HUGETLBFS_MAGIC) {  // the pool bounds it; without size= it alone does
     const uint64_t pool = huge_pool_free(info.page_bytes);

@@ -28,6 +28,7 @@
 #include "pinstage/cache.h"
 #include "pinstage/checkpoint.h"
 #include "pinstage/error.h"
+#include "pinstage/pages.h"
 #include "pinstage/safetensors.h"
 #include "pinstage/tensor.h"
 #include "temp_dir_test_util.h"
@@ -111,6 +112,9 @@ TEST_F(Cache, AMissingDirectoryIsCreatedPrivateAndSaysWhatItIs) {
   EXPECT_EQ(info.path, cache_);
   EXPECT_EQ(info.fs, "tmpfs");
   EXPECT_EQ(info.page_bytes, static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)));
+  const UniqueFd dir(::open(cache_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  EXPECT_EQ(file_page_bytes(dir.get()), static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
+  EXPECT_EQ(file_page_bytes(-1), page_size()) << "no file: the base page";
   EXPECT_GT(info.free_bytes, 0u);
   EXPECT_EQ(info.used_bytes, 0u);
   EXPECT_EQ(info.entries, 0u);
@@ -815,6 +819,10 @@ TEST_F(CacheLoads, OnHugetlbfsEntriesAreFilledAndMappedInWholeHugePages) {
   WeightCache cache = WeightCache::open(cache_);
   EXPECT_EQ(cache.info().fs, "hugetlbfs");
   EXPECT_EQ(cache.info().page_bytes, uint64_t{2} << 20);
+  {
+    const UniqueFd dir(::open(cache_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    EXPECT_EQ(file_page_bytes(dir.get()), size_t{2} << 20);
+  }
   const Checkpoint c = Checkpoint::open(single("s.safetensors", 300 << 10));
   EXPECT_EQ(cache.fill(c).state, "filled");
   EXPECT_EQ(mappings_under(cache_), 0u) << "the fill left a mapping";
