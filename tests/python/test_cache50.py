@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
 import tempfile
 
 import pytest
@@ -269,6 +270,30 @@ def test_the_module_mirrors_the_cache(ckpt, cache_dir, tmp_path):
 
 class Stop(Exception):
     pass
+
+
+def test_the_cache_says_whether_its_tmpfs_gives_huge_pages(cache_dir, cli):
+    """`huge` in pinstage.cache.info() and `pinstage cache --json` is the tmpfs mount's
+    huge= option as findmnt reads it ("never" when absent), and the text names the fix
+    when it is no huge page. Seen failing with the hint left out."""
+    if shutil.which("findmnt") is None:
+        pytest.skip("no findmnt to read the mount independently")
+    options = subprocess.run(["findmnt", "-n", "-o", "FS-OPTIONS", "--target", str(cache_dir)],
+                             capture_output=True, text=True, check=True).stdout.split()[-1]
+    huge = [o[5:] for o in options.split(",") if o.startswith("huge=")] or ["never"]
+    shmem = pathlib.Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+    kernel = shmem.read_text() if shmem.exists() else ""
+    want = "never" if "[deny]" in kernel else "always" if "[force]" in kernel else huge[-1]
+    assert pinstage.cache.info()["huge"] == want
+    out = subprocess.run([str(cli), "cache", "--json", "-"], capture_output=True, text=True,
+                         check=True)
+    doc = json.loads(out.stdout)
+    assert doc["huge"] == want and list(doc)[1:] == list(pinstage.cache.info()), doc
+    text = subprocess.run([str(cli), "cache"], capture_output=True, text=True, check=True).stdout
+    assert f"huge={want}" in text, text
+    hint = "mount -t tmpfs -o huge=within_size"
+    assert (hint in text) == (want not in ("within_size", "always")), text
+    assert "docs/cache.md#tmpfs-with-huge-pages-no-reservation" in text or hint not in text
 
 
 def test_a_fill_stopped_by_its_progress_leaves_nothing(ckpt, cache_dir):
