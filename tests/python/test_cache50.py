@@ -382,8 +382,9 @@ def shm_names():
 
 def test_two_ranks_of_a_node_fill_once_and_both_map_the_sources_bytes(tmp_path, build_dir):
     """torchrun, 2 ranks on this node: exactly one rank fills (state "filled", filler),
-    the other waits (its lookup begins after the filler's put returned, on the machine's
-    monotonic clock) and finds the entry ("hit"); both load the source's bytes from the
+    the other waits and finds the entry ("hit"), proved by latches, not clocks
+    (cache_rank.py): it starts waiting at the fill's barrier while the filler, blocked
+    inside its fill, holds a lock, and finds the lock free when its lookup starts. Both load the source's bytes from the
     entry (map mode, "hit") and load_sharded(cache="use") hits too; a filler made to fail
     is named on both ranks, and a refill is again done by one rank. /dev/shm holds
     nothing new afterwards but the cache directory, which holds only the entry."""
@@ -393,6 +394,8 @@ def test_two_ranks_of_a_node_fill_once_and_both_map_the_sources_bytes(tmp_path, 
     model, plan = tp_checkpoint.write_checkpoint(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
+    os.mkfifo(out / "started")  # the latches of cache_rank.py
+    os.mkfifo(out / "release")
     d = pathlib.Path(tempfile.mkdtemp(prefix="pinstage-test50-", dir=SHM))
     try:
         with open(LOCK, "a") as lock:
@@ -408,9 +411,12 @@ def test_two_ranks_of_a_node_fill_once_and_both_map_the_sources_bytes(tmp_path, 
         fills = sorted((r["fill"]["state"], r["fill"]["filler"]) for r in ranks)
         assert fills == [("filled", True), ("hit", False)], fills
         assert ranks[0]["fill"]["filler"], "local rank 0 fills"
-        put_end = dict(ranks[0]["events"])["put_end"]
-        assert [e for e, _ in ranks[1]["events"]] == ["lookup_start"], ranks[1]["events"]
-        assert ranks[1]["events"][0][1] > put_end, "the other rank looked up before the fill"
+        # The filler filled under the lock; the other rank found it held as it began to
+        # wait (the filler mid-fill) and free as it looked up (the fill over).
+        assert ranks[0]["events"] == [["put_end", True], ["lookup_start", True]], ranks[0]
+        assert ranks[1]["events"] == [["waits", False], ["lookup_start", True]], \
+            f"the other rank did not wait for the fill: {ranks[1]['events']}"
+        assert ranks[1]["released"] == "barrier", ranks[1]
         for r in ranks:
             assert r["load"] == {"cache": "hit", "cache_entry": r["fill"]["entry_path"],
                                  "names": True, "equal": True}, r
