@@ -147,11 +147,9 @@ void run_prune(const CacheArgs& a) {
   std::fprintf(text_out(a.report),
                "pruned %s: %zu leftover temporaries, %zu stale, %zu least recently used\n",
                format_bytes(r.freed_bytes).c_str(), r.temps, r.stale, r.evicted);
-  a.write({{"temps", r.temps},
-           {"stale", r.stale},
-           {"evicted", r.evicted},
-           {"freed_bytes", r.freed_bytes},
-           {"removed", r.removed}});
+  nlohmann::ordered_json doc;
+  put_fields(doc, report_fields(r));
+  a.write(doc);
 }
 
 }  // namespace

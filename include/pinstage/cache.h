@@ -90,10 +90,11 @@ struct CachePruneReport {
 };
 
 // Every field of each, in its struct's order: the one serialiser the CLI's `cache --json`
-// and Python's pinstage.cache dicts share.
+// and Python's pinstage.cache dicts share (a prune's `removed` is a list of keys).
 PINSTAGE_API ReportFields report_fields(const CacheDirInfo& info);
 PINSTAGE_API ReportFields report_fields(const CacheLookup& lookup);
 PINSTAGE_API ReportFields report_fields(const CacheEntryInfo& entry);
+PINSTAGE_API ReportFields report_fields(const CachePruneReport& report);
 
 // How fill() copies.
 struct CacheFillOptions {

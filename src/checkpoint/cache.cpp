@@ -349,6 +349,14 @@ ReportFields report_fields(const CacheLookup& l) {
   return {{"state", l.state}, {"key", l.key}, {"entry_path", l.entry_path}, {"reason", l.reason}};
 }
 
+ReportFields report_fields(const CachePruneReport& r) {
+  return {{"temps", report_value(r.temps)},
+          {"stale", report_value(r.stale)},
+          {"evicted", report_value(r.evicted)},
+          {"freed_bytes", r.freed_bytes},
+          {"removed", r.removed}};
+}
+
 ReportFields report_fields(const CacheEntryInfo& e) {
   return {{"key", e.key},     {"source", e.source},
           {"bytes", e.bytes}, {"last_use_ns", e.last_use_ns},

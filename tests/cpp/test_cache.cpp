@@ -530,7 +530,6 @@ TEST(CacheMounts, TmpfsHugeIsItsMountOptionUnlessTheKernelDeniesOrForcesIt) {
 }
 
 // ---- ls, rm, prune ----
-// ---- ls, rm, prune ----
 
 // Seen failing with prune's sort by last use reversed (the entry just used was evicted).
 TEST_F(Cache, LsRmAndPruneByLastUse) {
@@ -820,6 +819,8 @@ TEST_F(Cache, TheCliPutsListsRemovesAndPrunes) {
   ASSERT_EQ(test::run_command(cli(cache_, "put '" + src + "' --quiet")).status, 0);
   r = test::run_command(cli(cache_, "prune --max-bytes 0 --json -"));
   EXPECT_NE(r.output.find("\"evicted\": 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"removed\": [\n    \"" + cache_key(src) + "\"\n  ]"), std::string::npos)
+      << r.output;
   r = test::run_command(cli(cache_, "rm '" + src + "' 2>&1"));
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("not_found"), std::string::npos) << r.output;

@@ -296,6 +296,23 @@ def test_the_cache_says_whether_its_tmpfs_gives_huge_pages(cache_dir, cli):
     assert "docs/cache.md#tmpfs-with-huge-pages-no-reservation" in text or hint not in text
 
 
+def test_prune_says_the_same_keys_in_python_and_the_cli(ckpt, cache_dir, cli):
+    """pinstage.cache.prune()'s dict and `pinstage cache prune --json` come from the one
+    report_fields(CachePruneReport): the same keys in the same order, `removed` a list of
+    the keys removed. Seen failing with `removed` left out of report_fields."""
+    key = pinstage.cache.put(ckpt)["key"]
+    out = subprocess.run([str(cli), "cache", "prune", "--max-bytes", "0", "--json", "-"],
+                         capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout)
+    assert doc["removed"] == [key] and doc["evicted"] == 1, doc
+    pinstage.cache.put(ckpt)
+    pruned = pinstage.cache.prune(max_bytes=0)
+    assert list(doc)[1:] == list(pruned) == ["temps", "stale", "evicted", "freed_bytes",
+                                             "removed"], (doc, pruned)
+    assert pruned["removed"] == [key] and pruned["freed_bytes"] == doc["freed_bytes"], pruned
+    assert entries(cache_dir) == []
+
+
 def test_a_fill_stopped_by_its_progress_leaves_nothing(ckpt, cache_dir):
     """The callback's own exception comes back (not a pinstage.Error), and the fill's
     temporary is gone."""
