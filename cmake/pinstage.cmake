@@ -9,7 +9,8 @@
 #    torch cannot import it (acl's kDLExtDev).
 #  FAKE, FAKE_ENVIRONMENT: the target the conformance suite runs it against without
 #    hardware, and the environment that puts it in place (none: the backend needs none).
-#  TEST_ONLY: a backend of the tests (tests/backends): built and described, not installed.
+#  TEST_ONLY: a backend of the tests (tests/backends): built and described (test_only=1),
+#    not installed, and listed only under PINSTAGE_TEST_BACKENDS=on.
 # The description goes into libpinstage_backend_<NAME>.backend beside the plugin, which
 # the runtime reads (described_backends(): Python's pinstage.backends(), the CLI's --backend
 # choices); the conformance suite is instantiated from the global property
@@ -51,8 +52,13 @@ function(pinstage_add_backend name)
     PINSTAGE_FAKE "${ARG_FAKE}" PINSTAGE_FAKE_ENVIRONMENT "${ARG_FAKE_ENVIRONMENT}")
   # Written at generate time beside the plugin, so it never lags behind this call.
   set(description "$<TARGET_FILE_DIR:${target}>/libpinstage_backend_${name}.backend")
+  set(test_only 0)
+  if(ARG_TEST_ONLY)
+    set(test_only 1)
+  endif()
   string(CONCAT text "# ${name}: written by pinstage_add_backend (cmake/pinstage.cmake)\n"
-         "name=${name}\ndlpack_device_type=${code}\ntorch_device=${ARG_TORCH_DEVICE}\n")
+         "name=${name}\ndlpack_device_type=${code}\ntorch_device=${ARG_TORCH_DEVICE}\n"
+         "test_only=${test_only}\n")
   file(GENERATE OUTPUT "${description}" CONTENT "${text}")
   set_property(GLOBAL APPEND PROPERTY PINSTAGE_BACKENDS ${name})
   if(NOT ARG_TEST_ONLY)

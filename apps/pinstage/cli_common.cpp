@@ -229,12 +229,12 @@ void add_checkpoint_args(CLI::App& cmd, CheckpointArgs& args, const CheckpointHe
 void add_backend_args(CLI::App& cmd, BackendArgs& args) {
   // The choices are the backends built here, as each describes itself (pinstage_add_backend).
   std::vector<std::string> names;
-  for (const BackendDescription& b : described_backends()) names.push_back(b.name);
+  for (const BackendDescription& b : listed_backends()) names.push_back(b.name);
   std::string listed;
   for (const std::string& name : names) listed += (listed.empty() ? "" : ", ") + name;
   cmd.add_option("--backend", args.name, "Backend plugin, one of: " + listed)
       ->transform(kLowerCase)
-      ->check(CLI::IsMember(names))
+      ->check(CLI::Validator(backend_choice_error, "", "backend"))
       ->capture_default_str();
   FieldFlags worker = kWorkerFlags;
   worker.notes["config"] = "e.g. link_gbps=55 on sim";

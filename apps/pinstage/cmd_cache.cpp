@@ -62,12 +62,28 @@ std::string page_text(uint64_t bytes) {
                                       : std::to_string(bytes >> 10) + " KiB";
 }
 
+// What `pinstage cache` says of the pages: "2 MiB pages", "4 KiB pages, huge=within_size
+// (2 MiB pages where a file's size allows)", "4 KiB pages, huge=never".
+std::string pages_text(const CacheDirInfo& i) {
+  std::string text = page_text(i.page_bytes) + " pages";
+  if (i.huge == "hugetlbfs") return text;
+  text += ", huge=" + i.huge;
+  if (i.huge == "within_size" || i.huge == "always")
+    text += " (2 MiB pages where a file's size allows)";
+  return text;
+}
+
 void run_info(const CacheArgs& a) {
   const CacheDirInfo i = WeightCache::open().info();
-  std::fprintf(text_out(a.report), "cache %s\n  %s, %s pages%s\n  %s in %zu entries, %s free\n",
-               i.path.c_str(), i.fs.c_str(), page_text(i.page_bytes).c_str(),
-               i.fs == "hugetlbfs" ? "" : " (hugetlbfs is the fast case: docs/cache.md)",
-               format_bytes(i.used_bytes).c_str(), i.entries, format_bytes(i.free_bytes).c_str());
+  FILE* out = text_out(a.report);
+  std::fprintf(out, "cache %s\n  %s, %s\n  %s in %zu entries, %s free\n", i.path.c_str(),
+               i.fs.c_str(), pages_text(i).c_str(), format_bytes(i.used_bytes).c_str(), i.entries,
+               format_bytes(i.free_bytes).c_str());
+  if (i.fs == "tmpfs" && i.huge != "within_size" && i.huge != "always")
+    chatter(a.report,
+            "  hint: 4 KiB pages map and lock slowly; for 2 MiB pages with no reservation, "
+            "mount -t tmpfs -o huge=within_size,size=8G,mode=0700 none DIR and set "
+            "PINSTAGE_CACHE_DIR=DIR (docs/cache.md#tmpfs-with-huge-pages-no-reservation)\n");
   nlohmann::ordered_json doc;
   put_fields(doc, report_fields(i));
   a.write(doc);
@@ -131,11 +147,9 @@ void run_prune(const CacheArgs& a) {
   std::fprintf(text_out(a.report),
                "pruned %s: %zu leftover temporaries, %zu stale, %zu least recently used\n",
                format_bytes(r.freed_bytes).c_str(), r.temps, r.stale, r.evicted);
-  a.write({{"temps", r.temps},
-           {"stale", r.stale},
-           {"evicted", r.evicted},
-           {"freed_bytes", r.freed_bytes},
-           {"removed", r.removed}});
+  nlohmann::ordered_json doc;
+  put_fields(doc, report_fields(r));
+  a.write(doc);
 }
 
 }  // namespace

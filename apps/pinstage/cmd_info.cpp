@@ -131,6 +131,15 @@ void print_info(FILE* out, const nlohmann::ordered_json& doc) {
                sim["execute"].get<bool>() ? "yes" : "no");
 }
 
+// A test-only backend (twin in a build tree) is left out unless PINSTAGE_TEST_BACKENDS=on,
+// as from every list a user sees; a plugin with no or a malformed description is shown
+// (probing it says what is wrong).
+bool offered(const std::string& name) {
+  for (const BackendDescription& b : described_backends())
+    if (b.name == name) return backend_choice_error(name).empty();
+  return true;
+}
+
 void run_info(const ReportArgs& report, const CLI::App& cmd) {
   check_report_args(report);
   nlohmann::ordered_json doc;
@@ -138,7 +147,7 @@ void run_info(const ReportArgs& report, const CLI::App& cmd) {
   for (const std::string& path : discover_backends()) {
     const std::string file = path.substr(path.rfind('/') + 1);
     const std::string name = file.substr(20, file.size() - 20 - 3);  // libpinstage_backend_X.so
-    doc["backends"].push_back(probe_backend(name, path));
+    if (offered(name)) doc["backends"].push_back(probe_backend(name, path));
   }
   doc["machine"] = machine_json();
   Worker worker;

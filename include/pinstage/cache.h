@@ -49,7 +49,12 @@ PINSTAGE_API std::string default_cache_dir();
 struct CacheDirInfo {
   std::string path;         // the directory opened
   std::string fs;           // "hugetlbfs" or "tmpfs"
-  uint64_t page_bytes = 0;  // its page size: the huge page size on hugetlbfs
+  uint64_t page_bytes = 0;  // the page size files are mapped in: the huge page on hugetlbfs
+  // Whether files get 2 MiB pages: "hugetlbfs"; on tmpfs its mount's huge= option,
+  // "never" (none: /dev/shm's), "within_size", "always" or "advise" (only where a mapping
+  // asks, which the cache does not), read from /proc/self/mountinfo and overridden by
+  // shmem_enabled's deny / force; "unknown" when the mount is not found there.
+  std::string huge;
   uint64_t free_bytes = 0;  // what the file system can still give (statfs f_bavail)
   uint64_t used_bytes = 0;  // bytes of the entries and leftover temporaries
   size_t entries = 0;       // published entries
@@ -85,10 +90,11 @@ struct CachePruneReport {
 };
 
 // Every field of each, in its struct's order: the one serialiser the CLI's `cache --json`
-// and Python's pinstage.cache dicts share.
+// and Python's pinstage.cache dicts share (a prune's `removed` is a list of keys).
 PINSTAGE_API ReportFields report_fields(const CacheDirInfo& info);
 PINSTAGE_API ReportFields report_fields(const CacheLookup& lookup);
 PINSTAGE_API ReportFields report_fields(const CacheEntryInfo& entry);
+PINSTAGE_API ReportFields report_fields(const CachePruneReport& report);
 
 // How fill() copies.
 struct CacheFillOptions {

@@ -14,6 +14,10 @@ namespace pinstage {
 
 // The kernel's base page size (sysconf), read once.
 PINSTAGE_API size_t page_size() noexcept;
+// The page size the open file `fd` is mapped (and must be unmapped) in: a hugetlbfs file's
+// huge page size (its statfs f_bsize), else page_size() (a larger st_blksize, NFS's, is no
+// page; a tmpfs mounted huge= still maps in base-page units). page_size() when fstatfs fails.
+PINSTAGE_API size_t file_page_bytes(int fd) noexcept;
 // Physical memory of this machine in bytes (sysconf), read once.
 PINSTAGE_API uint64_t physical_memory_bytes() noexcept;
 // Memory the kernel reports available now (MemAvailable), or physical memory when

@@ -11,8 +11,11 @@
 
 namespace pinstage {
 
-// One field's value; counts are unsigned, times and rates double.
-using ReportValue = std::variant<bool, int64_t, uint64_t, double, std::string>;
+// One field's value; counts are unsigned, times and rates double, a list of names (the keys
+// a prune removed) a vector: every visitor (the CLI's JSON, Python's dicts) writes it as a
+// list.
+using ReportValue =
+    std::variant<bool, int64_t, uint64_t, double, std::string, std::vector<std::string>>;
 
 struct ReportField {
   std::string key;
@@ -27,7 +30,8 @@ using ReportFields = std::vector<ReportField>;
 template <class T>
 ReportValue report_value(const T& v) {
   static_assert(!std::is_enum_v<T>, "an enum field needs a report_value overload: its name");
-  if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::string>)
+  if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::string> ||
+                std::is_same_v<T, std::vector<std::string>>)
     return v;
   else if constexpr (std::is_floating_point_v<T>)
     return static_cast<double>(v);

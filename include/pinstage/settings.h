@@ -30,6 +30,7 @@ enum class Setting {
   host_huge_stall_ms,   // PINSTAGE_HOST_HUGE_STALL_MS: a costlier 2 MiB fault gives huge pages up
   resident_check,       // PINSTAGE_RESIDENT_CHECK: off|on, ResidentBinder's write check
   cache_dir,            // PINSTAGE_CACHE_DIR: the restart cache's directory (docs/cache.md)
+  test_backends,        // PINSTAGE_TEST_BACKENDS: off|on, list the tests' backends (twin)
 };
 
 // One row of the table: the variable's name, what it takes and what it does.

@@ -97,12 +97,23 @@ struct BackendDescription {
   int dlpack_device_type = 0;  // DLPack DLDeviceType of its device memory (1 kDLCPU, 2 kDLCUDA)
   std::string torch_device;    // torch.device type over that memory ("cuda"); "" = none
   std::string plugin_path;     // the plugin it describes
+  bool test_only = false;      // a backend of the tests (pinstage_add_backend's TEST_ONLY)
 };
 
 // Every described backend of the plugin folder (a .backend file beside each plugin), sorted
-// by name; a plugin with no description is not listed. Read once per process.
-// Error(io) naming the file, the line and the fix when a description is malformed.
+// by name, test-only ones included; a plugin with no description is not listed, nor one
+// whose description is malformed (a warning naming the file and why is logged, once:
+// describe_plugin and backend_choice_error give its error when it is asked for). Read once
+// per process.
 PINSTAGE_API const std::vector<BackendDescription>& described_backends();
+// What a user is offered: described_backends() less the test-only ones, unless
+// PINSTAGE_TEST_BACKENDS=on. pinstage info, the CLI's --backend choices and
+// pinstage.backends() list these.
+PINSTAGE_API std::vector<BackendDescription> listed_backends();
+// "" when `name` is one of listed_backends(); else why it cannot be chosen: its
+// description's error (a malformed .backend file, named), or "unknown backend" naming the
+// listed ones. The CLI's --backend check.
+PINSTAGE_API std::string backend_choice_error(const std::string& name);
 // The description of the plugin at `plugin_path` (read beside it, once per path).
 // Error(not_found) when it has none, Error(io) as above.
 PINSTAGE_API const BackendDescription& describe_plugin(const std::string& plugin_path);

@@ -68,6 +68,7 @@ class BackendDescription:
     dlpack_device_type: int
     torch_device: str
     plugin_path: str
+    test_only: bool
 
 def backends() -> list[BackendDescription]: ...
 def devices(backend: str = "sim", **options: Unpack[_WorkerOptions]) -> list[DeviceInfo]: ...

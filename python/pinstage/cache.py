@@ -66,8 +66,9 @@ def default_dir():
 
 def info(dir=None):
     """The cache directory: {"path", "fs" ("hugetlbfs" or "tmpfs"), "page_bytes" (the huge
-    page size on hugetlbfs), "free_bytes", "used_bytes", "entries"}; the directory is made
-    0700 when missing."""
+    page size on hugetlbfs), "huge" (whether files get 2 MiB pages: "hugetlbfs", or the
+    tmpfs mount's huge= option "never", "within_size", "always", "advise"; "unknown"),
+    "free_bytes", "used_bytes", "entries"}; the directory is made 0700 when missing."""
     return _pinstage._cache_info(_dir(dir, "info"))
 
 

@@ -84,13 +84,7 @@ py::dict prune(std::optional<uint64_t> max_bytes, const std::optional<std::strin
     const GilReleased nogil;
     return open_cache(dir, "pinstage.cache.prune").prune(max_bytes);
   }();
-  py::dict d;
-  d["temps"] = r.temps;
-  d["stale"] = r.stale;
-  d["evicted"] = r.evicted;
-  d["freed_bytes"] = r.freed_bytes;
-  d["removed"] = py::cast(r.removed);
-  return d;
+  return fields_dict(report_fields(r));
 }
 
 }  // namespace
@@ -133,8 +127,8 @@ void bind_cache(py::module_& m) {
         function_doc("_cache_prune(max_bytes: int | None = None, dir: str | None = None) -> "
                      "dict[str, Any]",
                      "Removes dead fillers' temporaries, stale entries, then the least "
-                     "recently used down to max_bytes: temps, stale, evicted, freed_bytes, "
-                     "removed."));
+                     "recently used down to max_bytes: " +
+                         keys_of<CachePruneReport>() + "."));
 }
 
 }  // namespace pinstage::python

@@ -630,11 +630,15 @@ void bind_info(py::module_& m) {
       field("torch_device", &BackendDescription::torch_device,
             "str: the torch.device type of a tensor over that memory ('cpu', 'cuda'); '' "
             "when torch cannot import it."),
-      field("plugin_path", &BackendDescription::plugin_path, "str: the plugin it describes."));
+      field("plugin_path", &BackendDescription::plugin_path, "str: the plugin it describes."),
+      field("test_only", &BackendDescription::test_only,
+            "bool: a backend of the tests (twin), listed only under PINSTAGE_TEST_BACKENDS=on."));
   m.def(
-      "backends", [] { return described_backends(); },
+      "backends", [] { return listed_backends(); },
       function_doc("backends() -> list[BackendDescription]",
-                   "Every backend built here, as it describes itself, sorted by name."));
+                   "Every backend built here, as it describes itself, sorted by name; the "
+                   "tests' backends only under PINSTAGE_TEST_BACKENDS=on, and one whose "
+                   "description is malformed is left out with a warning."));
   m.def(
       "devices",
       [](const std::string& backend, const py::kwargs& kwargs) {

@@ -192,6 +192,13 @@ size_t page_size() noexcept {
   return size;
 }
 
+size_t file_page_bytes(int fd) noexcept {
+  struct statfs sf {};
+  if (::fstatfs(fd, &sf) == 0 && sf.f_type == HUGETLBFS_MAGIC && sf.f_bsize > 0)
+    return static_cast<size_t>(sf.f_bsize);
+  return page_size();
+}
+
 uint64_t physical_memory_bytes() noexcept {
   static const uint64_t bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * page_size();
   return bytes;
@@ -367,12 +374,7 @@ MappedPages map_pages(size_t bytes, const MapOptions& options) {
 MappedPages map_file_pages(int fd, size_t bytes, bool private_writable, const MapOptions& options,
                            const std::string& what) {
   if (bytes == 0) throw Error(ErrorCode::invalid_argument, "cannot map 0 bytes of " + what);
-  // A hugetlbfs file (the restart cache's) is mapped, and must be unmapped, in whole huge
-  // pages (its f_bsize); any other in base pages (a larger st_blksize, NFS's, is no page).
-  struct statfs sf {};
-  const size_t page = ::fstatfs(fd, &sf) == 0 && sf.f_type == HUGETLBFS_MAGIC
-                          ? static_cast<size_t>(sf.f_bsize)
-                          : page_size();
+  const size_t page = file_page_bytes(fd);  // a hugetlbfs file (the restart cache's): huge
   const size_t usable = (bytes + page - 1) / page * page;
   const Stopwatch watch;
   void* base = mmap(nullptr, usable, private_writable ? PROT_READ | PROT_WRITE : PROT_READ,

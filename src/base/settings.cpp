@@ -58,6 +58,10 @@ constexpr SettingInfo kSettings[] = {
     {Setting::cache_dir, "PINSTAGE_CACHE_DIR", "an absolute path",
      "the restart cache's directory, on hugetlbfs or tmpfs, owned by the user with mode 0700 "
      "(default /dev/shm/pinstage-<uid>, created when missing; docs/cache.md)"},
+    {Setting::test_backends, "PINSTAGE_TEST_BACKENDS", "off|on",
+     "on: the backends of the tests (pinstage_add_backend's TEST_ONLY, e.g. twin) are listed "
+     "too, by pinstage info, the CLI's --backend choices and pinstage.backends() (default off: "
+     "a build tree lists what a user has)"},
 };
 
 [[noreturn]] void bad(std::string_view what, std::string_view text, const std::string& why) {

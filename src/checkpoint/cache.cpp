@@ -18,6 +18,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,11 +28,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 
 #include "checkpoint/cache_internal.h"
 #include "pinstage/error.h"
+#include "pinstage/pages.h"
 #include "pinstage/safetensors.h"
 #include "pinstage/settings.h"
 
@@ -227,6 +231,26 @@ uint64_t huge_pool_free(uint64_t page_bytes) {
   return (free > reserved ? free - reserved : 0) * page_bytes;
 }
 
+// The whole text of a /proc or /sys file (their size reads 0, so no sized read), "" when
+// it cannot be read.
+std::string proc_text(const char* path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// CacheDirInfo::huge of the tmpfs directory open as `dir` at `path`.
+std::string huge_of(int dir, const std::string& path) {
+  struct stat st {};
+  if (::fstat(dir, &st) != 0) return "unknown";
+  const std::optional<detail::MountLine> mount =
+      detail::mount_of(proc_text("/proc/self/mountinfo"), st.st_dev, path);
+  if (!mount || mount->fs_type != "tmpfs") return "unknown";
+  return detail::tmpfs_huge(mount->super_options,
+                            proc_text("/sys/kernel/mm/transparent_hugepage/shmem_enabled"));
+}
+
 // The checks of Note [Cache directory] on the opened directory.
 void check_dir(int fd, const std::string& path) {
   struct stat st {};
@@ -296,8 +320,8 @@ CacheDirInfo WeightCache::info() const {
   CacheDirInfo info;
   info.path = path_;
   info.fs = fs_name(sf.f_type);
-  info.page_bytes = sf.f_type == HUGETLBFS_MAGIC ? static_cast<uint64_t>(sf.f_bsize)
-                                                 : static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  info.page_bytes = file_page_bytes(dir_.get());
+  info.huge = sf.f_type == HUGETLBFS_MAGIC ? "hugetlbfs" : huge_of(dir_.get(), path_);
   info.free_bytes = static_cast<uint64_t>(sf.f_bavail) * static_cast<uint64_t>(sf.f_bsize);
   if (sf.f_type == HUGETLBFS_MAGIC) {  // the pool bounds it; without size= it alone does
     const uint64_t pool = huge_pool_free(info.page_bytes);
@@ -315,6 +339,7 @@ ReportFields report_fields(const CacheDirInfo& i) {
   return {{"path", i.path},
           {"fs", i.fs},
           {"page_bytes", i.page_bytes},
+          {"huge", i.huge},
           {"free_bytes", i.free_bytes},
           {"used_bytes", i.used_bytes},
           {"entries", report_value(i.entries)}};
@@ -322,6 +347,14 @@ ReportFields report_fields(const CacheDirInfo& i) {
 
 ReportFields report_fields(const CacheLookup& l) {
   return {{"state", l.state}, {"key", l.key}, {"entry_path", l.entry_path}, {"reason", l.reason}};
+}
+
+ReportFields report_fields(const CachePruneReport& r) {
+  return {{"temps", report_value(r.temps)},
+          {"stale", report_value(r.stale)},
+          {"evicted", report_value(r.evicted)},
+          {"freed_bytes", r.freed_bytes},
+          {"removed", r.removed}};
 }
 
 ReportFields report_fields(const CacheEntryInfo& e) {

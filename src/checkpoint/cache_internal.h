@@ -75,6 +75,28 @@ std::string source_change(const Manifest& manifest);
 // user and private; else what is wrong.
 std::string entry_damage(const Manifest& manifest, int entry);
 
+// One line of /proc/self/mountinfo (proc_pid_mountinfo(5)), the fields the cache reads.
+struct MountLine {
+  unsigned major = 0;
+  unsigned minor = 0;
+  std::string mount_point;    // octal escapes undone ("\040" -> ' ')
+  std::string fs_type;        // "tmpfs"
+  std::string super_options;  // "rw,size=8388608k,mode=700,huge=within_size"
+};
+// One line parsed, or nullopt when it is malformed (fewer fields than the format has, no
+// "-" separator, a device that is not MAJOR:MINOR, a bad octal escape): the kernel writes
+// the file, so a line it wrote in a format this does not know is skipped, not an error.
+std::optional<MountLine> parse_mountinfo_line(std::string_view line);
+// Of the lines of `mountinfo` on device `dev` (major:minor), the one whose mount point is
+// the longest whole-component prefix of `path` (or the last one on `dev` when none is:
+// `path` reached through a link); nullopt when no line is on `dev`.
+std::optional<MountLine> mount_of(std::string_view mountinfo, dev_t dev, std::string_view path);
+// What CacheDirInfo::huge says of a tmpfs mounted with `super_options`: its huge= value
+// ("never" when absent; "unknown" for a value this does not know), overridden by the
+// kernel-wide /sys/kernel/mm/transparent_hugepage/shmem_enabled `deny` ("never") and
+// `force` ("always"); `shmem_enabled` is that file's text ("" when unreadable).
+std::string tmpfs_huge(std::string_view super_options, std::string_view shmem_enabled);
+
 // The manifest a fill of `source` records (identities filled in by the fill).
 Manifest manifest_of(const Checkpoint& source);
 // The index file of an indexed checkpoint, or "".

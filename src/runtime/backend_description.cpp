@@ -6,6 +6,10 @@
 // and the CLI's --backend choices come from here, never from a list of names. Not in the
 // plugin table, so listing backends loads no vendor runtime (cuda's libcudart), and the ABI
 // stays as it is. The fake a backend is tested against stays in CMake (tests/conformance).
+// A test-only backend (TEST_ONLY: test_only=1) is read like any other but listed to a user
+// only under PINSTAGE_TEST_BACKENDS=on (listed_backends). A malformed description is a
+// warning that leaves its backend out, and its error only when that backend is asked for:
+// one bad file in the plugin folder must not make every command fail at start-up.
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -17,6 +21,7 @@
 
 #include "pinstage/error.h"
 #include "pinstage/files.h"
+#include "pinstage/log.h"
 #include "pinstage/settings.h"
 #include "pinstage/worker.h"
 #include "runtime/plugin.h"
@@ -25,7 +30,7 @@ namespace pinstage {
 namespace {
 
 constexpr uint64_t kMaxDescriptionBytes = 4096;
-constexpr const char* kKeys = "name, dlpack_device_type, torch_device";
+constexpr const char* kKeys = "name, dlpack_device_type, torch_device, test_only";
 constexpr std::string_view kPluginPrefix = "libpinstage_backend_";
 
 [[noreturn]] void malformed(const std::string& file, size_t line, const std::string& why) {
@@ -57,7 +62,7 @@ std::map<std::string, std::string> description_lines(const std::string& file,
     if (eq == std::string::npos)
       malformed(file, number, "'" + line + "' is not KEY=VALUE (keys: " + kKeys + ")");
     const std::string key = line.substr(0, eq);
-    if (key != "name" && key != "dlpack_device_type" && key != "torch_device")
+    if (key != "name" && key != "dlpack_device_type" && key != "torch_device" && key != "test_only")
       malformed(file, number, "unknown key '" + key + "' (keys: " + kKeys + ")");
     if (!values.emplace(key, line.substr(eq + 1)).second)
       malformed(file, number, "key '" + key + "' is given twice");
@@ -87,6 +92,11 @@ BackendDescription parse_description(const std::string& file, const std::string&
               "torch_device '" + d.torch_device +
                   "' is not a torch device type (cpu, cuda; "
                   "empty when torch cannot import the memory)");
+  // Optional (0 when absent: descriptions written before it existed are a user's backends).
+  const std::string test_only = values.count("test_only") != 0 ? values["test_only"] : "0";
+  if (test_only != "0" && test_only != "1")
+    malformed(file, 0, "test_only '" + test_only + "' is neither 0 nor 1");
+  d.test_only = test_only == "1";
   try {
     d.dlpack_device_type =
         static_cast<int>(parse_integer(values["dlpack_device_type"], 1, 255, "dlpack_device_type"));
@@ -131,17 +141,58 @@ const BackendDescription& describe_plugin(const std::string& plugin_path) {
   return *it->second;
 }
 
-const std::vector<BackendDescription>& described_backends() {
-  static const std::vector<BackendDescription>& all = *new std::vector<BackendDescription>([] {
-    std::vector<BackendDescription> found;
-    for (const std::string& plugin : discover_backends())
-      if (std::filesystem::exists(description_path(plugin)))
-        found.push_back(describe_plugin(plugin));
-    std::sort(found.begin(), found.end(),
+namespace {
+
+// The plugin folder's descriptions, read once: those read, sorted by name, and the error of
+// each that was not, by the backend name its plugin's file name gives.
+struct Described {
+  std::vector<BackendDescription> read;
+  std::map<std::string, std::string> unreadable;
+};
+
+const Described& described() {
+  static const Described& all = *new Described([] {
+    Described found;
+    for (const std::string& plugin : discover_backends()) {
+      if (!std::filesystem::exists(description_path(plugin))) continue;
+      try {
+        found.read.push_back(describe_plugin(plugin));
+      } catch (const Error& e) {
+        // One bad file must not stop every command: only a use of that backend fails.
+        log(LogLevel::warn, std::string("skipping a backend: ") + e.what());
+        std::string name = std::filesystem::path(plugin).stem().string();
+        if (name.starts_with(kPluginPrefix)) name.erase(0, kPluginPrefix.size());
+        found.unreadable.emplace(name, e.what());
+      }
+    }
+    std::sort(found.read.begin(), found.read.end(),
               [](const auto& a, const auto& b) { return a.name < b.name; });
     return found;
   }());
   return all;
+}
+
+}  // namespace
+
+const std::vector<BackendDescription>& described_backends() { return described().read; }
+
+std::vector<BackendDescription> listed_backends() {
+  const bool tests = setting_choice(Setting::test_backends) == "on";
+  std::vector<BackendDescription> listed;
+  for (const BackendDescription& b : described().read)
+    if (tests || !b.test_only) listed.push_back(b);
+  return listed;
+}
+
+std::string backend_choice_error(const std::string& name) {
+  std::string names;
+  for (const BackendDescription& b : listed_backends()) {
+    if (b.name == name) return "";
+    names += (names.empty() ? "" : ", ") + b.name;
+  }
+  const auto bad = described().unreadable.find(name);
+  if (bad != described().unreadable.end()) return bad->second;
+  return "unknown backend '" + name + "' (one of: " + names + ")";
 }
 
 }  // namespace pinstage

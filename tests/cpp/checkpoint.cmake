@@ -26,7 +26,9 @@ pinstage_sim_gtest(test_readonly47 LABELS tensor checkpoint)
 
 # Issue 50: the restart cache (WeightCache): the directory's checks, atomic fills, hit /
 # miss / stale, two fillers, a filler killed mid-fill, a full tmpfs (mounted when allowed),
-# ls / rm / prune, and a second user (setpriv) who can neither read nor plant an entry.
-pinstage_sim_gtest(test_cache LABELS checkpoint)
+# ls / rm / prune, and a second user (setpriv) who can neither read nor plant an entry; the
+# mountinfo parser (internal, so its source is compiled in).
+pinstage_sim_gtest(test_cache ${PROJECT_SOURCE_DIR}/src/checkpoint/cache_mount.cpp
+                   LABELS checkpoint)
 target_compile_definitions(test_cache PRIVATE PINSTAGE_CLI_PATH="$<TARGET_FILE:pinstage_cli>")
 add_dependencies(test_cache pinstage_cli)

@@ -196,6 +196,10 @@ TEST_F(BackendDescriptionFile, AWellFormedOneIsReadAsWritten) {
   EXPECT_EQ(d.dlpack_device_type, 12);
   EXPECT_EQ(d.torch_device, "");
   EXPECT_EQ(d.plugin_path, path("libpinstage_backend_ok.so"));
+  EXPECT_FALSE(d.test_only) << "no test_only line: a user's backend";
+  std::ofstream(path("libpinstage_backend_t.backend"))
+      << "name=t\ndlpack_device_type=1\ntorch_device=cpu\ntest_only=1\n";
+  EXPECT_TRUE(describe_plugin(path("libpinstage_backend_t.so")).test_only);
 }
 
 TEST_F(BackendDescriptionFile, EveryMalformedOneIsRefusedSayingWhy) {
@@ -205,6 +209,8 @@ TEST_F(BackendDescriptionFile, EveryMalformedOneIsRefusedSayingWhy) {
              (":2: unknown key 'colour' (keys: name, dlpack_device_type"));
   expect_has(error_for("name demo\n" + good_rest), (":1: 'name demo' is not KEY=VALUE"));
   expect_has(error_for("name=demo\ntorch_device=cuda\n"), ("it has no dlpack_device_type line"));
+  expect_has(error_for("name=demo\n" + good_rest + "test_only=yes\n"),
+             ("test_only 'yes' is neither 0 nor 1"));
   expect_has(error_for("name=demo\ndlpack_device_type=two\ntorch_device=cuda\n"),
              ("dlpack_device_type"));
   expect_has(error_for("name=demo\ndlpack_device_type=0\ntorch_device=cuda\n"),

@@ -191,6 +191,9 @@ TEST(Settings, HostCacheMaxAndHugePages) {
     expect_refused("PINSTAGE_RESIDENT_CHECK", bad);
   EnvVar check("PINSTAGE_RESIDENT_CHECK", "on");
   EXPECT_EQ(setting_choice(Setting::resident_check), "on");
+  for (const char* bad : {"1", "yes", "ON"}) expect_refused("PINSTAGE_TEST_BACKENDS", bad);
+  EnvVar tests("PINSTAGE_TEST_BACKENDS", "on");
+  EXPECT_EQ(setting_choice(Setting::test_backends), "on");
 }
 
 // PINSTAGE_CACHE_DIR: an absolute path, read as given; a relative one is refused (each

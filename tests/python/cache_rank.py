@@ -6,11 +6,11 @@ load_sharded(cache="use"), then a filler made to fail named on every rank. Write
 OUT/rank<R>.json. PINSTAGE_CACHE_DIR names the cache (set by the test).
 
 usage: torchrun ... cache_rank.py CHECKPOINT PLAN OUT"""
+import fcntl
 import json
 import pathlib
 import struct
 import sys
-import time
 
 import torch.distributed as dist
 
@@ -37,27 +37,89 @@ def reference():
 dist.init_process_group("gloo")
 ctx = pd.setup(backend="sim")
 record = {"rank": ctx.rank}
-# When the fill ended and each lookup began, on the machine-wide monotonic clock: the test
-# checks that the non-filler looked up only after the filler's put returned (the barrier).
+# The one-filler proof, by latches (no clock): the filler, inside its fill (its first
+# progress call), takes an flock on OUT/filling.lock, tells the other rank through the FIFO
+# OUT/started (which that rank reads as its "cache fill" phase or its lookup begins), and
+# blocks on the FIFO OUT/release until that rank starts waiting at the fill's barrier (its
+# "cache fill" phase ran; it is about to gather). Only then does the
+# fill go on, and the lock is released when put returns. The other rank checks the lock
+# twice: held when it starts waiting (the filler was mid-fill), free when its lookup
+# starts (the fill had ended). A rank that looks up without waiting releases the filler
+# itself, after seeing the lock still held: the test then fails, every time.
 events = []
-real_put, real_lookup = pinstage.cache.put, pinstage.cache.lookup
+real_put, real_lookup, real_run = pinstage.cache.put, pinstage.cache.lookup, pd._Phases.run
+held = {}
+
+
+def lock_free():
+    with open(out / "filling.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+
+def release(why):
+    if "released" not in held:
+        held["released"] = why
+        with open(out / "release", "w") as f:
+            f.write("x")
 
 
 def put(*args, **kwargs):
-    got = real_put(*args, **kwargs)
-    events.append(("put_end", time.monotonic()))
-    return got
+    def progress(done, total):
+        if "lock" in held:
+            return
+        held["lock"] = open(out / "filling.lock", "a")
+        fcntl.flock(held["lock"], fcntl.LOCK_EX)
+        with open(out / "started", "w") as f:
+            f.write("x")
+        with open(out / "release") as f:
+            f.read(1)
+    try:
+        return real_put(*args, progress=progress, **kwargs)
+    finally:
+        events.append(("put_end", "lock" in held))
+        if "lock" in held:
+            held.pop("lock").close()
+
+
+def filler_inside():
+    """Blocks the other rank until the filler is inside its fill, holding the lock."""
+    if "inside" not in held:
+        held["inside"] = True
+        with open(out / "started") as f:
+            f.read(1)
 
 
 def lookup(*args, **kwargs):
-    events.append(("lookup_start", time.monotonic()))
+    if ctx.local_rank != 0:
+        filler_inside()
+    events.append(("lookup_start", lock_free()))
+    if ctx.local_rank != 0:
+        release("lookup")
     return real_lookup(*args, **kwargs)
 
 
-pinstage.cache.put, pinstage.cache.lookup = put, lookup
+def run(self, phase, fn):
+    if phase != "cache fill" or ctx.local_rank == 0:
+        return real_run(self, phase, fn)
+
+    def then_wait():
+        filler_inside()
+        value = fn()
+        events.append(("waits", lock_free()))
+        release("barrier")
+        return value
+    return real_run(self, phase, then_wait)
+
+
+pinstage.cache.put, pinstage.cache.lookup, pd._Phases.run = put, lookup, run
 found = pd.fill_cache(checkpoint)
-pinstage.cache.put, pinstage.cache.lookup = real_put, real_lookup
+pinstage.cache.put, pinstage.cache.lookup, pd._Phases.run = real_put, real_lookup, real_run
 record["events"] = events
+record["released"] = held.get("released")
 record["fill"] = {k: found[k] for k in ("state", "filler", "entry_path")}
 tensors, report = pinstage.load_file(checkpoint, worker=ctx.worker, mode="map", cache="use",
                                      report=True)

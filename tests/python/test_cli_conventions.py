@@ -3,8 +3,10 @@
 text on stderr; `--quiet` drops progress and chatter, never the result."""
 import json
 import os
+import shutil
 import struct
 import subprocess
+import tempfile
 
 import pytest
 
@@ -15,6 +17,18 @@ def run(cli, args, cwd):
     done = subprocess.run([str(cli), *args], capture_output=True, text=True, timeout=300, cwd=cwd)
     assert done.returncode == 0, (args, done.stderr)
     return done
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache_dir():
+    """The cache commands' directory: a temporary one of this module in /dev/shm (tmpfs, as
+    the cache needs), named by PINSTAGE_CACHE_DIR for every command run here, so none
+    touches the user's default cache; removed afterwards."""
+    d = tempfile.mkdtemp(prefix="pinstage-conventions-", dir="/dev/shm")
+    os.environ["PINSTAGE_CACHE_DIR"] = d
+    yield d
+    del os.environ["PINSTAGE_CACHE_DIR"]
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -54,27 +68,41 @@ COMMANDS = [
     (["hash", "ckpt.safetensors"], "hashed 1 tensor", "sidecar: ckpt.safetensors.pinstage"),
     (["bench", "load", "ckpt.safetensors", "--rounds", "1"], "goal", "bench load ckpt"),
     (["plot", "a.json", "--out", "p.png"], None, "picture: p.png"),
+    (["cache"], " pages", None),
+    (["cache", "put", "ckpt.safetensors"], "ckpt.safetensors: ", None),
+    (["cache", "ls"], "ckpt.safetensors", "cache /dev/shm/pinstage-conventions-"),
+    (["cache", "rm", "ckpt.safetensors"], None, "removed the cache entry of ckpt.safetensors"),
+    (["cache", "prune"], "pruned", None),
 ]
+# Commands that need an entry of ckpt.safetensors before each run (rm removes it).
+NEEDS_ENTRY = (["cache", "ls"], ["cache", "rm", "ckpt.safetensors"])
+
+
+def run_as_given(cli, args, cwd):
+    """run(), after making the cache entry a command of NEEDS_ENTRY needs."""
+    if any(args[:len(n)] == n for n in NEEDS_ENTRY):
+        run(cli, ["cache", "put", "ckpt.safetensors", "-q"], cwd)
+    return run(cli, args, cwd)
 
 
 @pytest.mark.parametrize("args,result,chat", COMMANDS, ids=[" ".join(c[0][:2]) for c in COMMANDS])
 def test_json_dash_and_quiet_mean_one_thing_everywhere(cli, files, args, result, chat):
-    loud = run(cli, args, files)
+    loud = run_as_given(cli, args, files)
     if result:
         assert result in loud.stdout, loud.stdout
     if chat:
         assert chat in loud.stdout, loud.stdout
-    quiet = run(cli, [*args, "--quiet"], files)
+    quiet = run_as_given(cli, [*args, "--quiet"], files)
     if result:
         assert result in quiet.stdout, quiet.stdout  # never the result
     if chat:
         assert chat not in quiet.stdout, quiet.stdout  # always the chatter
-    as_json = run(cli, [*args, "--json", "-"], files)
+    as_json = run_as_given(cli, [*args, "--json", "-"], files)
     report = json.loads(as_json.stdout)  # stdout holds the report alone
     assert "run" in report and report["run"]["options"]
     if result:
         assert result in as_json.stderr  # the text moved to stderr
-    both = run(cli, [*args, "-q", "--json", "-"], files)
+    both = run_as_given(cli, [*args, "-q", "--json", "-"], files)
     assert json.loads(both.stdout)["run"]
     if chat:
         assert chat not in both.stderr

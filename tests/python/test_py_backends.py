@@ -1,8 +1,12 @@
 """A backend describes itself once (issue 51): its pinstage_add_backend call. twin
 (tests/backends/twin) registers through that call alone, and Python (pinstage.backends(),
-device= strings, DLPack), the CLI (--backend) and the conformance suite all see it."""
+device= strings, DLPack), the CLI (--backend) and the conformance suite all see it, under
+PINSTAGE_TEST_BACKENDS=on (set here for every test): without it, a user's lists leave the
+tests' backends out. One malformed .backend file is a warning for a command that does not
+use that backend, and that backend's error when it is asked for."""
 import json
 import pathlib
+import shutil
 import subprocess
 
 import pytest
@@ -14,8 +18,62 @@ from test_py_checkpoint import write_file
 KDLCPU, KDLCUDA, KDLEXTDEV = 1, 2, 12
 
 
+@pytest.fixture(autouse=True)
+def test_backends(monkeypatch):
+    """The tests' backends (twin) listed, here and in the CLIs these tests run."""
+    monkeypatch.setenv("PINSTAGE_TEST_BACKENDS", "on")
+
+
 def described():
     return {b.name: b for b in pinstage.backends()}
+
+
+def test_a_user_is_not_offered_the_tests_backends(cli, monkeypatch):
+    """Seen failing with listed_backends() not leaving test_only ones out (twin was listed
+    by pinstage.backends(), the CLI's choices and pinstage info)."""
+    assert described()["twin"].test_only and not described()["sim"].test_only
+    monkeypatch.delenv("PINSTAGE_TEST_BACKENDS")
+    names = [b.name for b in pinstage.backends()]
+    assert "sim" in names and "twin" not in names, names
+    help_text = subprocess.run([str(cli), "demo", "--help"], capture_output=True, text=True,
+                               timeout=60, check=True).stdout
+    listed = ", ".join(names)
+    assert f"Backend plugin, one of: {listed} " in " ".join(help_text.split()), help_text
+    info = json.loads(subprocess.run([str(cli), "info", "--json", "-", "--quiet"],
+                                     capture_output=True, text=True, timeout=120,
+                                     check=True).stdout)
+    shown = [b["name"] for b in info["backends"]]
+    assert "sim" in shown and "twin" not in shown, shown
+    bad = subprocess.run([str(cli), "demo", "--backend", "twin"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode != 0 and "unknown backend 'twin'" in bad.stderr, bad.stderr
+
+
+def test_one_malformed_description_stops_only_its_own_backend(cli, tmp_path):
+    """A copy of the build's CLI and libraries (the CLI finds them through its
+    $ORIGIN/../lib runpath) with a plugin 'broken' whose .backend has an unknown key: every
+    command still runs, warning once that it skipped the file; --backend broken is that
+    file's error. Seen failing with described_backends() throwing for the malformed file
+    (every command failed)."""
+    build = pathlib.Path(cli).parent.parent
+    (tmp_path / "bin").mkdir()
+    shutil.copy2(cli, tmp_path / "bin")
+    shutil.copytree(build / "lib", tmp_path / "lib")
+    lib = tmp_path / "lib"
+    shutil.copy2(lib / "libpinstage_backend_sim.so", lib / "libpinstage_backend_broken.so")
+    (lib / "libpinstage_backend_broken.backend").write_text(
+        "name=broken\ndlpack_device_type=1\ntorch_device=cpu\ncolour=blue\n")
+    copy = str(tmp_path / "bin" / "pinstage")
+    ok = subprocess.run([copy, "demo", "--backend", "sim", "--mib", "1"], capture_output=True,
+                        text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stderr.count("libpinstage_backend_broken.backend") == 1, ok.stderr
+    assert "unknown key 'colour'" in ok.stderr and "skipping" in ok.stderr, ok.stderr
+    bad = subprocess.run([copy, "demo", "--backend", "broken"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode != 0, bad.stdout
+    assert "--backend" in bad.stderr and "unknown key 'colour'" in bad.stderr and \
+        "libpinstage_backend_broken.backend" in bad.stderr, bad.stderr
 
 
 def test_backends_are_listed_as_each_describes_itself():

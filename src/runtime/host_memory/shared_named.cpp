@@ -2,10 +2,8 @@
 // hugetlbfs file mapped shared and writable, whose bytes outlive the process (the restart
 // cache's entries). The caller names, opens and secures the file; the source sizes it,
 // maps it, places it and faults it.
-#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,11 +31,7 @@ class SharedNamed final : public HostSource {
       throw Error(errno == ENOSPC || errno == ENOMEM ? ErrorCode::out_of_memory : ErrorCode::io,
                   "cannot size " + r.what + " to " + std::to_string(r.bytes) +
                       " bytes: " + std::strerror(errno));
-    // A hugetlbfs file is mapped, and must be unmapped, in whole huge pages (its f_bsize).
-    struct statfs sf {};
-    const size_t page = ::fstatfs(r.fd, &sf) == 0 && sf.f_type == HUGETLBFS_MAGIC
-                            ? static_cast<size_t>(sf.f_bsize)
-                            : page_size();
+    const size_t page = file_page_bytes(r.fd);  // whole huge pages on hugetlbfs
     const size_t bytes = (r.bytes + page - 1) / page * page;
     // Mapped read-only, then made writable: hugetlbfs grows a file to the end of a mapping
     // made writable (to whole huge pages), which would leave a restart-cache entry that is
