@@ -71,6 +71,7 @@ struct EnumText<CacheUse> {
 struct Range {
   std::string_view field;
   int64_t min, max;
+  bool power_of_two = false;  // only powers of two in [min, max] (said so when refused)
 };
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
@@ -80,7 +81,7 @@ constexpr Range kBindRanges[] = {
     {"staging_buffers", 1, static_cast<int64_t>(kBindMaxStagingBuffers)},
     {"staging_buffer_bytes", 1, static_cast<int64_t>(kBindMaxStagingBufferBytes)},
     {"chunk_bytes", 1, kInt64Max},
-    {"arena_alignment", 1, static_cast<int64_t>(kBindMaxArenaAlignment)},
+    {"arena_alignment", 1, static_cast<int64_t>(kBindMaxArenaAlignment), true},
     {"copy_threads", 0, kIntMax}};
 // The load's checks (checkpoint.h's bounds): a ring of at least 2 buffers.
 constexpr Range kLoadRanges[] = {{"threads", 0, kLoadMaxThreads},
@@ -101,6 +102,21 @@ struct Unwrap<std::optional<T>> {
 
 [[noreturn]] void refuse(const std::string& flag, const std::string& text, const std::string& why) {
   throw Error(ErrorCode::invalid_argument, flag + "='" + text + "' is not valid: " + why);
+}
+
+// A power of two in [r.min, r.max], refused as that (not as "a whole number in [...]": not
+// every whole number there is accepted).
+int64_t parse_power_of_two(const std::string& flag, const std::string& text, Range r) {
+  const std::string expected =
+      "expected a power of two in [" + std::to_string(r.min) + ", " + std::to_string(r.max) + "]";
+  int64_t n = 0;
+  try {
+    n = parse_integer(text, r.min, r.max, flag);
+  } catch (const Error&) {
+    refuse(flag, text, expected);
+  }
+  if ((n & (n - 1)) != 0) refuse(flag, text, expected);
+  return n;
 }
 
 // A byte count (parse_byte_count; "0" where 0 is in range) in [min, max].
@@ -176,7 +192,7 @@ class FieldAdder {
   Range range_of(std::string_view name, int64_t type_min, int64_t type_max) const {
     for (const Range& r : ranges_)
       if (r.field == name) return r;
-    return {name, type_min, type_max};
+    return {name, type_min, type_max, false};
   }
 
   // The field's value checked by the library as it is parsed (validate() for a bind option),
@@ -218,9 +234,8 @@ class FieldAdder {
   template <class T>
   void add_enum(const std::string& flag, std::string help, T Options::*member) {
     using Text = EnumText<T>;
-    std::string names;
-    for (T v : Text::kValues) names += std::string(names.empty() ? "" : ", ") + Text::name(v);
-    help += " (one of: " + names + ")";
+    std::vector<std::string> names;
+    for (T v : Text::kValues) names.emplace_back(Text::name(v));
     add_parsed<T>(
         flag, help, member,
         [flag](const std::string& text) {
@@ -231,7 +246,7 @@ class FieldAdder {
           }
         },
         [](T v) { return std::string(Text::name(v)); }, Text::name(options_.*member))
-        ->type_name("NAME");
+        ->transform(CLI::IsMember(names, CLI::ignore_case));  // {a,b} in help and errors
   }
 
   template <class T>
@@ -250,8 +265,9 @@ class FieldAdder {
         r.max == type_max ? ">= " + text(r.min) : text(r.min) + ".." + text(r.max);
     if (help.find(range) == std::string::npos) help += " (" + range + ")";
     const std::function<T(const std::string&)> parse = [flag, r, bytes](const std::string& text) {
-      return T(static_cast<V>(bytes ? parse_bytes(flag, text, r)
-                                    : parse_integer(text, r.min, r.max, flag)));
+      if (bytes) return T(static_cast<V>(parse_bytes(flag, text, r)));
+      return T(static_cast<V>(r.power_of_two ? parse_power_of_two(flag, text, r)
+                                             : parse_integer(text, r.min, r.max, flag)));
     };
     const T& current = options_.*member;
     std::string shown = "unset";
