@@ -292,7 +292,7 @@ def test_bad_parameters_are_refused(cli, args, word):
 
 @pytest.mark.parametrize("args,words", [
     (["--storage", "paged"], "unknown storage 'paged'"),
-    (["--upload", "x"], "unknown upload path 'x'"),
+    (["--upload", "x"], "--upload: x not in {direct,staged}"),
     (["--rounds", "0"], "--rounds='0' is not valid: must be in [1, 2147483647]"),
     (["--skip-golden", "--save-golden", "g.safetensors"], "--save-golden needs the golden"),
     (["--layers", "0"], "--layers 0 is not a size"),
