@@ -3,9 +3,8 @@
 # file-reading arms (built in) on a truncated shard. Label cli.
 pinstage_add_gtest(test_cli
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cli.cpp
-          ${PROJECT_SOURCE_DIR}/apps/pinstage/bench_load_arms.cpp
+  LIBRARIES pinstage_cli_parts
   LABELS cli)
-target_include_directories(test_cli PRIVATE ${PROJECT_SOURCE_DIR}/apps/pinstage)
 target_compile_definitions(test_cli PRIVATE PINSTAGE_CLI_PATH="$<TARGET_FILE:pinstage_cli>")
 add_dependencies(test_cli pinstage_cli pinstage_backend_sim)
 
@@ -18,11 +17,8 @@ pinstage_add_gtest(test_atomic_file
 # table in docs/cli.md, the values and the refusals. Label cli.
 pinstage_add_gtest(test_cli_fields
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_cli_fields.cpp
-          ${PROJECT_SOURCE_DIR}/apps/pinstage/cli_fields.cpp
-          ${PROJECT_SOURCE_DIR}/apps/pinstage/cli_common.cpp
+  LIBRARIES pinstage_cli_parts
   LABELS cli)
-target_include_directories(test_cli_fields PRIVATE ${PROJECT_SOURCE_DIR}/apps/pinstage
-                                                   ${PINSTAGE_CLI11_INCLUDE})
 target_compile_definitions(test_cli_fields PRIVATE PINSTAGE_CLI_PATH="$<TARGET_FILE:pinstage_cli>"
                                                    PINSTAGE_DOCS_CLI="${PROJECT_SOURCE_DIR}/docs/cli.md")
 add_dependencies(test_cli_fields pinstage_cli pinstage_backend_sim)

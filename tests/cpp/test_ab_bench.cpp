@@ -612,8 +612,13 @@ TEST(AbSynthetic, RunsThroughTheGenericHarness) {
   EXPECT_NE(r.groups[0][0].bind_summary.find("3,145,728 bytes"), std::string::npos);
   const std::string table = format_table(r);
   for (const char* needle : {"pinstage bench synthetic: backend sim, 3 tensors x 1,048,576 bytes",
-                             "pinned is ", "than pageable (bind latency", "upload-rate target"})
+                             "(bind latency", "upload-rate target"})
     EXPECT_NE(table.find(needle), std::string::npos) << needle << "\n" << table;
+  // The verdict, in whichever of its two forms the timings gave (within 0.5% it is a tie).
+  EXPECT_TRUE(table.find("pinned is ") != std::string::npos &&
+                  table.find("than pageable (bind latency") != std::string::npos ||
+              table.find("pinned ties with pageable (") != std::string::npos)
+      << table;
   const auto doc = nlohmann::json::parse(to_json(r));
   EXPECT_EQ(doc["benchmark"], "pinstage bench synthetic");
   EXPECT_EQ(doc["config"]["tensors"], 3);
