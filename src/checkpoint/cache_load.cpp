@@ -10,6 +10,7 @@
 #include "checkpoint/load_internal.h"
 #include "pinstage/cache.h"
 #include "pinstage/checkpoint.h"
+#include "pinstage/clock.h"
 #include "pinstage/error.h"
 
 namespace pinstage::detail {
@@ -51,7 +52,10 @@ CacheRoute route(const Checkpoint& source, const CheckpointLoadOptions& o, const
   return r;
 }
 
-void stamp(const CacheRoute& r, LoadReport& report) {
+// The route's outcome in the report; total_s from the lookup on (the routed load timed only
+// itself), so it stays the wall time of the whole load.
+void stamp(const CacheRoute& r, const Stopwatch& whole, LoadReport& report) {
+  report.total_s = whole.seconds();
   report.cache = r.state;
   report.cache_entry = r.entry_path;
   report.cache_note = r.note;
@@ -88,16 +92,18 @@ HostLoad load_entry(const Checkpoint& entry, Worker& worker, const CheckpointLoa
 HostLoad load_host_through_cache(const Checkpoint& source, Worker& worker,
                                  const CheckpointLoadOptions& options,
                                  const std::vector<std::string>* names) {
+  const Stopwatch whole;
   const CacheRoute r = route(source, options, worker);
   HostLoad out = r.entry ? load_entry(*r.entry, worker, r.inner, names)
                          : load_to_host(source, worker, r.inner, names);
-  stamp(r, out.report);
+  stamp(r, whole, out.report);
   return out;
 }
 
 DeviceLoad load_device_through_cache(const Checkpoint& source, Worker& worker,
                                      const CheckpointLoadOptions& options,
                                      const std::vector<std::string>* names) {
+  const Stopwatch whole;
   const CacheRoute r = route(source, options, worker);
   CheckpointLoadOptions inner = r.inner;
   const Checkpoint& from = r.entry ? *r.entry : source;
@@ -107,7 +113,7 @@ DeviceLoad load_device_through_cache(const Checkpoint& source, Worker& worker,
   }
   DeviceLoad out = names != nullptr ? load_to_device(from, worker, inner, *names)
                                     : load_to_device(from, worker, inner);
-  stamp(r, out.report);
+  stamp(r, whole, out.report);
   return out;
 }
 
