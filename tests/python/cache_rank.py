@@ -52,9 +52,11 @@ held = {}
 
 
 def lock_free():
+    """Whether the filler's exclusive lock is free now. A shared probe: two ranks probing at
+    once (both look up right after the barrier) must not see each other's probe as held."""
     with open(out / "filling.lock", "a") as f:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
             return False
