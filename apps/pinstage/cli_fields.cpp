@@ -39,33 +39,28 @@ std::string byte_text(uint64_t bytes) {
 
 namespace {
 
-// The names an enum field takes: its values, its name function and its parser.
+// The names an enum field takes: its values, its name function and its parser (the library's
+// own), one line per enum below.
+template <class E, const char* (*Name)(E), E (*Parse)(std::string_view), E... Values>
+struct EnumTextOf {
+  static constexpr std::array kValues = {Values...};
+  static const char* name(E v) { return Name(v); }
+  static E parse(std::string_view s) { return Parse(s); }
+};
 template <class E>
 struct EnumText;
 template <>
-struct EnumText<DeviceLayout> {
-  static constexpr std::array kValues = {DeviceLayout::arena, DeviceLayout::per_tensor};
-  static const char* name(DeviceLayout v) { return device_layout_name(v); }
-  static DeviceLayout parse(std::string_view s) { return parse_device_layout(s); }
-};
+struct EnumText<DeviceLayout> : EnumTextOf<DeviceLayout, device_layout_name, parse_device_layout,
+                                           DeviceLayout::arena, DeviceLayout::per_tensor> {};
 template <>
-struct EnumText<UploadPath> {
-  static constexpr std::array kValues = {UploadPath::direct, UploadPath::staged};
-  static const char* name(UploadPath v) { return upload_path_name(v); }
-  static UploadPath parse(std::string_view s) { return parse_upload_path(s); }
-};
+struct EnumText<UploadPath> : EnumTextOf<UploadPath, upload_path_name, parse_upload_path,
+                                         UploadPath::direct, UploadPath::staged> {};
 template <>
-struct EnumText<LoadMode> {
-  static constexpr std::array kValues = {LoadMode::copy, LoadMode::map};
-  static const char* name(LoadMode v) { return load_mode_name(v); }
-  static LoadMode parse(std::string_view s) { return parse_load_mode(s); }
-};
+struct EnumText<LoadMode>
+    : EnumTextOf<LoadMode, load_mode_name, parse_load_mode, LoadMode::copy, LoadMode::map> {};
 template <>
-struct EnumText<CacheUse> {
-  static constexpr std::array kValues = {CacheUse::off, CacheUse::use, CacheUse::fill};
-  static const char* name(CacheUse v) { return cache_use_name(v); }
-  static CacheUse parse(std::string_view s) { return parse_cache_use(s); }
-};
+struct EnumText<CacheUse> : EnumTextOf<CacheUse, cache_use_name, parse_cache_use, CacheUse::off,
+                                       CacheUse::use, CacheUse::fill> {};
 
 // A field's accepted range where the library's check is narrower than its type.
 struct Range {
