@@ -230,6 +230,7 @@ class FieldAdder {
   void add_enum(const std::string& flag, std::string help, T Options::*member) {
     using Text = EnumText<T>;
     std::vector<std::string> names;
+    names.reserve(std::size(Text::kValues));
     for (T v : Text::kValues) names.emplace_back(Text::name(v));
     add_parsed<T>(
         flag, help, member,
