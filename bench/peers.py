@@ -515,6 +515,9 @@ def arm_context(arm, d, files):
                       "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32,
                       "F64": torch.float64}}
     import pinstage
+    # The loaders' module too: pinstage imports it on first use, and compiling it (where no
+    # bytecode is cached: PYTHONDONTWRITEBYTECODE) took ~10 ms inside the timer.
+    import pinstage.checkpoint  # noqa: F401
     ctx["pinstage"] = pinstage
     if worker_of(arm):
         if arm in ("pinstage_thp", "pinstage_base"):  # the one switch, read at Worker()

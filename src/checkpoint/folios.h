@@ -23,8 +23,9 @@ inline constexpr unsigned kMaxFolioOrder = 9;
 // The pages of the folio holding frame `pfn`, asking flags_of(frame) for kpageflags entries:
 // 1 for a frame that is neither compound head nor tail. A folio is naturally aligned, so its
 // head is the first head among pfn rounded down to 2, 4, ... 512 frames, and it ends at the
-// first head + 2^o (o = 1, 2, ...) that is not a tail: at most 2 x kMaxFolioOrder + 1 reads
-// of one entry each (a whole 2 MiB block of entries cost ~150 us to read; one, ~2 us).
+// first head + 2^o (o = 1, 2, ...) that is not a tail: at most 2 x kMaxFolioOrder + 2 reads
+// of one entry each (a whole 2 MiB block of entries cost ~150 us to read; one, ~2 us); a
+// frame of a 2 MiB folio takes two (its block's middle frame is a tail), one of 4 KiB one.
 uint64_t folio_pages(uint64_t pfn, const std::function<uint64_t(uint64_t)>& flags_of);
 
 // "2 MiB 97%, 64 KiB 2%, 4 KiB 1%": each folio size's share of `bytes_by_size`, largest
