@@ -72,7 +72,7 @@ mapfile -t tsan_targets < <(grep -l 'LABELS "[^"]*concurrency' "$root"/build-tsa
 end
 begin "tsan tests"
 (cd "$root/build-tsan" && TSAN_OPTIONS=$tsan_options \
-  ctest --output-on-failure -L concurrency --no-tests=error --timeout 1800)
+  ctest --output-on-failure -j2 -L concurrency --no-tests=error --timeout 1800)
 end
 
 # The Python paths that run without the GIL (pinned allocation, generation, golden, bind,
