@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -13,6 +17,7 @@
 
 #include "backends/sim/dma.h"
 #include "backends/sim/sim_config.h"
+#include "backends/sim/stream.h"
 #include "extension_test_util.h"
 #include "lock_test_util.h"
 #include "pinstage/backend/sim_ext.h"
@@ -197,6 +202,100 @@ TEST_F(SimDriver, PageableCopiesTakeExactlyOneStagingPass) {
   EXPECT_GT(s.h2d_dma_thread_bytes[1], 0u) << "the engine's second worker took its slices";
   EXPECT_EQ(s.h2d_bounced_bytes, up);
   EXPECT_EQ(s.h2d_direct_count + s.d2h_direct_count, 0u);
+}
+
+// ---- a stream's pinned copies in flight (sim::Stream::push_direct) ----
+
+void* at(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+// A stream whose first task is a pinned upload writing [0x10000, 0x11000) with one chunk
+// in flight that lands only when the test says (a latch, not an engine's timing); `second`
+// queues what follows and returns a future of whether the first had landed when it ran.
+// True when it ran before that chunk landed: it is given 200 ms to do so wrongly (it would
+// in microseconds), then the chunk lands.
+bool runs_before_the_first_lands(
+    const std::function<std::future<bool>(sim::Stream&, const std::atomic<bool>&)>& second) {
+  sim::StreamGate gate;
+  sim::Stream stream(&gate, [] { return "a task failed"; });
+  std::promise<sim::Transfer*> chunk;
+  std::atomic<bool> landed{false};
+  stream.push_direct(true, at(0x10000), 0x1000, [&](sim::Transfer& t, size_t& chunks) {
+    t.add_one();
+    ++chunks;
+    chunk.set_value(&t);
+    return PS_OK;
+  });
+  std::future<bool> ran = second(stream, landed);
+  sim::Transfer* first = chunk.get_future().get();
+  (void)ran.wait_for(std::chrono::milliseconds(200));
+  landed = true;
+  first->complete_one();
+  return !ran.get();
+}
+
+// A pinned copy after it: the future of the value of `landed` when its start ran.
+std::function<std::future<bool>(sim::Stream&, const std::atomic<bool>&)> pinned_copy(
+    bool up, uintptr_t dst) {
+  return [=](sim::Stream& stream, const std::atomic<bool>& landed) {
+    auto ran = std::make_shared<std::promise<bool>>();
+    stream.push_direct(up, at(dst), 0x1000, [ran, &landed](sim::Transfer&, size_t&) {
+      ran->set_value(landed.load());
+      return PS_OK;
+    });
+    return ran->get_future();
+  };
+}
+
+TEST(SimStream, APinnedCopyTheSameWayIntoOtherBytesGoesWithoutWaiting) {
+  EXPECT_TRUE(runs_before_the_first_lands(pinned_copy(true, 0x20000)));
+}
+
+TEST(SimStream, WhatMustComeAfterTheFirstCopysBytesWaitsForThem) {
+  EXPECT_FALSE(runs_before_the_first_lands(pinned_copy(true, 0x10800)))
+      << "a copy into bytes the first one writes";
+  EXPECT_FALSE(runs_before_the_first_lands(pinned_copy(false, 0x20000)))
+      << "a copy the other way (the other engine)";
+  EXPECT_FALSE(runs_before_the_first_lands([](sim::Stream& stream, const std::atomic<bool>& l) {
+    auto ran = std::make_shared<std::promise<bool>>();
+    stream.push([ran, &l] {
+      ran->set_value(l.load());
+      return PS_OK;
+    });
+    return ran->get_future();
+  })) << "work of another kind (a pageable copy, a device copy or fill, an event)";
+  EXPECT_FALSE(runs_before_the_first_lands([](sim::Stream& stream, const std::atomic<bool>& l) {
+    return std::async(std::launch::async, [&stream, &l] {
+      std::string error;
+      EXPECT_EQ(stream.sync(&error), PS_OK);
+      return l.load();
+    });
+  })) << "a sync";
+}
+
+// Through the worker: pinned uploads queued back to back, one overwriting another's bytes
+// and a pinned download of them (the other engine) after, with chunks split across three
+// DMA threads; every byte is the last upload's.
+TEST_F(SimDriver, QueuedPinnedCopiesKeepTheStreamsOrder) {
+  init({{"bounce_chunk", "256K"}, {"dma_threads", "3"}});
+  const size_t n = 1 << 20;
+  DeviceBuffer dev = w().alloc_device(n);
+  PinnedHostBuffer up_buffer = w().alloc_pinned_host(3 * n);
+  PinnedHostBuffer down_buffer = w().alloc_pinned_host(n);
+  auto* up = static_cast<unsigned char*>(up_buffer.data());
+  auto* down = static_cast<unsigned char*>(down_buffer.data());
+  for (unsigned k = 0; k < 3; ++k) std::memcpy(up + k * n, pattern(n, k + 5).data(), n);
+  Stream stream = w().create_stream();
+  for (size_t piece = 0; piece < 16; ++piece)  // the first pattern, in 16 copies
+    w().copy_to_device_async(dev, piece * n / 16, up + piece * n / 16, n / 16, stream);
+  w().copy_to_device_async(dev, 0, up + n, n, stream);  // all of it again: the second
+  w().copy_to_device_async(dev, n / 3, up + 2 * n + n / 3, n / 3, stream);  // part: the third
+  w().copy_to_host_async(down, dev, 0, n, stream);
+  w().synchronize(stream);
+  std::vector<unsigned char> want(up + n, up + 2 * n);
+  std::memcpy(want.data() + n / 3, up + 2 * n + n / 3, n / 3);
+  EXPECT_EQ(std::memcmp(down, want.data(), n), 0);
+  EXPECT_EQ(stats().h2d_direct_count, 18u);
+  EXPECT_EQ(stats().d2h_direct_count, 1u);
 }
 
 // The slices of a chunk tile it exactly, in order, cut at 64-byte boundaries.

@@ -168,13 +168,17 @@ Channel::Channel(size_t chunk, int buffers, int64_t link_gbps, int dma_threads)
 
 Channel::~Channel() { munmap(map_, map_bytes_); }
 
-void Channel::direct(void* dst, const void* src, size_t bytes) {
-  Transfer transfer;
+size_t Channel::direct_start(void* dst, const void* src, size_t bytes, Transfer& transfer) {
   size_t chunks = 0;
   for (size_t off = 0; off < bytes; off += chunk_, ++chunks)
     engine_.submit(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off,
                    std::min(chunk_, bytes - off), &transfer);
-  transfer.wait_for(chunks);
+  return chunks;
+}
+
+void Channel::direct(void* dst, const void* src, size_t bytes) {
+  Transfer transfer;
+  transfer.wait_for(direct_start(dst, src, bytes, transfer));
 }
 
 void Channel::bounce_in(void* dst, const void* src, size_t bytes) {

@@ -108,6 +108,9 @@ class Channel {
 
   // DMA straight between pinned host memory and the device, chunk by chunk.
   void direct(void* dst, const void* src, size_t bytes);
+  // The same, queued on `transfer` and not waited for: returns the chunks it queued (a
+  // stream's queued copies, which its thread waits for only before work of another kind).
+  size_t direct_start(void* dst, const void* src, size_t bytes, Transfer& transfer);
   // Host-to-device from pageable memory: the calling thread alone copies each chunk into a
   // free bounce buffer (the driver's one staging pass) while the engine DMAs the previous
   // ones to `dst`.

@@ -8,7 +8,8 @@
 //  - Copies go through a driver (dma.h): pinned host memory is DMA'd directly by a copy
 //    engine per direction; pageable memory is staged through pinned bounce buffers, the
 //    CPU copy pipelined with the DMA. An optional link rate paces the engines. Async
-//    copies run in order on one thread per stream.
+//    copies run in order on one thread per stream, which hands queued pinned copies to
+//    the engine back to back (Stream::push_direct).
 //  - Host callables (a scene's execute step) run in place through host_execute.
 //  - A fault hook (API or PINSTAGE_SIM_FAULT="kind:nth,...") fails the nth call of a kind.
 // Slots throw SlotError and return through backend::guarded (one error style).
@@ -16,6 +17,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -47,78 +49,6 @@ int guarded(Body&& body) noexcept {
 }  // namespace
 
 bool Context::should_fail(ps_fault_kind kind) { return faults.hits(kind); }
-
-void StreamGate::set_held(bool held) {
-  {
-    std::lock_guard lock(mu_);
-    held_ = held;
-  }
-  cv_.notify_all();
-}
-
-void StreamGate::pass() {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [this] { return !held_; });
-}
-
-// ---- Streams: one thread each, running queued copies in order ----
-
-Stream::Stream(StreamGate* gate) : gate_(gate), thread_([this] { loop(); }) {}
-
-Stream::~Stream() {
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
-
-void Stream::push(std::function<int()> task) {
-  {
-    std::lock_guard lock(mu_);
-    queue_.push_back(std::move(task));
-  }
-  cv_.notify_all();
-}
-
-int Stream::sync(std::string* error) {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [this] { return queue_.empty() && !busy_; });
-  const int status = status_;
-  *error = error_;
-  status_ = PS_OK;
-  error_.clear();
-  return status;
-}
-
-int Stream::pending_failure(std::string* error) {
-  std::lock_guard lock(mu_);
-  *error = error_;
-  return status_;
-}
-
-void Stream::loop() {
-  std::unique_lock lock(mu_);
-  for (;;) {
-    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_ with nothing left
-    auto task = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
-    lock.unlock();
-    gate_->pass();
-    const int status = task();
-    std::string detail = status == PS_OK ? std::string() : t_last_error.c_str();
-    lock.lock();
-    busy_ = false;
-    if (status != PS_OK && status_ == PS_OK) {  // keep the first failure for sync
-      status_ = status;
-      error_ = std::move(detail);
-    }
-    cv_.notify_all();
-  }
-}
 
 void Event::mark(bool done, int failure, std::string failure_text) {
   std::lock_guard lock(mu);
@@ -252,6 +182,18 @@ int device_free(ps_device_ctx* raw, const ps_allocation* a) {
   });
 }
 
+// A copy's count on its path; true when a planted PS_FAULT_CORRUPT_H2D is to damage it.
+bool count_copy(Context* ctx, bool up, bool pinned, size_t bytes) {
+  const size_t path = (up ? 0 : 4) + (pinned ? 0 : 2);
+  ctx->copies[path] += 1;
+  ctx->copies[path + 1] += bytes;
+  return up && bytes > 0 && ctx->should_fail(PS_FAULT_CORRUPT_H2D);
+}
+
+void corrupt(void* dst, size_t bytes) {
+  static_cast<unsigned char*>(dst)[bytes / 2] ^= 0x40;  // an exponent bit of a bf16/f32
+}
+
 // One copy through the driver: a pinned host side (the runtime's flag) is DMA'd directly,
 // a pageable one is staged through the bounce buffers of that direction.
 void copy(Context* ctx, ps_fault_kind kind, void* dst, const void* src, size_t bytes,
@@ -266,11 +208,20 @@ void copy(Context* ctx, ps_fault_kind kind, void* dst, const void* src, size_t b
     channel.bounce_in(dst, src, bytes);
   else
     channel.bounce_out(dst, src, bytes);
-  const size_t path = (up ? 0 : 4) + (pinned ? 0 : 2);
-  ctx->copies[path] += 1;
-  ctx->copies[path + 1] += bytes;
-  if (up && bytes > 0 && ctx->should_fail(PS_FAULT_CORRUPT_H2D))
-    static_cast<unsigned char*>(dst)[bytes / 2] ^= 0x40;  // an exponent bit of a bf16/f32
+  if (count_copy(ctx, up, pinned, bytes)) corrupt(dst, bytes);
+}
+
+// An async pinned copy's start on its stream: its chunks queued behind the stream's earlier
+// ones (Stream::push_direct); a planted corruption waits for them to land first.
+void copy_start(Context* ctx, ps_fault_kind kind, void* dst, const void* src, size_t bytes,
+                Transfer& inflight, size_t& chunks) {
+  fault(ctx, kind);
+  const bool up = kind == PS_FAULT_COPY_H2D;
+  chunks += (up ? *ctx->h2d : *ctx->d2h).direct_start(dst, src, bytes, inflight);
+  if (count_copy(ctx, up, true, bytes)) {
+    inflight.wait_for(chunks);
+    corrupt(dst, bytes);
+  }
 }
 
 int copy_h2d(ps_device_ctx* raw, void* dst, const void* src, size_t bytes, uint32_t flags) {
@@ -305,7 +256,7 @@ int create_handle(ps_device_ctx* raw, Handle** out) {
     Context* ctx = as_ctx(raw);
     require(out != nullptr, "sim: stream/event create: out is NULL");
     if constexpr (std::is_same_v<Object, Stream>)
-      *out = reinterpret_cast<Handle*>(new Stream(&ctx->gate));
+      *out = reinterpret_cast<Handle*>(new Stream(&ctx->gate, last_error));
     else
       *out = reinterpret_cast<Handle*>(new Object);
   });
@@ -340,8 +291,14 @@ int copy_async(ps_device_ctx* raw, ps_fault_kind kind, void* dst, const void* sr
   return guarded([&] {
     Context* ctx = as_ctx(raw);
     require(dst != nullptr && src != nullptr, "sim: async copy: NULL argument");
-    as_stream(stream)->push(
-        [=] { return guarded([&] { copy(ctx, kind, dst, src, bytes, flags); }); });
+    if ((flags & PS_COPY_HOST_PINNED) != 0)
+      as_stream(stream)->push_direct(
+          kind == PS_FAULT_COPY_H2D, dst, bytes, [=](Transfer& inflight, size_t& chunks) {
+            return guarded([&] { copy_start(ctx, kind, dst, src, bytes, inflight, chunks); });
+          });
+    else
+      as_stream(stream)->push(
+          [=] { return guarded([&] { copy(ctx, kind, dst, src, bytes, flags); }); });
   });
 }
 

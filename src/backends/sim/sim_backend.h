@@ -11,53 +11,17 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "backends/sim/device_pool.h"
 #include "backends/sim/dma.h"
 #include "backends/sim/sim_config.h"
+#include "backends/sim/stream.h"
 #include "pinstage/backend/faults.h"
 #include "pinstage/backend/platform_abi.h"
 
 namespace pinstage::sim {
-
-// Holds every stream of a context before its next task while closed (the sim.hold_streams
-// test seam): a latch that keeps queued copies queued, so tests open race windows without
-// sleeps.
-class StreamGate {
- public:
-  void set_held(bool held);
-  void pass();  // returns once the gate is open
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool held_ = false;
-};
-
-// A copy queue: one thread runs its tasks in order; the first failure is kept for sync.
-class Stream {
- public:
-  explicit Stream(StreamGate* gate);
-  ~Stream();  // drains the queue, then joins
-  void push(std::function<int()> task);
-  int sync(std::string* error);
-  // The first failure not yet reported by sync (PS_OK if none), left in place: an event
-  // recorded after a failed copy reports it, as CUDA's event waits report earlier async
-  // errors.
-  int pending_failure(std::string* error);
-
- private:
-  void loop();
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<int()>> queue_;
-  StreamGate* gate_;
-  bool busy_ = false;
-  bool stop_ = false;
-  int status_ = PS_OK;
-  std::string error_;
-  std::thread thread_;  // last: starts after the members it uses exist
-};
 
 struct Event {
   void mark(bool done, int failure = PS_OK, std::string failure_text = {});
