@@ -2,20 +2,13 @@
 # Every C/C++ source obeys .clang-format, every include obeys the layer table
 # (scripts/check-includes.py), the library, plugins and CLI pass .clang-tidy, and no
 # function is over 80 lines: in the bindings and bench/ (C++), and in any Python file.
-#   scripts/check-hygiene.sh [--tidy-only] [BUILD_DIR]
-# --tidy-only: clang-tidy alone (.ci/run runs it early at the lowest priority, so that the
-# later full check finds the clean files in tidy.py's cache).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-tidy_only=0
-[ "${1:-}" != --tidy-only ] || { tidy_only=1; shift; }
 mapfile -t sources < <(git ls-files '*.h' '*.cpp' '*.cc' '*.cu')
-if [ "$tidy_only" -eq 0 ]; then
-  clang-format --dry-run -Werror "${sources[@]}"
-  echo "clang-format: ${#sources[@]} files clean"
-  python3 "$root/scripts/check-includes.py" "$root"
-fi
+clang-format --dry-run -Werror "${sources[@]}"
+echo "clang-format: ${#sources[@]} files clean"
+python3 "$root/scripts/check-includes.py" "$root"
 build=${1:-$root/build}
 mapfile -t tidy_sources < <(git ls-files 'src/*.cpp' 'apps/*.cpp' 'scenes/*.cpp' 'tools/*.cpp')
 # python/src (the bindings) and bench/: the 80-line rule only. The bindings' other
@@ -28,5 +21,4 @@ python3 "$root/scripts/tidy.py" "$build" "${tidy_sources[@]}" --size-only "${bin
   status=$?
 [ "$status" -eq 0 ] || { echo "clang-tidy: failures above"; exit 1; }
 echo "clang-tidy: ${#tidy_sources[@]} files clean, and ${#binding_sources[@]} binding and bench files within 80 lines a function"
-[ "$tidy_only" -eq 0 ] || exit 0
 python3 "$root/scripts/check-function-size.py" "$root"
