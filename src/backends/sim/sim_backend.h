@@ -5,14 +5,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
-#include <utility>
-#include <vector>
 
 #include "backends/sim/device_pool.h"
 #include "backends/sim/dma.h"

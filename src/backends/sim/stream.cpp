@@ -56,6 +56,11 @@ bool Stream::must_wait(const Task& task) const {
                      [&](const auto& w) { return task.begin < w.second && w.first < task.end; });
 }
 
+void Stream::land() {
+  inflight_.wait_for(chunks_);
+  inflight_writes_.clear();
+}
+
 int Stream::sync(std::string* error) {
   std::unique_lock lock(mu_);
   cv_.wait(lock, [this] { return queue_.empty() && !busy_; });
@@ -77,8 +82,7 @@ void Stream::loop() {
   for (;;) {
     if (queue_.empty() && busy_) {  // only chunks in flight: idle once they have landed
       lock.unlock();
-      inflight_.wait_for(chunks_);
-      inflight_writes_.clear();
+      land();
       lock.lock();
       busy_ = false;
       cv_.notify_all();
@@ -90,10 +94,7 @@ void Stream::loop() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    if (must_wait(task)) {  // after the bytes of the copies before it
-      inflight_.wait_for(chunks_);
-      inflight_writes_.clear();
-    }
+    if (must_wait(task)) land();  // after the bytes of the copies before it
     if (task.start) {
       inflight_up_ = task.up;
       inflight_writes_.emplace_back(task.begin, task.end);

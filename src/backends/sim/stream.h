@@ -66,6 +66,7 @@ class Stream {
   };
   void loop();
   bool must_wait(const Task& task) const;  // the chunks in flight must land before it
+  void land();                             // waits for every chunk in flight
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
