@@ -5,10 +5,7 @@
 # time at the end, and on failure which step failed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-# -O1 -g1 (and -g1 from PINSTAGE_SANITIZE): what the sanitizers' own docs suggest, and 2.4
-# times less compile time than RelWithDebInfo's -O2 -g (docs/benchmarks.md, "CI's time").
-common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
-        -DPINSTAGE_BUILD_BENCH=OFF -DPINSTAGE_BUILD_PYTHON=OFF)
+source "$root/scripts/sanitizer-args.sh"  # common, asan_args
 times=() current='' t0=$SECONDS
 begin() { current=$1 t0=$SECONDS; }
 end() { times+=("$current $((SECONDS - t0)) s"); current=''; }
@@ -22,13 +19,45 @@ trap 'status=$?; [ -z "$current" ] || times+=("$current $((SECONDS - t0)) s (fai
 # see tests/tsan.supp.
 tsan_options="halt_on_error=1:suppressions=$root/tests/tsan.supp"
 
-# ASan+UBSan with clang: its instrumented objects take 1.6-1.8x less CPU than GCC 12's at the
-# same flags (test_checkpoint.cpp 34.5 s against 60.9 s, load.cpp 5.4 s against 8.6 s), and
-# the fuzz targets are clang's already. TSan stays on GCC: its Python step preloads GCC's
-# shared libtsan, which clang does not ship.
+# TSan first, so its one-core Python step runs beside the ASan steps. TSan stays on GCC:
+# that step preloads GCC's shared libtsan, which clang does not ship.
+# TSan runs the tests labelled concurrency (the worker and thread pool, the Binder, the
+# staging ring), so it builds only the binaries that carry the label, and the Python
+# module for the GIL-released paths below. (`build.ninja` as the target: configure only,
+# since the labels are known after configuring.)
+begin "tsan build"
+tsan_args=("${common[@]}" -DPINSTAGE_BUILD_PYTHON=ON -DPINSTAGE_SANITIZE=thread)
+"$root/scripts/build.sh" "$root/build-tsan" "${tsan_args[@]}" -- build.ninja
+mapfile -t tsan_targets < <(grep -l 'LABELS "[^"]*concurrency' "$root"/build-tsan/tests/cpp/*_labels.cmake |
+  sed 's|.*/\(.*\)_labels.cmake|\1|')
+[ "${#tsan_targets[@]}" -gt 0 ] || { echo "no test carries the concurrency label" >&2; exit 1; }
+"$root/scripts/build.sh" "$root/build-tsan" "${tsan_args[@]}" -- "${tsan_targets[@]}" \
+  pinstage_backend_sim _pinstage pinstage_python_files
+end
+begin "tsan tests"
+(cd "$root/build-tsan" && TSAN_OPTIONS=$tsan_options \
+  ctest --output-on-failure -j2 -L concurrency --no-tests=error --timeout 1800)
+end
+
+# The Python paths that run without the GIL (pinned allocation, generation, golden, bind,
+# scene rounds, finalize racing them, and exit with daemon threads still in them), under
+# TSan. The interpreter is not instrumented, so the runtime is preloaded; the GIL's
+# handoffs are pthread calls that TSan sees. The step is one core (the suite is serial), so
+# it runs beside the ASan steps below, which keep the other core and share this one; its
+# log is printed after them.
+tsan_runtime=$("$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$root/build-tsan/CMakeCache.txt")" \
+  -print-file-name=libtsan.so)
+tsan_log=$(mktemp)
+tsan_start=$SECONDS
+(cd "$root" && LD_PRELOAD=$tsan_runtime TSAN_OPTIONS=$tsan_options \
+  PINSTAGE_BUILD_DIR="$root/build-tsan" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+  tests/python/test_py_races.py tests/python/test_py_gil.py >"$tsan_log" 2>&1
+  echo "tsan python $((SECONDS - tsan_start)) s" >>"$tsan_log") &
+tsan_python=$!
+
+# ASan+UBSan with clang (sanitizer-args.sh); the tree builds the fuzz targets too.
 begin "asan build"
-"$root/scripts/build.sh" "$root/build-asan" "${common[@]}" -DPINSTAGE_SANITIZE=address,undefined \
-  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang
+"$root/scripts/build.sh" "$root/build-asan" "${asan_args[@]}"
 end
 # intercept_tls_get_addr=0 (found with GCC 12's runtime, compiler-rt's as clang's is): the
 # sanitizer runtime takes a dynamic TLS block (the
@@ -57,49 +86,14 @@ begin "asan tests"
   ctest --output-on-failure -j2 --timeout 1800 -E "$asan_long")
 end
 
-# TSan runs the tests labelled concurrency (the worker and thread pool, the Binder, the
-# staging ring), so it builds only the binaries that carry the label, and the Python
-# module for the GIL-released paths below. (`build.ninja` as the target: configure only,
-# since the labels are known after configuring.)
-begin "tsan build"
-tsan_args=("${common[@]}" -DPINSTAGE_BUILD_PYTHON=ON -DPINSTAGE_SANITIZE=thread)
-"$root/scripts/build.sh" "$root/build-tsan" "${tsan_args[@]}" -- build.ninja
-mapfile -t tsan_targets < <(grep -l 'LABELS "[^"]*concurrency' "$root"/build-tsan/tests/cpp/*_labels.cmake |
-  sed 's|.*/\(.*\)_labels.cmake|\1|')
-[ "${#tsan_targets[@]}" -gt 0 ] || { echo "no test carries the concurrency label" >&2; exit 1; }
-"$root/scripts/build.sh" "$root/build-tsan" "${tsan_args[@]}" -- "${tsan_targets[@]}" \
-  pinstage_backend_sim _pinstage pinstage_python_files
-end
-begin "tsan tests"
-(cd "$root/build-tsan" && TSAN_OPTIONS=$tsan_options \
-  ctest --output-on-failure -j2 -L concurrency --no-tests=error --timeout 1800)
-end
-
-# The Python paths that run without the GIL (pinned allocation, generation, golden, bind,
-# scene rounds, finalize racing them, and exit with daemon threads still in them), under
-# TSan. The interpreter is not instrumented, so the runtime is preloaded; the GIL's
-# handoffs are pthread calls that TSan sees. The step is one core (the suite is serial), so
-# it runs beside the fuzz steps below, which have the other; its log is printed after them.
-tsan_runtime=$("$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$root/build-tsan/CMakeCache.txt")" \
-  -print-file-name=libtsan.so)
-tsan_log=$(mktemp)
-tsan_start=$SECONDS
-(cd "$root" && LD_PRELOAD=$tsan_runtime TSAN_OPTIONS=$tsan_options \
-  PINSTAGE_BUILD_DIR="$root/build-tsan" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
-  tests/python/test_py_races.py tests/python/test_py_gil.py >"$tsan_log" 2>&1
-  echo "tsan python $((SECONDS - tsan_start)) s" >>"$tsan_log") &
-tsan_python=$!
-
-# Every libFuzzer target (fuzz/) under ASan+UBSan, from the checked-in seeds: built once,
-# then run a core each, as many at once as there are cores (xargs fails if any run did).
-begin "fuzz build"
-"$root/scripts/fuzz.sh" --build "$root/build-fuzz"
-end
+# Every libFuzzer target (fuzz/) under ASan+UBSan, from the checked-in seeds: built with
+# the ASan tree above, run a core each, as many at once as there are cores (xargs fails if
+# any run did).
 begin "fuzz"
 "$root/scripts/fuzz.sh" --list | PINSTAGE_FUZZ_BUILT=1 xargs -P "$(nproc)" -I{} \
-  "$root/scripts/fuzz.sh" {} "${PINSTAGE_FUZZ_BUDGET:-100000runs}" "$root/build-fuzz"
+  "$root/scripts/fuzz.sh" {} "${PINSTAGE_FUZZ_BUDGET:-100000runs}" "$root/build-asan"
 end
-begin "tsan python (beside the fuzz steps)"
+begin "tsan python (beside the asan steps)"
 tsan_status=0
 wait "$tsan_python" || tsan_status=$?
 cat "$tsan_log"

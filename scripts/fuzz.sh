@@ -8,8 +8,9 @@
 # runs at once then never share a ninja.
 # A run count is steadier for CI (the same work whatever the machine's load); seconds
 # suit a long search by hand.
-# Configures and builds fuzz/ with clang in BUILD_DIR (default <root>/build-fuzz) when
-# needed. Starts from the checked-in seeds (fuzz/corpus/TARGET, never modified) plus what
+# Configures the ASan+UBSan tree with the fuzz targets (scripts/sanitizer-args.sh; CI's
+# ASan tree is one) in BUILD_DIR (default <root>/build-fuzz) when needed, and builds the
+# target. Starts from the checked-in seeds (fuzz/corpus/TARGET, never modified) plus what
 # earlier runs found (BUILD_DIR/corpus/TARGET). Exits non-zero on a finding, leaving the
 # crashing input in BUILD_DIR/findings/. Prints the executions that ran clean.
 set -euo pipefail
@@ -18,18 +19,20 @@ if [ "${1:-}" = "--list" ]; then
   for f in "$root"/fuzz/fuzz_*.cpp; do basename "$f" .cpp; done
   exit 0
 fi
-configure() {
-  [ ! -f "$1/build.ninja" ] || return 0
-  source "$root/scripts/ccache-env.sh"
-  cmake -S "$root/fuzz" -B "$1" -G Ninja -DCMAKE_CXX_COMPILER=clang++ "${launcher[@]}" \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
-    >"$1.configure.log" 2>&1 || { cat "$1.configure.log"; exit 1; }
+configure() {  # a tree without the targets is refused, not reconfigured
+  if [ -f "$1/build.ninja" ]; then
+    grep -q '^PINSTAGE_BUILD_FUZZ:BOOL=ON$' "$1/CMakeCache.txt" ||
+      { echo "$1 is a build tree without the fuzz targets (PINSTAGE_BUILD_FUZZ)" >&2; exit 2; }
+    return 0
+  fi
+  source "$root/scripts/sanitizer-args.sh"
+  "$root/scripts/build.sh" "$1" "${asan_args[@]}" -- build.ninja >&2
 }
 if [ "${1:-}" = "--build" ]; then
   build=${2:-$root/build-fuzz}
   configure "$build"
   mapfile -t targets < <("$0" --list)
-  ninja -C "$build" --quiet "${targets[@]}"
+  ninja -C "$build" --quiet -j"$(nproc)" "${targets[@]}"
   exit 0
 fi
 [ $# -ge 2 ] || { echo "usage: $0 TARGET BUDGET [BUILD_DIR] | --list" >&2; exit 2; }
@@ -60,7 +63,7 @@ log="$build/$target.log"
 status=0
 # -rss_limit_mb: the parsers must not need more; a deep-nesting input that does is a bug.
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  "$build/$target" "${limit[@]}" -print_final_stats=1 -rss_limit_mb=2048 \
+  "$build/bin/$target" "${limit[@]}" -print_final_stats=1 -rss_limit_mb=2048 \
   -timeout=10 -artifact_prefix="$findings/$target-" "$work" "${seeds[@]}" >"$log" 2>&1 || status=$?
 runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
 if [ "$status" -ne 0 ]; then

@@ -26,6 +26,7 @@ import pathlib
 import shlex
 import subprocess
 import sys
+import time
 
 
 def config_files(source: pathlib.Path, root: pathlib.Path):
@@ -112,14 +113,16 @@ def main() -> int:
         mark = cache / key(entry, source, root, args, version)
         if mark.exists():
             return name, True, None
+        start = time.monotonic()
         done = subprocess.run(["clang-tidy", "-p", str(build), "--quiet", *args, str(source)],
                               capture_output=True, text=True)
+        seconds[name] = time.monotonic() - start
         if done.returncode == 0:
             mark.touch()
             return name, False, None
         return name, False, done.stdout + done.stderr
 
-    failed, cached = 0, 0
+    failed, cached, seconds = 0, 0, {}
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         for name, hit, finding in pool.map(one, work):
             cached += hit
@@ -129,6 +132,10 @@ def main() -> int:
                 print("\n".join(lines), flush=True)
     print(f"tidy.py: {len(work)} files, {cached} unchanged since a clean run, "
           f"{failed} with findings")
+    if seconds:  # where a cold run's time goes
+        slowest = sorted(seconds.items(), key=lambda kv: -kv[1])[:5]
+        print(f"tidy.py: {sum(seconds.values()):.0f} s of clang-tidy; slowest: "
+              + ", ".join(f"{n} {t:.0f} s" for n, t in slowest))
     return 1 if failed else 0
 
 

@@ -33,6 +33,7 @@ void Stream::push(std::function<int()> task) {
   {
     std::lock_guard lock(mu_);
     queue_.push_back({std::move(task), nullptr});
+    ++pushed_;
   }
   cv_.notify_all();
 }
@@ -42,6 +43,7 @@ void Stream::push_direct(bool up, const void* dst, size_t bytes, DirectStart sta
   {
     std::lock_guard lock(mu_);
     queue_.push_back({nullptr, std::move(start), up, begin, begin + bytes});
+    ++pushed_;
   }
   cv_.notify_all();
 }
@@ -63,7 +65,10 @@ void Stream::land() {
 
 int Stream::sync(std::string* error) {
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  queue_.emplace_back();  // a barrier: it lands every chunk in flight and runs nothing
+  const uint64_t ticket = ++pushed_;
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return ran_ >= ticket; });
   const int status = status_;
   *error = error_;
   status_ = PS_OK;
@@ -77,39 +82,38 @@ int Stream::pending_failure(std::string* error) {
   return status_;
 }
 
+// Idle, the thread waits for work, not for the chunks in flight: a pinned copy pushed
+// while they fly goes straight to the engine (sync's barrier and the destructor land them).
 void Stream::loop() {
   std::unique_lock lock(mu_);
   for (;;) {
-    if (queue_.empty() && busy_) {  // only chunks in flight: idle once they have landed
-      lock.unlock();
-      land();
-      lock.lock();
-      busy_ = false;
-      cv_.notify_all();
-      continue;
-    }
     cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_ with nothing left
+    if (queue_.empty()) break;  // stop_ with nothing left
     Task task = std::move(queue_.front());
     queue_.pop_front();
-    busy_ = true;
     lock.unlock();
     if (must_wait(task)) land();  // after the bytes of the copies before it
+    int status = PS_OK;
     if (task.start) {
       inflight_up_ = task.up;
       inflight_writes_.emplace_back(task.begin, task.end);
+      gate_->pass();
+      status = task.start(inflight_, chunks_);
+    } else if (task.run) {
+      gate_->pass();
+      status = task.run();
     }
-    gate_->pass();
-    const int status = task.start ? task.start(inflight_, chunks_) : task.run();
     std::string detail = status == PS_OK ? std::string() : last_error_();
     lock.lock();
-    busy_ = static_cast<bool>(task.start);
+    ++ran_;
     if (status != PS_OK && status_ == PS_OK) {  // keep the first failure for sync
       status_ = status;
       error_ = std::move(detail);
     }
     cv_.notify_all();
   }
+  lock.unlock();
+  land();
 }
 
 }  // namespace pinstage::sim

@@ -58,7 +58,7 @@ class Stream {
   int pending_failure(std::string* error);
 
  private:
-  struct Task {
+  struct Task {                // neither run nor start: sync's barrier
     std::function<int()> run;  // or, for a pinned copy:
     DirectStart start;
     bool up = false;
@@ -77,7 +77,7 @@ class Stream {
   size_t chunks_ = 0;
   bool inflight_up_ = false;
   std::vector<std::pair<uintptr_t, uintptr_t>> inflight_writes_;  // since the last wait
-  bool busy_ = false;  // a task runs, or chunks may be in flight
+  uint64_t pushed_ = 0, ran_ = 0;  // tasks queued and tasks done: sync waits for its own
   bool stop_ = false;
   int status_ = PS_OK;
   std::string error_;
