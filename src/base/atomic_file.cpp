@@ -57,16 +57,33 @@ struct TempSlot {
 };
 TempSlot g_temp_slots[kTempSlots];
 
-int register_temp(const std::string& temp) {
-  if (temp.size() >= kTempPathMax) return -1;
+int reserve_temp_slot() {
   for (size_t i = 0; i < kTempSlots; ++i) {
     bool expected = false;
-    if (!g_temp_slots[i].used.compare_exchange_strong(expected, true)) continue;
-    std::memcpy(g_temp_slots[i].path, temp.c_str(), temp.size() + 1);
-    g_temp_slots[i].ready.store(true);
-    return static_cast<int>(i);
+    if (g_temp_slots[i].used.compare_exchange_strong(expected, true)) return static_cast<int>(i);
   }
   return -1;  // more than kTempSlots files at once: that one is not removed on a signal
+}
+
+// Shows `temp` to the handler: done before the file exists, so that no signal finds it
+// made and not listed (the handler's unlink of a name not made yet fails harmlessly).
+void publish_temp(int slot, const std::string& temp) {
+  if (slot < 0) return;
+  g_temp_slots[slot].ready.store(false);
+  if (temp.size() >= kTempPathMax) return;
+  std::memcpy(g_temp_slots[slot].path, temp.c_str(), temp.size() + 1);
+  g_temp_slots[slot].ready.store(true);
+}
+
+// A name no other file is likely to have: 12 characters of [0-9A-Za-z] from the kernel's
+// random bytes (no generator state, so a forked child never repeats its parent's names).
+std::string random_suffix() {
+  static constexpr char kChars[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+  unsigned char bytes[12];
+  if (::getentropy(bytes, sizeof bytes) != 0) io_error("", "getentropy failed");
+  std::string out(sizeof bytes, '0');
+  for (size_t i = 0; i < sizeof bytes; ++i) out[i] = kChars[bytes[i] % (sizeof kChars - 1)];
+  return out;
 }
 
 void unregister_temp(int slot) {
@@ -128,14 +145,20 @@ void remove_temporary_files_on_signals() {
 
 AtomicFile::AtomicFile(const std::string& path) : path_(follow_links(path)) {
   check_output_path(path_);
-  std::string name = path_ + ".tmp-XXXXXX";
-  std::vector<char> buf(name.begin(), name.end());
-  buf.push_back('\0');
-  fd_ = ::mkostemp(buf.data(), O_CLOEXEC);
-  if (fd_ < 0) io_error(path_, "cannot create a temporary file next to it: " + errno_text(errno));
-  temp_path_ = buf.data();
-  temp_slot_ = register_temp(temp_path_);
-  ::fchmod(fd_, 0644);  // mkostemp makes 0600; outputs are ordinary files
+  // Listed for the signal handler before it is made (publish_temp), made with O_EXCL.
+  temp_slot_ = reserve_temp_slot();
+  for (int tries = 0; fd_ < 0; ++tries) {
+    temp_path_ = path_ + ".tmp-" + random_suffix();
+    publish_temp(temp_slot_, temp_path_);
+    fd_ = ::open(temp_path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd_ < 0 && (errno != EEXIST || tries == 99)) {
+      const int err = errno;
+      unregister_temp(temp_slot_);
+      temp_path_.clear();
+      io_error(path_, "cannot create a temporary file next to it: " + errno_text(err));
+    }
+  }
+  ::fchmod(fd_, 0644);  // whatever the umask: outputs are ordinary files
 }
 
 AtomicFile::~AtomicFile() {

@@ -69,8 +69,10 @@ def test_golden_releases_the_gil(env):
 
 
 def test_bind_releases_the_gil(env):
+    # Upload only: the decode kernels after it run in the same GIL-free call, and
+    # test_scene_rounds_release_the_gil runs them (under TSan they took 50 s more here).
     w, args = env
-    binder = pinstage.Binder(w, execute="qwen3_decode")
+    binder = pinstage.Binder(w)
     assert ran_during(lambda: binder.run(args)) == "during"
 
 
