@@ -77,10 +77,11 @@ void publish_temp(int slot, const std::string& temp) {
 
 // A name no other file is likely to have: 12 characters of [0-9A-Za-z] from the kernel's
 // random bytes (no generator state, so a forked child never repeats its parent's names).
-std::string random_suffix() {
+std::string random_suffix(const std::string& path) {
   static constexpr char kChars[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
   unsigned char bytes[12];
-  if (::getentropy(bytes, sizeof bytes) != 0) io_error("", "getentropy failed");
+  if (::getentropy(bytes, sizeof bytes) != 0)
+    io_error(path, "no random bytes for a temporary name: " + errno_text(errno));
   std::string out(sizeof bytes, '0');
   for (size_t i = 0; i < sizeof bytes; ++i) out[i] = kChars[bytes[i] % (sizeof kChars - 1)];
   return out;
@@ -146,17 +147,19 @@ void remove_temporary_files_on_signals() {
 AtomicFile::AtomicFile(const std::string& path) : path_(follow_links(path)) {
   check_output_path(path_);
   // Listed for the signal handler before it is made (publish_temp), made with O_EXCL.
+  // A throw leaves the constructor without the destructor: the slot is given back here.
   temp_slot_ = reserve_temp_slot();
-  for (int tries = 0; fd_ < 0; ++tries) {
-    temp_path_ = path_ + ".tmp-" + random_suffix();
-    publish_temp(temp_slot_, temp_path_);
-    fd_ = ::open(temp_path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd_ < 0 && (errno != EEXIST || tries == 99)) {
-      const int err = errno;
-      unregister_temp(temp_slot_);
-      temp_path_.clear();
-      io_error(path_, "cannot create a temporary file next to it: " + errno_text(err));
+  try {
+    for (int tries = 0; fd_ < 0; ++tries) {
+      temp_path_ = path_ + ".tmp-" + random_suffix(path_);
+      publish_temp(temp_slot_, temp_path_);
+      fd_ = ::open(temp_path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd_ < 0 && (errno != EEXIST || tries == 99))
+        io_error(path_, "cannot create a temporary file next to it: " + errno_text(errno));
     }
+  } catch (...) {
+    unregister_temp(temp_slot_);
+    throw;
   }
   ::fchmod(fd_, 0644);  // whatever the umask: outputs are ordinary files
 }

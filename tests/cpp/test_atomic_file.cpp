@@ -11,6 +11,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 
@@ -23,7 +24,7 @@ namespace fs = std::filesystem;
 namespace {
 
 class AtomicFileTest : public ::testing::Test {
- protected:
+ public:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("pinstage_atomic_" + std::to_string(getpid()));
     fs::create_directories(dir_);
@@ -152,36 +153,58 @@ TEST_F(AtomicFileTest, ASymlinkIsFollowedAndStaysALink) {
 
 // A signal during a write: the child opens an AtomicFile, writes, tells the parent and
 // waits on a pipe; the parent kills it there. The temporary file goes, the old file stays.
-TEST_F(AtomicFileTest, ASignalDuringAWriteRemovesTheTemporaryFileAndKeepsTheOldOne) {
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
-    SCOPED_TRACE(sig);
-    pinstage::write_file_atomically(path("out.bin"), "old");
-    int ready[2], hold[2];
-    ASSERT_EQ(::pipe(ready), 0);
-    ASSERT_EQ(::pipe(hold), 0);
-    const pid_t child = ::fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      pinstage::remove_temporary_files_on_signals();
-      pinstage::AtomicFile f(path("out.bin"));
-      const std::string half(1 << 20, 'n');
-      f.write(half);
-      char c = 'r';
-      (void)!::write(ready[1], &c, 1);
-      (void)!::read(hold[0], &c, 1);  // never answered: the parent signals first
-      ::_exit(3);
-    }
-    char c = 0;
-    ASSERT_EQ(::read(ready[0], &c, 1), 1);
-    EXPECT_EQ(entries(), 2u) << "the temporary file exists while the child writes";
-    ASSERT_EQ(::kill(child, sig), 0);
-    int status = 0;
-    ASSERT_EQ(::waitpid(child, &status, 0), child);
-    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << "ends by the signal";
-    for (int fd : {ready[0], ready[1], hold[0], hold[1]}) ::close(fd);
-    EXPECT_EQ(entries(), 1u) << "no .tmp- file left";
-    EXPECT_EQ(read(path("out.bin")), "old");
+// A child writes half of out.bin (after `before`), held there; the parent sends `sig`.
+void signal_during_a_write(AtomicFileTest& t, int sig, const std::function<void()>& before) {
+  SCOPED_TRACE(sig);
+  pinstage::write_file_atomically(t.path("out.bin"), "old");
+  int ready[2], hold[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(hold), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    pinstage::remove_temporary_files_on_signals();
+    before();
+    pinstage::AtomicFile f(t.path("out.bin"));
+    const std::string half(1 << 20, 'n');
+    f.write(half);
+    char c = 'r';
+    (void)!::write(ready[1], &c, 1);
+    (void)!::read(hold[0], &c, 1);  // never answered: the parent signals first
+    ::_exit(3);
   }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  EXPECT_EQ(t.entries(), 2u) << "the temporary file exists while the child writes";
+  ASSERT_EQ(::kill(child, sig), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << "ends by the signal";
+  for (int fd : {ready[0], ready[1], hold[0], hold[1]}) ::close(fd);
+  EXPECT_EQ(t.entries(), 1u) << "no .tmp- file left";
+  EXPECT_EQ(t.read(t.path("out.bin")), "old");
+}
+
+TEST_F(AtomicFileTest, ASignalDuringAWriteRemovesTheTemporaryFileAndKeepsTheOldOne) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal_during_a_write(*this, sig, [] {});
+}
+
+// A temporary file that cannot be made (its name over NAME_MAX) is an error naming the
+// target, and gives its slot in the signal handler's table back: after more failures than
+// the table has slots, a write's temporary file is still removed by a signal.
+TEST_F(AtomicFileTest, AFailedTemporaryFileGivesItsSignalSlotBack) {
+  const std::string long_name = path(std::string(250, 'x'));  // + ".tmp-" + 12: over 255
+  signal_during_a_write(*this, SIGTERM, [&] {
+    for (int i = 0; i < 70; ++i) {
+      try {
+        pinstage::AtomicFile f(long_name);
+        ::_exit(4);  // made: the name was not too long
+      } catch (const pinstage::Error& e) {
+        if (std::string(e.what()).find("cannot create a temporary file") == std::string::npos)
+          ::_exit(5);
+      }
+    }
+  });
 }
 
 // The one whole-file reader (pinstage/files.h): the index and the CLI's report readers.
