@@ -10,8 +10,9 @@ one long file finishes alone. The static analyzer runs in its shallow mode
 (-analyzer-config mode=shallow: small functions inlined, 75,000 nodes a function), the
 mode an IDE runs on every build: the deep mode took 1.7-2.5 times as long for the same
 checks (host_pool.cpp 35.6 s against 16.6 s, dma.cpp 28.0 against 11.3, with no
-analyzer at all 13.0 and 8.4; 2026-12-08), about 300 of a cold run's 808 CPU-seconds,
-while the sanitizers and fuzzers run the paths it would explore. In apps/ and tools/ it
+analyzer at all 13.0 and 8.4; one file at a time, 2026-12-08), and a cold run over every
+file 808 s of clang-tidy against 570 s (docs/benchmarks.md), while the sanitizers and
+fuzzers run the paths it would explore. In apps/ and tools/ it
 inlines only C functions and static methods as well (ipa=basic-inlining): their code is
 glue over CLI11's templates (cli_common.cpp 12.5 s shallow, 10.5 s with both).
 
